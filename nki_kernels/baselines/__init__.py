@@ -1,0 +1,1 @@
+"""Benchmark-only baselines (not part of the product API)."""

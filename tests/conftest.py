@@ -1,0 +1,44 @@
+"""Shared test configuration: options, markers, tolerances, seeded RNG."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+# One tolerance table for every numerical comparison against the float64 reference.
+# Keys: (kernel compute mode, input dtype name) -> (atol, rtol).
+#   "fp32"  : mixed_precision=False, everything in the input dtype (fp32 inputs)
+#   "mixed" : mixed_precision=True, bf16 matmul inputs / probabilities, fp32 statistics
+TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    ("fp32", "float32"): (1e-3, 0.0),
+    ("mixed", "float32"): (3e-2, 0.0),
+    ("mixed", "bfloat16"): (4e-2, 0.0),
+    ("fp32", "bfloat16"): (4e-2, 0.0),
+    ("fp32", "float16"): (1e-2, 0.0),
+    ("mixed", "float16"): (3e-2, 0.0),
+}
+
+
+def tolerance(mode: str, dtype) -> tuple[float, float]:
+    """(atol, rtol) for a kernel mode ("fp32" or "mixed") and an input dtype."""
+    return TOLERANCES[(mode, np.dtype(dtype).name)]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (large sweeps)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow sweep; run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng():
+    """A fresh, seeded NumPy generator per test (seed 0)."""
+    return np.random.default_rng(0)
