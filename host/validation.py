@@ -1,0 +1,139 @@
+"""Input checks for the host layer. Every failure is a ``ValueError`` worded
+
+    "<arg> must <constraint>; got <value>"
+
+so the message names the argument, the constraint and the value received. The checks return
+the normalised NumPy value so callers validate and convert in one step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from host._arrays import to_numpy
+
+__all__ = [
+    "fail",
+    "check_int",
+    "check_power_of_two",
+    "check_lens",
+    "check_ndim",
+    "check_shape",
+    "check_integer_array",
+    "check_float_array",
+    "check_index_range",
+    "is_float_dtype",
+    "summarize",
+]
+
+
+def summarize(value: Any, limit: int = 8) -> str:
+    """Short printable form of ``value`` for error messages (arrays are truncated)."""
+    if isinstance(value, np.ndarray):
+        flat = value.ravel()
+        body = ", ".join(str(v) for v in flat[:limit].tolist())
+        more = ", ..." if flat.size > limit else ""
+        return f"array(shape={value.shape}, dtype={value.dtype}, values=[{body}{more}])"
+    return repr(value)
+
+
+def fail(arg: str, constraint: str, got: Any) -> None:
+    """Raise the standard ValueError."""
+    raise ValueError(f"{arg} must {constraint}; got {summarize(got) if not isinstance(got, str) else got}")
+
+
+def check_int(arg: str, value: Any, *, min_value: int | None = None,
+              max_value: int | None = None) -> int:
+    """A Python/NumPy integer (not bool) within ``[min_value, max_value]``; returns ``int``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        fail(arg, "be an integer", repr(value))
+    v = int(value)
+    if min_value is not None and v < min_value:
+        fail(arg, f"be >= {min_value}", repr(v))
+    if max_value is not None and v > max_value:
+        fail(arg, f"be <= {max_value}", repr(v))
+    return v
+
+
+def check_power_of_two(arg: str, value: Any, *, lo: int, hi: int) -> int:
+    """An integer power of two in ``[lo, hi]``; returns ``int``."""
+    v = check_int(arg, value)
+    if v < lo or v > hi or v & (v - 1) != 0:
+        fail(arg, f"be a power of two in [{lo}, {hi}]", repr(v))
+    return v
+
+
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """True for NumPy floats and the ml_dtypes floats (bfloat16, float8 ...)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return True
+    try:
+        import ml_dtypes
+
+        ml_dtypes.finfo(dtype)
+        return dtype.kind == "V"
+    except (ImportError, ValueError, TypeError):
+        return False
+
+
+def check_ndim(arg: str, arr: np.ndarray, ndim: int) -> None:
+    if arr.ndim != ndim:
+        fail(arg, f"be {ndim}-D", f"shape {arr.shape}")
+
+
+def check_shape(arg: str, arr: np.ndarray, expected: Sequence[int | None], what: str = "") -> None:
+    """``arr.shape`` must match ``expected`` (``None`` = any size). ``what`` names the dims."""
+    ok = arr.ndim == len(expected) and all(e is None or s == e for s, e in zip(arr.shape, expected))
+    if not ok:
+        want = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ")"
+        fail(arg, f"have shape {want}{' ' + what if what else ''}", f"shape {arr.shape}")
+
+
+def check_integer_array(arg: str, x: Any, *, ndim: int | None = None) -> np.ndarray:
+    """Array of an integer dtype (bool rejected); returns it as int64."""
+    arr, _ = to_numpy(x, arg)
+    if arr.dtype.kind not in "iu":
+        fail(arg, "have an integer dtype", f"dtype {arr.dtype}")
+    if ndim is not None:
+        check_ndim(arg, arr, ndim)
+    return arr.astype(np.int64, copy=False)
+
+
+def check_float_array(arg: str, x: Any, *, ndim: int | None = None) -> np.ndarray:
+    """Array of a floating dtype (float16/32/64, bfloat16 ...); returned unchanged."""
+    arr, _ = to_numpy(x, arg)
+    if not is_float_dtype(arr.dtype):
+        fail(arg, "have a floating dtype", f"dtype {arr.dtype}")
+    if ndim is not None:
+        check_ndim(arg, arr, ndim)
+    return arr
+
+
+def check_lens(arg: str, x: Any, *, min_value: int, length: int | None = None,
+               length_arg: str = "") -> np.ndarray:
+    """A 1-D integer length vector with every entry >= ``min_value``; returns int64.
+
+    ``length`` (if given) is the required number of entries; ``length_arg`` names where that
+    number comes from, for the message.
+    """
+    arr = check_integer_array(arg, x, ndim=1)
+    if length is not None and arr.shape[0] != length:
+        fail(arg, f"have {length} entries (one per sequence{', as ' + length_arg if length_arg else ''})",
+             f"{arr.shape[0]} entries")
+    if arr.size and arr.min() < min_value:
+        bad = int(np.argmax(arr < min_value))
+        fail(arg, f"be >= {min_value} everywhere", f"{arg}[{bad}] = {int(arr[bad])}")
+    return arr
+
+
+def check_index_range(arg: str, ids: np.ndarray, *, upper: int, what: str) -> None:
+    """Every entry of ``ids`` in ``[0, upper)``; the message shows the first offender."""
+    if ids.size == 0:
+        return
+    bad = (ids < 0) | (ids >= upper)
+    if bad.any():
+        pos = np.unravel_index(int(np.argmax(bad)), ids.shape)
+        fail(arg, f"hold {what} in [0, {upper})", f"{arg}[{', '.join(map(str, pos))}] = {int(ids[pos])}")
