@@ -342,3 +342,10 @@ def test_synthetic_event_matches_trace_event_schema():
     from nki_sim import trace
     assert [f.name for f in dataclasses.fields(Ev)] == [
         f.name for f in dataclasses.fields(trace.Event)]
+
+
+def test_docs_constants_table_is_current():
+    """docs/cost-model.md prints the constants table; it must match the code."""
+    from pathlib import Path
+    doc = Path(__file__).resolve().parents[2] / "docs" / "cost-model.md"
+    assert cost.constants_table() in doc.read_text()
