@@ -95,7 +95,8 @@ def check_shape(arg: str, arr: np.ndarray, expected: Sequence[int | None], what:
 def check_integer_array(arg: str, x: Any, *, ndim: int | None = None) -> np.ndarray:
     """Array of an integer dtype (bool rejected); returns it as int64."""
     arr, _ = to_numpy(x, arg)
-    if arr.dtype.kind not in "iu":
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+        # (an empty Python list becomes float64; let the size checks report it instead)
         fail(arg, "have an integer dtype", f"dtype {arr.dtype}")
     if ndim is not None:
         check_ndim(arg, arr, ndim)
