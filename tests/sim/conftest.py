@@ -1,0 +1,64 @@
+"""Fixtures for the black-box legacy-NKI API tests (tests/sim/test_api_*.py).
+
+The tests use only the public legacy API (``neuronxcc.nki``, ``.language``, ``.isa``,
+``.typing``), installed by ``nki_sim.install()`` when the real toolchain is absent, so the
+same tests also run against the real ``neuronx-cc`` simulator. Tests that need simulator
+internals (the event trace, the target switch, UninitializedReadError, "not emulated")
+request the ``sim_only`` fixture, which skips them on a real install.
+
+Kernel files under ``tests/sim/kernels/`` are written for real NKI (``import neuronxcc.nki
+as nki`` at their top, no project imports); ``load_kernels(name)`` imports one by path
+after ``nki_sim.install()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+import nki_sim
+
+nki_sim.install()
+SIMULATED = nki_sim.is_installed()
+
+KERNEL_DIR = pathlib.Path(__file__).parent / "kernels"
+
+
+def load_kernels(name: str):
+    """Import ``tests/sim/kernels/<name>.py`` (once) under a unique module name."""
+    modname = f"_nki_api_kernels_{name}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    spec = importlib.util.spec_from_file_location(modname, KERNEL_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tutorial():
+    """The tutorial-style kernel file (SPMD add, matmul, transpose, softmax, iota, bf16)."""
+    return load_kernels("tutorial_kernels")
+
+
+@pytest.fixture(scope="session")
+def indirect():
+    """The indirect-DMA / masked-load kernel file."""
+    return load_kernels("indirect_kernels")
+
+
+@pytest.fixture
+def sim_only():
+    """Skip unless the kernels run on nki_sim (trace, targets, simulator-only errors)."""
+    if not SIMULATED:
+        pytest.skip("needs nki_sim internals (trace / target switch / simulator errors)")
+
+
+@pytest.fixture
+def target(sim_only):
+    """Context-manager factory selecting a simulated target: ``with target("trn1"): ...``."""
+    return nki_sim.use_target

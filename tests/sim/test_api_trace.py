@@ -1,0 +1,159 @@
+"""Event trace of kernel runs (nki_sim.tracing, INTERFACES section 3).
+
+DMA expectations are derived here from the descriptor rule: one descriptor per
+(partition, maximal contiguous run in HBM) of the transfer, sized by the run; masked-out
+or skipped rows make no descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuronxcc.nki as nki
+
+import nki_sim
+
+pytestmark = [pytest.mark.simulation, pytest.mark.usefixtures("sim_only")]
+
+
+def _dma(trace):
+    return [e for e in trace.events if e.engine == "dma"]
+
+
+def _line_of(module, needle: str) -> int:
+    lines = pathlib.Path(module.__file__).read_text().splitlines()
+    hits = [i + 1 for i, line in enumerate(lines) if needle in line]
+    assert len(hits) == 1, (needle, hits)
+    return hits[0]
+
+
+def test_three_indirect_gathers_descriptor_counts(indirect, rng):
+    rows, width, n_gather, parts = 500, 96, 3, 128
+    item = np.dtype(ml_dtypes.bfloat16).itemsize
+    data = rng.standard_normal((rows, width)).astype(ml_dtypes.bfloat16)
+    idx = rng.integers(0, rows, size=(parts, n_gather)).astype(np.int32)
+    idx[:, 1] = np.arange(parts)            # contiguous rows still make one descriptor each
+    with nki_sim.tracing() as trace:
+        out = nki.simulate_kernel(indirect.three_gathers, data, idx)
+    ref = np.concatenate([data[idx[:, j]] for j in range(n_gather)], axis=1)
+    np.testing.assert_array_equal(out.view(np.uint16), ref.view(np.uint16))
+
+    row_bytes = width * item                                  # 192
+    idx_load = (parts, parts * n_gather * 4)                 # one 12-byte run per partition
+    gathers = (n_gather * parts, n_gather * parts * row_bytes)   # 384 descriptors, 384*192 bytes
+    store = (parts, parts * n_gather * row_bytes)            # one 576-byte run per partition
+
+    indirect_events = [e for e in _dma(trace) if e.dma_kind == "indirect"]
+    assert len(indirect_events) == n_gather
+    assert sum(len(e.descriptor_bytes) for e in indirect_events) == gathers[0] == 384
+    assert sum(e.bytes for e in indirect_events) == gathers[1] == 384 * 192
+    for e in indirect_events:
+        assert e.op == "load" and e.src_buffer == "hbm" and e.dst_buffer == "sbuf"
+        assert e.descriptor_bytes == (row_bytes,) * parts
+        assert e.partitions == parts and e.attr("index_rows") == parts and e.skipped_rows == 0
+        assert e.src_loc == ("indirect_kernels.py",
+                             _line_of(indirect, "acc[i_p, j * width + i_f] = nl.load("))
+    assert sorted(e.loop_indices[-1] for e in indirect_events) == [0, 1, 2]
+
+    s = trace.summary()
+    assert s["dma_instructions"] == 5
+    assert s["dma_indirect_instructions"] == 3 and s["dma_direct_instructions"] == 2
+    assert s["dma_descriptors"] == idx_load[0] + gathers[0] + store[0] == 640
+    assert s["dma_bytes"] == idx_load[1] + gathers[1] + store[1]
+    assert s["engine_instructions"]["dma"] == 5
+
+
+@pytest.mark.parametrize("keep", [32, 64])
+def test_direct_strided_load_has_one_descriptor_per_run(indirect, rng, keep):
+    parts, blocks, width = 128, 4, 64
+    x = rng.standard_normal((parts, blocks, width)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        out = nki.simulate_kernel(indirect.strided_load, x, keep=keep)
+    np.testing.assert_array_equal(out, x[:, :, :keep])
+    load, store = _dma(trace)
+    runs_per_partition = blocks if keep < width else 1       # full rows merge into one run
+    run_bytes = keep * 4 * (blocks // runs_per_partition)
+    assert load.dma_kind == "direct" and load.op == "load"
+    assert load.descriptor_bytes == (run_bytes,) * (parts * runs_per_partition)
+    assert load.bytes == parts * blocks * keep * 4
+    assert store.descriptor_bytes == (blocks * keep * 4,) * parts    # SBUF->HBM contiguous
+    assert trace.summary()["dma_descriptors"] == parts * runs_per_partition + parts
+
+
+def test_oob_skip_rows_make_no_descriptor(indirect, rng):
+    rows, width = 256, 64
+    data = rng.standard_normal((rows, width)).astype(np.float32)
+    idx = (3 * np.arange(128)).reshape(128, 1).astype(np.int32)
+    valid = int((idx[:, 0] < rows).sum())                     # 86
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(indirect.gather_rows_dma, data, idx, skip=True, fill=0.0)
+    (copy,) = [e for e in _dma(trace) if e.dma_kind == "indirect"]
+    assert copy.op == "dma_copy"
+    assert copy.skipped_rows == 128 - valid
+    assert copy.descriptor_bytes == (width * 4,) * valid
+    assert copy.bytes == valid * width * 4
+    assert trace.summary()["dma_descriptors"] == 128 + valid + 128   # idx load, gather, store
+
+
+def test_masked_load_rows_make_no_descriptor(indirect, rng):
+    x = rng.standard_normal((100, 24)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(indirect.masked_load, x, fill=0.0)
+    load = [e for e in _dma(trace) if e.op == "load"][0]
+    assert load.descriptor_bytes == (24 * 4,) * 100 and load.bytes == 100 * 24 * 4
+
+
+def test_spmd_events_carry_program_ids(tutorial, rng):
+    a = rng.standard_normal((256, 512)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(tutorial.spmd_tensor_add[2, 2], a, a)
+    dma = _dma(trace)
+    assert len(dma) == 4 * 3
+    assert {e.program_id for e in dma} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert all(e.descriptor_bytes == (256 * 4,) * 128 for e in dma)
+    assert [e.seq for e in trace.events] == sorted(e.seq for e in trace.events)
+
+
+@pytest.mark.parametrize("dtype,fp32", [(np.float32, True), (ml_dtypes.bfloat16, False)])
+def test_matmul_events_and_summary_consistency(tutorial, rng, dtype, fp32):
+    lhs_t = rng.standard_normal((384, 256)).astype(dtype)
+    rhs = rng.standard_normal((384, 1024)).astype(dtype)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(tutorial.tiled_matmul, lhs_t, rhs)
+    mms = [e for e in trace.events if e.op in ("matmul", "nc_matmul")]
+    assert len(mms) == 2 * 2 * 3
+    for e in mms:
+        assert e.engine == "tensor" and e.dst_buffer in ("", "psum")
+        assert (e.attr("contraction"), e.attr("stationary_free"), e.attr("moving_free")) == (128, 128, 512)
+        assert e.attr("fp32") is fp32
+    s = trace.summary()
+    assert s["instructions"] == len(trace.events)
+    assert sum(s["engine_instructions"].values()) == s["instructions"]
+    assert s["engine_instructions"]["tensor"] == len([e for e in trace.events if e.engine == "tensor"])
+    assert s["dma_instructions"] == len(_dma(trace)) == 2 * 2 * 3 * 2 + 4
+    assert 2048 <= s["peak_psum_bytes_per_partition"] <= 16 * 1024
+    assert s["peak_sbuf_bytes_per_partition"] >= 128 * lhs_t.itemsize + 512 * rhs.itemsize
+
+
+def test_chrome_json_export(tutorial, rng, tmp_path):
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(tutorial.row_softmax, x)
+    path = tmp_path / "trace.json"
+    doc = trace.to_chrome_json(str(path))
+    on_disk = json.loads(path.read_text())
+    assert on_disk == json.loads(json.dumps(doc))
+    assert len(doc["traceEvents"]) >= len(trace.events) > 0
+
+
+def test_tracing_records_nothing_outside_the_context(tutorial, rng):
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        pass
+    nki.simulate_kernel(tutorial.row_softmax, x)
+    assert trace.events == [] or len(trace.events) == 0
