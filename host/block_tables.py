@@ -102,12 +102,17 @@ def _check_active(active_table: Any, M: int) -> np.ndarray:
 
 
 def _transform(bt: np.ndarray, heads: np.ndarray, Hkv: int, M: int, Tf: int, L: int) -> np.ndarray:
-    """(n_tiles*M,) ids, (nh,) heads -> (nh, L//128, 128, n_tiles) int64 row ids of the flat view."""
+    """(n_tiles*M,) ids, (nh,) heads -> (nh, L//128, 128, n_tiles) int32 row ids of the flat view.
+
+    Uses idx = (bt*Hkv + h)*Tf + t = (bt*Hkv*Tf + t) + h*Tf: the head-independent part is built
+    and transposed to (L, n_tiles) once, then each head is a broadcast add (callers have checked
+    that every id fits int32).
+    """
     n_tiles = bt.shape[0] // M
-    fused = bt.reshape(1, n_tiles, M, 1) * Hkv + heads.reshape(-1, 1, 1, 1)      # (nh, n, M, 1)
-    rows = (fused * Tf + np.arange(Tf)).reshape(len(heads), n_tiles, L)           # q = m*Tf + t
-    # q = l*128 + p  ->  out[h, l, p, j]
-    return rows.reshape(len(heads), n_tiles, L // PARTITIONS, PARTITIONS).transpose(0, 2, 3, 1)
+    base = bt.astype(np.int32).reshape(n_tiles, M, 1) * np.int32(Hkv * Tf) + np.arange(Tf, dtype=np.int32)
+    base_t = np.ascontiguousarray(base.reshape(n_tiles, L).T)                     # [q, j], q = m*Tf + t
+    out = base_t[None, :, :] + (heads.astype(np.int32) * np.int32(Tf))[:, None, None]
+    return out.reshape(len(heads), L // PARTITIONS, PARTITIONS, n_tiles)         # q = l*128 + p
 
 
 def _check_heads_fit(bt: np.ndarray, Hkv: int, Tf: int) -> None:
@@ -134,7 +139,7 @@ def transform_block_tables(active_table: Any, *, num_kv_heads: int, head_id: int
     h = check_int("head_id", head_id, min_value=0, max_value=Hkv - 1)
     bt = _check_active(arr, M)
     _check_heads_fit(bt, Hkv, Tf)
-    out = _transform(bt, np.array([h]), Hkv, M, Tf, L)[0].astype(np.int32)
+    out = _transform(bt, np.array([h]), Hkv, M, Tf, L)[0]
     return from_numpy_like(out, was_torch, like=active_table)
 
 
@@ -146,7 +151,7 @@ def transform_block_tables_all_heads(active_table: Any, *, num_kv_heads: int, bl
     Hkv = check_int("num_kv_heads", num_kv_heads, min_value=1)
     bt = _check_active(arr, M)
     _check_heads_fit(bt, Hkv, Tf)
-    out = _transform(bt, np.arange(Hkv), Hkv, M, Tf, L).astype(np.int32)
+    out = _transform(bt, np.arange(Hkv), Hkv, M, Tf, L)
     return from_numpy_like(out, was_torch, like=active_table)
 
 

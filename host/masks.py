@@ -153,15 +153,28 @@ def context_token_order(context_kv_len: int, LARGE_TILE_SZ: int, block_size: int
     return reorder_context_mask(padded, LARGE_TILE_SZ, block_size)[0, :n]
 
 
-def build_attention_mask(plan: PagedAttentionPlan) -> np.ndarray:
+def build_attention_mask(plan: PagedAttentionPlan, *, out: np.ndarray | None = None) -> np.ndarray:
     """The kernel's mask input: bool (Qpad, context_kv_len + Qpad), context part reordered.
 
     Equal to ``reorder_context_mask(concat([context_mask(plan), active_mask(plan)], 1), LT, B)``
     but built directly: for each sequence, one row pattern over the large tiles its context
     spans (natural token of reordered column c via the tile-local order), broadcast to its rows.
+
+    ``out``: optional preallocated writable bool NumPy array of that shape (e.g. reused across
+    steps of one shape bucket); it is cleared and filled and returned. A fresh dense buffer
+    costs page faults on first touch (NumPy maps large arrays with huge pages, so even the band
+    writes fault in most of it); reusing one costs a memset instead.
     """
     Q, ctx, LT = plan.padded_queries, plan.context_kv_len, plan.large_tile_size
-    out = np.zeros((Q, ctx + Q), dtype=bool)
+    if out is None:
+        out = np.zeros((Q, ctx + Q), dtype=bool)
+    else:
+        if not isinstance(out, np.ndarray) or out.dtype != bool or out.shape != (Q, ctx + Q) \
+                or not out.flags.writeable:
+            fail("out", f"be a writable bool NumPy array of shape (padded_queries, context_kv_len + "
+                 f"padded_queries) = {(Q, ctx + Q)}",
+                 f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}")
+        out.fill(False)
     tau = context_token_order(LT, LT, plan.block_size)      # tile-local order, (LT,)
     identity = plan.tiled_block_size == 1
     a = plan.block_offsets * plan.block_size

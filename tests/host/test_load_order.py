@@ -52,8 +52,8 @@ BLOCKS = st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256])
 TILES = st.sampled_from([512, 1024, 2048, 4096, 8192])
 
 
-@settings(max_examples=40, deadline=None)
-@given(B=BLOCKS, LT=TILES, Hkv=st.integers(1, 3), seed=st.integers(0, 10_000),
+@settings(max_examples=100, deadline=None)
+@given(B=BLOCKS, LT=TILES, Hkv=st.integers(1, 4), seed=st.integers(0, 10_000),
        lens=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 5000)), min_size=1, max_size=4))
 def test_gather_through_transformed_table_matches_reordered_reference(B, LT, Hkv, seed, lens):
     rng = np.random.default_rng(seed)

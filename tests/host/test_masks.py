@@ -153,3 +153,28 @@ def test_reorder_rejects(mask, LT, B, arg, fragment):
 def test_context_token_order_rejects_negative_length():
     with pytest.raises(ValueError, match="^context_kv_len must be >= 0"):
         context_token_order(-1, 512, 4)
+
+
+def test_build_attention_mask_into_reused_buffer():
+    p = _plan(block_size=16)
+    buf = np.ones((p.padded_queries, p.context_kv_len + p.padded_queries), dtype=bool)  # stale data
+    out = build_attention_mask(p, out=buf)
+    assert out is buf
+    np.testing.assert_array_equal(out, build_attention_mask(p))
+
+
+@pytest.mark.parametrize("bad", [
+    np.zeros((128, 640), dtype=np.uint8),          # wrong dtype
+    np.zeros((128, 641), dtype=bool),              # wrong shape
+    [[False]],                                     # not an ndarray
+])
+def test_build_attention_mask_rejects_bad_out(bad):
+    with pytest.raises(ValueError, match=r"^out must be a writable bool NumPy array of shape .* = \(128, 640\); got "):
+        build_attention_mask(_plan(block_size=16), out=bad)
+
+
+def test_build_attention_mask_rejects_read_only_out():
+    buf = np.zeros((128, 640), dtype=bool)
+    buf.setflags(write=False)
+    with pytest.raises(ValueError, match="^out must be a writable"):
+        build_attention_mask(_plan(block_size=16), out=buf)

@@ -1,0 +1,17 @@
+"""Run the docstring examples of the host modules owned by this part so they cannot drift."""
+
+import doctest
+
+import pytest
+
+import host.block_tables
+import host.masks
+import host.plan
+import host.reference
+
+
+@pytest.mark.parametrize("module", [host.plan, host.block_tables, host.masks, host.reference],
+                         ids=lambda m: m.__name__)
+def test_doctests(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
