@@ -1,0 +1,359 @@
+"""KV-cache operations on the paged cache (2, N, Hkv, B, d): write new tokens, copy and swap blocks.
+
+vLLM names and argument orders:
+
+    reshape_and_cache(key, value, kv_cache, slot_mapping)   # kernel nki_kernels.kv_cache_update
+    copy_blocks(kv_caches, block_mapping)                   # kernel nki_kernels.block_copy.copy_cache_blocks
+    swap_blocks(src_cache, dst_cache, block_mapping)        # kernel nki_kernels.block_copy.swap_cache_blocks
+
+All three update the destination cache IN PLACE and validate everything (shapes, dtypes, every
+slot / block id, duplicates, overlaps) before the kernel runs, so a rejected call leaves the
+cache byte-identical. The host builds one int32 row index per moved row (cheap O(rows) NumPy);
+the kernels move up to 128 rows per indirect DMA. See the kernel modules for the DMA counts.
+
+Layouts (C order):
+    kv_cache           (2, N, Hkv, B, d)   [0] = K, [1] = V; slot s = block * B + offset
+    kv_cache row view  (2, N*Hkv*B, d)     row(block, head, offset) = (block*Hkv + head)*B + offset
+    block row view     (L*2*N*n_sub, F)    one (layer, kv, block) slab of S = Hkv*B*d elements is
+                                           n_sub = S // F rows of F elements (F | S, F*itemsize <= max_row_bytes)
+
+Arrays: NumPy arrays are updated in place. CPU torch tensors are accepted too and updated in
+place through a shared-memory NumPy view (bf16 via an int16 view); other torch devices raise
+NotImplementedError (on Trainium the kernels are called through torch-xla, not this wrapper).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from host._arrays import is_torch_tensor, to_numpy
+from host.validation import check_float_array, check_index_range, check_integer_array, fail
+
+__all__ = [
+    "reshape_and_cache",
+    "copy_blocks",
+    "swap_blocks",
+    "allocate_kv_caches",
+    "kv_caches_share_buffer",
+    "cache_write_row_index",
+    "block_row_len",
+    "block_copy_row_pairs",
+]
+
+_CACHE_DTYPES = ("float32", "bfloat16", "float16")
+_INT32_MAX = np.iinfo(np.int32).max
+DEFAULT_MAX_ROW_BYTES = 16 * 1024  # >= 4 KiB per partition saturates DMA; 16 KiB keeps SBUF small
+
+
+# ----------------------------------------------------------------------------- arrays and checks
+
+
+def _writable(x: Any, name: str) -> np.ndarray:
+    """A NumPy array sharing memory with ``x`` (NumPy array or CPU torch tensor), writable, C-contiguous."""
+    if is_torch_tensor(x):
+        if x.device.type != "cpu":
+            raise NotImplementedError(f"{name} on torch device {x.device} is not supported by the host "
+                                      "wrapper; call it with a CPU tensor (or a NumPy array)")
+        if not x.is_contiguous():
+            fail(name, "be contiguous (it is updated in place)", f"strides {tuple(x.stride())}")
+        import torch
+
+        t = x.detach()
+        if t.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+    if not isinstance(x, np.ndarray):
+        fail(name, "be a NumPy array or a CPU torch tensor (it is updated in place)", type(x).__name__)
+    if not x.flags.c_contiguous:
+        fail(name, "be C-contiguous (it is updated in place)", f"strides {x.strides}")
+    if not x.flags.writeable:
+        fail(name, "be writeable (it is updated in place)", "a read-only array")
+    return x
+
+
+def _check_cache(name: str, cache: np.ndarray) -> None:
+    if cache.ndim != 5 or cache.shape[0] != 2:
+        fail(name, "have shape (2, num_blocks, num_kv_heads, block_size, head_size)", f"shape {cache.shape}")
+    if cache.dtype.name not in _CACHE_DTYPES:
+        if cache.dtype.name.startswith("float8"):
+            raise NotImplementedError(f"{name}: a {cache.dtype.name} KV cache is not supported; "
+                                      "use a float32, bfloat16 or float16 cache")
+        fail(name, f"have dtype in {_CACHE_DTYPES}", f"dtype {cache.dtype}")
+    if min(cache.shape) == 0:
+        fail(name, "have no zero-sized dimension", f"shape {cache.shape}")
+
+
+def _check_int32(what: str, value: int) -> None:
+    if value > _INT32_MAX:
+        raise NotImplementedError(f"{what} = {value} exceeds the int32 DMA index range; "
+                                  "split the cache into smaller tensors")
+
+
+# ----------------------------------------------------------------------------- reshape_and_cache
+
+
+def cache_write_row_index(slot_mapping: np.ndarray, *, num_blocks: int, num_kv_heads: int,
+                          block_size: int) -> np.ndarray:
+    """Destination rows of the (2, N*Hkv*B, d) cache view for the (T*Hkv, d) key / value rows.
+
+    Input row q = t * Hkv + h goes to row (slot // B * Hkv + h) * B + slot % B; a negative slot
+    maps to 2 * N * Hkv * B, out of bounds of the whole cache, which the kernel's
+    ``oob_mode.skip`` stores drop. Returns int32 (T * Hkv, 1). Slots are assumed validated.
+    """
+    slots = np.asarray(slot_mapping, dtype=np.int64)
+    blk, off = np.divmod(slots, block_size)
+    heads = np.arange(num_kv_heads, dtype=np.int64)
+    rows = (blk[:, None] * num_kv_heads + heads[None, :]) * block_size + off[:, None]
+    rows = np.where(slots[:, None] < 0, 2 * num_blocks * num_kv_heads * block_size, rows)
+    return rows.reshape(-1, 1).astype(np.int32)
+
+
+def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> Any:
+    """Write new tokens' K and V into the paged cache in place (vLLM ``reshape_and_cache``).
+
+    Args:
+        key, value: (T, Hkv, d), floating (cast to the cache dtype, RNE).
+        kv_cache: (2, N, Hkv, B, d) float32 / bfloat16 / float16, C-contiguous, updated in place.
+        slot_mapping: (T,) integer; slot = block * B + offset. Negative slots (padding) are skipped
+            and touch nothing; every other slot must be < N * B and appear at most once.
+
+    Returns:
+        ``kv_cache`` (the same object).
+
+    Raises:
+        ValueError: bad shapes / dtypes, a slot >= N * B, duplicate non-negative slots, a
+            non-contiguous or read-only cache -- all before anything is written.
+    """
+    cache = _writable(kv_cache, "kv_cache")
+    _check_cache("kv_cache", cache)
+    _, n_blocks, n_heads, block_size, head_size = cache.shape
+    k = check_float_array("key", key, ndim=3)
+    v = check_float_array("value", value, ndim=3)
+    if k.shape[1:] != (n_heads, head_size):
+        fail("key", f"have shape (T, {n_heads}, {head_size}) to match kv_cache", f"shape {k.shape}")
+    if v.shape != k.shape:
+        fail("value", f"have the shape of key {k.shape}", f"shape {v.shape}")
+    slots = check_integer_array("slot_mapping", slot_mapping, ndim=1)
+    if slots.shape[0] != k.shape[0]:
+        fail("slot_mapping", f"have {k.shape[0]} entries (one per token of key)", f"{slots.shape[0]} entries")
+    n_slots = n_blocks * block_size
+    bad = np.flatnonzero(slots >= n_slots)
+    if bad.size:
+        fail("slot_mapping", f"hold slots < num_blocks * block_size = {n_slots} (negative = skip)",
+             f"slot_mapping[{bad[0]}] = {slots[bad[0]]}")
+    valid = slots[slots >= 0]
+    uniq, counts = np.unique(valid, return_counts=True)
+    if (counts > 1).any():
+        fail("slot_mapping", "not repeat a non-negative slot (a DMA scatter to one slot twice has no "
+             "defined order)", f"repeated slots {uniq[counts > 1][:8].tolist()}")
+    _check_int32("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
+    if valid.size == 0:
+        return kv_cache  # nothing to write (also covers T == 0)
+
+    from nki_kernels.kv_cache_update import kv_cache_update
+
+    key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
+    value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
+    row_index = cache_write_row_index(slots, num_blocks=n_blocks, num_kv_heads=n_heads,
+                                      block_size=block_size)
+    kv_cache_update(key_c, value_c, cache, row_index)
+    return kv_cache
+
+
+# ----------------------------------------------------------------------------- block copies
+
+
+def block_row_len(slab_elems: int, itemsize: int, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> int:
+    """Largest divisor F of ``slab_elems`` with F * itemsize <= max_row_bytes (at least 1)."""
+    cap = max(1, max_row_bytes // itemsize)
+    if slab_elems <= cap:
+        return slab_elems
+    divs = [x for i in range(1, int(slab_elems ** 0.5) + 1) if slab_elems % i == 0
+            for x in (i, slab_elems // i)]
+    return max(x for x in divs if x <= cap)
+
+
+def block_copy_row_pairs(src_blocks: np.ndarray, dst_blocks: np.ndarray, *, num_layers: int,
+                         src_num_blocks: int, dst_num_blocks: int, n_sub: int) -> np.ndarray:
+    """[source row, destination row] pairs (int32 (num_layers * 2 * n * n_sub, 2)) for block copies.
+
+    Row (layer, kv, block, j) of an (L*2*N*n_sub, F) row view is ((layer*2 + kv)*N + block)*n_sub + j.
+    """
+    lkv = np.arange(2 * num_layers, dtype=np.int64)[:, None, None]
+    j = np.arange(n_sub, dtype=np.int64)[None, None, :]
+    src = (lkv * src_num_blocks + np.asarray(src_blocks, np.int64)[None, :, None]) * n_sub + j
+    dst = (lkv * dst_num_blocks + np.asarray(dst_blocks, np.int64)[None, :, None]) * n_sub + j
+    return np.stack([src.ravel(), dst.ravel()], axis=1).astype(np.int32)
+
+
+def _check_mapping(block_mapping: Any, n_src: int, n_dst: int, *, same_cache: bool) -> tuple[np.ndarray, np.ndarray]:
+    bm = check_integer_array("block_mapping", block_mapping)
+    if bm.size == 0:
+        bm = bm.reshape(0, 2)
+    if bm.ndim != 2 or bm.shape[1] != 2:
+        fail("block_mapping", "have shape (n, 2) of [src, dst] block ids", f"shape {bm.shape}")
+    check_index_range("block_mapping[:, 0]", bm[:, 0], upper=n_src, what="source block ids")
+    check_index_range("block_mapping[:, 1]", bm[:, 1], upper=n_dst, what="destination block ids")
+    uniq, counts = np.unique(bm[:, 1], return_counts=True)
+    if (counts > 1).any():
+        fail("block_mapping", "not repeat a destination block (a DMA scatter to one block twice has "
+             "no defined order)", f"repeated destinations {uniq[counts > 1][:8].tolist()}")
+    if same_cache:
+        both = np.intersect1d(bm[:, 0], bm[:, 1])
+        if both.size:
+            fail("block_mapping", "not use a block as both source and destination in one cache (the "
+                 "coalesced copy reads all sources while it writes)", f"blocks {both[:8].tolist()}")
+    return bm[:, 0], bm[:, 1]
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def kv_caches_share_buffer(kv_caches: Sequence[np.ndarray]) -> bool:
+    """True if the layers are consecutive, equally shaped, C-contiguous pieces of one buffer.
+
+    Then :func:`copy_blocks` runs on a zero-copy row view of all layers (e.g. caches from
+    :func:`allocate_kv_caches`); otherwise it has to stack the layers on the host first.
+    """
+    first = kv_caches[0]
+    root, base, size = _root(first), _addr(first), first.nbytes
+    lo, hi = _addr(root), _addr(root) + root.nbytes
+    return all(a.flags.c_contiguous and a.shape == first.shape and a.dtype == first.dtype
+               and _root(a) is root and _addr(a) == base + i * size for i, a in enumerate(kv_caches)) \
+        and lo <= base and base + len(kv_caches) * size <= hi and root.flags.c_contiguous
+
+
+def allocate_kv_caches(num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int,
+                       head_size: int, dtype: Any = np.float32) -> list[np.ndarray]:
+    """Zero-filled per-layer caches (2, N, Hkv, B, d) that are views of ONE contiguous buffer.
+
+    ``copy_blocks`` on such a list is zero-copy on the host (one row view of all layers).
+    """
+    buf = np.zeros((num_layers, 2, num_blocks, num_kv_heads, block_size, head_size), dtype=dtype)
+    return [buf[i] for i in range(num_layers)]
+
+
+def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
+    """Copy blocks inside every layer's cache, all layers in ONE kernel launch (vLLM ``copy_blocks``).
+
+    For every layer and both K and V: ``cache[:, dst] = cache[:, src]`` for each [src, dst] row of
+    ``block_mapping``. The kernel sees all layers as one (L*2*N*n_sub, F) row tensor and moves
+    128 rows per indirect DMA across layers, K / V and blocks.
+
+    Host-side cost (be aware): a single kernel argument must hold every layer. If the layers are
+    consecutive views of one buffer (:func:`allocate_kv_caches`, or a (L, 2, N, Hkv, B, d) array
+    passed directly) the row view is free. Otherwise the layers are stacked with ``np.stack``
+    (a full copy of all caches) and the destination blocks are copied back per layer afterwards
+    -- correct, but it reads and writes every cache on the host; allocate with
+    :func:`allocate_kv_caches` to avoid it (:func:`kv_caches_share_buffer` tells which path runs).
+
+    Args:
+        kv_caches: list of per-layer (2, N, Hkv, B, d) caches (same shape and dtype, C-contiguous,
+            writeable), or one (L, 2, N, Hkv, B, d) array.
+        block_mapping: (n, 2) integer [src, dst] block ids in [0, N); destinations unique; no block
+            both a source and a destination.
+        max_row_bytes: upper bound for one DMA row (a partition's share); rows are contiguous
+            pieces of a (kv, block) slab.
+
+    Raises:
+        ValueError: anything invalid, before anything is written.
+    """
+    if isinstance(kv_caches, np.ndarray) or is_torch_tensor(kv_caches):
+        whole = _writable(kv_caches, "kv_caches")
+        if whole.ndim != 6:
+            fail("kv_caches", "be a list of (2, N, Hkv, B, d) caches or one (L, 2, N, Hkv, B, d) array",
+                 f"an array of shape {whole.shape}")
+        layers = [whole[i] for i in range(whole.shape[0])]
+    else:
+        if not isinstance(kv_caches, (list, tuple)) or len(kv_caches) == 0:
+            fail("kv_caches", "be a non-empty list of per-layer caches", repr(type(kv_caches).__name__))
+        layers = [_writable(c, f"kv_caches[{i}]") for i, c in enumerate(kv_caches)]
+    if not layers:
+        fail("kv_caches", "hold at least one layer", "0 layers")
+    for i, c in enumerate(layers):
+        _check_cache(f"kv_caches[{i}]", c)
+        if c.shape != layers[0].shape or c.dtype != layers[0].dtype:
+            fail(f"kv_caches[{i}]", f"have the shape {layers[0].shape} and dtype {layers[0].dtype} of "
+                 "kv_caches[0]", f"shape {c.shape}, dtype {c.dtype}")
+    if len({_addr(c) for c in layers}) != len(layers) or any(
+            np.may_share_memory(a, b) for i, a in enumerate(layers) for b in layers[i + 1:]):
+        fail("kv_caches", "hold distinct, non-overlapping layers", "two layers sharing memory")
+    n_blocks = layers[0].shape[1]
+    src, dst = _check_mapping(block_mapping, n_blocks, n_blocks, same_cache=True)
+    if src.size == 0:
+        return
+
+    n_layers, slab = len(layers), int(np.prod(layers[0].shape[2:]))
+    f = block_row_len(slab, layers[0].itemsize, max_row_bytes)
+    n_sub = slab // f
+    n_rows = n_layers * 2 * n_blocks * n_sub
+    _check_int32("rows of the block row view", n_rows)
+    pairs = block_copy_row_pairs(src, dst, num_layers=n_layers, src_num_blocks=n_blocks,
+                                 dst_num_blocks=n_blocks, n_sub=n_sub)
+
+    from nki_kernels.block_copy import copy_cache_blocks
+
+    if kv_caches_share_buffer(layers):
+        whole = np.lib.stride_tricks.as_strided(
+            layers[0], shape=(n_layers, *layers[0].shape),
+            strides=(layers[0].nbytes, *layers[0].strides))  # zero-copy view of all layers
+        copy_cache_blocks(whole, pairs, row_elems=f)
+        return
+    stacked = np.stack(layers)  # host copy of all layers: see the docstring
+    copy_cache_blocks(stacked, pairs, row_elems=f)
+    for layer, new in zip(layers, stacked):
+        layer[:, dst] = new[:, dst]
+
+
+def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
+                max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
+    """Copy blocks from one cache to another in place: ``dst_cache[:, d] = src_cache[:, s]`` (vLLM ``swap_blocks``).
+
+    Args:
+        src_cache: (2, Ns, Hkv, B, d) source (read only; e.g. the host cache).
+        dst_cache: (2, Nd, Hkv, B, d) destination, same (Hkv, B, d) and dtype, C-contiguous, writeable.
+        block_mapping: (n, 2) integer [src id in [0, Ns), dst id in [0, Nd)]; destinations unique.
+            If both arguments are the same cache this is :func:`copy_blocks` on one layer (a block
+            may then not be both a source and a destination); partially overlapping caches are rejected.
+
+    Raises:
+        ValueError: anything invalid, before anything is written.
+    """
+    dst = _writable(dst_cache, "dst_cache")
+    src, _ = to_numpy(src_cache, "src_cache")
+    _check_cache("src_cache", src)
+    _check_cache("dst_cache", dst)
+    if src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
+        fail("dst_cache", f"match src_cache in (num_kv_heads, block_size, head_size) {src.shape[2:]} and "
+             f"dtype {src.dtype}", f"shape {dst.shape}, dtype {dst.dtype}")
+    if np.may_share_memory(src, dst):
+        if src.shape == dst.shape and src.strides == dst.strides and _addr(src) == _addr(dst):
+            copy_blocks([dst], block_mapping, max_row_bytes=max_row_bytes)
+            return
+        fail("src_cache", "not partially overlap dst_cache in memory", "overlapping arrays")
+    s_ids, d_ids = _check_mapping(block_mapping, src.shape[1], dst.shape[1], same_cache=False)
+    if s_ids.size == 0:
+        return
+
+    slab = int(np.prod(dst.shape[2:]))
+    f = block_row_len(slab, dst.itemsize, max_row_bytes)
+    n_sub = slab // f
+    _check_int32("rows of the block row view", 2 * max(src.shape[1], dst.shape[1]) * n_sub)
+    pairs = block_copy_row_pairs(s_ids, d_ids, num_layers=1, src_num_blocks=src.shape[1],
+                                 dst_num_blocks=dst.shape[1], n_sub=n_sub)
+
+    from nki_kernels.block_copy import swap_cache_blocks
+
+    # np.ascontiguousarray copies only a non-contiguous source (the source is read, never written)
+    swap_cache_blocks(np.ascontiguousarray(src), dst, pairs, row_elems=f)

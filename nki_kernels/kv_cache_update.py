@@ -1,0 +1,151 @@
+"""KV-cache write (vLLM ``reshape_and_cache``) as an NKI kernel: indirect DMA scatters, 128 rows each.
+
+Dimensions:
+    T    new tokens;  Hkv  KV heads;  d  head size;  N  cache blocks;  B  block size
+    R  = T * Hkv      rows to write per K / V half: one row = one (token, head) = d elements
+    NHB = N * Hkv * B rows per K / V half of the cache
+
+Layout choice. The paged cache is (2, N, Hkv, B, d). For a fixed (kv, block, head) the B token
+slots are consecutive d-element rows, but one token's Hkv heads are B*d elements apart, so the
+largest contiguous unit a new token writes is one (token, head) row of d elements. We view the
+cache as (2, NHB, d) (a free reshape of a C-contiguous array) and give every (token, head)
+row its own destination row
+
+    row(t, h) = (block(t) * Hkv + h) * B + offset(t),   block = slot // B, offset = slot % B
+
+computed on the host. With an index per row, 128 (token, head) rows of ANY tokens and heads
+share one indirect DMA, so the store count is 2 * ceil(T * Hkv / 128) (K and V halves), not
+one per token (``nki_kernels/baselines/kv_write_per_token.py``) or per (token, head).
+The kernel reshapes key / value to (R, d) row views and the cache to (2, NHB, d) (free views of
+HBM tensors, as vLLM's kernel does with ``kv_cache.reshape``). The row index is built on the host,
+where vLLM's model runner builds ``slot_mapping`` anyway (an O(T * Hkv) int32 expansion; doing
+the div / mod by B on device would need exact integer arithmetic on GpSimd).
+
+Negative slots (padding) are skipped on the DMA: the host maps them to row index 2 * NHB and the
+stores use ``nisa.dma_copy(..., oob_mode=nisa.oob_mode.skip)``. 2 * NHB is out of bounds of the
+whole cache, so it is skipped whether the hardware bounds-checks the indexed axis or the
+flattened tensor (the documented simulator message is about the flattened tensor; an index of
+NHB would land in the V half of the flattened cache). Skipping keeps every shape fixed (no
+recompilation per number of valid tokens) and needs no host compaction of key / value.
+
+Row order. Row q of the inputs goes to partition / tile as in :mod:`nki_kernels.row_tiles`
+(bulk row q = p * n_tiles + t), so one direct DMA per chunk loads the K rows (and one the V rows,
+one the indices) of up to ``chunk`` tiles with one contiguous descriptor per partition.
+
+DMA instructions (n_tiles = R // 128, rem = R % 128, n_chunks = ceil(n_tiles / chunk)):
+    3 * n_chunks + 2 * n_tiles            bulk: index + K + V loads per chunk, 2 stores per tile
+    + 5 if rem > 0                        tail tile: index, K, V loads and 2 stores
+    indirect stores = 2 * ceil(R / 128)
+
+Pseudocode:
+    key_rows, value_rows = key / value as (R, d); cache_rows = kv_cache as (2, NHB, d)
+    for each chunk of full tiles:                       # affine_range
+        idx[p, t]  = row_index[p * n_tiles + first + t]       # 1 DMA
+        k[p, t, :] = key_rows[p * n_tiles + first + t, :]     # 1 DMA
+        v[p, t, :] = value_rows[...]                          # 1 DMA
+        for t in chunk:                                 # affine_range
+            cache_rows[0, idx[p, t], :] = k[p, t, :]  (skip OOB)   # 1 indirect DMA, 128 rows
+            cache_rows[1, idx[p, t], :] = v[p, t, :]  (skip OOB)   # 1 indirect DMA, 128 rows
+    tail tile (rem rows): the same with rows 128 * n_tiles + p
+"""
+
+from nki_kernels._assert import kernel_check, kernel_unsupported
+from nki_kernels._nki import nki, nisa, nl
+from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
+
+nt = nki.typing
+
+KERNEL = "kv_cache_update"
+# Per-partition SBUF bytes for one chunk's K rows + V rows + indices. 32 KiB of the 192 KiB per
+# partition (trn1 and trn2) leaves room for the compiler to double-buffer chunks.
+CHUNK_BUDGET_BYTES = 32 * 1024
+# Largest row (d * itemsize) we put in one partition; head sizes are <= 512 in practice.
+MAX_ROW_BYTES = 16 * 1024
+
+
+@nki.jit
+def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
+    """Scatter new K / V rows into the paged cache through per-row indices; returns ``kv_cache``.
+
+    Args:
+        key: (T, Hkv, d) HBM, the new keys, same dtype as the cache (the host casts).
+        value: (T, Hkv, d) HBM, the new values.
+        kv_cache: (2, N, Hkv, B, d) HBM, mutable, float32 / bfloat16 / float16. Written in place.
+        row_index: (T * Hkv, 1) int32 HBM; row_index[t * Hkv + h, 0] is the destination row of
+            (token t, head h) in the (2, N*Hkv*B, d) view of kv_cache (the same row in the K and
+            the V half); a row >= N*Hkv*B (the host uses 2*N*Hkv*B) is skipped.
+
+    Returns:
+        kv_cache (the mutable input, as NKI requires for a written parameter).
+
+    Raises:
+        ValueError: shapes / dtypes inconsistent.
+        NotImplementedError: unsupported cache dtype, or d * itemsize > 16 KiB.
+    """
+    kernel_check(len(key.shape) == 3, KERNEL, "key", "be 3-D (T, Hkv, d)", tuple(key.shape))
+    n_tok, n_heads, d = key.shape
+    kernel_check(tuple(value.shape) == (n_tok, n_heads, d), KERNEL, "value.shape",
+                 f"equal key.shape {(n_tok, n_heads, d)}", tuple(value.shape))
+    kernel_check(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[2] == n_heads
+                 and kv_cache.shape[4] == d, KERNEL, "kv_cache.shape", f"be (2, N, {n_heads}, B, {d})",
+                 tuple(kv_cache.shape))
+    rows = n_tok * n_heads
+    kernel_check(tuple(row_index.shape) == (rows, 1), KERNEL, "row_index.shape",
+                 f"be ({rows}, 1)", tuple(row_index.shape))
+    kernel_check(key.dtype == kv_cache.dtype and value.dtype == kv_cache.dtype, KERNEL,
+                 "key.dtype / value.dtype", f"equal kv_cache.dtype {kv_cache.dtype}",
+                 (str(key.dtype), str(value.dtype)))
+    kernel_check(row_index.dtype == nl.int32, KERNEL, "row_index.dtype", "be int32",
+                 str(row_index.dtype))
+    row_bytes = d * cache_itemsize(kv_cache.dtype, KERNEL)
+    kernel_unsupported(row_bytes <= MAX_ROW_BYTES, KERNEL, f"a head size of {d} elements "
+                       f"({row_bytes} bytes per row)", f"keep d * itemsize <= {MAX_ROW_BYTES}")
+
+    # Free views: (token, head) rows of the inputs, and the cache with (N, Hkv, B) flattened.
+    _, n_blocks, _, block_size, _ = kv_cache.shape
+    key_rows = key.reshape((rows, d))
+    value_rows = value.reshape((rows, d))
+    cache_rows = kv_cache.reshape((2, n_blocks * n_heads * block_size, d))
+
+    plan = plan_rows(rows, 2 * row_bytes + 4, CHUNK_BUDGET_BYTES)
+    for c in nl.affine_range(plan.n_full_chunks):
+        _write_chunk(key_rows, value_rows, cache_rows, row_index, plan.n_tiles,
+                     c * plan.chunk, plan.chunk, d)
+    if plan.last_chunk > 0:
+        _write_chunk(key_rows, value_rows, cache_rows, row_index, plan.n_tiles,
+                     plan.n_full_chunks * plan.chunk, plan.last_chunk, d)
+    if plan.rem > 0:
+        _write_tail(key_rows, value_rows, cache_rows, row_index, plan.n_tiles * PMAX, plan.rem, d)
+    return kv_cache
+
+
+def _write_chunk(key_rows, value_rows, cache_rows, row_index, n_tiles, first, n_chunk, d):
+    """Tiles first .. first + n_chunk - 1 of the bulk rows (row p * n_tiles + t on partition p)."""
+    i_p = nl.arange(PMAX)[:, None, None]
+    i_t = nl.arange(n_chunk)[None, :, None]
+    i_f = nl.arange(d)[None, None, :]
+    i_0 = nl.arange(1)[None, None, :]
+    src_row = i_p * n_tiles + first + i_t
+    idx = nl.load(row_index[src_row, i_0])          # (128, n_chunk, 1) int32
+    k = nl.load(key_rows[src_row, i_f])             # (128, n_chunk, d)
+    v = nl.load(value_rows[src_row, i_f])
+
+    j_p = nl.arange(PMAX)[:, None]
+    j_f = nl.arange(d)[None, :]
+    for t in nl.affine_range(n_chunk):
+        nisa.dma_copy(dst=cache_rows[0, idx[j_p, t, 0], j_f], src=k[j_p, t, j_f],
+                      oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=cache_rows[1, idx[j_p, t, 0], j_f], src=v[j_p, t, j_f],
+                      oob_mode=nisa.oob_mode.skip)
+
+
+def _write_tail(key_rows, value_rows, cache_rows, row_index, start, n, d):
+    """The last R % 128 rows, start + p on partition p."""
+    i_p = nl.arange(n)[:, None]
+    i_f = nl.arange(d)[None, :]
+    i_0 = nl.arange(1)[None, :]
+    idx = nl.load(row_index[start + i_p, i_0])      # (n, 1) int32
+    k = nl.load(key_rows[start + i_p, i_f])
+    v = nl.load(value_rows[start + i_p, i_f])
+    nisa.dma_copy(dst=cache_rows[0, idx[i_p, 0], i_f], src=k[i_p, i_f], oob_mode=nisa.oob_mode.skip)
+    nisa.dma_copy(dst=cache_rows[1, idx[i_p, 0], i_f], src=v[i_p, i_f], oob_mode=nisa.oob_mode.skip)

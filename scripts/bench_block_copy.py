@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""Block copy (copy_blocks): per-block and per-group DMAs vs the coalesced one-launch kernel.
+
+Workload (the NIXL seed benchmark's sweep): L layers of a bf16 cache (2, N, Hkv, B, d), a block
+mapping of n blocks split into g = 1, 2, 3, 6 GROUPS. A group is a run of n/g consecutive source
+block ids copied to a run of n/g consecutive destination ids (what a prefix / swap-in produces).
+In the (2, N, Hkv, B, d) layout one (layer, kv half, block) slab of Hkv*B*d elements is contiguous,
+and so is one (layer, kv half, group) run of n/g slabs. Every variant moves the same rows of the
+same (L*2*N*n_sub, F) row view (rows of F <= 16 KiB per partition) and does one index load, one
+indirect gather and one indirect scatter per batch of <= 128 rows:
+
+* per-block:  one batch per contiguous (layer, kv, block) slab      -> 2 * L * 2 * n gather/scatter DMAs
+* per-group:  one batch per contiguous (layer, kv, group) run,
+              split at 128 rows                                      -> 2 * L * 2 * g * ceil(rows/128)
+* coalesced:  ``host.copy_blocks`` -> ``nki_kernels.block_copy.copy_cache_blocks``: ONE launch, any 128
+              rows of any layer / kv / group per DMA, indices of all tiles in one load
+                                                                     -> 2 * ceil(L * 2 * n * n_sub / 128)
+
+Reported from the simulator trace: gather + scatter DMA instructions, index-load DMAs, all DMA
+instructions, descriptors, KV payload bytes (gather + scatter; must be equal across variants, the
+script asserts it) and the MODELED trn2 time of the trace (``nki_sim.cost.estimate``; analytical,
+not measured; "-" if the cost module is missing). Results of all variants are checked identical.
+
+    python scripts/bench_block_copy.py [--layers 4] [--blocks 24] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import nki_sim  # noqa: E402
+from host.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_len,  # noqa: E402
+                            copy_blocks)
+from nki_kernels.baselines.block_copy_batched import copy_rows_batched  # noqa: E402
+
+try:
+    from nki_sim.cost import estimate  # noqa: E402
+except ImportError:  # pragma: no cover
+    estimate = None
+
+GROUPS = (1, 2, 3, 6)
+N_BLOCKS, HKV, BLOCK, HEAD = 128, 8, 16, 128
+DTYPE = ml_dtypes.bfloat16
+
+
+def group_mapping(n: int, g: int) -> np.ndarray:
+    """g runs of n/g consecutive src ids -> g runs of consecutive dst ids, runs spread over the cache."""
+    per = n // g
+    src = np.concatenate([np.arange(per) + k * 2 * per for k in range(g)])
+    dst = src + per
+    return np.stack([src, dst], axis=1)
+
+
+def batches(pairs: np.ndarray, n_layers: int, n: int, g: int, n_sub: int, unit: str):
+    """Reorder the (L*2*n*n_sub) pairs into batches: per (layer, kv, block) or (layer, kv, group)."""
+    p = pairs.reshape(n_layers * 2, n, n_sub, 2)        # block_copy_row_pairs order: (l, kv), block, j
+    run = 1 if unit == "block" else n // g
+    spans = p.reshape(n_layers * 2, n // run, run * n_sub, 2)
+    sizes = []
+    for _ in range(n_layers * 2 * (n // run)):
+        left = run * n_sub
+        while left > 0:
+            sizes.append(min(128, left))
+            left -= sizes[-1]
+    return np.ascontiguousarray(spans.reshape(-1, 2)), tuple(sizes)
+
+
+def summarize(trace) -> dict:
+    dma = [e for e in trace.events if e.engine == "dma"]
+    ind = [e for e in dma if e.dma_kind == "indirect"]
+    return {"gather_scatter_dmas": len(ind), "index_dmas": len(dma) - len(ind),
+            "dma_instructions": len(dma), "dma_descriptors": sum(len(e.descriptor_bytes) for e in dma),
+            "kv_bytes": sum(e.bytes for e in ind),
+            "modeled_us_trn2": estimate(trace, "trn2").modeled_us if estimate else None}
+
+
+def bench(n_layers: int, n: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    slab = HKV * BLOCK * HEAD
+    f = block_row_len(slab, 2)
+    n_sub = slab // f
+    start = allocate_kv_caches(n_layers, N_BLOCKS, HKV, BLOCK, HEAD, DTYPE)
+    for layer in start:
+        layer[...] = rng.standard_normal(layer.shape).astype(DTYPE)
+    rows = []
+    for g in GROUPS:
+        mapping = group_mapping(n, g)
+        pairs = block_copy_row_pairs(mapping[:, 0], mapping[:, 1], num_layers=n_layers,
+                                     src_num_blocks=N_BLOCKS, dst_num_blocks=N_BLOCKS, n_sub=n_sub)
+        results = {}
+        for variant in ("per-block", "per-group", "coalesced"):
+            layers = allocate_kv_caches(n_layers, N_BLOCKS, HKV, BLOCK, HEAD, DTYPE)
+            for dst_layer, src_layer in zip(layers, start):
+                dst_layer[...] = src_layer
+            with nki_sim.tracing() as trace:
+                if variant == "coalesced":
+                    copy_blocks(layers, mapping)
+                else:
+                    ordered, sizes = batches(pairs, n_layers, n, g, n_sub,
+                                             "block" if variant == "per-block" else "group")
+                    whole = layers[0].base            # the (L, 2, N, Hkv, B, d) buffer
+                    copy_rows_batched(whole, ordered, row_elems=f, batch_sizes=sizes)
+            results[variant] = b"".join(layer.tobytes() for layer in layers)
+            rows.append({"groups": g, "variant": variant, "layers": n_layers, "blocks": n,
+                         "row_bytes": f * 2, **summarize(trace)})
+        if len(set(results.values())) != 1:
+            raise AssertionError(f"g={g}: variants produced different caches")
+        kv = {r["kv_bytes"] for r in rows if r["groups"] == g}
+        if len(kv) != 1:
+            raise AssertionError(f"g={g}: payload bytes differ across variants: {kv}")
+    return rows
+
+
+def fmt(x, spec=""):
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(rows: list[dict]) -> str:
+    r0 = rows[0]
+    title = (f"L={r0['layers']} layers, {r0['blocks']} blocks copied, cache (2, {N_BLOCKS}, {HKV}, {BLOCK}, "
+             f"{HEAD}) bf16, rows of {r0['row_bytes']} B")
+    lines = [title, "",
+             "| groups | variant | gather+scatter DMAs | index DMAs | all DMA instr | descriptors "
+             "| KV bytes | modeled trn2 us |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['groups']} | {r['variant']} | {r['gather_scatter_dmas']} | {r['index_dmas']} "
+                     f"| {r['dma_instructions']} | {r['dma_descriptors']} | {r['kv_bytes']} "
+                     f"| {fmt(r['modeled_us_trn2'], '.2f')} |")
+    note = "\nmodeled = nki_sim.cost.estimate on the simulator trace (analytical model, not a measurement)."
+    if estimate is None:
+        note = "\nnki_sim.cost is not available: DMA counts only."
+    return "\n".join(lines) + note
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--blocks", type=int, default=24, help="blocks copied (divisible by 6)")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    if args.blocks % 6 or args.blocks <= 0 or 4 * args.blocks > 2 * N_BLOCKS:
+        ap.error(f"--blocks must be a positive multiple of 6 and <= {N_BLOCKS // 2}; got {args.blocks}")
+    rows = bench(args.layers, args.blocks)
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "cost_model": estimate is not None}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
