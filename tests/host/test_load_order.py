@@ -11,6 +11,7 @@ block_tables[i, k // B], offset k % B), like host/reference.py, without the acti
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from host.block_tables import (active_block_table, load_column_tokens, loaded_cache_slots,
@@ -56,10 +57,34 @@ TILES = st.sampled_from([512, 1024, 2048, 4096, 8192])
 @given(B=BLOCKS, LT=TILES, Hkv=st.integers(1, 4), seed=st.integers(0, 10_000),
        lens=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 5000)), min_size=1, max_size=4))
 def test_gather_through_transformed_table_matches_reordered_reference(B, LT, Hkv, seed, lens):
-    rng = np.random.default_rng(seed)
     qlens, clens = map(list, zip(*lens))
+    check_load_matches_reference(B, LT, Hkv, qlens, clens, seed)
+
+
+@pytest.mark.parametrize("B,LT,Hkv,qlens,clens,extra_tiles", [
+    # block 1 (b' = 1, identity reorder), decode tokens, one sequence without context
+    pytest.param(1, 512, 2, [1, 1, 3], [700, 0, 5], 0, id="blk1_lt512_decode_ctx0"),
+    # vLLM's default geometry (Tf=2, b'=16); odd lengths; a whole extra tile of padding blocks
+    pytest.param(32, 2048, 3, [7, 1], [2049, 33], 1, id="blk32_lt2048_odd_plus_pad_tile"),
+    # Tf=16 (M=8 blocks per tile), MQA
+    pytest.param(256, 2048, 1, [5], [3000], 0, id="blk256_lt2048_tf16_mqa"),
+    # M=256 > 128: two indirect loads per tile (nL=2)
+    pytest.param(4, 1024, 2, [2, 9], [1023, 1025], 0, id="blk4_lt1024_two_loads"),
+    # no context anywhere: the single tile is all padding
+    pytest.param(16, 512, 2, [3, 4], [0, 0], 0, id="blk16_no_context"),
+])
+def test_gather_explicit_cases(B, LT, Hkv, qlens, clens, extra_tiles):
+    check_load_matches_reference(B, LT, Hkv, qlens, clens, seed=3, extra_tiles=extra_tiles)
+
+
+def check_load_matches_reference(B, LT, Hkv, qlens, clens, seed, extra_tiles=0):
+    rng = np.random.default_rng(seed)
     d = 2
+    lens = list(zip(qlens, clens))
     plan = make_plan(qlens, clens, block_size=B, large_tile_size=LT)
+    if extra_tiles:
+        plan = make_plan(qlens, clens, block_size=B, large_tile_size=LT,
+                         pad_blocks_to=plan.num_active_blocks + extra_tiles * plan.blocks_per_tile)
     nblk = [-(-c // B) for c in clens]
     N = sum(nblk) + 2
     perm = rng.permutation(N)
@@ -91,3 +116,12 @@ def test_gather_through_transformed_table_matches_reordered_reference(B, LT, Hkv
     np.testing.assert_array_equal(mask[:plan.num_queries, :ctx], owner_p[None, :] == qseq[:, None])
     assert not mask[plan.num_queries:].any()
     assert not mask[:, :ctx][:, ~real].any()                  # padding tokens never visible
+
+
+@pytest.mark.slow
+@settings(max_examples=500, deadline=None)
+@given(B=BLOCKS, LT=TILES, Hkv=st.integers(1, 8), seed=st.integers(0, 10_000),
+       lens=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 20_000)), min_size=1, max_size=12))
+def test_gather_sweep_slow(B, LT, Hkv, seed, lens):
+    qlens, clens = map(list, zip(*lens))
+    check_load_matches_reference(B, LT, Hkv, qlens, clens, seed)
