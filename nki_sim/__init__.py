@@ -1,1 +1,24 @@
-"""nki_sim: a NumPy simulator of the legacy NKI (``neuronxcc.nki``, "Beta 1") programming model."""
+"""nki_sim: a NumPy simulator of the legacy NKI (``neuronxcc.nki``, "Beta 1") programming model.
+
+    import nki_sim
+    nki_sim.install()                      # registers neuronxcc.nki* when the real one is absent
+    import neuronxcc.nki as nki, neuronxcc.nki.language as nl
+    with nki_sim.tracing() as trace:
+        out = nki.simulate_kernel(kernel[1, 8], a, b)
+    trace.summary()
+
+See nki_sim/README.md for what is emulated and how it differs from hardware.
+"""
+
+from __future__ import annotations
+
+from . import errors  # noqa: F401
+from .config import config, configure  # noqa: F401
+from .install import install, is_installed, real_nki_available, uninstall  # noqa: F401
+from .runtime import jit, simulate_kernel  # noqa: F401
+from .target import TARGETS, Target, get_target, use_target  # noqa: F401
+from .trace import Event, Trace, tracing  # noqa: F401
+
+__all__ = ["install", "is_installed", "uninstall", "real_nki_available", "TARGETS", "Target",
+           "get_target", "use_target", "tracing", "Trace", "Event", "config", "configure",
+           "errors", "jit", "simulate_kernel"]

@@ -1,0 +1,326 @@
+"""Checked reads and writes of tensor views (the memory model's single entry point).
+
+Every read / write of kernel-visible memory goes through :func:`read` / :func:`write`:
+bounds (static and indirect, honouring ``mask=`` and ``oob_mode``), uninitialized reads
+(written bitmap), immutable parameters, the ``affine_range`` dependency checker
+(per-element write/read epochs) and dtype casting on write.  Compute code never indexes
+``Alloc.data`` itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import linecache
+import re
+import warnings
+
+import numpy as np
+
+from . import dtypes as D
+from . import errors as E
+from .config import config
+from .indexing import IndexExpr, broadcast_left
+from .state import state
+from .tensor import Tensor
+
+
+class Access:
+    """Resolved element positions of one access of view ``t`` (with mask / oob handling)."""
+
+    __slots__ = ("t", "valid", "offs", "skipped", "oob_rows")
+
+    def __init__(self, t: Tensor, mask=None, oob: str = "error"):
+        self.t = t
+        self.valid = mask
+        self.offs = None
+        self.skipped = 0
+        if t.idx is not None:
+            self._resolve(oob)
+
+    def _resolve(self, oob):
+        t = self.t
+        dims = t.arr.shape
+        off, es = t.elem_layout()
+        valid = self.valid
+        offs = np.full(t.shape, off, dtype=np.int64)
+        bad_any = None
+        for ax, c in enumerate(t.idx):
+            if not isinstance(c, np.ndarray):
+                offs += c * es[ax]
+                continue
+            n = dims[ax]
+            bad = (c < 0) | (c >= n)
+            if bad.any():
+                badb = np.broadcast_to(bad, t.shape)
+                if valid is not None:
+                    badb = badb & valid
+                if badb.any():
+                    if ax == t.indirect:
+                        if oob == "skip":
+                            bad_any = badb if bad_any is None else (bad_any | badb)
+                        else:
+                            self._indirect_error(badb, dims)
+                    else:
+                        cv = np.broadcast_to(c, t.shape)
+                        sel = cv if valid is None else cv[valid]
+                        raise E.AccessOutOfBoundError(
+                            f"Out-of-bound access for tensor `{t.name}` on dimension {ax}: index range "
+                            f"[{int(sel.min())}, {int(sel.max())}] exceed dimension size of {n}")
+                c = np.clip(c, 0, n - 1)
+            offs += c * es[ax]
+        if bad_any is not None:
+            rows = bad_any.reshape(bad_any.shape[0], -1).any(axis=1) if bad_any.ndim else bad_any
+            self.skipped = int(np.count_nonzero(rows))
+            keep = ~bad_any
+            valid = keep if valid is None else (valid & keep)
+        self.valid = valid
+        self.offs = offs
+
+    def _indirect_error(self, badb, dims):
+        t = self.t
+        first = np.unravel_index(int(np.argmax(badb.reshape(-1))), t.shape)
+        cstrides = np.cumprod((1,) + tuple(dims[::-1]))[:-1][::-1]
+        flat = 0
+        for ax, c in enumerate(t.idx):
+            v = c if not isinstance(c, np.ndarray) else int(np.broadcast_to(c, t.shape)[first])
+            flat += int(v) * int(cstrides[ax])
+        size = int(np.prod(dims, dtype=np.int64))
+        raise E.IndirectIndexError(f"index {flat} is out of bounds for axis 0 with size {size}")
+
+    def gather(self, base: np.ndarray) -> np.ndarray:
+        """Values of ``base`` (same shape as ``alloc.data``) at this access (shape ``t.shape``)."""
+        if self.offs is None:
+            return self.t.arr if base is self.t.alloc.data else self.t.aux_view(base)
+        return base.reshape(-1)[self.offs]
+
+    def scatter(self, base: np.ndarray, values) -> None:
+        valid = self.valid
+        if self.offs is None:
+            view = self.t.arr if base is self.t.alloc.data else self.t.aux_view(base)
+            if valid is None:
+                view[...] = values
+            else:
+                np.copyto(view, values, where=valid)
+            return
+        flat = base.reshape(-1)
+        if valid is None:
+            flat[self.offs] = values
+        else:
+            v = np.broadcast_to(values, self.t.shape)
+            flat[self.offs[valid]] = v[valid]
+
+    def count(self) -> int:
+        return self.t.size if self.valid is None else int(np.count_nonzero(self.valid))
+
+
+# ---------------------------------------------------------------------------- checks
+def _uninit(t: Tensor, acc: Access, op: str):
+    w = t.alloc.written
+    if w is None or config.uninitialized == "ignore":
+        return
+    wv = acc.gather(w)
+    bad = ~wv if acc.valid is None else (~wv & acc.valid)
+    if not bad.any():
+        return
+    n = int(np.count_nonzero(bad))
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape))
+    msg = (f"'{op}' reads {n} never-written element(s) of tensor {t.name} "
+           f"({t.buffer} {list(t.shape)} {t.dtype.name}); first at index {list(first)} of the access")
+    if config.uninitialized == "warn":
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    else:
+        raise E.UninitializedReadError(msg)
+
+
+def check_initialized(t: Tensor, mask, op: str):
+    _uninit(t, Access(t, mask), op)
+
+
+def _dep_frames(alloc):
+    if not config.check_dependencies:
+        return None
+    k = state.kernel
+    if k is None or not k.loops:
+        return None
+    fr = [f for f in k.loops if f.kind == "affine" and alloc.birth_epoch < f.iter_start]
+    return fr or None
+
+
+def _loop_var(f) -> str:
+    if not f.var:
+        line = linecache.getline(f.src[0], f.src[1])
+        m = re.search(r"for\s+([A-Za-z_]\w*)\s+in\b", line)
+        f.var = m.group(1) if m else f"<affine_range at {f.src[0].split('/')[-1]}:{f.src[1]}>"
+    return f.var
+
+
+def _dep_check(t: Tensor, acc: Access, frames, stamps: np.ndarray, kind: str, op: str,
+               prev_kind: str = "wrote"):
+    s = acc.gather(stamps)
+    for f in frames:
+        bad = (s >= f.loop_start) & (s < f.iter_start)
+        if acc.valid is not None:
+            bad &= acc.valid
+        if bad.any():
+            first = np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape)
+            e = int(s[first])
+            j = bisect.bisect_right(f.starts, e) - 1
+            prev = f.values[j] if j >= 0 else "?"
+            raise E.OutputDependencyError(
+                f"Unexpected output dependencies, missing indices in the dst access: {_loop_var(f)} "
+                f"('{op}' {kind} tensor {t.name} {list(t.shape)} at access index "
+                f"{[int(i) for i in first]} in iteration {f.value} of nl.affine_range at "
+                f"{f.src[0].split('/')[-1]}:{f.src[1]}, but iteration {prev} "
+                f"{prev_kind} it; use "
+                "nl.sequential_range for a loop-carried dependency)")
+
+
+# ---------------------------------------------------------------------------- read / write
+def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
+    """Checked read of a view: returns (values in storage dtype, Access)."""
+    acc = Access(t, mask, oob)
+    vals = acc.gather(t.alloc.data)
+    _uninit(t, acc, op)
+    alloc = t.alloc
+    frames = _dep_frames(alloc)
+    if frames:
+        if alloc.wstamp is not None:
+            _dep_check(t, acc, frames, alloc.wstamp, "reads", op)
+        if alloc.kind != "input" or alloc.mutable:
+            acc.scatter(alloc.stamps("rstamp"), state.epoch)
+    return vals, acc
+
+
+def read_values(t: Tensor, mask=None, op: str = "read") -> np.ndarray:
+    return read(t, mask, op=op)[0]
+
+
+def read_index_tile(k: Tensor) -> np.ndarray:
+    """Values of an indirect-DMA index tile (must be an integer SBUF tile)."""
+    if k.buffer != "sbuf":
+        raise E.MemorySpaceError(
+            f"indirect DMA index tensor {k.name} is in {k.buffer}; indices have to be in SBUF "
+            "(load them with nl.load or build them with nisa.iota)")
+    if k.dtype.kind not in "iu":
+        raise E.DtypeError(f"indirect DMA index tensor {k.name} must be an integer tile; got {k.dtype.name}")
+    return np.asarray(read_values(k, op="indirect index"), dtype=np.int64)
+
+
+def fit_value(values, shape, dst_name="dst", src_name="value") -> np.ndarray:
+    """Broadcast a value to a destination shape (left-aligned tiles, then NumPy rule)."""
+    v = np.asarray(values)
+    shape = tuple(shape)
+    if v.shape == shape:
+        return v
+    try:
+        return broadcast_left(v, shape)
+    except ValueError:
+        pass
+    try:
+        return np.broadcast_to(v, shape)
+    except ValueError:
+        raise E.ShapeError(
+            f"Illegal assignment destination shape in 'a = b': shape {list(shape)} of parameter "
+            f"'a' is smaller than other parameter shapes b{list(v.shape)}. ({dst_name} = {src_name})"
+        ) from None
+
+
+def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error",
+          accumulate: bool = False, exempt: bool = False) -> Access:
+    """Checked write (cast to the destination dtype) of ``values`` into view ``t``."""
+    alloc = t.alloc
+    if alloc.kind == "input" and not alloc.mutable:
+        raise E.ImmutableParameterError(
+            f"Cannot update immutable parameter '{alloc.name}' ('{op}'); annotate it as "
+            f"{alloc.name}: nt.mutable_tensor and return it (err_cannot_update_immutable_parameter)")
+    acc = Access(t, mask, oob)
+    vals = fit_value(values, t.shape, t.name)
+    frames = None if exempt else _dep_frames(alloc)
+    if frames:
+        ws = alloc.stamps("wstamp")
+        _dep_check(t, acc, frames, ws, "writes", op)
+        if alloc.rstamp is not None:
+            _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
+        acc.scatter(ws, state.epoch)
+    if accumulate:
+        cur = np.asarray(acc.gather(alloc.data), dtype=np.float32)
+        if alloc.written is not None:
+            cur = np.where(acc.gather(alloc.written), cur, np.float32(0))
+        vals = cur + np.asarray(vals, dtype=np.float32)
+    acc.scatter(alloc.data, D.cast_for_write(vals, alloc.dtype))
+    if alloc.written is not None:
+        acc.scatter(alloc.written, True)
+    alloc.ever_written = True
+    return acc
+
+
+# ---------------------------------------------------------------------------- assignment
+def _same_region(a: Tensor, b: Tensor) -> bool:
+    if not (a.alloc is b.alloc and a.shape == b.shape and a.arr.strides == b.arr.strides
+            and a.arr.__array_interface__["data"][0] == b.arr.__array_interface__["data"][0]):
+        return False
+    if a.idx is None or b.idx is None:
+        return a.idx is None and b.idx is None
+    return len(a.idx) == len(b.idx) and all(
+        np.array_equal(x, y) for x, y in zip(a.idx, b.idx))
+
+
+def assign(t: Tensor, key, value) -> None:
+    """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
+    from . import trace
+    dst = t[key]
+    if isinstance(value, Tensor):
+        if value.fresh == "acc" and _same_region(dst, value):
+            return
+        if not dst.onchip or not value.onchip:
+            raise E.MemorySpaceError(
+                f"assignment between {value.buffer} tensor {value.name} and {dst.buffer} tensor "
+                f"{dst.name}: use nl.load / nl.store / nisa.dma_copy to move data to or from HBM")
+        if value.fresh:
+            pm = value.pmask
+            vals, _ = read(value, pm, op="assign")
+            m = None if pm is None else fit_value(pm, dst.shape)
+            write(dst, vals, m, op="assign")
+            value.fresh = False
+            return
+        vals, _ = read(value, op="copy")
+        write(dst, vals, op="copy")
+        trace.emit("vector", "copy", in_shapes=(value.shape,), out_shape=dst.shape,
+                   in_dtypes=(value.dtype.name,), out_dtype=dst.dtype.name,
+                   partitions=dst.shape[0] if dst.shape else 1,
+                   free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
+                   nbytes=dst.size * dst.itemsize)
+        return
+    if isinstance(value, IndexExpr):
+        raise TypeError("cannot assign an nl.arange / nl.mgrid index to a tensor "
+                        "(err_cannot_assign_to_index); convert it with nisa.iota first")
+    if isinstance(value, (bool, int, float, np.number, np.bool_)):
+        if not dst.onchip:
+            raise E.MemorySpaceError(f"scalar assignment to {dst.buffer} tensor {dst.name}: use nl.store")
+        write(dst, np.asarray(value), op="memset")
+        trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype.name,
+                   partitions=dst.shape[0] if dst.shape else 1,
+                   free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
+                   nbytes=dst.size * dst.itemsize)
+        return
+    raise TypeError(f"cannot assign a {type(value).__name__} to NKI tensor {t.name}; "
+                    "assign a tile, a scalar, or the result of an nl/nisa op")
+
+
+def inplace_update(t: Tensor, other, fname: str) -> Tensor:
+    """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32 (exempt from
+    the affine_range dependency check); everything else is ``t[...] = t <op> other``."""
+    if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
+            and t.buffer == "psum"):
+        vals, _ = read(other, op="matmul accumulate")
+        write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
+        other.fresh = False
+    else:
+        from . import language as nl
+        res = getattr(nl, fname)(t, other)
+        vals, _ = read(res, res.pmask, op=fname)
+        write(t, vals, op=fname)
+        res.fresh = False
+    out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax)
+    out.fresh = "acc"
+    return out

@@ -1,0 +1,172 @@
+"""Shared plumbing of compute instructions: operand reads, result tiles, events, checks.
+
+Compute code gets NumPy arrays from :func:`operand` (a checked read through
+:mod:`nki_sim.access`), computes, and hands the result to :func:`result_tile`, which
+allocates the fresh output tile (SBUF unless stated), writes it with the cast to the
+output dtype (masked elements only) and records the trace event.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes as D
+from . import errors as E
+from . import trace
+from .access import read
+from .indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
+from .memory import Alloc
+from .state import state
+from .target import get_target
+from .tensor import Tensor
+
+
+class Operand:
+    __slots__ = ("v", "dtype", "shape", "buffer", "t")
+
+    def __init__(self, v, dtype, shape, buffer="", t=None):
+        self.v, self.dtype, self.shape, self.buffer, self.t = v, dtype, shape, buffer, t
+
+    @property
+    def is_scalar(self):
+        return self.t is None
+
+
+def require_kernel(api: str):
+    if state.kernel is None:
+        raise E.NkiCompileError(
+            f"'{api}' called outside of an NKI kernel; call it from a function run by nki.jit / "
+            "nki.simulate_kernel (err_nki_api_outside_of_nki_kernel)",
+            code="err_nki_api_outside_of_nki_kernel")
+
+
+def mask_for_input(mask, shape):
+    """Reduce an op mask (on the output grid) to an input's shape (left-aligned), or None."""
+    if mask is None:
+        return None
+    shape = tuple(shape)
+    if mask.shape == shape:
+        return mask
+    m, r = mask, len(shape)
+    if m.ndim > r:
+        m = m.any(axis=tuple(range(r, m.ndim)))
+    elif m.ndim < r:
+        m = m.reshape(m.shape + (1,) * (r - m.ndim))
+    for ax in range(r):
+        if shape[ax] == 1 and m.shape[ax] > 1:
+            m = m.any(axis=ax, keepdims=True)
+    try:
+        return np.broadcast_to(m, shape)
+    except ValueError:
+        return None
+
+
+def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=True,
+            allow_scalar=True, require_sbuf=False) -> Operand:
+    """Checked read of an instruction operand (tile view or scalar)."""
+    if isinstance(x, Tensor):
+        if x.is_hbm and not allow_hbm:
+            raise E.MemorySpaceError(
+                f"Expected operand '{name}' of '{op}' to be in address space 'sbuf'"
+                f"{'' if require_sbuf or not allow_psum else ' or psum'}, but got a tile in "
+                f"'{x.buffer}' instead. Load it into SBUF with nl.load first.")
+        if x.buffer == "psum" and (require_sbuf or not allow_psum):
+            raise E.MemorySpaceError(
+                f"Expected operand '{name}' of '{op}' to be in address space 'sbuf', but got a "
+                f"tile in 'psum' instead.")
+        if x.indirect is not None:
+            raise E.IndexingError(
+                f"operand '{name}' of '{op}' uses a dynamic index tensor; indirect indices are only "
+                "supported by nl.load / nl.store / nisa.dma_copy "
+                "(err_copy_dynamic_indirect_indices_not_natively_supported)",
+                code="err_copy_dynamic_indirect_indices_not_natively_supported")
+        m = mask_for_input(mask, x.shape)
+        if m is None and x.pmask is not None and x.fresh:
+            m = x.pmask
+        v, _ = read(x, m, op=op)
+        return Operand(v, x.dtype, x.shape, x.buffer, x)
+    if isinstance(x, (IndexExpr, MaskExpr)):
+        raise TypeError(f"operand '{name}' of '{op}' is an nl.arange / nl.mgrid index expression; "
+                        "materialize it with nisa.iota first")
+    if allow_scalar and isinstance(x, (bool, int, float, np.number, np.bool_)):
+        d = D.scalar_dtype(x)
+        return Operand(np.asarray(x), d, (), "", None)
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"operand '{name}' of '{op}' is a NumPy array; kernel inputs must be passed "
+                        "as kernel arguments (HBM) and loaded with nl.load")
+    raise TypeError(f"operand '{name}' of '{op}' must be a tile{' or a scalar' if allow_scalar else ''}; "
+                    f"got {type(x).__name__}")
+
+
+def check_partitions(shape, what: str):
+    pmax = get_target().pmax
+    if shape and shape[0] > pmax:
+        raise E.PartitionLimitError(
+            f"number of partitions {shape[0]} exceed architecture limitation of {pmax}. "
+            f"({what}; Size of partition dimension {shape[0]} exceeds architecture limitation of {pmax}.)")
+
+
+def check_same_partitions(op: str, named):
+    """named: list of (name, shape) of tile operands that must have equal partition counts."""
+    tiles = [(n, s) for n, s in named if s]
+    ps = {s[0] for _, s in tiles}
+    if len(ps) > 1:
+        desc = ", ".join(f"{n}{list(s)}" for n, s in tiles)
+        raise E.PartitionMismatchError(
+            f"number of partitions (dimension 0 size of a tile) mismatch in parameters ({desc}) of '{op}'")
+
+
+def free_size(shape) -> int:
+    if not shape:
+        return 1
+    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+
+
+def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, shape=None,
+                buffer: str = "sbuf", name: str = "", fresh=True, free_elems=None,
+                attrs=None, emit=True) -> Tensor:
+    """Allocate the output tile of an instruction, write ``values`` (cast), record the event."""
+    d = np.dtype(dtype)
+    v = np.asarray(values)
+    shape = tuple(v.shape if shape is None else shape)
+    check_partitions(shape, f"output of '{op}'")
+    if v.shape != shape:
+        v = broadcast_left(v, shape)
+    data = D.cast_for_write(v, d)
+    m = None
+    if mask is not None:
+        m = mask if isinstance(mask, np.ndarray) else mask_array(mask, shape)
+        if m is not None and m.shape != shape:
+            m = broadcast_left(m, shape)
+    if m is None:
+        data = np.array(data, dtype=d, copy=True, order="C") if not (
+            data.flags.c_contiguous and data.flags.owndata and data.base is None) else data
+        alloc = Alloc(data, buffer, name=name, written=True)
+    else:
+        full = np.full(shape, D.poison_value(d), dtype=d)
+        np.copyto(full, data, where=m)
+        alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True))
+    t = Tensor(alloc, alloc.data)
+    t.fresh = fresh
+    t.pmask = None if m is None else alloc.written
+    if emit:
+        emit_compute(engine, op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,
+                     count=None if m is None else int(np.count_nonzero(m)))
+    return t
+
+
+def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=None, count=None):
+    if not state.traces:
+        return
+    ins = [o for o in inputs if o is not None and not o.is_scalar]
+    shape = out.shape if out is not None else ()
+    n = out.size if count is None and out is not None else (count or 0)
+    trace.emit(engine, op, name=name,
+               in_shapes=tuple(o.shape for o in ins),
+               out_shape=shape,
+               in_dtypes=tuple(o.dtype.name for o in ins),
+               out_dtype=out.dtype.name if out is not None else "",
+               partitions=shape[0] if shape else 1,
+               free_elems=free_size(shape) if free_elems is None else free_elems,
+               nbytes=n * (out.itemsize if out is not None else 0),
+               attrs=attrs or {})

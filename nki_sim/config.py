@@ -1,0 +1,43 @@
+"""Simulator switches (module-level, mutable; use :func:`configure` as a context manager)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Config:
+    # "raise" (default): reading never-written memory raises UninitializedReadError;
+    # "warn": RuntimeWarning; "ignore": poison values flow silently.
+    uninitialized: str = "raise"
+    # affine_range loop-carried dependency checker on/off.
+    check_dependencies: bool = True
+    # Block dimensions (dims before par_dim): "error" (SDK >= 2.25 behaviour) or "allow".
+    block_dims: str = "error"
+    # Legacy (SDK 2.20) convention: outputs passed in as arguments and written in place.
+    # When True, writes to non-annotated inputs are allowed and copied back to the caller.
+    legacy_inplace_outputs: bool = False
+
+
+config = Config()
+_CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("error", "allow")}
+
+
+@contextlib.contextmanager
+def configure(**changes):
+    """Temporarily change simulator switches: ``with configure(uninitialized="ignore"): ...``."""
+    names = {f.name for f in fields(Config)}
+    for k, v in changes.items():
+        if k not in names:
+            raise ValueError(f"configure: unknown switch {k!r}; valid: {sorted(names)}")
+        if k in _CHOICES and v not in _CHOICES[k]:
+            raise ValueError(f"configure: {k} must be one of {_CHOICES[k]}; got {v!r}")
+    old = {k: getattr(config, k) for k in changes}
+    for k, v in changes.items():
+        setattr(config, k, v)
+    try:
+        yield config
+    finally:
+        for k, v in old.items():
+            setattr(config, k, v)

@@ -1,0 +1,88 @@
+"""Register the simulator under the legacy ``neuronxcc.nki`` module names.
+
+``install(force=False)`` registers ``neuronxcc``, ``neuronxcc.nki``, ``.language``, ``.isa``,
+``.isa.constants``, ``.typing`` and ``.compiler`` in ``sys.modules`` when the real package
+is not importable (always with ``force=True``) and returns whether it installed them.
+Detection of the real package looks on ``sys.path`` only (never at our own registered
+modules) and treats the PyPI placeholder, which raises on import, as absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+import types
+
+_NAMES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.language", "neuronxcc.nki.isa",
+          "neuronxcc.nki.isa.constants", "neuronxcc.nki.typing", "neuronxcc.nki.compiler")
+
+
+def _ours(mod) -> bool:
+    return bool(getattr(mod, "__nki_sim__", False))
+
+
+def is_installed() -> bool:
+    """True when the simulator modules are currently registered as ``neuronxcc.nki``."""
+    return _ours(sys.modules.get("neuronxcc.nki")) and _ours(sys.modules.get("neuronxcc"))
+
+
+def real_nki_available() -> bool:
+    """Whether a real, importable ``neuronxcc.nki`` exists on sys.path (placeholder = no)."""
+    if importlib.machinery.PathFinder.find_spec("neuronxcc") is None:
+        return False
+    saved = {n: sys.modules.pop(n) for n in list(sys.modules)
+             if (n == "neuronxcc" or n.startswith("neuronxcc.")) and _ours(sys.modules[n])}
+    try:
+        importlib.import_module("neuronxcc.nki")
+        ok = not _ours(sys.modules.get("neuronxcc.nki"))
+    except Exception:      # the PyPI placeholder raises ImportError; treat any failure as absent
+        ok = False
+    finally:
+        if saved:
+            for n in list(sys.modules):
+                if n == "neuronxcc" or n.startswith("neuronxcc."):
+                    del sys.modules[n]
+            sys.modules.update(saved)
+    if not ok:
+        for n in list(sys.modules):
+            if (n == "neuronxcc" or n.startswith("neuronxcc.")) and not _ours(sys.modules[n]):
+                del sys.modules[n]
+    return ok
+
+
+def _modules() -> dict:
+    from . import compiler, isa, language, nki_api, nki_typing
+    from .isa import constants
+    root = types.ModuleType("neuronxcc", "nki_sim stand-in for the neuronxcc package")
+    root.__nki_sim__ = True
+    root.__path__ = []
+    root.nki = nki_api
+    for m in (nki_api, language, isa, constants, nki_typing, compiler):
+        m.__nki_sim__ = True
+    return {"neuronxcc": root, "neuronxcc.nki": nki_api, "neuronxcc.nki.language": language,
+            "neuronxcc.nki.isa": isa, "neuronxcc.nki.isa.constants": constants,
+            "neuronxcc.nki.typing": nki_typing, "neuronxcc.nki.compiler": compiler}
+
+
+def install(force: bool = False) -> bool:
+    """Register nki_sim as ``neuronxcc.nki``; returns True if it (re)installed the modules."""
+    if is_installed():
+        return False
+    if not force and real_nki_available():
+        return False
+    for n in list(sys.modules):
+        if n == "neuronxcc" or n.startswith("neuronxcc."):
+            del sys.modules[n]
+    sys.modules.update(_modules())
+    return True
+
+
+def uninstall() -> bool:
+    """Remove the simulator's ``neuronxcc.*`` entries from sys.modules (for tests)."""
+    removed = False
+    for n in list(sys.modules):
+        if (n == "neuronxcc" or n.startswith("neuronxcc.")) and _ours(sys.modules[n]):
+            del sys.modules[n]
+            removed = True
+    return removed

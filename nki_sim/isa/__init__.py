@@ -1,0 +1,46 @@
+"""``neuronxcc.nki.isa`` (legacy) as emulated by nki_sim.
+
+Names of the real module that are not emulated raise ``NotImplementedError`` naming them.
+"""
+
+from __future__ import annotations
+
+from ..dma import dma_copy, dma_transpose  # noqa: F401
+from ..errors import not_emulated as _not_emulated
+from . import constants  # noqa: F401
+from .constants import dge_mode, engine, nc_version, oob_mode, reduce_cmd  # noqa: F401
+from .scalar_vector import (  # noqa: F401
+    activation, activation_reduce, affine_select, iota, memset, reciprocal, tensor_copy,
+    tensor_reduce, tensor_scalar, tensor_tensor)
+from .select import range_select, select_reduce, tensor_copy_predicated  # noqa: F401
+from .tensor_engine import nc_matmul, nc_transpose  # noqa: F401
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+def get_nc_version():
+    """``nc_version.gen2`` on trn1, ``nc_version.gen3`` on trn2 (the simulated target)."""
+    from ..target import get_target
+    return nc_version.gen2 if get_target().nc_version == "gen2" else nc_version.gen3
+
+
+_NOT_EMULATED = {
+    "nc_stream_shuffle", "local_gather", "max8", "nc_find_index8", "nc_match_replace8",
+    "bn_stats", "bn_aggr", "dropout", "scalar_tensor_tensor", "tensor_scalar_reduce",
+    "tensor_partition_reduce", "sequence_bounds", "tensor_copy_dynamic_src",
+    "tensor_copy_dynamic_dst", "tensor_tensor_scan", "builtin_custom_op", "dma_compute",
+    "nc_matmul_mx", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed",
+    "activation_accu", "exponential", "tensor_scalar_cumulative", "nonzero_with_count",
+}
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name in _NOT_EMULATED:
+        raise _not_emulated(f"nisa.{name}")
+    raise AttributeError(f"module 'neuronxcc.nki.isa' (nki_sim) has no attribute {name!r}")

@@ -1,0 +1,103 @@
+"""Memory model: allocations, live on-chip bytes, per-element written bitmap and epochs.
+
+An :class:`Alloc` owns one C-contiguous NumPy array in the *declared* storage dtype
+(bf16/fp8 through ml_dtypes).  Fresh memory is poisoned (NaN / integer max) and its
+``written`` bitmap is all False; ``written is None`` means "fully initialised" (kernel
+inputs), which avoids a bitmap for large HBM tensors.  ``wstamp`` / ``rstamp`` (int32,
+allocated lazily) hold the epoch of the last write / read inside an ``affine_range``
+iteration, used by the loop-carried dependency checker.
+
+Live bytes per partition of SBUF and PSUM are counted from allocation until the
+``Alloc`` object is garbage collected (i.e. while any view of it is referenced).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import dtypes as D
+from .state import state
+
+HBM_BUFFERS = ("hbm", "private_hbm", "shared_hbm")
+ONCHIP = ("sbuf", "psum")
+_ids = itertools.count(1)
+
+
+class _Live:
+    def __init__(self):
+        self.bytes = {"sbuf": 0, "psum": 0}
+
+    def change(self, buffer: str, delta: int):
+        self.bytes[buffer] += delta
+        if delta > 0:
+            for t in state.traces:
+                t._note_live(buffer, self.bytes[buffer])
+
+
+live = _Live()
+
+
+class Alloc:
+    """One allocation (a tensor's storage)."""
+
+    __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
+                 "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
+                 "ever_written", "__weakref__")
+
+    def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
+                 written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
+        self.id = next(_ids)
+        self.buffer = buffer
+        self.dtype = data.dtype
+        self.data = data
+        if written is True:
+            self.written = None
+        elif written is False:
+            self.written = np.zeros(data.shape, dtype=bool)
+        else:
+            self.written = written
+        self.name = name or f"{buffer}_{self.id}"
+        self.kind = kind
+        self.mutable = mutable
+        self.birth_epoch = state.epoch
+        self.wstamp = None
+        self.rstamp = None
+        self.par_axis = par_axis
+        self.user_array = None
+        self.ever_written = False
+        self.bytes_pp = 0
+        if buffer in ONCHIP and count_live:
+            n = data.size // max(1, data.shape[par_axis]) if data.ndim else 1
+            self.bytes_pp = int(n * data.dtype.itemsize)
+            live.change(buffer, self.bytes_pp)
+
+    def __del__(self):
+        if self.bytes_pp:
+            try:
+                live.change(self.buffer, -self.bytes_pp)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def stamps(self, which: str) -> np.ndarray:
+        arr = getattr(self, which)
+        if arr is None:
+            arr = np.full(self.data.shape, -1, dtype=np.int32)
+            setattr(self, which, arr)
+        return arr
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+
+def new_alloc(shape, dtype, buffer: str, name: str = "", par_axis: int = 0,
+              fill=None, kind: str = "local") -> Alloc:
+    """Allocate poisoned (or ``fill``-initialised) memory."""
+    d = np.dtype(dtype)
+    if fill is None:
+        data = np.full(shape, D.poison_value(d), dtype=d)
+        return Alloc(data, buffer, name=name, kind=kind, par_axis=par_axis)
+    data = np.full(shape, D.cast_for_write(np.asarray(fill), d), dtype=d)
+    return Alloc(data, buffer, name=name, kind=kind, written=True, par_axis=par_axis)

@@ -1,0 +1,208 @@
+"""The NKI tensor object: a view of an :class:`~nki_sim.memory.Alloc`.
+
+* basic view: ``arr`` is a NumPy view into ``alloc.data`` (ints / slices / ``nl.ds``);
+  ``idx is None``.
+* advanced view: ``arr`` is the (basic) parent view and ``idx`` a tuple, one entry per axis
+  of ``arr``, of int64 arrays (broadcastable) or ints; bounds are checked when the access
+  executes (so ``mask=`` can exclude out-of-range elements).  ``indirect`` is the axis that
+  holds a runtime index tile (indirect DMA), else None.
+
+Shapes: HBM tensors follow NumPy (an int drops its axis).  On-chip tensors keep the
+partition axis (an int there keeps size 1); ints on free axes drop them.  Reads and writes
+with checks live in :mod:`nki_sim.access`; operators delegate to ``nki_sim.language``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import errors as E
+from .indexing import IndexExpr, MaskExpr
+from .memory import HBM_BUFFERS, ONCHIP
+
+
+class Tensor:
+    __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax",
+                 "__weakref__")
+    __array_priority__ = 100
+
+    def __init__(self, alloc, arr, idx=None, shape=None, indirect=None, pax=0):
+        self.alloc = alloc
+        self.arr = arr
+        self.idx = idx
+        self.shape = tuple(arr.shape) if shape is None else tuple(shape)
+        self.indirect = indirect
+        self.fresh = False      # result of an op not yet assigned anywhere
+        self.pmask = None       # bool mask of the elements the producing op wrote
+        self.pax = pax          # partition axis of this view (0 unless block dims)
+
+    # ---- metadata -------------------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return self.arr.dtype
+
+    @property
+    def buffer(self) -> str:
+        return self.alloc.buffer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.arr.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def name(self) -> str:
+        return self.alloc.name
+
+    @property
+    def onchip(self) -> bool:
+        return self.alloc.buffer in ONCHIP
+
+    @property
+    def is_hbm(self) -> bool:
+        return self.alloc.buffer in HBM_BUFFERS
+
+    def __repr__(self):
+        kind = "advanced " if self.idx is not None else ""
+        return f"<nki_sim {kind}tensor {self.name} {self.buffer} {self.shape} {self.dtype.name}>"
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __bool__(self):
+        raise ValueError("Cannot evaluate truth value of a multi-element tensor/array "
+                         "(err_ambiguous_tensor_truth_value)")
+
+    def __iter__(self):
+        raise TypeError("NKI tensors are not iterable; index them with nl.arange / slices")
+
+    __hash__ = object.__hash__
+
+    # ---- offsets relative to the allocation -----------------------------------------
+    def elem_layout(self):
+        """(element offset, element strides) of the basic view ``arr`` inside ``alloc.data``."""
+        base = self.alloc.data
+        isz = base.dtype.itemsize
+        ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return ptr // isz, tuple(s // isz for s in self.arr.strides)
+
+    def aux_view(self, aux: np.ndarray) -> np.ndarray:
+        """The view of ``aux`` (same shape as ``alloc.data``) matching the basic view ``arr``."""
+        off, es = self.elem_layout()
+        a = aux.itemsize
+        flat = aux.reshape(-1)
+        return np.lib.stride_tricks.as_strided(flat[off:] if off < flat.size else flat[:0],
+                                               self.arr.shape, tuple(s * a for s in es))
+
+    def flat_offsets(self) -> np.ndarray:
+        """Element offsets into ``alloc.data`` of every element of a basic view (int64, shape)."""
+        off, es = self.elem_layout()
+        out = np.full(self.arr.shape, off, dtype=np.int64)
+        for ax, (n, s) in enumerate(zip(self.arr.shape, es)):
+            if n > 1 and s:
+                sh = [1] * self.arr.ndim
+                sh[ax] = n
+                out = out + (np.arange(n, dtype=np.int64) * s).reshape(sh)
+        return out
+
+    # ---- indexing ----------------------------------------------------------------------
+    def __getitem__(self, key):
+        from .views import subscript
+        return subscript(self, key)
+
+    def __setitem__(self, key, value):
+        from .access import assign
+        assign(self, key, value)
+
+    # ---- view methods ------------------------------------------------------------------
+    def reshape(self, *shape):
+        from .views import reshape
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return reshape(self, shape)
+
+    def view(self, dtype):
+        from .views import view_dtype
+        return view_dtype(self, dtype)
+
+    def astype(self, dtype):
+        from .language import copy
+        return copy(self, dtype=dtype)
+
+    def broadcast_to(self, shape):
+        from .language import broadcast_to
+        return broadcast_to(self, shape=tuple(shape))
+
+    def expand_dims(self, axis):
+        from .views import expand_dims
+        return expand_dims(self, axis)
+
+    def assert_shape(self, shape):
+        if tuple(shape) != self.shape:
+            raise AssertionError(f"tensor {self.name} has shape {self.shape}; expected {tuple(shape)}")
+        return self
+
+    @property
+    def T(self):
+        from .language import transpose
+        return transpose(self)
+
+    # ---- operators (Vector engine element-wise ops) -------------------------------------
+    def _op(name, reverse=False):
+        def f(self, other):
+            from . import language as nl
+            fn = getattr(nl, name)
+            return fn(other, self, _operator=True) if reverse else fn(self, other, _operator=True)
+        f.__name__ = name
+        return f
+
+    __add__ = _op("add"); __radd__ = _op("add", True)
+    __sub__ = _op("subtract"); __rsub__ = _op("subtract", True)
+    __mul__ = _op("multiply"); __rmul__ = _op("multiply", True)
+    __truediv__ = _op("divide"); __rtruediv__ = _op("divide", True)
+    __pow__ = _op("power"); __rpow__ = _op("power", True)
+    __mod__ = _op("mod"); __rmod__ = _op("mod", True)
+    __lt__ = _op("less"); __le__ = _op("less_equal")
+    __gt__ = _op("greater"); __ge__ = _op("greater_equal")
+    __eq__ = _op("equal"); __ne__ = _op("not_equal")
+    __and__ = _op("bitwise_and"); __rand__ = _op("bitwise_and", True)
+    __or__ = _op("bitwise_or"); __ror__ = _op("bitwise_or", True)
+    __xor__ = _op("bitwise_xor"); __rxor__ = _op("bitwise_xor", True)
+    __lshift__ = _op("left_shift"); __rshift__ = _op("right_shift")
+    del _op
+
+    def __neg__(self):
+        from . import language as nl
+        return nl.negative(self)
+
+    def __invert__(self):
+        from . import language as nl
+        return nl.invert(self)
+
+    def __abs__(self):
+        from . import language as nl
+        return nl.abs(self)
+
+    def _inplace(self, other, fname):
+        from .access import inplace_update
+        return inplace_update(self, other, fname)
+
+    def __iadd__(self, other): return self._inplace(other, "add")
+    def __isub__(self, other): return self._inplace(other, "subtract")
+    def __imul__(self, other): return self._inplace(other, "multiply")
+    def __itruediv__(self, other): return self._inplace(other, "divide")
+
+
+def is_tensor(x) -> bool:
+    return isinstance(x, Tensor)
+
+
+def is_index(x) -> bool:
+    return isinstance(x, (IndexExpr, MaskExpr))

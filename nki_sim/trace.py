@@ -1,0 +1,167 @@
+"""Event trace: one immutable :class:`Event` per instruction and per DMA.
+
+    with nki_sim.tracing() as trace:
+        out = nki.simulate_kernel(kernel[1, 8], ...)
+    trace.events, trace.summary(), trace.to_chrome_json(path)
+
+Descriptor rule (DMA): one descriptor per (partition, maximal contiguous run in HBM) of
+the transfer; its size in bytes is that run's length.  Masked-out / skipped rows produce no
+descriptor.  Events carry no timing: the simulator is eager (see nki_sim/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+
+from .state import state
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    engine: str
+    op: str
+    name: str
+    in_shapes: tuple
+    out_shape: tuple
+    in_dtypes: tuple
+    out_dtype: str
+    partitions: int
+    free_elems: int
+    bytes: int
+    src_loc: tuple
+    loop_indices: tuple
+    program_id: tuple
+    dma_kind: str = ""
+    src_buffer: str = ""
+    dst_buffer: str = ""
+    descriptor_bytes: tuple = ()
+    skipped_rows: int = 0
+    attrs: tuple = ()
+
+    def attr(self, key, default=None):
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+
+class Trace:
+    """Events of everything simulated inside a ``tracing()`` block, in issue order."""
+
+    def __init__(self):
+        self.events: list[Event] = []
+        self.peak_bytes_per_partition = {"sbuf": 0, "psum": 0}
+
+    def _note_live(self, buffer, nbytes):
+        if nbytes > self.peak_bytes_per_partition[buffer]:
+            self.peak_bytes_per_partition[buffer] = nbytes
+
+    def summary(self) -> dict:
+        ev = self.events
+        dma = [e for e in ev if e.engine == "dma"]
+        eng = Counter(e.engine for e in ev)
+        from .target import get_target
+        t = get_target()
+        return {
+            "instructions": len(ev),
+            "engine_instructions": {k: eng.get(k, 0) for k in ENGINES},
+            "dma_instructions": len(dma),
+            "dma_direct_instructions": sum(e.dma_kind == "direct" for e in dma),
+            "dma_indirect_instructions": sum(e.dma_kind == "indirect" for e in dma),
+            "dma_descriptors": sum(len(e.descriptor_bytes) for e in dma),
+            "dma_bytes": sum(e.bytes for e in dma),
+            "dma_skipped_rows": sum(e.skipped_rows for e in dma),
+            "ops": dict(Counter(e.op for e in ev)),
+            "peak_sbuf_bytes_per_partition": self.peak_bytes_per_partition["sbuf"],
+            "peak_psum_bytes_per_partition": self.peak_bytes_per_partition["psum"],
+            "sbuf_capacity_bytes_per_partition": t.sbuf_usable_bytes_per_partition,
+            "psum_capacity_bytes_per_partition": t.psum_bytes_per_partition,
+            "target": t.name,
+        }
+
+    def to_chrome_json(self, path=None) -> dict:
+        """Chrome / Perfetto trace: one row per engine, events laid end to end in issue order.
+
+        Timestamps are the issue sequence (1 unit per event per engine), not a time model.
+        """
+        tids = {e: i for i, e in enumerate(ENGINES)}
+        clock = dict.fromkeys(ENGINES, 0)
+        out = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": i, "args": {"name": e}}
+               for e, i in tids.items()]
+        for e in self.events:
+            ts = clock[e.engine]
+            clock[e.engine] = ts + 1
+            out.append({
+                "name": e.op + (f":{e.name}" if e.name else ""), "ph": "X", "pid": 0,
+                "tid": tids[e.engine], "ts": ts, "dur": 1,
+                "args": {"seq": e.seq, "shape": list(e.out_shape), "dtype": e.out_dtype,
+                         "bytes": e.bytes, "src": f"{e.src_loc[0]}:{e.src_loc[1]}",
+                         "loop": list(e.loop_indices), "program_id": list(e.program_id),
+                         "descriptors": len(e.descriptor_bytes), "dma_kind": e.dma_kind},
+            })
+        doc = {"traceEvents": out, "displayTimeUnit": "ns",
+               "otherData": {"note": "nki_sim issue order; no timing model"}}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+
+@contextlib.contextmanager
+def tracing():
+    """Record events of all kernels simulated inside the block."""
+    from .memory import live
+    t = Trace()
+    t.peak_bytes_per_partition = dict(live.bytes)
+    state.traces.append(t)
+    try:
+        yield t
+    finally:
+        state.traces.remove(t)
+
+
+def active() -> bool:
+    return bool(state.traces)
+
+
+def kernel_src_loc() -> tuple:
+    """(file basename, line) of the innermost frame outside the nki_sim package."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PKG_DIR):
+            return (os.path.basename(fn), f.f_lineno)
+        f = f.f_back
+    return ("", 0)
+
+
+def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_dtype="",
+         partitions=0, free_elems=0, nbytes=0, **extra):
+    """Append an event to every active trace (no-op when not tracing)."""
+    if not state.traces:
+        return
+    k = state.kernel
+    attrs = extra.pop("attrs", {})
+    ev_kw = dict(
+        engine=engine, op=op, name=name or "",
+        in_shapes=tuple(tuple(int(x) for x in s) for s in in_shapes),
+        out_shape=tuple(int(x) for x in out_shape),
+        in_dtypes=tuple(str(d) for d in in_dtypes), out_dtype=str(out_dtype),
+        partitions=int(partitions), free_elems=int(free_elems), bytes=int(nbytes),
+        src_loc=kernel_src_loc(),
+        loop_indices=state.loop_indices(),
+        program_id=tuple(k.program_id) if k else (),
+        attrs=tuple(sorted(attrs.items())),
+        **extra,
+    )
+    for t in state.traces:
+        t.events.append(Event(seq=len(t.events), **ev_kw))
