@@ -242,6 +242,12 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         if alloc.rstamp is not None:
             _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
         acc.scatter(ws, state.epoch)
+    if accumulate == "rmw":
+        _rmw_add(acc, vals)
+        if alloc.written is not None:
+            acc.scatter(alloc.written, True)
+        alloc.ever_written = True
+        return acc
     if accumulate:
         cur = np.asarray(acc.gather(alloc.data), dtype=np.float32)
         if alloc.written is not None:
@@ -252,6 +258,23 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         acc.scatter(alloc.written, True)
     alloc.ever_written = True
     return acc
+
+
+def _rmw_add(acc: Access, vals) -> None:
+    """dst[i] += v for every element, accumulating duplicate destinations (DMA dst_rmw_op=add)."""
+    t = acc.t
+    alloc = t.alloc
+    offs = acc.offs if acc.offs is not None else t.flat_offsets()
+    v = np.broadcast_to(vals, t.shape)
+    if acc.valid is not None:
+        offs, v = offs[acc.valid], v[acc.valid]
+    offs, v = offs.reshape(-1), v.reshape(-1)
+    cdt = np.int64 if (D.is_int(alloc.dtype) and D.is_int(np.asarray(vals).dtype)) else np.float32
+    u, inv = np.unique(offs, return_inverse=True)
+    sums = np.zeros(u.shape, cdt)
+    np.add.at(sums, inv, v.astype(cdt))
+    flat = alloc.data.reshape(-1)
+    flat[u] = D.cast_for_write(flat[u].astype(cdt) + sums, alloc.dtype)
 
 
 # ---------------------------------------------------------------------------- assignment

@@ -80,6 +80,8 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
         isz = src.itemsize
     indirect = hbm is not None and hbm.indirect is not None
     attrs = dict(extra_attrs or {})
+    if hbm is not None:
+        attrs["hbm_contiguous"] = (not indirect) and len(desc) == 1
     if indirect:
         rows = onchip.shape[0] if onchip.shape else 1
         attrs["index_rows"] = rows - skipped
@@ -217,10 +219,10 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
             raise NotImplementedError("nisa.dma_copy: only dst_rmw_op=np.add is supported")
         if oob == "skip":
             raise ValueError("nisa.dma_copy: dst_rmw_op requires oob_mode=oob_mode.error")
-        cur, _ = read(dst, wmask, op="dma_copy")
-        cdt = np.int64 if (D.is_int(dst.dtype) and D.is_int(src.dtype)) else np.float32
-        vals = np.asarray(cur, cdt) + np.broadcast_to(np.asarray(vals, cdt), cur.shape)
-    dacc = write(dst, vals, wmask, op="dma_copy", oob=oob)
+        read(dst, wmask, op="dma_copy")
+        dacc = write(dst, vals, wmask, op="dma_copy", oob=oob, accumulate="rmw")
+    else:
+        dacc = write(dst, vals, wmask, op="dma_copy", oob=oob)
     skipped = skipped or dacc.skipped
     hbm_acc = sacc if src.is_hbm else (dacc if dst.is_hbm else None)
     if hbm_acc is None:

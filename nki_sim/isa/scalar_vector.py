@@ -117,8 +117,11 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         elif cmd == _reduce_cmd.reduce:
             acc[:P] = reduce_values(rname, np.stack([acc[:P], part]), 0)
         if reduce_res is not None:
-            if not isinstance(reduce_res, Tensor):
-                raise TypeError(f"nisa.{_api}: reduce_res must be a tile view of shape ({P}, 1)")
+            if not isinstance(reduce_res, Tensor) or reduce_res.shape[0] != P or \
+                    free_size(reduce_res.shape) != 1:
+                raise E.NkiCompileError(
+                    f"nisa.{_api}: reduce_res must be a tile view of shape ({P}, 1) (one element per "
+                    f"partition); got {list(getattr(reduce_res, 'shape', [type(reduce_res).__name__]))}")
             write(reduce_res, acc[:P].reshape((P,) + (1,) * (reduce_res.ndim - 1))
                   if reduce_res.ndim > 1 else acc[:P], op=_api)
     return res
@@ -264,6 +267,11 @@ def iota(expr, dtype, *, mask=None, name="", **kw):
         raise TypeError(f"nisa.iota: expr must be an nl.arange / nl.mgrid expression or an int; "
                         f"got {type(expr).__name__}")
     if v.ndim < 2:
+        if isinstance(expr, IndexExpr):
+            raise E.IndexingError(
+                f"nisa.iota: 1-D nl.arange of shape {list(v.shape)} is not supported; lift it to 2-D "
+                "with [:, None] or [None, :] (err_1d_arange_not_supported)",
+                code="err_1d_arange_not_supported")
         v = v.reshape(v.shape + (1,) * (2 - v.ndim))
     m = mask_array(mask, v.shape) if mask is not None else None
     return result_tile(v, d, op="iota", engine="gpsimd", mask=m, name=name)

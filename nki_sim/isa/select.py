@@ -29,8 +29,9 @@ def _vector_reduce(cmd, reduce_res, out, P, api):
     elif cmd == _reduce_cmd.reduce:
         acc[:P] = np.maximum(acc[:P], part)
     if reduce_res is not None:
-        if not isinstance(reduce_res, Tensor):
-            raise TypeError(f"{api}: reduce_res must be a tile view of shape ({P}, 1)")
+        if not isinstance(reduce_res, Tensor) or reduce_res.shape[0] != P or \
+                free_size(reduce_res.shape) != 1:
+            raise E.NkiCompileError(f"{api}: reduce_res must be a tile view of shape ({P}, 1)")
         write(reduce_res, acc[:P].reshape((P,) + (1,) * (reduce_res.ndim - 1)), op=api)
 
 
