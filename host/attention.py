@@ -1,0 +1,205 @@
+"""Launch wrappers for the flash paged-attention kernel.
+
+``paged_attention``           user-facing: (T, H, d) tokens in, (T, H, d) out; plans, builds the
+                              kernel inputs (docs/layouts.md), launches, unpads.
+``flash_attn_varlen_nkifunc`` vLLM-compatible: kernel-layout tensors in, kernel output out.
+
+Backends (``backend=``): ``"sim"`` runs ``nki.simulate_kernel`` (the project's ``nki_sim``, or the
+real toolchain's CPU simulator when neuronx-cc is installed); ``"neuron"`` runs the kernel on a
+Trainium device (requires the real ``neuronxcc.nki``; ``nki.jit`` with NumPy arguments is
+baremetal); ``"auto"`` is ``"neuron"`` when the real toolchain is active, else ``"sim"``.
+Which NKI package is active is decided once by ``nki_kernels._nki`` (env ``NKI_PA_BACKEND``).
+
+Dimensions: S sequences, T = sum(query_lens) tokens, Qpad padded tokens (multiple of 128),
+H / Hkv query / KV heads, d head size, N cache blocks, B block size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from host._arrays import from_numpy_like, to_numpy
+from host.block_tables import active_block_table
+from host.masks import build_attention_mask
+from host.plan import make_plan
+from host.validation import check_float_array, check_integer_array, check_shape, fail
+
+__all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS"]
+
+BACKENDS = ("auto", "sim", "neuron")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
+                    query_lens: Any, context_lens: Any, *, softmax_scale: float | None = None,
+                    mixed_precision: bool = True, large_tile_size: int = 2048,
+                    backend: str = "auto") -> Any:
+    """Paged attention of a flat batch of new tokens against their cached context and themselves.
+
+    Same arguments and result shape as ``host.reference.paged_attention_ref``.
+
+    Args:
+        query: (T, H, d) float32/bfloat16/float16; sequences contiguous and in order.
+        key, value: (T, Hkv, d), the new tokens' K/V, same dtype as query.
+        kv_cache: (2, N, Hkv, B, d), same dtype; [0] = K, [1] = V (not modified).
+        block_tables: (S, max_blocks) integer; row i's first ceil(context_lens[i] / B) entries
+            are sequence i's context blocks (ids in [0, N)); later entries are ignored.
+        query_lens: (S,) integers >= 1 summing to T.  context_lens: (S,) integers >= 0.
+        softmax_scale: default 1/sqrt(d).
+        mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
+        large_tile_size: context tokens per KV tile, a power of two in [512, 8192].
+        backend: "auto" | "sim" | "neuron" (module docstring).
+
+    Returns:
+        (T, H, d) in query's dtype; a torch tensor if ``query`` was one. Inputs are never modified.
+
+    Raises:
+        ValueError: bad shapes, dtypes, lengths, block ids or options (names the argument).
+        RuntimeError: backend="neuron" without the real Neuron toolchain.
+
+    Pseudocode:
+        plan = make_plan(query_lens, context_lens, B, large_tile_size)
+        bt = active_block_table(plan, block_tables); mask = build_attention_mask(plan)
+        Q/K/V -> zero-padded to Qpad tokens and transposed to the kernel layouts
+        out = flash_paged_attention[1, Hkv](Q, K, V, kv_cache, bt, mask, ...)   (1, H, Qpad, d)
+        return out[0, :, :T].transpose(1, 0, 2)
+    """
+    q_np, was_torch = to_numpy(query, "query")
+    q = check_float_array("query", q_np, ndim=3)
+    k = check_float_array("key", key, ndim=3)
+    v = check_float_array("value", value, ndim=3)
+    cache = check_float_array("kv_cache", kv_cache, ndim=5)
+    T, H, d = q.shape
+    _check_dtype("query", q)
+    for name, arr in (("key", k), ("value", v), ("kv_cache", cache)):
+        if arr.dtype != q.dtype:
+            fail(f"{name}.dtype", f"equal query.dtype ({q.dtype.name})", arr.dtype.name)
+    check_shape("kv_cache", cache, (2, None, None, None, d), "(2, num_blocks, Hkv, block_size, d)")
+    _, N, Hkv, B, _ = cache.shape
+    check_shape("key", k, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
+    check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
+    _check_common(H, Hkv, d, N, mixed_precision, backend)
+    scale = _check_scale(softmax_scale, d)
+
+    plan = make_plan(query_lens, context_lens, block_size=B, large_tile_size=large_tile_size)
+    if plan.num_queries != T:
+        fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_queries}")
+    bt_np, _ = to_numpy(block_tables, "block_tables")
+    active = active_block_table(plan, bt_np, num_blocks=N)
+    mask = build_attention_mask(plan)
+
+    Qpad = plan.padded_queries
+    q_in = np.zeros((1, H, d, Qpad), dtype=q.dtype)
+    q_in[0, :, :, :T] = q.transpose(1, 2, 0)
+    k_in = np.zeros((1, Hkv, d, Qpad), dtype=q.dtype)
+    k_in[0, :, :, :T] = k.transpose(1, 2, 0)
+    v_in = np.zeros((1, Hkv, Qpad, d), dtype=q.dtype)
+    v_in[0, :, :T, :] = v.transpose(1, 0, 2)
+    out = _launch(q_in, k_in, v_in, np.ascontiguousarray(cache), active, mask, scale,
+                  bool(mixed_precision), large_tile_size, Hkv, backend)
+    result = np.ascontiguousarray(np.asarray(out)[0, :, :T, :].transpose(1, 0, 2))
+    return from_numpy_like(result, was_torch, like=query)
+
+
+def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, block_table: Any,
+                              attn_mask: Any, n_kv_head: int | None = None,
+                              head_size: int | None = None, LARGE_TILE_SZ: int = 2048,
+                              mixed_precision: bool = True, *, backend: str = "auto") -> Any:
+    """vLLM's wrapper (``vllm/attention/ops/nki_flash_attn.py``, fused-cache form): kernel layouts.
+
+    Args:
+        query: (1, H, d, Qpad); key: (1, Hkv, d, Qpad); value: (1, Hkv, Qpad, d); Qpad a
+            multiple of 128 (vLLM pads to its compile buckets), same float dtype throughout.
+        kv_cache: (2, N, Hkv, B, d).
+        block_table: (num_active_blocks,) integer ids (converted to int32), a multiple of
+            LARGE_TILE_SZ // B entries (zero allowed: no context).
+        attn_mask: (Qpad, num_active_blocks*B + Qpad) bool, or integer 0/1 (vLLM documents int32),
+            context part already reordered (``host.masks.reorder_context_mask``).
+        n_kv_head, head_size: optional; must match kv_cache.shape[2] / kv_cache.shape[4].
+        LARGE_TILE_SZ, mixed_precision: as the kernel. softmax_scale is 1/sqrt(head_size).
+        backend: as :func:`paged_attention` (keyword-only extension).
+
+    Returns:
+        (1, H, Qpad, d) in query's dtype -- the kernel output, NOT unpadded or transposed (as in
+        vLLM, the caller permutes it to (Qpad, H, d) and slices the real tokens). torch in,
+        torch out (decided by ``query``).
+
+    Raises:
+        ValueError / NotImplementedError: from the checks here and in the kernel.
+    """
+    q_np, was_torch = to_numpy(query, "query")
+    q = check_float_array("query", q_np, ndim=4)
+    k = check_float_array("key", key, ndim=4)
+    v = check_float_array("value", value, ndim=4)
+    cache = check_float_array("kv_cache", kv_cache, ndim=5)
+    _check_dtype("query", q)
+    if cache.shape[0] != 2:
+        fail("kv_cache", "have shape (2, num_blocks, Hkv, block_size, d)", f"shape {cache.shape}")
+    _, N, Hkv, B, d = cache.shape
+    if n_kv_head is not None and n_kv_head != Hkv:
+        fail("n_kv_head", f"equal kv_cache.shape[2] = {Hkv}", repr(n_kv_head))
+    if head_size is not None and head_size != d:
+        fail("head_size", f"equal kv_cache.shape[4] = {d}", repr(head_size))
+    _check_common(q.shape[1], Hkv, d, N, mixed_precision, backend)
+    bt = check_integer_array("block_table", block_table, ndim=1)
+    if bt.size and (bt.min() < 0 or bt.max() >= N):
+        bad = int(np.argmax((bt < 0) | (bt >= N)))
+        fail("block_table", f"hold block ids in [0, {N})", f"block_table[{bad}] = {int(bt[bad])}")
+    m_np, _ = to_numpy(attn_mask, "attn_mask")
+    if m_np.dtype != np.bool_:
+        if m_np.dtype.kind not in "iu":
+            fail("attn_mask", "be bool or integer 0/1", f"dtype {m_np.dtype}")
+        if m_np.size and not np.isin(m_np, (0, 1)).all():
+            fail("attn_mask", "hold only 0 and 1 when integer", "other values")
+        m_np = m_np.astype(bool)
+    out = _launch(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                  np.ascontiguousarray(cache), bt.astype(np.int32), np.ascontiguousarray(m_np),
+                  1.0 / math.sqrt(d), bool(mixed_precision), LARGE_TILE_SZ, Hkv, backend)
+    return from_numpy_like(np.asarray(out), was_torch, like=query)
+
+
+def _check_dtype(name: str, arr: np.ndarray) -> None:
+    if arr.dtype.name not in _DTYPES:
+        fail(f"{name}.dtype", f"be one of {_DTYPES}", arr.dtype.name)
+
+
+def _check_common(H: int, Hkv: int, d: int, N: int, mixed_precision: Any, backend: Any) -> None:
+    if Hkv < 1 or N < 1:
+        fail("kv_cache", "have num_blocks >= 1 and Hkv >= 1", f"N={N}, Hkv={Hkv}")
+    if H % Hkv:
+        fail("query", f"have a head count divisible by num_kv_heads={Hkv}", f"H = {H}")
+    if not 1 <= d <= 128:
+        fail("head size d", "be in [1, 128] (kernel limit: one SBUF partition per channel)", d)
+    if not isinstance(mixed_precision, (bool, np.bool_)):
+        fail("mixed_precision", "be a bool", repr(mixed_precision))
+    if backend not in BACKENDS:
+        fail("backend", f"be one of {BACKENDS}", repr(backend))
+
+
+def _check_scale(softmax_scale: Any, d: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(softmax_scale)):
+        fail("softmax_scale", "be a finite real number or None", repr(softmax_scale))
+    return float(softmax_scale)
+
+
+def _launch(q, k, v, kv_cache, block_table, mask, scale, mixed_precision, large_tile, Hkv, backend):
+    """Run the kernel on grid [1, Hkv]; returns the (1, H, Qpad, d) output as NumPy."""
+    from nki_kernels import _nki
+    from nki_kernels.flash_paged_attention import flash_paged_attention
+
+    kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision, LARGE_TILE_SZ=large_tile)
+    on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
+    if on_device:
+        if _nki.SIMULATED:
+            raise RuntimeError("backend='neuron' needs the real Neuron toolchain (neuronx-cc) and a "
+                               "Trainium device, but nki_sim is active (NKI_PA_BACKEND="
+                               f"{_nki.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
+        return flash_paged_attention[1, Hkv](q, k, v, kv_cache, block_table, mask, **kwargs)
+    return _nki.nki.simulate_kernel(flash_paged_attention[1, Hkv], q, k, v, kv_cache, block_table,
+                                    mask, **kwargs)

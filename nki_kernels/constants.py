@@ -1,0 +1,47 @@
+"""Constants shared by the flash paged-attention kernel modules.
+
+Plain Python numbers (no NKI import), so host code and tests can use them too.
+"""
+
+from __future__ import annotations
+
+# SBUF / PSUM partitions; also the Q-tile height and the rows gathered per indirect KV DMA.
+B_P_SIZE = 128
+# Free size of one PSUM bank in fp32 elements (2 KiB / partition): the widest score chunk a
+# single QK^T matmul may produce, and the widest PSUM tile any kernel statement allocates.
+B_F_SIZE = 512
+
+# Masked scores are replaced by NEG_MASK (not -inf: exp/max of -inf and inf - inf give NaN).
+# The running row max starts at M_FLOOR, which is far above NEG_MASK and far below any real
+# score, so exp(NEG_MASK - m) underflows to exactly 0 for every row -- including rows that have
+# seen no unmasked key yet (their m is still M_FLOOR). Consequences, by construction:
+#   * an all-masked tile leaves m, l and o bit-for-bit unchanged (alpha = exp(0) = 1, P = 0);
+#   * a row that is masked everywhere (query padding) ends with l = 0 and o = 0, and the
+#     epilogue's L_FLOOR clamp turns 0 / max(0, L_FLOOR) into an exact 0 output.
+NEG_MASK = -1.0e30
+M_FLOOR = -1.0e29
+# Any real row has l >= 1 (its maximum contributes exp(0) = 1), so clamping l at L_FLOOR only
+# affects fully masked rows. 2**-30 keeps 1/l inside the ScalarE reciprocal range (2**42).
+L_FLOOR = 2.0 ** -30
+
+# Block ids travel through fp32 PE transposes in the in-kernel block-table transform: exact only
+# below 2**24. The kernel checks num_blocks * Hkv * tiling_factor against this bound.
+FP32_EXACT_INT = 1 << 24
+
+# Supported ranges (checked by the kernel and the host wrapper).
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
+MIN_LARGE_TILE, MAX_LARGE_TILE = 512, 8192
+MAX_HEAD_SIZE = 128
+
+
+def tile_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int, int]:
+    """``(M, T, b', L, n_loads)`` for a block size and large tile size (powers of two).
+
+    M = LARGE_TILE_SZ // block_size blocks per large tile; T = 128 // M if M < 128 else 1
+    (block-size tiling factor); b' = block_size // T tokens per gathered row; L = M * T =
+    max(M, 128) rows per tile; n_loads = L // 128 indirect DMAs per tile (for K, and for V).
+    """
+    M = large_tile_size // block_size
+    T = B_P_SIZE // M if M < B_P_SIZE else 1
+    L = M * T
+    return M, T, block_size // T, L, L // B_P_SIZE

@@ -1,0 +1,107 @@
+"""Online-softmax (flash attention) update of one 128-row Q tile against one KV tile.
+
+Device code (legacy NKI).
+
+Dimensions:
+    P = 128  query rows per Q tile (partitions)       d   head size (<= 128)
+    W        KV tile width (keys), a multiple of 128  F = 512 score columns per PSUM bank
+
+State per (Q tile, query head) "slot" s, kept in SBUF across KV tiles (all rows on partitions):
+    m_buf[:, s]           running row max of the masked, scaled scores (fp32)
+    l_buf[:, s]           running row sum of exp(score - m) (fp32; plain sum, not log-sum-exp)
+    o_buf[:, s*d:(s+1)*d] running un-normalised output sum_k exp(score_k - m) v_k (acc dtype)
+Initial state (set by the caller): m = M_FLOOR, l = 0, o = 0. Final output: o / max(l, L_FLOOR).
+See ``nki_kernels.constants`` for why masked scores use NEG_MASK with m starting at M_FLOOR:
+masked keys contribute exactly 0, an all-masked tile changes nothing, and a row masked
+everywhere ends with o = l = 0 (output exactly 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels._nki import nl, nisa
+from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK
+from nki_kernels.tile_ops import pe_transpose_blocks
+
+
+def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf, slot, *,
+                         k_start, width, kernel_dtype, use_dma_transpose):
+    """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
+
+    Args:
+        q_tile: SBUF ``(d, 128)`` kernel_dtype, already multiplied by the softmax scale
+            (column r = query row r of the Q tile).
+        k_tile: SBUF ``(d, >= k_start + width)`` kernel_dtype; column c = key c.
+        v_tile: SBUF ``(128, ...)`` kernel_dtype; columns ``[(c//128)*d, (c//128+1)*d)`` at
+            partition ``c % 128`` hold the value of key c (the layout of ``load_kv_tile``).
+        mask_tile: SBUF ``(128, width)`` bool; ``mask_tile[r, c]`` = row r may see key k_start + c.
+        o_buf, m_buf, l_buf: SBUF state tiles (module docstring), updated in place.
+        slot: state slot index (int or affine loop expression).
+        k_start: first key (Python int, multiple of 128).  width: W (Python int, multiple of 128).
+        kernel_dtype: matmul-input / probability dtype (bf16 in mixed precision).
+        use_dma_transpose: transpose P with ``nisa.dma_transpose`` (gen3, 2-byte dtypes) instead
+            of TensorE transposes through PSUM (gen2, or 4-byte dtypes).
+
+    Pseudocode:
+        S[:, c] = where(mask, q^T k_c, NEG_MASK)          per 512-column PSUM chunk (fp32)
+        m_new = max(m, rowmax(S)); alpha = exp(m - m_new)
+        Pr = exp(S - m_new) (kernel_dtype), rs = rowsum(exp(S - m_new)) (fp32)   [ScalarE, fused]
+        l = alpha*l + rs;  m = m_new
+        P^T in 128x128 blocks (DMA or PE transpose)
+        o = alpha*o + sum_k P^T_k^T V_k                   (PSUM accumulation over 128-key chunks)
+    """
+    P = B_P_SIZE
+    d = q_tile.shape[0]
+    acc_dtype = o_buf.dtype
+
+    # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul.
+    scores = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
+    n_full, tail = divmod(width, B_F_SIZE)
+    for c in nl.affine_range(n_full):
+        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
+    if tail:
+        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+
+    # Step 2: running max and rescale factor.
+    m_prev = m_buf[:, nl.ds(slot, 1)]
+    m_tile = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
+    m_new = nl.maximum(m_prev, m_tile, dtype=nl.float32)
+    neg_m = nl.multiply(m_new, -1.0, dtype=nl.float32)
+    alpha = nisa.activation(np.exp, m_prev, bias=neg_m, scale=1.0, dtype=nl.float32)
+
+    # Step 3: probabilities and their row sums in one ScalarE pass.
+    row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    probs = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
+    probs[...] = nisa.activation_reduce(np.exp, scores, bias=neg_m, scale=1.0, reduce_op=np.add,
+                                        reduce_res=row_sum, dtype=kernel_dtype)
+    l_buf[:, nl.ds(slot, 1)] = nl.add(nl.multiply(l_buf[:, nl.ds(slot, 1)], alpha,
+                                                  dtype=nl.float32),
+                                      row_sum, dtype=nl.float32)
+    m_buf[:, nl.ds(slot, 1)] = nl.copy(m_new, dtype=nl.float32)
+
+    # Step 4: P^T (keys on partitions), 128x128 blocks.
+    n_k = width // P
+    probs_t = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
+    if use_dma_transpose:
+        for k in nl.affine_range(n_k):
+            probs_t[:, nl.ds(k * P, P)] = nisa.dma_transpose(probs[:, nl.ds(k * P, P)])
+    else:
+        pe_transpose_blocks(probs_t, 0, probs, 0, P, n_k)
+
+    # Step 5: o = alpha * o + P V, accumulated over 128-key chunks in one PSUM tile.
+    v_col = (k_start // P) * d
+    pv = nl.zeros((P, d), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(n_k):
+        pv += nisa.nc_matmul(probs_t[:, nl.ds(k * P, P)], v_tile[:, nl.ds(v_col + k * d, d)])
+    o_view = o_buf[:, nl.ds(slot * d, d)]
+    o_buf[:, nl.ds(slot * d, d)] = nl.add(nl.multiply(o_view, alpha, dtype=acc_dtype), pv,
+                                          dtype=acc_dtype)
+
+
+def _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
+    """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
+    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
+    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k_start + c0, cw)])
+    scores[:, nl.ds(c0, cw)] = nl.where(mask_tile[:, nl.ds(c0, cw)], s_psum, NEG_MASK,
+                                        dtype=nl.float32)

@@ -1,0 +1,238 @@
+"""Flash paged attention over a flat (continuous) batch, with vectorized KV-cache loads.
+
+Legacy-NKI kernel (``from nki_kernels._nki import nki, nl, nisa``), launched on the SPMD grid
+``[1, Hkv]``: one program per KV head. Interface of vLLM's ``flash_paged_attention`` after
+PR #13245 / #15911 (fused ``kv_cache``); host wrappers live in ``host/attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nki_kernels._assert import kernel_check, kernel_unsupported
+from nki_kernels._nki import nki, nl, nisa
+from nki_kernels.block_tables import load_block_tables
+from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
+                                   MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
+                                   tile_geometry)
+from nki_kernels.flash_core import flash_attention_tile
+from nki_kernels.kv_load import flat_kv_view, load_kv_tile
+
+KERNEL = "flash_paged_attention"
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@nki.jit
+def flash_paged_attention(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
+                          mixed_precision=True, LARGE_TILE_SZ=2048):
+    """Paged attention of the padded flat query batch (vLLM interface); grid ``[1, Hkv]``.
+
+    Thin ``@nki.jit`` entry point around :func:`flash_paged_attention_body` (which documents the
+    arguments) with the product KV loader ``load_kv_tile``.
+    """
+    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+                                      softmax_scale=softmax_scale,
+                                      mixed_precision=mixed_precision,
+                                      LARGE_TILE_SZ=LARGE_TILE_SZ)
+
+
+def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
+                               mixed_precision=True, LARGE_TILE_SZ=2048, *, load_kv=load_kv_tile):
+    """Paged attention of the padded flat query batch against its cached context and itself.
+
+    Dimensions:
+        H      query heads               Hkv   KV heads (grid axis 1; H % Hkv == 0), G = H // Hkv
+        d      head size (1..128)        Qpad  padded query count (multiple of 128)
+        N      cache blocks              B     block_size (power of two, 1..256)
+        LT     LARGE_TILE_SZ (power of two, 512..8192), context tokens per large tile
+        nab    num_active_blocks (multiple of M = LT // B)   ctx = nab * B   n_tiles = ctx // LT
+        T, b', L, nL   tiling factor, tokens per gathered row, rows per tile, loads per tile
+                       (nki_kernels.constants.tile_geometry)
+
+    Args:
+        query: (1, H, d, Qpad) float32/bfloat16/float16, query tokens transposed (d on partitions);
+            rows past the real token count are padding.
+        key: (1, Hkv, d, Qpad), the new (active) tokens' keys, same dtype as query.
+        value: (1, Hkv, Qpad, d), the new tokens' values, same dtype as query.
+        kv_cache: (2, N, Hkv, B, d), same dtype as query; [0] = K, [1] = V.
+        block_tables: (nab,) int32, context blocks of all sequences concatenated, padded with
+            valid ids (e.g. 0) to a multiple of M. May be empty (nab = 0: no context at all).
+        mask: (Qpad, ctx + Qpad) bool (or uint8), True = may attend. Context columns are in the
+            kernel's load order (``host.masks.reorder_context_mask``); the last Qpad columns are
+            the active mask, which must be causal in the flat order (column <= row), as
+            ``host.masks.active_mask`` is -- the kernel skips the active keys above the diagonal.
+        softmax_scale: float, default 1/sqrt(d).
+        mixed_precision: True: bf16 matmul inputs and probabilities, fp32 scores, statistics and
+            output accumulator. False: the input dtype for matmul inputs, probabilities and the
+            output accumulator; scores and the (m, l) statistics stay fp32 (PSUM is fp32, and
+            the masking sentinels do not fit fp16).
+        LARGE_TILE_SZ: LT.
+        load_kv: the KV-tile loader, called as ``load_kv(kv_flat, rows, j, tiled_block_size=b',
+            head_size=d, kernel_dtype=kd) -> (k_tile, v_tile)`` with the signature and output
+            layout of ``nki_kernels.kv_load.load_kv_tile`` (hook for per-block baselines).
+
+    Returns:
+        (1, H, Qpad, d) in query.dtype, HBM. A row whose mask is all False is exactly 0.
+
+    Raises:
+        ValueError: any shape / dtype / range violation above, naming the argument.
+        NotImplementedError: kv_cache dtype different from the query dtype (e.g. fp8 caches).
+
+    Pseudocode:
+        rows = load_block_tables(block_tables, head)          # (128, nL, n_tiles) flat-cache rows
+        m, l, o = M_FLOOR, 0, 0  for every (Q tile i, query head g of this KV head)
+        for j in sequential_range(n_tiles):                   # context: one KV load per KV head
+            K, V = load_kv_tile(kv_flat, rows, j)              # nL indirect DMAs each for K and V
+            for i, g: flash_attention_tile(scale*Q[g, i], K, V, mask[i, tile j], state[i, g])
+        for i in static_range(Qpad // 128):                   # active keys, causal tile skipping
+            for keys [w0, w0 + W) below (i+1)*128, W <= LT:
+                for g: flash_attention_tile(scale*Q[g, i], K_act, V_act, mask[i, ctx + w0:], ...)
+        out[g, i] = o / max(l, L_FLOOR)
+    """
+    # Step 0: validate inputs and derive the geometry (plain Python on shapes and dtypes).
+    cfg = _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
+                        mixed_precision, LARGE_TILE_SZ)
+    H, d, Qpad, Hkv, G = cfg["H"], cfg["d"], cfg["Qpad"], cfg["Hkv"], cfg["G"]
+    LT, n_tiles, ctx = LARGE_TILE_SZ, cfg["n_tiles"], cfg["ctx"]
+    kd, acc, scale = cfg["kernel_dtype"], cfg["acc_dtype"], cfg["scale"]
+    _check_grid(Hkv)
+    P = B_P_SIZE
+    n_q = Qpad // P
+    n_slots = n_q * G
+    use_dma_t = (nisa.get_nc_version() == nisa.nc_version.gen3 and np.dtype(kd).itemsize == 2)
+
+    o = nl.ndarray((1, H, Qpad, d), dtype=query.dtype, buffer=nl.shared_hbm)
+    head = nl.program_id(axis=1)
+
+    # Step 1: online-softmax state for every (Q tile, query head) slot of this KV head.
+    m_buf = nl.full((P, n_slots), M_FLOOR, dtype=nl.float32, buffer=nl.sbuf)
+    l_buf = nl.zeros((P, n_slots), dtype=nl.float32, buffer=nl.sbuf)
+    o_buf = nl.zeros((P, n_slots * d), dtype=acc, buffer=nl.sbuf)
+
+    # Step 2: context tiles (all Q tiles against every context tile; the mask does the rest).
+    if n_tiles > 0:
+        rows = load_block_tables(block_tables, num_tiles=n_tiles, blocks_per_tile=cfg["M"],
+                                 tiling_factor=cfg["T"], num_kv_heads=Hkv, head_id=head)
+        kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg["T"])
+        for j in nl.sequential_range(n_tiles):
+            k_tile, v_tile = load_kv(kv_flat, rows, j, tiled_block_size=cfg["bp"],
+                                     head_size=d, kernel_dtype=kd)
+            for i in nl.affine_range(n_q):
+                mask_tile = nl.load(mask[nl.ds(i * P, P), nl.ds(j * LT, LT)])
+                for g in nl.affine_range(G):
+                    q_tile = _load_q(query, head * G + g, i, scale, kd)
+                    flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
+                                         i * G + g, k_start=0, width=LT, kernel_dtype=kd,
+                                         use_dma_transpose=use_dma_t)
+
+    # Step 3: active (new) tokens. Q tile i only needs active keys < (i+1)*128 (causal), taken
+    # in windows of at most LT keys; loops are static because window widths differ.
+    k_act = nl.load(key[0, head, :, :], dtype=kd)                        # (d, Qpad)
+    v_act = nl.ndarray((P, n_q * d), dtype=kd, buffer=nl.sbuf)           # chunk c = keys c*128..
+    for c in nl.affine_range(n_q):
+        v_act[:, nl.ds(c * d, d)] = nl.load(value[0, head, nl.ds(c * P, P), :], dtype=kd)
+    for i in nl.static_range(n_q):
+        n_keys = (i + 1) * P
+        for w in nl.static_range((n_keys + LT - 1) // LT):
+            w0 = w * LT
+            width = min(LT, n_keys - w0)
+            mask_tile = nl.load(mask[nl.ds(i * P, P), nl.ds(ctx + w0, width)])
+            for g in nl.affine_range(G):
+                q_tile = _load_q(query, head * G + g, i, scale, kd)
+                flash_attention_tile(q_tile, k_act, v_act, mask_tile, o_buf, m_buf, l_buf,
+                                     i * G + g, k_start=w0, width=width, kernel_dtype=kd,
+                                     use_dma_transpose=use_dma_t)
+
+    # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
+    for i in nl.affine_range(n_q):
+        for g in nl.affine_range(G):
+            slot = i * G + g
+            l_safe = nl.maximum(l_buf[:, nl.ds(slot, 1)], L_FLOOR, dtype=nl.float32)
+            out_tile = nl.divide(o_buf[:, nl.ds(slot * d, d)], l_safe, dtype=query.dtype)
+            nl.store(o[0, head * G + g, nl.ds(i * P, P), :], value=out_tile)
+    return o
+
+
+def _load_q(query, h, i, scale, kd):
+    """Q tile i of query head h, transposed (d, 128), multiplied by the softmax scale, in kd."""
+    q_raw = nl.load(query[0, h, :, nl.ds(i * B_P_SIZE, B_P_SIZE)])
+    return nisa.tensor_scalar(q_raw, np.multiply, scale, dtype=kd)
+
+
+def _is_pow2(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
+
+
+def _check_grid(Hkv):
+    """The launch grid must be [1, Hkv] (axis 1 = KV head)."""
+    ndim = nl.program_ndim()
+    grid = tuple(nl.num_programs(axes=a) for a in range(ndim))
+    kernel_check(grid == (1, Hkv), KERNEL, "launch grid", f"be [1, Hkv] = [1, {Hkv}]", list(grid))
+
+
+def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
+                  mixed_precision, LARGE_TILE_SZ):
+    """Validate every kernel input; return the derived geometry as a dict."""
+    ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
+    ck(len(query.shape) == 4 and query.shape[0] == 1, "query.shape",
+       "be (1, H, d, Qpad)", tuple(query.shape))
+    _, H, d, Qpad = query.shape
+    ck(np.dtype(query.dtype).name in _FLOAT_DTYPES, "query.dtype",
+       f"be one of {_FLOAT_DTYPES}", np.dtype(query.dtype).name)
+    ck(1 <= d <= MAX_HEAD_SIZE, "query.shape[2] (head size d)", f"be in [1, {MAX_HEAD_SIZE}]", d)
+    ck(Qpad >= B_P_SIZE and Qpad % B_P_SIZE == 0, "query.shape[3] (Qpad)",
+       f"be a positive multiple of {B_P_SIZE} (pad the queries on the host)", Qpad)
+    ck(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[4] == d,
+       "kv_cache.shape", f"be (2, num_blocks, Hkv, block_size, d={d})", tuple(kv_cache.shape))
+    _, N, Hkv, B, _ = kv_cache.shape
+    ck(N >= 1 and Hkv >= 1, "kv_cache.shape", "have num_blocks >= 1 and Hkv >= 1",
+       tuple(kv_cache.shape))
+    ck(H % Hkv == 0, "query.shape[1] (H)", f"be a multiple of Hkv={Hkv} (kv_cache.shape[2])", H)
+    ck(tuple(key.shape) == (1, Hkv, d, Qpad), "key.shape", f"be (1, Hkv, d, Qpad) = {(1, Hkv, d, Qpad)}",
+       tuple(key.shape))
+    ck(tuple(value.shape) == (1, Hkv, Qpad, d), "value.shape",
+       f"be (1, Hkv, Qpad, d) = {(1, Hkv, Qpad, d)}", tuple(value.shape))
+    for name, t in (("key", key), ("value", value)):
+        ck(np.dtype(t.dtype) == np.dtype(query.dtype), f"{name}.dtype",
+           f"equal query.dtype ({np.dtype(query.dtype).name})", np.dtype(t.dtype).name)
+    kernel_unsupported(np.dtype(kv_cache.dtype) == np.dtype(query.dtype), KERNEL,
+                       f"a kv_cache of dtype {np.dtype(kv_cache.dtype).name} with "
+                       f"{np.dtype(query.dtype).name} queries",
+                       "cast the cache (or the queries) so both use the same dtype")
+    ck(_is_pow2(B) and MIN_BLOCK_SIZE <= B <= MAX_BLOCK_SIZE, "kv_cache.shape[3] (block_size)",
+       f"be a power of two in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]", B)
+    ck(_is_pow2(LARGE_TILE_SZ) and MIN_LARGE_TILE <= LARGE_TILE_SZ <= MAX_LARGE_TILE,
+       "LARGE_TILE_SZ", f"be a power of two in [{MIN_LARGE_TILE}, {MAX_LARGE_TILE}]", LARGE_TILE_SZ)
+    M, T, bp, L, n_loads = tile_geometry(B, LARGE_TILE_SZ)
+    ck(len(block_tables.shape) == 1, "block_tables.shape", "be 1-D (num_active_blocks,)",
+       tuple(block_tables.shape))
+    ck(np.dtype(block_tables.dtype) == np.dtype(np.int32), "block_tables.dtype", "be int32",
+       np.dtype(block_tables.dtype).name)
+    nab = block_tables.shape[0]
+    ck(nab % M == 0, "block_tables.shape[0] (num_active_blocks)",
+       f"be a multiple of LARGE_TILE_SZ // block_size = {M} (context length a multiple of "
+       f"LARGE_TILE_SZ)", nab)
+    ctx = nab * B
+    ck(N * Hkv * T < FP32_EXACT_INT, "kv_cache.shape",
+       f"give num_blocks * Hkv * tiling_factor < 2**24 (block ids are transposed through fp32); "
+       f"tiling_factor={T}", tuple(kv_cache.shape))
+    ck(len(mask.shape) == 2 and tuple(mask.shape) == (Qpad, ctx + Qpad), "mask.shape",
+       f"be (Qpad, num_active_blocks*block_size + Qpad) = {(Qpad, ctx + Qpad)}", tuple(mask.shape))
+    ck(np.dtype(mask.dtype).name in ("bool", "uint8"), "mask.dtype", "be bool or uint8",
+       np.dtype(mask.dtype).name)
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(d)
+    else:
+        ck(isinstance(softmax_scale, (int, float, np.floating, np.integer))
+           and not isinstance(softmax_scale, bool) and math.isfinite(float(softmax_scale)),
+           "softmax_scale", "be a finite real number or None", softmax_scale)
+        scale = float(softmax_scale)
+    ck(isinstance(mixed_precision, (bool, np.bool_)), "mixed_precision", "be a bool",
+       mixed_precision)
+    kd = nl.bfloat16 if mixed_precision else query.dtype
+    acc = nl.float32 if mixed_precision else query.dtype
+    return dict(H=H, d=d, Qpad=Qpad, N=N, Hkv=Hkv, G=H // Hkv, B=B, M=M, T=T, bp=bp, L=L,
+                n_loads=n_loads, nab=nab, ctx=ctx, n_tiles=ctx // LARGE_TILE_SZ,
+                kernel_dtype=kd, acc_dtype=acc, scale=scale)

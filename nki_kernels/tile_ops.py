@@ -1,0 +1,50 @@
+"""Small on-chip building blocks shared by the paged-attention kernel modules.
+
+Device code (legacy NKI through :mod:`nki_kernels._nki`); every function is called from inside
+a kernel and allocates its temporaries in its own body, so a call inside a loop body creates
+per-iteration tiles (no false loop-carried dependencies).
+"""
+
+from __future__ import annotations
+
+from nki_kernels._nki import nl, nisa
+from nki_kernels.constants import B_F_SIZE
+
+
+def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks):
+    """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.
+
+    Dimensions:
+        Ps = src.shape[0] (<= 128) source partitions; block_w (<= 128) source block width,
+        which becomes the destination partition count.
+
+    Args:
+        dst: SBUF tile (block_w, >= dst_col + n_blocks*Ps); written, cast to ``dst.dtype``.
+        dst_col: first destination column (int or affine loop expression).
+        src: SBUF tile (Ps, >= src_col + n_blocks*block_w).
+        src_col: first source column.
+        block_w: width of one source block.
+        n_blocks: number of blocks (Python int).
+
+    Effect:
+        ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*block_w : +block_w].T`` for u < n_blocks.
+        Up to ``512 // Ps`` transposes share one fp32 PSUM bank (2 KiB / partition), which is
+        then evacuated by one copy, so the copy count is ceil(n_blocks / (512 // Ps)).
+    """
+    Ps = src.shape[0]
+    per_bank = max(1, B_F_SIZE // Ps)
+    n_full, rem = divmod(n_blocks, per_bank)
+    for g in nl.affine_range(n_full):
+        _transpose_group(dst, dst_col + g * per_bank * Ps, src, src_col + g * per_bank * block_w,
+                         block_w, per_bank)
+    if rem:
+        _transpose_group(dst, dst_col + n_full * per_bank * Ps, src,
+                         src_col + n_full * per_bank * block_w, block_w, rem)
+
+
+def _transpose_group(dst, dst_col, src, src_col, block_w, n):
+    Ps = src.shape[0]
+    t_psum = nl.ndarray((block_w, n * Ps), dtype=nl.float32, buffer=nl.psum)
+    for u in nl.affine_range(n):
+        t_psum[:, nl.ds(u * Ps, Ps)] = nisa.nc_transpose(src[:, nl.ds(src_col + u * block_w, block_w)])
+    dst[:, nl.ds(dst_col, n * Ps)] = nl.copy(t_psum, dtype=dst.dtype)

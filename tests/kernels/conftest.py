@@ -1,0 +1,114 @@
+"""Helpers for the flash paged-attention kernel tests: random flat batches and the comparison
+against the float64 reference (host.reference.paged_attention_ref)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+
+def _root_tolerance():
+    """``tolerance`` from tests/conftest.py (the one tolerance table), loaded by path because
+    every conftest module is named ``conftest`` (no packages under tests/)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_nki_pa_root_conftest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.tolerance
+
+
+tolerance = _root_tolerance()
+
+
+@dataclass
+class Batch:
+    query: np.ndarray          # (T, H, d)
+    key: np.ndarray            # (T, Hkv, d)
+    value: np.ndarray          # (T, Hkv, d)
+    kv_cache: np.ndarray       # (2, N, Hkv, B, d)
+    block_tables: np.ndarray   # (S, max_blocks) int32; unused entries -1
+    query_lens: np.ndarray     # (S,)
+    context_lens: np.ndarray   # (S,)
+
+    def args(self):
+        return (self.query, self.key, self.value, self.kv_cache, self.block_tables,
+                self.query_lens, self.context_lens)
+
+
+def make_batch(seed, query_lens, context_lens, *, H, Hkv, d, block_size, dtype=np.float32,
+               spare_blocks=2, max_blocks_extra=1) -> Batch:
+    """Random batch: values U[-1, 1] (as vLLM's tests), cache blocks a random permutation of
+    [0, N) with ``spare_blocks`` unused blocks, unused block-table entries -1."""
+    rng = np.random.default_rng(seed)
+    qlens = np.asarray(query_lens, dtype=np.int64)
+    clens = np.asarray(context_lens, dtype=np.int64)
+    T = int(qlens.sum())
+    nblk = -(-clens // block_size)
+    N = int(nblk.sum()) + spare_blocks
+    perm = rng.permutation(N)
+    width = int(nblk.max()) + max_blocks_extra
+    bt = np.full((len(qlens), width), -1, dtype=np.int32)
+    off = 0
+    for i, n in enumerate(nblk.tolist()):
+        bt[i, :n] = perm[off:off + n]
+        off += n
+    dt = np.dtype(dtype)
+
+    def u(*shape):
+        return rng.uniform(-1.0, 1.0, size=shape).astype(np.float32).astype(dt)
+
+    return Batch(u(T, H, d), u(T, Hkv, d), u(T, Hkv, d), u(2, N, Hkv, block_size, d), bt, qlens, clens)
+
+
+def max_abs_err(out, ref) -> float:
+    return float(np.max(np.abs(np.asarray(out, dtype=np.float64) - np.asarray(ref, dtype=np.float64))))
+
+
+def assert_matches_reference(batch: Batch, *, mixed_precision=True, large_tile_size=2048,
+                             softmax_scale=None):
+    """Run host.paged_attention on nki_sim and compare with the float64 reference using the
+    project tolerance table; the message reports the worst sequence and head."""
+    from host.attention import paged_attention
+    from host.reference import paged_attention_ref
+
+    out = paged_attention(*batch.args(), softmax_scale=softmax_scale,
+                          mixed_precision=mixed_precision, large_tile_size=large_tile_size,
+                          backend="sim")
+    ref = paged_attention_ref(*batch.args(), softmax_scale=softmax_scale)
+    assert out.shape == ref.shape and out.dtype == batch.query.dtype
+    atol, rtol = tolerance("mixed" if mixed_precision else "fp32", batch.query.dtype)
+    err = np.abs(out.astype(np.float64) - ref)
+    bound = atol + rtol * np.abs(ref)
+    if not np.all(err <= bound):
+        tok, head, _ = np.unravel_index(int(np.argmax(err - bound)), err.shape)
+        seq = int(np.searchsorted(np.cumsum(batch.query_lens), tok, side="right"))
+        pytest.fail(f"max |err| {err.max():.3e} > atol {atol} at token {tok} (sequence {seq}, "
+                    f"context {int(batch.context_lens[seq])}, query {int(batch.query_lens[seq])}), "
+                    f"head {head}")
+    return out, ref
+
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture
+def batch_factory():
+    """``make_batch(seed, query_lens, context_lens, *, H, Hkv, d, block_size, dtype=...)``."""
+    return make_batch
+
+
+@pytest.fixture
+def check_reference():
+    """``assert_matches_reference(batch, *, mixed_precision, large_tile_size, softmax_scale)``."""
+    return assert_matches_reference
+
+
+@pytest.fixture
+def tol():
+    """The project tolerance table lookup ``tolerance(mode, dtype) -> (atol, rtol)``."""
+    return tolerance

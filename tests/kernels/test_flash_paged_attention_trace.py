@@ -1,0 +1,76 @@
+"""The KV loads really are vectorized: per (KV head, large tile) ceil(L/128) indirect DMAs for K
+and as many for V, each with min(L, 128) = 128 descriptors of b'*d*itemsize bytes
+(paged-attention-notes §2.5), read from the simulator's trace."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import nki_sim
+from host.attention import flash_attn_varlen_nkifunc
+from nki_kernels.constants import tile_geometry
+
+pytestmark = pytest.mark.simulation
+
+
+def _inputs(batch, large_tile_size):
+    from host.block_tables import active_block_table
+    from host.masks import build_attention_mask
+    from host.plan import make_plan
+
+    plan = make_plan(batch.query_lens, batch.context_lens, block_size=batch.kv_cache.shape[3],
+                     large_tile_size=large_tile_size)
+    T, H, d = batch.query.shape
+    Hkv, Qpad = batch.key.shape[1], plan.padded_queries
+    q = np.zeros((1, H, d, Qpad), batch.query.dtype)
+    q[0, :, :, :T] = batch.query.transpose(1, 2, 0)
+    k = np.zeros((1, Hkv, d, Qpad), batch.query.dtype)
+    k[0, :, :, :T] = batch.key.transpose(1, 2, 0)
+    v = np.zeros((1, Hkv, Qpad, d), batch.query.dtype)
+    v[0, :, :T] = batch.value.transpose(1, 0, 2)
+    return plan, (q, k, v, batch.kv_cache, active_block_table(plan, batch.block_tables),
+                  build_attention_mask(plan))
+
+
+# (block_size, LARGE_TILE_SZ, d): L/128 = 4, 2, 1 (T = 1), 1 (T = 16), 1 (b' = 64), 2 (b' = 32)
+GEOMETRIES = [(1, 512, 8), (4, 1024, 16), (16, 2048, 8), (256, 2048, 8), (64, 8192, 4), (32, 8192, 128)]
+
+
+@pytest.mark.parametrize("block_size, tile, d", GEOMETRIES,
+                         ids=[f"b{b}_t{t}_d{d}" for b, t, d in GEOMETRIES])
+def test_kv_loads_are_vectorized_indirect_dmas(block_size, tile, d, batch_factory):
+    Hkv = 2
+    # contexts spanning 2 large tiles in total (plus padding blocks)
+    c = [tile // 2 + 3, tile // 2 + 1]
+    batch = batch_factory(block_size, [3, 1], c, H=2 * Hkv, Hkv=Hkv, d=d, block_size=block_size)
+    plan, inputs = _inputs(batch, tile)
+    M, T, bp, L, n_loads = tile_geometry(block_size, tile)
+    assert (M, T, bp, L) == (plan.blocks_per_tile, plan.tiling_factor, plan.tiled_block_size,
+                             plan.rows_per_tile)
+    with nki_sim.tracing() as trace:
+        flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=tile, mixed_precision=True, backend="sim")
+
+    gathers = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"]
+    n_tiles = plan.num_large_tiles
+    assert n_tiles >= 2
+    # exactly two load statements (K and V) issue indirect DMAs
+    by_stmt = collections.Counter(e.src_loc for e in gathers)
+    assert len(by_stmt) == 2, by_stmt
+    assert all(loc[0] == "kv_load.py" for loc in by_stmt)
+    row_bytes = bp * d * batch.kv_cache.dtype.itemsize
+    for loc, count in by_stmt.items():
+        assert count == n_loads * n_tiles * Hkv, (loc, count)
+    # per (statement, KV head, large tile j = outermost loop index): n_loads DMAs each
+    per_tile = collections.Counter((e.src_loc, e.program_id, e.loop_indices[0]) for e in gathers)
+    assert len(per_tile) == 2 * Hkv * n_tiles
+    assert set(per_tile.values()) == {n_loads}
+    for e in gathers:
+        assert e.partitions == 128
+        assert e.descriptor_bytes == (row_bytes,) * min(L, 128), (e.src_loc, e.descriptor_bytes[:4])
+        assert e.bytes == 128 * row_bytes
+        assert e.src_buffer == "hbm" and e.dst_buffer == "sbuf"
+    # the summary agrees with the events
+    assert trace.summary()["dma_indirect_instructions"] == len(gathers) == 2 * n_loads * n_tiles * Hkv
