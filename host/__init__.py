@@ -1,6 +1,72 @@
 """Host code: planning, block tables, masks, launch wrappers, and the float64 reference.
 
-Public names follow vLLM's Neuron backend (``flash_attn_varlen_nkifunc``,
-``reorder_context_mask``, ``reshape_and_cache``). Filled in by the host, kernel and
-cache-op modules; see README.md.
+Public names follow vLLM's Neuron backend where one exists (``flash_attn_varlen_nkifunc``,
+``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``).
+
+Pure-NumPy planning names are imported eagerly; the launch wrappers (which import the kernels
+and, without ``neuronx-cc``, the ``nki_sim`` simulator) load on first use.
+Every layout these functions produce or consume is specified in ``docs/layouts.md``.
 """
+
+from __future__ import annotations
+
+import importlib
+
+from host.block_tables import (
+    active_block_table,
+    from_partition_first,
+    inverse_transform_block_tables,
+    load_column_tokens,
+    loaded_cache_slots,
+    to_partition_first,
+    transform_block_tables,
+    transform_block_tables_all_heads,
+)
+from host.masks import (
+    active_mask,
+    build_attention_mask,
+    context_mask,
+    context_row_ranges,
+    context_seq_ids,
+    context_token_order,
+    inverse_reorder_context_mask,
+    query_seq_ids,
+    reorder_context_mask,
+)
+from host.plan import PagedAttentionPlan, make_plan
+from host.reference import paged_attention_ref
+
+# name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
+_LAZY = {
+    "paged_attention": "host.attention",
+    "flash_attn_varlen_nkifunc": "host.attention",
+    "reshape_and_cache": "host.cache_ops",
+    "copy_blocks": "host.cache_ops",
+    "swap_blocks": "host.cache_ops",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'host' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "PagedAttentionPlan", "make_plan",
+    "active_block_table", "transform_block_tables", "transform_block_tables_all_heads",
+    "inverse_transform_block_tables", "to_partition_first", "from_partition_first",
+    "load_column_tokens", "loaded_cache_slots",
+    "context_mask", "active_mask", "reorder_context_mask", "inverse_reorder_context_mask",
+    "build_attention_mask", "context_token_order", "context_row_ranges", "query_seq_ids",
+    "context_seq_ids",
+    "paged_attention_ref",
+    *_LAZY,
+]
