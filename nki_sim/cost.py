@@ -263,7 +263,11 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
     """Cost of one DMA Event; ``first_engine`` rotates where a narrow transfer lands."""
     descs = np.asarray(tuple(getattr(ev, "descriptor_bytes", ()) or ()), dtype=np.float64)
     partitions = max(int(getattr(ev, "partitions", 1) or 1), 1)
-    if descs.size == 0 and int(getattr(ev, "bytes", 0)) > 0:   # trace without descriptor list
+    is_transpose = getattr(ev, "op", "") == "dma_transpose"
+    if (descs.size == 0 or is_transpose) and int(getattr(ev, "bytes", 0)) > 0:
+        # no descriptor list, or a DMA transpose: a hardware mode of the DMA engines (trn2)
+        # whose element-sized "runs" are not descriptors; modeled as one row per partition
+        # at the documented transpose throughput (below).
         descs = np.full(partitions, int(ev.bytes) / partitions)
     n_eng = hw.dma_engines
     per_engine = max(hw.partitions_per_dma_engine, math.ceil(partitions / n_eng))
@@ -276,13 +280,16 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
         eng = np.flatnonzero(descs)
         descs = descs[eng]
     bw = hw.dma_engine_bw_bytes_per_ns
-    if getattr(ev, "op", "") == "dma_transpose":
+    if is_transpose:
         on_chip = "hbm" not in (getattr(ev, "src_buffer", ""), getattr(ev, "dst_buffer", ""))
         bw *= hw.dma_transpose_efficiency_sbuf if on_chip else hw.dma_transpose_efficiency_hbm
     transfer = np.bincount(eng, weights=hw.dma_desc_overhead_ns + descs / bw, minlength=n_eng)
     semaphore = hw.dma_desc_overhead_ns + hw.dma_semaphore_bytes / hw.dma_engine_bw_bytes_per_ns
     engine_ns = transfer + semaphore
-    n_desc = int(len(getattr(ev, "descriptor_bytes", ()) or ()) or descs.size)
+    # descriptors as modeled: the trace's count (before per-engine merging); for a DMA
+    # transpose, one per partition (see above)
+    n_desc = partitions if is_transpose else int(
+        len(getattr(ev, "descriptor_bytes", ()) or ()) or descs.size)
     if kind == "indirect":
         rows = n_desc + int(getattr(ev, "skipped_rows", 0) or 0)
         gen_cycles = hw.gpsimd_start_cycles + hw.swdge_cycles_per_descriptor * math.ceil(

@@ -81,7 +81,8 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
     indirect = hbm is not None and hbm.indirect is not None
     attrs = dict(extra_attrs or {})
     if hbm is not None:
-        attrs["hbm_contiguous"] = (not indirect) and len(desc) == 1
+        attrs["hbm_contiguous"] = (not indirect) and getattr(hbm_acc, "valid", None) is None \
+            and _contiguous(hbm_acc)
     if indirect:
         rows = onchip.shape[0] if onchip.shape else 1
         attrs["index_rows"] = rows - skipped
@@ -92,6 +93,12 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
                dma_kind="indirect" if indirect else "direct",
                src_buffer=_bufname(src), dst_buffer=_bufname(dst),
                descriptor_bytes=tuple(desc), skipped_rows=skipped, attrs=attrs)
+
+
+def _contiguous(acc) -> bool:
+    """True iff the access's HBM offsets, in (partition, free) order, are consecutive."""
+    o = (acc.offs if acc.offs is not None else acc.t.flat_offsets()).reshape(-1)
+    return o.size <= 1 or bool(np.all(np.diff(o) == 1))
 
 
 class _FullAcc:

@@ -1,0 +1,160 @@
+"""affine_range loop-carried dependency checker: each case has a must-pass twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nki_sim
+from nki_sim import errors as E
+
+from test_core_helpers import f32, nisa, nl, run
+
+
+def _waw(x, *, loop):
+    out = nl.ndarray((128, 64), x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 64), x.dtype)                 # allocated outside the loop
+    for i in loop(4):
+        t[...] = nl.load(x[nl.ds(i * 128, 128), :])    # same destination every iteration
+    nl.store(out, t)
+    return out
+
+
+def test_write_after_write_across_iterations_fails(rng):
+    with pytest.raises(SyntaxError, match=r"^Unexpected output dependencies, missing indices in the dst access: i "):
+        run(_waw, f32(rng, 512, 64), loop=nl.affine_range)
+
+
+def test_same_loop_as_sequential_range_passes(rng):
+    x = f32(rng, 512, 64)
+    assert np.array_equal(run(_waw, x, loop=nl.sequential_range), x[384:])
+
+
+def _indexed(x):
+    out = nl.ndarray((128, 256), x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 256), x.dtype)
+    for i in nl.affine_range(4):
+        t[:, nl.ds(i * 64, 64)] = nl.load(x[:, nl.ds(i * 64, 64)])   # disjoint per iteration
+    nl.store(out, t)
+    return out
+
+
+def test_disjoint_writes_pass(rng):
+    x = f32(rng, 128, 256)
+    assert np.array_equal(run(_indexed, x), x)
+
+
+def _fresh(x):
+    out = nl.ndarray((512, 64), x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(4):
+        t = nl.ndarray((128, 64), x.dtype)             # fresh per iteration: not a dependency
+        t[...] = nl.load(x[nl.ds(i * 128, 128), :])
+        t[...] = nl.multiply(t, 2.0)
+        nl.store(out[nl.ds(i * 128, 128), :], t)
+    return out
+
+
+def test_tensor_allocated_inside_body_is_fresh(rng):
+    x = f32(rng, 512, 64)
+    assert np.array_equal(run(_fresh, x), 2 * x)
+
+
+def _psum_acc(a, b, *, op):
+    out = nl.ndarray((64, 128), nl.float32, buffer=nl.shared_hbm)
+    ps = nl.zeros((64, 128), nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(a.shape[0] // 128):
+        at = nl.load(a[nl.ds(k * 128, 128), :])
+        bt = nl.load(b[nl.ds(k * 128, 128), :])
+        if op == "+=":
+            ps += nisa.nc_matmul(at, bt)
+        else:                                          # accumulate with a plain add: a dependency
+            ps[...] = nl.add(ps, nisa.nc_matmul(at, bt))
+    nl.store(out, nl.copy(ps))
+    return out
+
+
+def test_psum_matmul_accumulation_passes(rng):
+    a, b = f32(rng, 384, 64), f32(rng, 384, 128)
+    out = run(_psum_acc, a, b, op="+=")
+    np.testing.assert_allclose(out, a.astype(np.float64).T @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_psum_accumulation_without_plus_equals_fails(rng):
+    with pytest.raises(E.OutputDependencyError, match="missing indices in the dst access: k"):
+        run(_psum_acc, f32(rng, 384, 64), f32(rng, 384, 128), op="add")
+
+
+def _raw(x, *, shift):
+    out = nl.ndarray((128, 4), x.dtype, buffer=nl.shared_hbm)
+    buf = nl.zeros((128, 8), x.dtype)
+    for i in nl.affine_range(4):
+        buf[:, nl.ds(2 * i, 2)] = nl.load(x[:, nl.ds(2 * i, 2)])
+        if shift and i > 0:
+            prev = nl.copy(buf[:, nl.ds(2 * i - 2, 2)])   # reads what iteration i-1 wrote
+            nl.store(out[:, 0:2], prev)
+    if not shift:
+        nl.store(out, buf[:, 0:4])
+    return out
+
+
+def test_read_after_write_across_iterations_fails(rng):
+    with pytest.raises(E.OutputDependencyError, match="'copy' reads tensor .* iteration 1 .* iteration 0 wrote it"):
+        run(_raw, f32(rng, 128, 8), shift=True)
+
+
+def test_read_own_iteration_passes(rng):
+    x = f32(rng, 128, 8)
+    assert np.array_equal(run(_raw, x, shift=False), x[:, :4])
+
+
+def _war(x):
+    out = nl.ndarray((128, 2), x.dtype, buffer=nl.shared_hbm)
+    buf = nl.zeros((128, 8), x.dtype)
+    for i in nl.affine_range(3):
+        nxt = nl.copy(buf[:, nl.ds(2 * i + 2, 2)])      # reads the slot iteration i+1 writes
+        buf[:, nl.ds(2 * i, 2)] = nl.load(x[:, nl.ds(2 * i, 2)])
+        nl.store(out, nxt)
+    return out
+
+
+def test_write_after_read_across_iterations_fails(rng):
+    with pytest.raises(E.OutputDependencyError, match="iteration 0 read it"):
+        run(_war, f32(rng, 128, 8))
+
+
+def _nested(x, *, inner_indexed):
+    out = nl.ndarray((128, 8), x.dtype, buffer=nl.shared_hbm)
+    buf = nl.zeros((128, 8), x.dtype)
+    for i in nl.affine_range(2):
+        for j in nl.affine_range(4):
+            col = i * 4 + j if inner_indexed else j        # missing i: outer iterations collide
+            buf[:, nl.ds(col, 1)] = nl.load(x[:, nl.ds(i * 4 + j, 1)])
+    nl.store(out, buf)
+    return out
+
+
+def test_nested_affine_loops(rng):
+    x = f32(rng, 128, 8)
+    assert np.array_equal(run(_nested, x, inner_indexed=True), x)
+    with pytest.raises(E.OutputDependencyError, match="dst access: i "):
+        run(_nested, x, inner_indexed=False)
+
+
+def test_checker_can_be_disabled(rng):
+    with nki_sim.configure(check_dependencies=False):
+        run(_waw, f32(rng, 512, 64), loop=nl.affine_range)
+
+
+def _reduce_into_column(x):
+    out = nl.ndarray((128, 4), nl.float32, buffer=nl.shared_hbm)
+    mx = nl.ndarray((128, 4), nl.float32)
+    for k in nl.affine_range(4):
+        t = nl.load(x[:, nl.ds(k * 32, 32)])
+        mx[:, k] = nisa.tensor_reduce(np.max, t, axis=(1,), dtype=nl.float32)
+    nl.store(out, mx)
+    return out
+
+
+def test_reduction_into_loop_indexed_column_passes(rng):
+    x = f32(rng, 128, 128)
+    assert np.array_equal(run(_reduce_into_column, x), x.reshape(128, 4, 32).max(axis=2))

@@ -1,0 +1,115 @@
+"""Write casts (RNE, saturation), NKI type promotion, poison values, storage dtypes."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_sim import dtypes as D
+
+from test_core_helpers import nl, run
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    (D.int8, D.uint8, D.int16), (D.int8, D.uint16, D.int32), (D.uint16, D.int32, D.int32),
+    (D.int32, D.uint32, D.float32), (D.float16, D.bfloat16, D.float32),
+    (D.float8_e4m3, D.float16, D.float16), (D.float8_e4m3, D.bfloat16, D.bfloat16),
+    (D.float8_e4m3, D.float8_e5m2, D.bfloat16), (D.float32, D.int32, D.float32),
+    (D.bfloat16, D.int8, D.bfloat16), (D.int32, D.int32, D.int32),
+])
+def test_promotion_table(a, b, expected):
+    assert D.promote(a, b) == expected
+    assert D.promote(b, a) == expected
+
+
+def test_python_scalars_are_int32_float32_uint8():
+    assert D.scalar_dtype(3) == D.int32
+    assert D.scalar_dtype(0.5) == D.float32
+    assert D.scalar_dtype(True) == D.uint8
+    assert D.promote(D.bfloat16, D.scalar_dtype(0.125)) == D.float32     # bf16 * 0.125 -> fp32
+    assert D.promote(D.int8, D.scalar_dtype(2)) == D.int32
+
+
+def test_float_to_int_rounds_half_to_even_and_saturates():
+    v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 3e9, -3e9, np.nan, np.inf], np.float32)
+    out = D.cast_for_write(v, D.int32)
+    assert out.tolist() == [0, 2, 2, 0, -2, 2**31 - 1, -2**31, 0, 2**31 - 1]
+    assert D.cast_for_write(np.array([300, -300]), D.int8).tolist() == [127, -128]
+    assert D.cast_for_write(np.array([-1, 70000]), D.uint16).tolist() == [0, 65535]
+
+
+def test_float_to_bf16_is_round_to_nearest_even():
+    # 1 + 2^-8 is exactly halfway between bf16 neighbours 1.0 and 1 + 2^-7 -> ties to even (1.0)
+    halfway = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8], np.float32)
+    out = D.cast_for_write(halfway, D.bfloat16).astype(np.float64)
+    assert out.tolist() == [1.0, 1.0 + 2 * 2.0**-7]
+    # not the truncation a naive bit-shift would give
+    assert D.cast_for_write(np.array([1.0 + 2.0**-8 + 2.0**-20], np.float32), D.bfloat16
+                            ).astype(np.float64)[0] == 1.0 + 2.0**-7
+
+
+def test_poison_values():
+    assert np.isnan(D.poison_value(D.bfloat16))
+    assert D.poison_value(D.int32) == 2**31 - 1
+    assert D.poison_value(D.uint8) == 255
+
+
+def test_as_dtype_rejects_float64():
+    with pytest.raises(ValueError, match="float64"):
+        D.as_dtype(np.float64)
+
+
+def _store_cast(x, *, dtype):
+    out = nl.ndarray(x.shape, dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    nl.store(out, t)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3, np.int32])
+def test_store_casts_to_destination_dtype(rng, dtype):
+    x = (rng.standard_normal((4, 16)) * 10).astype(np.float32)
+    out = run(_store_cast, x, dtype=dtype)
+    assert out.dtype == np.dtype(dtype)
+    expect = np.rint(x).astype(np.int32) if dtype == np.int32 else x.astype(dtype)
+    assert np.array_equal(out.astype(np.float64), expect.astype(np.float64))
+
+
+def _tile_dtype(x):
+    out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+    t = nl.load(x, dtype=nl.bfloat16)
+    assert t.dtype == np.dtype(ml_dtypes.bfloat16)
+    y = t * 0.5                     # bf16 tile * python float -> fp32 (NKI promotion)
+    assert y.dtype == np.dtype(np.float32)
+    z = nl.multiply(t, t)
+    assert z.dtype == t.dtype
+    nl.store(out, y)
+    return out
+
+
+def test_tiles_are_stored_in_declared_dtype(rng):
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    out = run(_tile_dtype, x)
+    assert np.array_equal(out, x.astype(ml_dtypes.bfloat16).astype(np.float32) * 0.5)
+
+
+def _int_math(a, b):
+    out = nl.ndarray(a.shape, nl.int32, buffer=nl.shared_hbm)
+    ta, tb = nl.load(a), nl.load(b)
+    nl.store(out, ta * 3 + tb)
+    return out
+
+
+def test_int32_arithmetic_is_exact_above_2_24(rng):
+    a = rng.integers(2**24, 2**28, (16, 4)).astype(np.int32)
+    b = rng.integers(-1000, 1000, (16, 4)).astype(np.int32)
+    out = run(_int_math, a, b)
+    assert np.array_equal(out, a.astype(np.int64) * 3 + b)
+
+
+def test_int32_arithmetic_saturates_on_write():
+    a = np.full((2, 2), 2**30, np.int32)
+    b = np.zeros((2, 2), np.int32)
+    out = run(_int_math, a, b)
+    assert np.all(out == 2**31 - 1)

@@ -1,0 +1,98 @@
+"""nki_sim.install(): registration, real-package detection, PyPI placeholder (subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _py(code: str, extra_path=None) -> str:
+    env = dict(os.environ)
+    parts = ([str(extra_path)] if extra_path else []) + [str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.pop("NKI_PA_BACKEND", None)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+SCRIPT = """
+    import nki_sim
+    a = nki_sim.install()
+    b = nki_sim.install()
+    import neuronxcc.nki as nki
+    import neuronxcc.nki.language as nl
+    import neuronxcc.nki.isa as nisa
+    from neuronxcc.nki.isa.constants import oob_mode
+    import neuronxcc.nki.typing as nt
+    import neuronxcc.nki.compiler as ncc
+    from neuronxcc import nki as nki2
+    print(a, b, nki_sim.is_installed(), getattr(nki, "__nki_sim__", False), nki2 is nki,
+          nisa.oob_mode is oob_mode)
+"""
+
+
+def test_install_without_real_package():
+    assert _py(SCRIPT) == "True False True True True True"
+
+
+def test_pypi_placeholder_counts_as_absent(tmp_path):
+    pkg = tmp_path / "neuronxcc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('raise ImportError("WRONG PACKAGE: this is a placeholder")\n')
+    assert _py(SCRIPT, tmp_path) == "True False True True True True"
+
+
+def test_real_package_wins_unless_forced(tmp_path):
+    pkg = tmp_path / "neuronxcc" / "nki"
+    pkg.mkdir(parents=True)
+    (tmp_path / "neuronxcc" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("REAL = True\n")
+    out = _py("""
+        import nki_sim
+        a = nki_sim.install()
+        import neuronxcc.nki as nki
+        real = getattr(nki, "REAL", False)
+        b = nki_sim.install(force=True)
+        import neuronxcc.nki as nki
+        print(a, real, b, nki_sim.is_installed(), getattr(nki, "__nki_sim__", False))
+    """, tmp_path)
+    assert out == "False True True True True"
+
+
+def test_unmodified_legacy_kernel_file_runs(tmp_path):
+    (tmp_path / "legacy_kernel.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import neuronxcc.nki as nki
+        import neuronxcc.nki.language as nl
+
+        @nki.jit
+        def tensor_add_kernel(a_input, b_input):
+            c_output = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+            offset_i_x = nl.program_id(0) * 128
+            offset_i_y = nl.program_id(1) * 512
+            ix = offset_i_x + nl.arange(128)[:, None]
+            iy = offset_i_y + nl.arange(512)[None, :]
+            a_tile = nl.load(a_input[ix, iy])
+            b_tile = nl.load(b_input[ix, iy])
+            nl.store(c_output[ix, iy], value=a_tile + b_tile)
+            return c_output
+    """))
+    out = _py("""
+        import numpy as np, nki_sim
+        nki_sim.install()
+        import legacy_kernel as m
+        a = (np.arange(256 * 1024).reshape(256, 1024) % 7).astype(np.float16)
+        b = np.ones_like(a)
+        c = m.tensor_add_kernel[2, 2](a, b)
+        print(bool(np.array_equal(c, a + b)))
+    """, tmp_path)
+    assert out == "True"
