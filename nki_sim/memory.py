@@ -25,7 +25,11 @@ ONCHIP = ("sbuf", "psum")
 _ids = itertools.count(1)
 
 
-class _Live:
+class Live:
+    """Live on-chip bytes per partition of one SPMD program (each program has its own SBUF/PSUM)."""
+
+    __slots__ = ("bytes",)
+
     def __init__(self):
         self.bytes = {"sbuf": 0, "psum": 0}
 
@@ -36,7 +40,12 @@ class _Live:
                 t._note_live(buffer, self.bytes[buffer])
 
 
-live = _Live()
+live = Live()     # allocations made outside any kernel program
+
+
+def current_live() -> Live:
+    k = state.kernel
+    return k.live if k is not None and k.live is not None else live
 
 
 class Alloc:
@@ -44,7 +53,7 @@ class Alloc:
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
                  "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "__weakref__")
+                 "ever_written", "counter", "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
@@ -68,15 +77,17 @@ class Alloc:
         self.user_array = None
         self.ever_written = False
         self.bytes_pp = 0
+        self.counter = None
         if buffer in ONCHIP and count_live:
             n = data.size // max(1, data.shape[par_axis]) if data.ndim else 1
             self.bytes_pp = int(n * data.dtype.itemsize)
-            live.change(buffer, self.bytes_pp)
+            self.counter = current_live()
+            self.counter.change(buffer, self.bytes_pp)
 
     def __del__(self):
         if self.bytes_pp:
             try:
-                live.change(self.buffer, -self.bytes_pp)
+                self.counter.change(self.buffer, -self.bytes_pp)
             except Exception:  # interpreter shutdown
                 pass
 

@@ -18,8 +18,9 @@ import numpy as np
 
 from . import dtypes as D
 from . import errors as E
+from .blas import single_threaded
 from .config import config
-from .memory import Alloc
+from .memory import Alloc, Live
 from .state import KernelContext, state
 from .target import get_target, resolve_target, use_target
 from .tensor import Tensor
@@ -99,7 +100,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
     if any(g <= 0 for g in grid):
         raise ValueError(f"SPMD grid sizes must be positive; got {list(grid)}")
     cm = use_target(platform_target) if platform_target is not None else contextlib.nullcontext()
-    with cm:
+    with cm, single_threaded():
         sig = inspect.signature(func)
         try:
             bound = sig.bind(*args, **kwargs)
@@ -123,6 +124,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
         try:
             for pid in programs:
                 ctx.program_id = pid
+                ctx.live = Live()
                 ctx.shared_cursor = 0
                 ctx.loops.clear()
                 ret = func(*bound.args, **bound.kwargs)

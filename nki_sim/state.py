@@ -34,6 +34,7 @@ class KernelContext:
     shared_cursor: int = 0
     params: dict = field(default_factory=dict)           # alloc id -> parameter name
     target: object = None
+    live: object = None                                  # memory.Live of the running program
 
 
 class _State:
