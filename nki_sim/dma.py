@@ -38,9 +38,31 @@ def _bufname(t: Tensor) -> str:
     return "hbm" if t.is_hbm else t.buffer
 
 
+def _basic_runs(t):
+    """(partitions, run length, runs per partition, whole view contiguous) of a basic view."""
+    _, es = t.elem_layout()
+    shape = t.arr.shape
+    if not shape:
+        return 1, 1, 1, True
+    P, free = shape[0], [(n, s) for n, s in zip(shape[1:], es[1:]) if n != 1]
+    F = 1
+    for n, _ in free:
+        F *= n
+    run = 1
+    for n, s in reversed(free):
+        if s != run:
+            break
+        run *= n
+    contiguous = run == F and (P == 1 or es[0] == F)
+    return P, run, (F // run if run else 0), contiguous
+
+
 def descriptors(acc, itemsize: int) -> list:
     """Descriptor sizes (bytes) of one side of a transfer: runs of consecutive elements."""
     t = acc.t
+    if acc.offs is None and acc.valid is None and isinstance(t, Tensor) and t.idx is None:
+        P, run, n, _ = _basic_runs(t)
+        return [run * itemsize] * (P * n)
     offs = acc.offs if acc.offs is not None else t.flat_offsets()
     if offs.ndim == 0:
         offs = offs.reshape(1, 1)
@@ -97,6 +119,8 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
 
 def _contiguous(acc) -> bool:
     """True iff the access's HBM offsets, in (partition, free) order, are consecutive."""
+    if acc.offs is None and isinstance(acc.t, Tensor) and acc.t.idx is None:
+        return _basic_runs(acc.t)[3]
     o = (acc.offs if acc.offs is not None else acc.t.flat_offsets()).reshape(-1)
     return o.size <= 1 or bool(np.all(np.diff(o) == 1))
 

@@ -59,6 +59,9 @@ def get_target() -> Target:
     """The active target (innermost use_target, else env override, else trn2)."""
     if _stack:
         return _stack[-1]
+    from .state import state
+    if state.kernel is not None and state.kernel.target is not None:
+        return state.kernel.target
     env = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip()
     if env:
         return resolve_target(env)
