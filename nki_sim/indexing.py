@@ -28,6 +28,7 @@ class IndexExpr:
 
     __slots__ = ("v",)
     __array_priority__ = 100
+    __array_ufunc__ = None
 
     def __init__(self, v):
         self.v = np.asarray(v, dtype=np.int64)
@@ -88,6 +89,7 @@ class MaskExpr:
 
     __slots__ = ("v",)
     __array_priority__ = 100
+    __array_ufunc__ = None
 
     def __init__(self, v):
         self.v = np.asarray(v, dtype=bool)

@@ -25,6 +25,7 @@ class Tensor:
     __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax",
                  "__weakref__")
     __array_priority__ = 100
+    __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
 
     def __init__(self, alloc, arr, idx=None, shape=None, indirect=None, pax=0):
         self.alloc = alloc

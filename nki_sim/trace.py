@@ -85,6 +85,8 @@ class Trace:
             "peak_psum_bytes_per_partition": self.peak_bytes_per_partition["psum"],
             "sbuf_capacity_bytes_per_partition": t.sbuf_usable_bytes_per_partition,
             "psum_capacity_bytes_per_partition": t.psum_bytes_per_partition,
+            "sbuf_over_capacity": self.peak_bytes_per_partition["sbuf"] > t.sbuf_usable_bytes_per_partition,
+            "psum_over_capacity": self.peak_bytes_per_partition["psum"] > t.psum_bytes_per_partition,
             "target": t.name,
         }
 
