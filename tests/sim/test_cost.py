@@ -349,3 +349,29 @@ def test_docs_constants_table_is_current():
     from pathlib import Path
     doc = Path(__file__).resolve().parents[2] / "docs" / "cost-model.md"
     assert cost.constants_table() in doc.read_text()
+
+
+def test_dma_transpose_element_runs_are_not_descriptors():
+    """A 128x128 bf16 SBUF->SBUF dma_transpose has 16384 2-byte HBM-style runs in the trace;
+    the model treats it as 128 partition rows at the documented 50 % transpose throughput."""
+    hw = cost.TRN2
+    ev = dataclasses.replace(dma(128, 256, op="dma_transpose", src="sbuf"),
+                             descriptor_bytes=(2,) * (128 * 128))
+    c = cost.dma_instruction_cost(ev, hw)
+    assert c.descriptors == 128
+    per_engine = 8 * (hw.dma_desc_overhead_ns + 256 / (0.5 * hw.dma_engine_bw_bytes_per_ns))
+    assert c.transfer_ns.max() == pytest.approx(per_engine)
+
+
+@pytest.mark.parametrize("hw", [cost.TRN1, cost.TRN2], ids=lambda h: h.name)
+def test_back_to_back_128_partition_loads_follow_the_guide_curve(hw):
+    """DMA bandwidth guide: 128-partition transfers of < 256 B per partition are severely
+    overhead-bound, 256 B - 2 KiB below peak, >= 4 KiB near peak (per-instruction costs and
+    descriptor costs together; 64 back-to-back independent gathers)."""
+    def eff(bpp):
+        r = cost.estimate([dma(128, bpp, kind="indirect") for _ in range(64)], hw.name)
+        return (r.dma_bytes / hw.dma_peak_bytes_per_ns / 1e3) / r.per_engine_us["dma"]
+    curve = {b: eff(b) for b in (128, 256, 1024, 2048, 4096, 8192)}
+    assert curve[256] < 0.3 and curve[128] < curve[256]
+    assert 0.3 < curve[1024] < 0.85
+    assert curve[4096] >= 0.9 and curve[8192] >= curve[4096]
