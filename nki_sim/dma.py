@@ -102,7 +102,7 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
         isz = src.itemsize
     indirect = hbm is not None and hbm.indirect is not None
     attrs = dict(extra_attrs or {})
-    if hbm is not None:
+    if hbm is not None and hbm.is_hbm:
         attrs["hbm_contiguous"] = (not indirect) and getattr(hbm_acc, "valid", None) is None \
             and _contiguous(hbm_acc)
     if indirect:
@@ -201,19 +201,8 @@ def load_transpose2d(src, *, dtype=None, mask=None, name="", **kwargs):
     out_dt = D.as_dtype(dtype) if dtype is not None else src.dtype
     out = result_tile(np.asarray(vals).T, out_dt, op="load_transpose2d", engine="dma",
                       name=name, emit=False)
-    _emit("load_transpose2d", src, out, _TransAcc(acc), acc.count(), name=name)
+    _emit("load_transpose2d", src, out, acc, acc.count(), name=name, extra_attrs={"transpose": True})
     return out
-
-
-class _TransAcc:
-    """Descriptor view of a transposed access: runs are counted along output partitions."""
-
-    def __init__(self, acc, axes=None):
-        t = acc.t
-        offs = acc.offs if acc.offs is not None else t.flat_offsets()
-        self.offs = np.transpose(offs, axes)
-        self.valid = None
-        self.t = t
 
 
 def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=None, name="",
@@ -298,6 +287,7 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, name="", **kwargs):
     m = mask_array(mask, out_shape) if mask is not None else None
     out = result_tile(np.transpose(np.asarray(vals), ax), out_dt, op="dma_transpose", engine="dma",
                       mask=m, name=name, emit=False)
-    _emit("dma_transpose", src, out, _TransAcc(acc, ax), out.size if m is None else int(m.sum()),
-          name=name)
+    # descriptors follow the source read order (rows of the source), transposed in flight
+    _emit("dma_transpose", src, out, acc, out.size if m is None else int(m.sum()), name=name,
+          extra_attrs={"transpose": True})
     return out

@@ -142,3 +142,19 @@ def test_no_events_outside_tracing(rng):
         pass
     run(_loop_kernel, f32(rng, 256, 64), f32(rng, 256, 128))
     assert tr.events == []
+
+
+def test_dma_transpose_descriptors_follow_source_rows(rng):
+    def k(x):
+        t = nl.load(x)
+        tt = nisa.dma_transpose(t)
+        out = nl.ndarray(tt.shape, tt.dtype, buffer=nl.shared_hbm)
+        nl.store(out, tt)
+        return out
+    x = rng.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as tr:
+        out = run(k, x)
+    assert np.array_equal(out, x.T)
+    ev = [e for e in tr.events if e.op == "dma_transpose"][0]
+    assert ev.descriptor_bytes == (64,) * 64 and ev.attr("transpose") is True
+    assert ev.src_buffer == "sbuf" and ev.dst_buffer == "sbuf" and ev.partitions == 32
