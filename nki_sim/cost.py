@@ -263,7 +263,8 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
     """Cost of one DMA Event; ``first_engine`` rotates where a narrow transfer lands."""
     descs = np.asarray(tuple(getattr(ev, "descriptor_bytes", ()) or ()), dtype=np.float64)
     partitions = max(int(getattr(ev, "partitions", 1) or 1), 1)
-    is_transpose = getattr(ev, "op", "") == "dma_transpose"
+    is_transpose = getattr(ev, "op", "") in ("dma_transpose", "load_transpose2d") or bool(
+        _attr(ev, "transpose", False))
     if (descs.size == 0 or is_transpose) and int(getattr(ev, "bytes", 0)) > 0:
         # no descriptor list, or a DMA transpose: a hardware mode of the DMA engines (trn2)
         # whose element-sized "runs" are not descriptors; modeled as one row per partition

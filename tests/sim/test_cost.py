@@ -375,3 +375,12 @@ def test_back_to_back_128_partition_loads_follow_the_guide_curve(hw):
     assert curve[256] < 0.3 and curve[128] < curve[256]
     assert 0.3 < curve[1024] < 0.85
     assert curve[4096] >= 0.9 and curve[8192] >= curve[4096]
+
+
+def test_load_transpose2d_is_modeled_as_a_transpose():
+    hw = cost.TRN1
+    plain = cost.dma_instruction_cost(dma(128, 256), hw).transfer_ns.max()
+    ev = dataclasses.replace(dma(128, 256, op="load_transpose2d"), attrs=(("transpose", True),),
+                             descriptor_bytes=(2,) * (128 * 128))
+    c = cost.dma_instruction_cost(ev, hw)
+    assert c.descriptors == 128 and c.transfer_ns.max() > plain
