@@ -12,7 +12,8 @@ from .constants import dge_mode, engine, nc_version, oob_mode, reduce_cmd  # noq
 from .scalar_vector import (  # noqa: F401
     activation, activation_reduce, affine_select, iota, memset, reciprocal, tensor_copy,
     tensor_reduce, tensor_scalar, tensor_tensor)
-from .select import range_select, select_reduce, tensor_copy_predicated  # noqa: F401
+from .select import (  # noqa: F401
+    range_select, select_reduce, tensor_copy_predicated, tensor_tensor_scan)
 from .tensor_engine import nc_matmul, nc_transpose  # noqa: F401
 
 tensor_engine = engine.tensor
@@ -32,7 +33,7 @@ _NOT_EMULATED = {
     "nc_stream_shuffle", "local_gather", "max8", "nc_find_index8", "nc_match_replace8",
     "bn_stats", "bn_aggr", "dropout", "scalar_tensor_tensor", "tensor_scalar_reduce",
     "tensor_partition_reduce", "sequence_bounds", "tensor_copy_dynamic_src",
-    "tensor_copy_dynamic_dst", "tensor_tensor_scan", "builtin_custom_op", "dma_compute",
+    "tensor_copy_dynamic_dst", "builtin_custom_op", "dma_compute",
     "nc_matmul_mx", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed",
     "activation_accu", "exponential", "tensor_scalar_cumulative", "nonzero_with_count",
 }

@@ -112,3 +112,35 @@ def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None
     wm = pv if m is None else (pv & m)
     write(dst, np.asarray(s.v).reshape(dst.shape), wm, op="tensor_copy_predicated")
     emit_compute("vector", "tensor_copy_predicated", (p, s), dst, name=name)
+
+
+def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, *,
+                       dtype=None, mask=None, name="", **kwargs):
+    """Scan along the (flattened) free axis: ``r[:, i] = op1(op0(d0[:, i], r[:, i-1]), d1[:, i])``
+    with ``r[:, -1] = initial`` (scalar or [P, 1]); ``reverse*`` swaps an op's operands (VectorE, fp32)."""
+    require_kernel("nisa.tensor_tensor_scan")
+    for pname, t in (("data0", data0), ("data1", data1)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"nisa.tensor_tensor_scan: {pname} must be a tile")
+    if data0.shape != data1.shape:
+        raise E.NkiCompileError(f"nisa.tensor_tensor_scan: data0{list(data0.shape)} and "
+                                f"data1{list(data1.shape)} must have the same shape")
+    P = data0.shape[0]
+    m = mask_array(mask, data0.shape) if mask is not None else None
+    a = operand(data0, "data0", "tensor_tensor_scan", m)
+    b = operand(data1, "data1", "tensor_tensor_scan", m)
+    init, io = _pvec(initial, "initial", "tensor_tensor_scan", P)
+    f0 = ALU[alu_name(op0, "nisa.tensor_tensor_scan op0")][0]
+    f1 = ALU[alu_name(op1, "nisa.tensor_tensor_scan op1")][0]
+    x0 = np.asarray(a.v, np.float32).reshape(P, -1)
+    x1 = np.asarray(b.v, np.float32).reshape(P, -1)
+    prev = np.broadcast_to(np.asarray(init, np.float32).reshape(-1), (P,)).copy()
+    out = np.empty_like(x0)
+    with np.errstate(all="ignore"):
+        for i in range(x0.shape[1]):
+            t = f0(prev, x0[:, i]) if reverse0 else f0(x0[:, i], prev)
+            prev = f1(x1[:, i], t) if reverse1 else f1(t, x1[:, i])
+            out[:, i] = prev
+    out_dt = D.as_dtype(dtype) if dtype is not None else D.promote(a.dtype, b.dtype)
+    return result_tile(out.reshape(data0.shape), out_dt, op="tensor_tensor_scan", engine="vector",
+                       inputs=tuple(o for o in (a, b, io) if o is not None), mask=m, name=name)

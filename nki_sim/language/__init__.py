@@ -24,6 +24,7 @@ from .elementwise import (  # noqa: F401
     logical_or, logical_xor, maximum, minimum, mish, mod, multiply, negative, not_equal,
     power, reciprocal, relu, right_shift, rsqrt, sigmoid, sign, silu, sin, softplus, sqrt,
     square, subtract, tan, tanh, trunc, where)
+from .misc import gather_flattened, softmax  # noqa: F401
 from .reduce import all, any, max, mean, min, prod, sum, var  # noqa: F401
 from .tensor_engine import matmul, transpose  # noqa: F401
 
@@ -76,7 +77,7 @@ def dropout(*a, **k):
 
 # names of the real legacy module that nki_sim does not emulate
 _NOT_EMULATED = {
-    "softmax", "rms_norm", "gather_flattened", "loop_reduce", "atomic_rmw", "rand",
+    "rms_norm", "loop_reduce", "atomic_rmw", "rand",
     "random_seed", "shuffle", "invert_permutation", "exp2", "log2", "log1p", "expm1",
     "sequence_bounds", "load_transpose", "all_reduce", "tile", "tensor",
 }

@@ -1,0 +1,114 @@
+"""Less common ops against float64 NumPy references: scan, softmax, gather_flattened, selects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nki_sim
+from nki_sim import errors as E
+
+from test_core_helpers import f32, nisa, nl, run
+
+
+def _store(t):
+    out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    return out
+
+
+def test_tensor_tensor_scan(rng):
+    a, b = f32(rng, 8, 16), f32(rng, 8, 16)
+    init = f32(rng, 8, 1)
+
+    def k(a, b, init):
+        return _store(nisa.tensor_tensor_scan(nl.load(a), nl.load(b), nl.load(init), np.multiply, np.add))
+    out = run(k, a, b, init)
+    ref = np.empty((8, 16))
+    prev = init[:, 0].astype(np.float64)
+    for i in range(16):
+        prev = a[:, i] * prev + b[:, i]
+        ref[:, i] = prev
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax(rng):
+    x = f32(rng, 16, 40)
+    out = run(lambda x: _store(nl.softmax(nl.load(x), axis=1)), x)
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+    with pytest.raises(E.NkiCompileError, match="partition axis 0 cannot be reduced"):
+        run(lambda x: _store(nl.softmax(nl.load(x), axis=0)), x)
+
+
+def test_gather_flattened(rng):
+    data = f32(rng, 4, 3, 5)
+    idx = rng.integers(0, 15, (4, 6)).astype(np.uint32)
+    out = run(lambda d, i: _store(nl.gather_flattened(nl.load(d), nl.load(i))), data, idx)
+    assert np.array_equal(out, np.take_along_axis(data.reshape(4, 15), idx.astype(np.int64), axis=1))
+
+
+def test_select_reduce_and_range_select(rng):
+    x = f32(rng, 8, 32)
+    pred = (rng.random((8, 32)) > 0.5).astype(np.uint8)
+    lo = rng.integers(0, 16, (8, 1)).astype(np.float32)
+    hi = lo + 8
+
+    def k(x, pred, lo, hi):
+        t = nl.load(x)
+        dst = nl.ndarray((8, 32), nl.float32)
+        mx = nl.ndarray((8, 1), nl.float32)
+        nisa.select_reduce(dst=dst, predicate=nl.load(pred), on_true=t, on_false=-5.0,
+                           reduce_res=mx, reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=np.amax)
+        mx2 = nl.ndarray((8, 1), nl.float32)
+        rs = nisa.range_select(on_true_tile=t, comp_op0=np.greater_equal, comp_op1=np.less,
+                               bound0=nl.load(lo), bound1=nl.load(hi), reduce_res=mx2,
+                               reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=np.amax,
+                               range_start=0, on_false_value=nl.fp32.min)
+        out = nl.ndarray((8, 66), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:32], dst)
+        nl.store(out[:, 32:64], rs)
+        nl.store(out[:, 64:65], mx)
+        nl.store(out[:, 65:66], mx2)
+        return out
+    out = run(k, x, pred, lo, hi)
+    sel = np.where(pred != 0, x, -5.0)
+    j = np.arange(32)[None, :]
+    rng_sel = np.where((j >= lo) & (j < hi), x, np.finfo(np.float32).min)
+    assert np.array_equal(out[:, :32], sel) and np.array_equal(out[:, 32:64], rng_sel)
+    assert np.array_equal(out[:, 64], sel.max(1)) and np.array_equal(out[:, 65], rng_sel.max(1))
+    with nki_sim.use_target("trn1"), pytest.raises(E.TargetError, match="range_select"):
+        run(k, x, pred, lo, hi)
+
+
+def test_affine_select_causal(rng):
+    x = f32(rng, 16, 16)
+
+    def k(x):
+        i_p = nl.arange(16)[:, None]
+        i_f = nl.arange(16)[None, :]
+        return _store(nisa.affine_select(i_p >= i_f, nl.load(x), -9984.0))
+    assert np.array_equal(run(k, x), np.where(np.tri(16, dtype=bool), x, -9984.0))
+
+
+@pytest.mark.parametrize("name,ref", [
+    ("exp", np.exp), ("log", np.log), ("sqrt", np.sqrt), ("tanh", np.tanh),
+    ("sigmoid", lambda v: 1 / (1 + np.exp(-v))), ("relu", lambda v: np.maximum(v, 0)),
+    ("silu", lambda v: v / (1 + np.exp(-v))), ("square", np.square), ("abs", np.abs),
+    ("rsqrt", lambda v: 1 / np.sqrt(v)), ("reciprocal", lambda v: 1 / v),
+    ("gelu", lambda v: 0.5 * v * (1 + np.vectorize(__import__("math").erf)(v / np.sqrt(2)))),
+])
+def test_unary_math_in_fp32(rng, name, ref):
+    x = rng.uniform(0.1, 3.0, (8, 16)).astype(np.float32)
+    out = run(lambda x: _store(getattr(nl, name)(nl.load(x))), x)
+    np.testing.assert_allclose(out, ref(x.astype(np.float64)), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn,ref", [
+    ("max", np.max), ("min", np.min), ("sum", np.sum), ("mean", np.mean), ("prod", np.prod)])
+def test_reductions(rng, fn, ref):
+    x = rng.uniform(0.5, 1.5, (8, 4, 6)).astype(np.float32)
+    out = run(lambda x: _store(getattr(nl, fn)(nl.load(x), axis=(1, 2))), x)
+    np.testing.assert_allclose(out, ref(x.astype(np.float64), axis=(1, 2)), rtol=1e-5)
+    with pytest.raises(E.NkiCompileError, match="last contiguous free dim"):
+        run(lambda x: _store(getattr(nl, fn)(nl.load(x), axis=1)), x)
