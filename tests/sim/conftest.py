@@ -13,7 +13,9 @@ after ``nki_sim.install()``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -62,3 +64,26 @@ def sim_only():
 def target(sim_only):
     """Context-manager factory selecting a simulated target: ``with target("trn1"): ...``."""
     return nki_sim.use_target
+
+
+@pytest.fixture
+def rejects():
+    """``with rejects(ExcType, match=...):`` -- pytest.raises that, on nki_sim, also checks the
+    error was raised by the simulator (an nki_sim.errors.NkiSimError, or raised from a frame
+    inside nki_sim/), not by NumPy or by the test's own host code."""
+
+    @contextlib.contextmanager
+    def _rejects(exc=Exception, match=None):
+        with pytest.raises(exc, match=match) as info:
+            yield info
+        if os.environ.get("NKI_API_SHOW_ERRORS"):
+            print(f"\n[rejects] {type(info.value).__name__}: {info.value}")
+        if SIMULATED:
+            import nki_sim.errors
+
+            origin = str(info.traceback[-1].path)
+            from_sim = f"{os.sep}nki_sim{os.sep}" in origin
+            assert isinstance(info.value, nki_sim.errors.NkiSimError) or from_sim, (
+                f"{type(info.value).__name__} raised outside the simulator at {origin}: {info.value}")
+
+    return _rejects

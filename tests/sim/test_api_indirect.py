@@ -39,19 +39,19 @@ def test_indirect_gather_fewer_partitions_bf16(indirect, rng):
     np.testing.assert_array_equal(out.view(np.uint16), data[idx[:, 0]].view(np.uint16))
 
 
-def test_indirect_gather_nl_load_out_of_bounds_raises(indirect, rng):
+def test_indirect_gather_nl_load_out_of_bounds_raises(indirect, rng, rejects):
     data = rng.standard_normal((300, 48)).astype(np.float32)
     idx = rng.integers(0, 300, size=(128, 1)).astype(np.int32)
     idx[7, 0], idx[90, 0] = 301, 5000
-    with pytest.raises(IndexError, match=_oob_message(301, 300, 48)):
+    with rejects(IndexError, match=_oob_message(301, 300, 48)):
         nki.simulate_kernel(indirect.gather_rows, data, idx)
 
 
-def test_indirect_gather_negative_index_raises(indirect, rng):
+def test_indirect_gather_negative_index_raises(indirect, rng, rejects):
     data = rng.standard_normal((300, 48)).astype(np.float32)
     idx = rng.integers(0, 300, size=(128, 1)).astype(np.int32)
     idx[3, 0] = -1          # HBM offsets are unsigned on the device: no wrap-around
-    with pytest.raises(IndexError, match="out of bounds"):
+    with rejects(IndexError, match="out of bounds"):
         nki.simulate_kernel(indirect.gather_rows, data, idx)
 
 
@@ -62,10 +62,10 @@ def test_dma_copy_gather_in_bounds(indirect, rng):
     np.testing.assert_array_equal(out, data[idx[:, 0]])
 
 
-def test_dma_copy_gather_oob_error(indirect, rng):
+def test_dma_copy_gather_oob_error(indirect, rng, rejects):
     data = rng.standard_normal((256, 64)).astype(np.float32)
     idx = (3 * np.arange(128)).reshape(128, 1).astype(np.int32)   # rows >= 256 from p = 86
-    with pytest.raises(IndexError, match=_oob_message(258, 256, 64)):
+    with rejects(IndexError, match=_oob_message(258, 256, 64)):
         nki.simulate_kernel(indirect.gather_rows_dma, data, idx, skip=False, fill=-3.0)
 
 
@@ -88,11 +88,11 @@ def test_indirect_scatter_nl_store(indirect, rng):
     np.testing.assert_array_equal(out, ref)
 
 
-def test_indirect_scatter_out_of_bounds_raises(indirect, rng):
+def test_indirect_scatter_out_of_bounds_raises(indirect, rng, rejects):
     src = rng.standard_normal((128, 40)).astype(np.float32)
     idx = rng.permutation(384)[:128].reshape(128, 1).astype(np.int32)
     idx[11, 0] = 384
-    with pytest.raises(IndexError, match=_oob_message(384, 384, 40)):
+    with rejects(IndexError, match=_oob_message(384, 384, 40)):
         nki.simulate_kernel(indirect.scatter_rows, src, idx, nrows=384)
 
 
@@ -159,9 +159,9 @@ def _load_past_end_unmasked(x):
     return out
 
 
-def test_unmasked_load_past_the_end_is_a_static_oob_error(rng):
+def test_unmasked_load_past_the_end_is_a_static_oob_error(rng, rejects):
     x = rng.standard_normal((100, 24)).astype(np.float32)
-    with pytest.raises(Exception, match=r"(?i)out.of.bound"):
+    with rejects(Exception, match=r"(?i)out.of.bound"):
         nki.simulate_kernel(_load_past_end_unmasked, x)
 
 
@@ -175,10 +175,10 @@ def _indirect_index_on_free_axis(data, idx):
     return out
 
 
-def test_indirect_index_on_free_axis_is_rejected(rng):
+def test_indirect_index_on_free_axis_is_rejected(rng, rejects):
     data = rng.standard_normal((16, 300)).astype(np.float32)
     idx = rng.integers(0, 300, size=(1, 128)).astype(np.int32)
-    with pytest.raises(Exception, match=r"(?i)indirect|partition"):
+    with rejects(Exception, match=r"(?i)indirect|partition"):
         nki.simulate_kernel(_indirect_index_on_free_axis, data, idx)
 
 
@@ -191,10 +191,10 @@ def _indirect_index_from_hbm(data, idx):
     return out
 
 
-def test_indirect_index_must_be_in_sbuf(rng):
+def test_indirect_index_must_be_in_sbuf(rng, rejects):
     data = rng.standard_normal((300, 8)).astype(np.float32)
     idx = rng.integers(0, 300, size=(128, 1)).astype(np.int32)
-    with pytest.raises(Exception, match=r"(?i)sbuf|hbm|indirect"):
+    with rejects(Exception, match=r"(?i)sbuf|hbm|indirect"):
         nki.simulate_kernel(_indirect_index_from_hbm, data, idx)
 
 

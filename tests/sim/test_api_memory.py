@@ -65,16 +65,16 @@ def test_sbuf_tile_with_128_partitions_passes():
     np.testing.assert_array_equal(nki.simulate_kernel(sbuf_tile_of, parts=128, use_par_dim_first=True), 0)
 
 
-def test_sbuf_tile_with_256_partitions_fails():
+def test_sbuf_tile_with_256_partitions_fails(rejects):
     # documented: "number of partitions 256 exceed architecture limitation of 128." /
     # "Size of partition dimension 256 exceeds architecture limitation of 128."
-    with pytest.raises(Exception, match=r"(?i)partition.*256.*exceed.*128"):
+    with rejects(Exception, match=r"(?i)partition.*256.*exceed.*128"):
         nki.simulate_kernel(sbuf_tile_of, parts=256, use_par_dim_first=True)
 
 
-def test_block_dimension_before_partition_is_rejected():
+def test_block_dimension_before_partition_is_rejected(rejects):
     # block dimensions (leading dims before par_dim) are an error from SDK 2.25 on
-    with pytest.raises(Exception, match=r"(?i)partition|block|leading"):
+    with rejects(Exception, match=r"(?i)partition|block|leading"):
         nki.simulate_kernel(sbuf_tile_of, parts=128, use_par_dim_first=False)
 
 
@@ -84,9 +84,9 @@ def hbm_full_k(x, *, value):
     return out
 
 
-def test_hbm_tensor_with_init_value_is_rejected(rng):
+def test_hbm_tensor_with_init_value_is_rejected(rng, rejects):
     x = rng.standard_normal((8, 8)).astype(np.float32)
-    with pytest.raises(Exception, match=r"(?i)init|hbm"):
+    with rejects(Exception, match=r"(?i)init|hbm"):
         nki.simulate_kernel(hbm_full_k, x, value=1.0)
 
 
@@ -141,9 +141,9 @@ def bad_method_k(x, *, which):
 
 
 @pytest.mark.parametrize("which", ["reshape", "broadcast_to"])
-def test_tensor_method_with_incompatible_shape_fails(rng, which):
+def test_tensor_method_with_incompatible_shape_fails(rng, which, rejects):
     x = rng.standard_normal((64, 32)).astype(np.float32)
-    with pytest.raises(Exception, match=r"(?i)shape|size|broadcast|reshape"):
+    with rejects(Exception, match=r"(?i)shape|size|broadcast|reshape"):
         nki.simulate_kernel(bad_method_k, x, which=which)
 
 
@@ -189,11 +189,11 @@ def load_from_sbuf_k(x):
     return out
 
 
-def test_load_from_sbuf_fails(rng):
+def test_load_from_sbuf_fails(rng, rejects):
     x = rng.standard_normal((128, 64)).astype(np.float32)
     # documented: "Expected operand 'src' of 'load' to be in address space 'hbm', but got a
     # tile in 'sbuf' instead."
-    with pytest.raises(Exception, match=r"(?i)hbm"):
+    with rejects(Exception, match=r"(?i)hbm"):
         nki.simulate_kernel(load_from_sbuf_k, x)
 
 
@@ -204,10 +204,10 @@ def load_rows_k(x, *, rows):
     return out
 
 
-def test_load_of_128_rows_passes_256_fails(rng):
+def test_load_of_128_rows_passes_256_fails(rng, rejects):
     x = rng.standard_normal((256, 16)).astype(np.float32)
     np.testing.assert_array_equal(nki.simulate_kernel(load_rows_k, x, rows=128), x[:128])
-    with pytest.raises(Exception, match=r"(?i)partition.*256.*128|256.*exceed.*128"):
+    with rejects(Exception, match=r"(?i)partition.*256.*128|256.*exceed.*128"):
         nki.simulate_kernel(load_rows_k, x, rows=256)
 
 
@@ -221,10 +221,10 @@ def mixed_indexing_k(x, *, mixed):
     return out
 
 
-def test_mixing_basic_and_advanced_indexing_fails(rng):
+def test_mixing_basic_and_advanced_indexing_fails(rng, rejects):
     x = rng.standard_normal((128, 16)).astype(np.float32)
     np.testing.assert_array_equal(nki.simulate_kernel(mixed_indexing_k, x, mixed=False), x)
-    with pytest.raises(Exception, match=r"(?i)mix|basic|advanced"):
+    with rejects(Exception, match=r"(?i)mix|basic|advanced"):
         nki.simulate_kernel(mixed_indexing_k, x, mixed=True)
 
 
@@ -257,17 +257,17 @@ def test_mutable_input_is_written_in_place(rng):
     np.testing.assert_array_equal(x, 2 * original)
 
 
-def test_immutable_input_write_fails(rng):
+def test_immutable_input_write_fails(rng, rejects):
     x = rng.standard_normal((64, 16)).astype(np.float32)
     original = x.copy()
-    with pytest.raises(Exception, match=r"(?i)immutable"):
+    with rejects(Exception, match=r"(?i)immutable"):
         nki.simulate_kernel(write_input_k, x)
     np.testing.assert_array_equal(x, original)           # nothing written back
 
 
-def test_mutable_parameter_not_returned_fails(rng):
+def test_mutable_parameter_not_returned_fails(rng, rejects):
     x = rng.standard_normal((64, 16)).astype(np.float32)
-    with pytest.raises(Exception, match=r"(?i)mutable.*return|not returned"):
+    with rejects(Exception, match=r"(?i)mutable.*return|not returned"):
         nki.simulate_kernel(write_mutable_not_returned_k, x, x.copy())
 
 
@@ -288,9 +288,9 @@ def test_reading_only_written_elements_passes(rng):
     np.testing.assert_allclose(out, np.exp(x[:64].astype(np.float64)), rtol=1e-6)
 
 
-def test_uninitialized_read_is_detected(rng, sim_only):
+def test_uninitialized_read_is_detected(rng, sim_only, rejects):
     import nki_sim.errors
 
     x = rng.standard_normal((128, 8)).astype(np.float32)
-    with pytest.raises(nki_sim.errors.UninitializedReadError):
+    with rejects(nki_sim.errors.UninitializedReadError):
         nki.simulate_kernel(partial_init_k, x, read_rows=65)

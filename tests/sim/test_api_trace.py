@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import neuronxcc.nki as nki
+import neuronxcc.nki.language as nl
 
 import nki_sim
 
@@ -157,3 +158,29 @@ def test_tracing_records_nothing_outside_the_context(tutorial, rng):
         pass
     nki.simulate_kernel(tutorial.row_softmax, x)
     assert trace.events == [] or len(trace.events) == 0
+
+
+@nki.jit
+def hold_sbuf_tiles(x, *, n_tiles):
+    """Keeps n_tiles (128, 1000) fp32 SBUF tiles (4000 B per partition each) alive at once."""
+    out = nl.ndarray((128, 1000), dtype=nl.float32, buffer=nl.shared_hbm)
+    held = []
+    for _ in range(n_tiles):
+        held.append(nl.load(x))
+    acc = held[0]
+    for t in held[1:]:
+        acc = nl.maximum(acc, t)
+    nl.store(out, value=acc)
+    return out
+
+
+@pytest.mark.parametrize("name,over", [("trn1", True), ("trn2", False)])
+def test_peak_sbuf_checked_against_the_run_target(rng, target, name, over):
+    # 50 live tiles = 200000 B per partition: above trn1's usable 180224 B, below trn2's 212984 B
+    x = rng.standard_normal((128, 1000)).astype(np.float32)
+    with target(name), nki_sim.tracing() as trace:
+        nki.simulate_kernel(hold_sbuf_tiles, x, n_tiles=50)
+    s = trace.summary()                      # asked after leaving the target context
+    assert s["peak_sbuf_bytes_per_partition"] >= 50 * 4000
+    assert s["target"] == name
+    assert s["sbuf_over_capacity"] is over
