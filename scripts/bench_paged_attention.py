@@ -26,6 +26,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,7 @@ def row_for(w: Workload, block_size: int, target: str, variant: str, trace, sim_
         upper_bound_us=rep.upper_bound_us, roofline_us=rep.roofline_us,
         fraction_of_roofline=rep.fraction_of_roofline, bottleneck=rep.bottleneck,
         per_engine_us=dict(rep.per_engine_us),
+        dma_by_op=dict(Counter(e.op for e in trace.events if e.engine == "dma")),
         modeled_us_inflight16=alt.modeled_us, instructions=s["instructions"], sim_seconds=sim_s)
 
 
@@ -172,7 +174,7 @@ def run_grid(workloads, block_sizes, targets, progress=True) -> list[dict]:
                 outs[v], trace, sim_s = simulate(v, t, args, HKV)
                 rows.append(row_for(w, b, t, v, trace, sim_s))
                 bar.advance(note=f"{w.name} B={b} {t} {v}")
-            if not np.array_equal(outs["vectorized"], outs["per_block"]):
+            if not np.array_equal(outs["vectorized"], outs["per_block"]):   # same arithmetic
                 raise AssertionError(f"per_block output differs from vectorized on {w.name} B={b} {t}")
     return rows
 
@@ -251,7 +253,13 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     ap.add_argument("--workloads", nargs="+", choices=("decode", "mixed", "prefill"))
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--table-from", metavar="JSON", help="only print the table of a --json file")
     a = ap.parse_args(argv)
+    if a.table_from:
+        rows = [r for r in json.loads(Path(a.table_from).read_text())
+                if not r["workload"].startswith("decode_ctx")]
+        print(markdown_table(rows))
+        return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     blocks = a.block_sizes or [16, 32, 128]
     wls = [w for w in make_workloads(a.quick) if not a.workloads or w.name in a.workloads]
