@@ -118,6 +118,8 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
                 raise TypeError(f"kernel argument '{pname}' is a torch tensor; pass a NumPy array "
                                 "(host/_arrays.to_numpy) to the simulator")
         ctx = KernelContext(name=func.__name__, grid=grid, target=get_target())
+        for tr in state.traces:
+            tr._note_run(ctx.target)
         programs = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
         state.kernel = ctx
         ret = None

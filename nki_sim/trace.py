@@ -60,17 +60,30 @@ class Trace:
     def __init__(self):
         self.events: list[Event] = []
         self.peak_bytes_per_partition = {"sbuf": 0, "psum": 0}
+        self.targets: dict = {}      # target name -> {"sbuf": peak, "psum": peak} of runs on it
+
+    def _note_run(self, target):
+        self.targets.setdefault(target.name, {"sbuf": 0, "psum": 0})
 
     def _note_live(self, buffer, nbytes):
         if nbytes > self.peak_bytes_per_partition[buffer]:
             self.peak_bytes_per_partition[buffer] = nbytes
+        k = state.kernel
+        if k is not None and k.target is not None:
+            per = self.targets.setdefault(k.target.name, {"sbuf": 0, "psum": 0})
+            if nbytes > per[buffer]:
+                per[buffer] = nbytes
 
     def summary(self) -> dict:
         ev = self.events
         dma = [e for e in ev if e.engine == "dma"]
         eng = Counter(e.engine for e in ev)
-        from .target import get_target
-        t = get_target()
+        from .target import TARGETS, get_target
+        names = list(self.targets)
+        t = TARGETS[names[-1]] if names else get_target()
+        over = {b: any(p[b] > (TARGETS[n].sbuf_usable_bytes_per_partition if b == "sbuf"
+                               else TARGETS[n].psum_bytes_per_partition)
+                       for n, p in self.targets.items()) for b in ("sbuf", "psum")}
         return {
             "instructions": len(ev),
             "engine_instructions": {k: eng.get(k, 0) for k in ENGINES},
@@ -85,9 +98,10 @@ class Trace:
             "peak_psum_bytes_per_partition": self.peak_bytes_per_partition["psum"],
             "sbuf_capacity_bytes_per_partition": t.sbuf_usable_bytes_per_partition,
             "psum_capacity_bytes_per_partition": t.psum_bytes_per_partition,
-            "sbuf_over_capacity": self.peak_bytes_per_partition["sbuf"] > t.sbuf_usable_bytes_per_partition,
-            "psum_over_capacity": self.peak_bytes_per_partition["psum"] > t.psum_bytes_per_partition,
-            "target": t.name,
+            "sbuf_over_capacity": over["sbuf"],
+            "psum_over_capacity": over["psum"],
+            "target": t.name,                      # target of the (last) simulated run
+            "targets": names,
         }
 
     def to_chrome_json(self, path=None) -> dict:

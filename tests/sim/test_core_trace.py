@@ -158,3 +158,20 @@ def test_dma_transpose_descriptors_follow_source_rows(rng):
     ev = [e for e in tr.events if e.op == "dma_transpose"][0]
     assert ev.descriptor_bytes == (64,) * 64 and ev.attr("transpose") is True
     assert ev.src_buffer == "sbuf" and ev.dst_buffer == "sbuf" and ev.partitions == 32
+
+
+def test_summary_uses_the_target_of_the_run():
+    def k(x):
+        big = nl.zeros((128, 50000), nl.float32)     # 200000 B / partition: > trn1, < trn2 usable
+        out = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.copy(big[0:1, 0:1]))
+        return out
+    x = np.zeros((1, 1), np.float32)
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as tr1:
+        run(k, x)
+    with nki_sim.tracing() as tr2:
+        run(k, x)
+    s1, s2 = tr1.summary(), tr2.summary()
+    assert (s1["target"], s1["sbuf_over_capacity"]) == ("trn1", True)
+    assert (s2["target"], s2["sbuf_over_capacity"]) == ("trn2", False)
+    assert s1["peak_sbuf_bytes_per_partition"] >= 200000
