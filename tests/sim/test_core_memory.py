@@ -168,3 +168,17 @@ def test_peak_counts_simultaneously_live_tiles():
     with nki_sim.tracing() as tr:
         run(_two_buffers, np.zeros((1, 1), np.float32))
     assert tr.summary()["peak_sbuf_bytes_per_partition"] >= 8192
+
+
+def _legacy_out_arg(a, b):
+    nl.store(b, nl.multiply(nl.load(a), 2.0))
+
+
+def test_legacy_inplace_output_argument_convention(rng):
+    a = f32(rng, 4, 4)
+    b = np.zeros_like(a)
+    with pytest.raises(E.ImmutableParameterError):
+        run(_legacy_out_arg, a, b)
+    with nki_sim.configure(legacy_inplace_outputs=True):
+        assert run(_legacy_out_arg, a, b) is None
+    assert np.array_equal(b, 2 * a)
