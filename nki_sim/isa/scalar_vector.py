@@ -62,10 +62,6 @@ def _pvec(x, name, op, P, allow_scalar=True):
     return np.asarray(o.v, np.float32).reshape(o.shape[0], 1), o
 
 
-def _expand(v, ndim):
-    return v.reshape(v.shape + (1,) * (ndim - v.ndim)) if isinstance(v, np.ndarray) and v.ndim < ndim else v
-
-
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=_reduce_cmd.idle, mask=None, dtype=None, name="", _api="activation", **kw):
     """out = op(data * scale + bias) on ScalarE; optional per-partition reduction of out."""
@@ -87,12 +83,12 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
                                 f"{bo.dtype.name} (err_activation_bias_invalid_type)",
                                 code="err_activation_bias_invalid_type")
     s, so = _pvec(scale, "scale", _api, P)
-    x = np.asarray(a.v, np.float32)
+    x = np.asarray(a.v, np.float32).reshape(P, -1)     # (P, free): (128,) ~ (128, 1)
     with np.errstate(all="ignore"):
-        z = x * _expand(s, x.ndim)
+        z = x * s
         if b is not None:
-            z = z + _expand(b, x.ndim)
-    out = apply_act(fn, z)
+            z = z + b
+    out = apply_act(fn, z).reshape(data.shape)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     res = result_tile(out, out_dt, op=_api, engine="scalar",
                       inputs=tuple(o for o in (a, bo, so) if o is not None), mask=m, name=name,
@@ -109,6 +105,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
             cmd = _reduce_cmd.reset_reduce
         acc = _accumulators()["scalar"]
         ov = out if m is None else np.where(m, out, 0 if rname == "add" else np.nan)
+        ov = ov.reshape(P, -1)
         part = reduce_values(rname, ov.reshape(P, -1), 1)
         if cmd == _reduce_cmd.reset:
             acc[:P] = 0

@@ -8,6 +8,8 @@ accumulates (see nki_sim.access.inplace_update).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import dtypes as D
@@ -23,6 +25,14 @@ def _limit(op, pname, shape, dim, limit):
         raise E.SizeLimitError(
             f"size of dimension {dim} in '{pname}{list(shape)}' of '{op}' exceed architecture "
             f"limitation of {limit}")
+
+
+def _warn_int_precision(op, o):
+    """TensorE passes data through fp32: integers >= 2^24 are not exact on hardware."""
+    if D.is_int(o.dtype) and o.v.size and int(np.abs(np.asarray(o.v, np.int64)).max()) >= 2**24:
+        warnings.warn(f"'{op}': integer operand with |values| >= 2^24 goes through fp32 on TensorE; "
+                      "hardware results are not exact (the simulator computes exactly)",
+                      RuntimeWarning, stacklevel=4)
 
 
 def _as2d(t: Tensor, op, pname):
@@ -58,6 +68,8 @@ def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname
     m = mask_array(mask, out_shape) if mask is not None else None
     a = operand(stationary, sname, op, None, require_sbuf=True)
     b = operand(moving, mname, op, None, require_sbuf=True)
+    _warn_int_precision(op, a)
+    _warn_int_precision(op, b)
     sa = np.asarray(a.v, dtype=np.float32).reshape(s_shape)
     mb = np.asarray(b.v, dtype=np.float32).reshape(m_shape)
     r = np.matmul(sa.T, mb)
@@ -99,6 +111,8 @@ def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbu
     out_shape = (shape2[1], shape2[0])
     m = mask_array(mask, out_shape) if mask is not None else None
     a = operand(x, "x", op, None, require_sbuf=(engine == "tensor"))
+    if engine == "tensor":
+        _warn_int_precision(op, a)
     r = np.asarray(a.v).reshape(shape2).T
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     attrs = {}

@@ -113,3 +113,17 @@ def test_int32_arithmetic_saturates_on_write():
     b = np.zeros((2, 2), np.int32)
     out = run(_int_math, a, b)
     assert np.all(out == 2**31 - 1)
+
+
+def _int_transpose(x):
+    out = nl.ndarray((x.shape[1], x.shape[0]), nl.int32, buffer=nl.shared_hbm)
+    nl.store(out, nl.transpose(nl.load(x)))
+    return out
+
+
+def test_int_transpose_is_exact_and_warns_above_2_24():
+    small = np.arange(12, dtype=np.int32).reshape(3, 4)
+    assert np.array_equal(run(_int_transpose, small), small.T)
+    big = small + 2**24
+    with pytest.warns(RuntimeWarning, match="2\\^24"):
+        assert np.array_equal(run(_int_transpose, big), big.T)
