@@ -116,7 +116,8 @@ def _check(name, src_rows, dst_rows, row_pairs):
                  f"equal the source dtype {src_rows.dtype}", str(dst_rows.dtype))
     kernel_check(len(row_pairs.shape) == 2 and row_pairs.shape[1] == 2, name, "row_pairs.shape",
                  "be (M, 2)", tuple(row_pairs.shape))
-    kernel_check(row_pairs.dtype == nl.int32, name, "row_pairs.dtype", "be int32", str(row_pairs.dtype))
+    kernel_check(row_pairs.dtype == nl.int32 or row_pairs.dtype == nl.uint32, name, "row_pairs.dtype",
+                 "be int32 or uint32", str(row_pairs.dtype))
     row_bytes = src_rows.shape[1] * cache_itemsize(src_rows.dtype, name)
     kernel_unsupported(row_bytes <= MAX_ROW_BYTES, name, f"rows of {row_bytes} bytes",
                        f"pass row_elems with row_elems * itemsize <= {MAX_ROW_BYTES}")

@@ -71,7 +71,7 @@ def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
         key: (T, Hkv, d) HBM, the new keys, same dtype as the cache (the host casts).
         value: (T, Hkv, d) HBM, the new values.
         kv_cache: (2, N, Hkv, B, d) HBM, mutable, float32 / bfloat16 / float16. Written in place.
-        row_index: (T * Hkv, 1) int32 HBM; row_index[t * Hkv + h, 0] is the destination row of
+        row_index: (T * Hkv, 1) int32 (or uint32) HBM; row_index[t * Hkv + h, 0] is the destination row of
             (token t, head h) in the (2, N*Hkv*B, d) view of kv_cache (the same row in the K and
             the V half); a row >= N*Hkv*B (the host uses 2*N*Hkv*B) is skipped.
 
@@ -95,8 +95,8 @@ def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
     kernel_check(key.dtype == kv_cache.dtype and value.dtype == kv_cache.dtype, KERNEL,
                  "key.dtype / value.dtype", f"equal kv_cache.dtype {kv_cache.dtype}",
                  (str(key.dtype), str(value.dtype)))
-    kernel_check(row_index.dtype == nl.int32, KERNEL, "row_index.dtype", "be int32",
-                 str(row_index.dtype))
+    kernel_check(row_index.dtype == nl.int32 or row_index.dtype == nl.uint32, KERNEL,
+                 "row_index.dtype", "be int32 or uint32", str(row_index.dtype))
     row_bytes = d * cache_itemsize(kv_cache.dtype, KERNEL)
     kernel_unsupported(row_bytes <= MAX_ROW_BYTES, KERNEL, f"a head size of {d} elements "
                        f"({row_bytes} bytes per row)", f"keep d * itemsize <= {MAX_ROW_BYTES}")

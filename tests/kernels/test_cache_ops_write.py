@@ -209,22 +209,29 @@ def test_row_index_matches_definition():
 # ----------------------------------------------------------------------------- property test
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_shapes_match_numpy(data):
+    """Random shapes, dtypes, padding and chunk budgets (1 tile per chunk .. everything in one)."""
+    import nki_kernels.kv_cache_update as mod
+
     seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
     rng = np.random.default_rng(seed)
     n_heads = data.draw(st.integers(1, 4), label="Hkv")
     d = data.draw(st.integers(1, 40), label="d")
     block_size = data.draw(st.sampled_from([1, 2, 4, 8, 16]), label="B")
-    n_blocks = data.draw(st.integers(1, 24), label="N")
-    n_tok = data.draw(st.integers(0, min(n_blocks * block_size, 200)), label="T")
+    n_blocks = data.draw(st.integers(1, 80), label="N")
+    n_tok = data.draw(st.integers(0, min(n_blocks * block_size, 600)), label="T")
     n_negative = data.draw(st.integers(0, n_tok), label="negatives")
     dtype = data.draw(st.sampled_from(DTYPES), label="cache dtype")
     kv_dtype = data.draw(st.sampled_from(DTYPES), label="kv dtype")
     key, value, cache, slots = make_case(rng, n_tok=n_tok, n_heads=n_heads, d=d, n_blocks=n_blocks,
                                          block_size=block_size, dtype=dtype, kv_dtype=kv_dtype,
                                          n_negative=n_negative)
+    budget = data.draw(st.sampled_from([None, 1, 3000]), label="chunk budget")
     expected = reference_write(key, value, cache, slots)
-    reshape_and_cache(key, value, cache, slots)
+    with pytest.MonkeyPatch.context() as mp:
+        if budget is not None:
+            mp.setattr(mod, "CHUNK_BUDGET_BYTES", budget)
+        reshape_and_cache(key, value, cache, slots)
     assert_same_bits(cache, expected)

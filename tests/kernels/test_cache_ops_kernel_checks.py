@@ -1,0 +1,129 @@
+"""The in-kernel input checks of the cache-op kernels, called directly (bypassing host validation).
+
+Each checker has a must-pass twin (the valid call works and writes) and must-fail cases (the
+kernel raises the documented exception type naming the argument, and the cache is untouched).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from host.cache_ops import block_copy_row_pairs, cache_write_row_index
+from nki_kernels.baselines.block_copy_batched import copy_rows_batched
+from nki_kernels.block_copy import copy_cache_blocks, swap_cache_blocks
+from nki_kernels.kv_cache_update import kv_cache_update
+
+pytestmark = pytest.mark.simulation
+
+
+def write_args(rng, *, n_tok=3, n_heads=2, d=8, n_blocks=2, block_size=4, dtype=np.float32):
+    key = rng.standard_normal((n_tok, n_heads, d)).astype(dtype)
+    value = rng.standard_normal((n_tok, n_heads, d)).astype(dtype)
+    cache = rng.standard_normal((2, n_blocks, n_heads, block_size, d)).astype(dtype)
+    idx = cache_write_row_index(np.arange(n_tok), num_blocks=n_blocks, num_kv_heads=n_heads,
+                                block_size=block_size)
+    return dict(key=key, value=value, kv_cache=cache, row_index=idx)
+
+
+def test_kv_cache_update_valid_direct_call(rng):
+    args = write_args(rng)
+    cache = args["kv_cache"]
+    kv_cache_update(args["key"], args["value"], cache, args["row_index"])
+    np.testing.assert_array_equal(cache[0, 0, :, :3, :], args["key"].transpose(1, 0, 2))
+    np.testing.assert_array_equal(cache[1, 0, :, :3, :], args["value"].transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda a: a.update(value=a["value"][:2]), ValueError, "value.shape"),
+    (lambda a: a.update(key=a["key"][0]), ValueError, "key"),
+    (lambda a: a.update(kv_cache=np.zeros((2, 2, 2, 4, 9), np.float32)), ValueError, "kv_cache.shape"),
+    (lambda a: a.update(row_index=a["row_index"][:5]), ValueError, "row_index.shape"),
+    (lambda a: a.update(row_index=a["row_index"].astype(np.int16)), ValueError, "row_index.dtype"),
+    (lambda a: a.update(key=a["key"].astype(ml_dtypes.bfloat16)), ValueError, "dtype"),
+    (lambda a: a.update(**write_args(np.random.default_rng(1), dtype=ml_dtypes.float8_e4m3fn)),
+     NotImplementedError, "float32, bfloat16 or float16"),
+    (lambda a: a.update(**write_args(np.random.default_rng(2), d=4097)), NotImplementedError, "head size"),
+], ids=["value_shape", "key_rank", "cache_d", "index_shape", "index_dtype", "kv_dtype", "fp8", "huge_d"])
+def test_kv_cache_update_rejects(rng, change, exc, match):
+    args = write_args(rng)
+    change(args)
+    before = args["kv_cache"].tobytes()
+    with pytest.raises(exc, match=match):
+        kv_cache_update(args["key"], args["value"], args["kv_cache"], args["row_index"])
+    assert args["kv_cache"].tobytes() == before
+
+
+def copy_args(rng, *, n_layers=2, shape=(2, 6, 1, 2, 4), dtype=np.float32, row_elems=8):
+    caches = rng.standard_normal((n_layers, *shape)).astype(dtype)
+    n_sub = int(np.prod(shape[2:])) // row_elems
+    pairs = block_copy_row_pairs(np.array([0, 1]), np.array([4, 5]), num_layers=n_layers,
+                                 src_num_blocks=shape[1], dst_num_blocks=shape[1], n_sub=n_sub)
+    return caches, pairs
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.uint32])
+def test_copy_cache_blocks_valid_direct_call(rng, index_dtype):
+    caches, pairs = copy_args(rng)
+    expected = caches.copy()
+    expected[:, :, 4:6] = expected[:, :, 0:2]
+    copy_cache_blocks(caches, pairs.astype(index_dtype), row_elems=8)
+    assert caches.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("case,exc,match", [
+    ("row_elems_not_divisor", ValueError, "row_elems"),
+    ("row_elems_missing", ValueError, "row_elems"),
+    ("pairs_dtype", ValueError, "row_pairs.dtype"),
+    ("pairs_shape", ValueError, "row_pairs.shape"),
+    ("cache_rank", ValueError, "kv_caches.shape"),
+    ("row_too_big", NotImplementedError, "rows of"),
+])
+def test_copy_cache_blocks_rejects(rng, case, exc, match):
+    caches, pairs = copy_args(rng)
+    kwargs = {"row_elems": 8}
+    if case == "row_elems_not_divisor":
+        kwargs["row_elems"] = 3
+    if case == "row_elems_missing":
+        kwargs = {}
+    if case == "pairs_dtype":
+        pairs = pairs.astype(np.int16)
+    if case == "pairs_shape":
+        pairs = np.concatenate([pairs, pairs[:, :1]], axis=1)
+    if case == "cache_rank":
+        caches = caches[0]
+    if case == "row_too_big":
+        caches, pairs = copy_args(rng, shape=(2, 6, 1, 2, 8200), row_elems=16400)
+        kwargs["row_elems"] = 16400
+    before = caches.tobytes()
+    with pytest.raises(exc, match=match):
+        copy_cache_blocks(caches, pairs, **kwargs)
+    assert caches.tobytes() == before
+
+
+def test_swap_cache_blocks_checks(rng):
+    src = rng.standard_normal((2, 5, 1, 2, 4)).astype(np.float32)
+    dst = rng.standard_normal((2, 3, 1, 2, 4)).astype(np.float32)
+    pairs = block_copy_row_pairs(np.array([4]), np.array([1]), num_layers=1, src_num_blocks=5,
+                                 dst_num_blocks=3, n_sub=1)
+    expected = dst.copy()
+    expected[:, 1] = src[:, 4]
+    swap_cache_blocks(src, dst, pairs, row_elems=8)                    # must pass
+    assert dst.tobytes() == expected.tobytes()
+    before = dst.tobytes()
+    with pytest.raises(ValueError, match="dtype"):
+        swap_cache_blocks(src.astype(np.float16), dst, pairs, row_elems=8)
+    with pytest.raises(ValueError, match=r"dst_cache.shape\[2:\]"):
+        swap_cache_blocks(np.zeros((2, 5, 1, 4, 2), np.float32), dst, pairs, row_elems=8)
+    assert dst.tobytes() == before
+
+
+def test_batched_baseline_checks(rng):
+    caches, pairs = copy_args(rng)
+    expected = caches.copy()
+    expected[:, :, 4:6] = expected[:, :, 0:2]
+    copy_rows_batched(caches, pairs, row_elems=8, batch_sizes=(3, 5))    # must pass
+    assert caches.tobytes() == expected.tobytes()
+    with pytest.raises(ValueError, match="batch_sizes"):
+        copy_rows_batched(caches, pairs, row_elems=8, batch_sizes=(3, 4))
