@@ -184,3 +184,65 @@ def test_peak_sbuf_checked_against_the_run_target(rng, target, name, over):
     assert s["peak_sbuf_bytes_per_partition"] >= 50 * 4000
     assert s["target"] == name
     assert s["sbuf_over_capacity"] is over
+
+
+@nki.jit
+def gather_strided_k(data, idx, *, step, cols):
+    """Gather rows idx[p] of data, keeping columns 0, step, 2*step, ... (cols of them)."""
+    out = nl.ndarray((idx.shape[0], cols), dtype=data.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(idx.shape[0])[:, None]
+    i_f = nl.arange(cols)[None, :]
+    idx_tile = nl.load(idx)
+    nl.store(out, value=nl.load(data[idx_tile[i_p, 0], step * i_f]))
+    return out
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_indirect_gather_of_strided_columns_counts_every_run(rng, step):
+    data = rng.standard_normal((40, 64)).astype(np.float32)
+    idx = rng.integers(0, 40, size=(128, 1)).astype(np.int32)
+    with nki_sim.tracing() as trace:
+        out = nki.simulate_kernel(gather_strided_k, data, idx, step=step, cols=32)
+    np.testing.assert_array_equal(out, data[idx[:, 0]][:, ::step][:, :32])
+    (gather,) = [e for e in _dma(trace) if e.dma_kind == "indirect"]
+    if step == 1:   # one contiguous 128-byte run per gathered row
+        assert gather.descriptor_bytes == (32 * 4,) * 128
+    else:           # every element is its own run
+        assert gather.descriptor_bytes == (4,) * (128 * 32)
+    assert gather.bytes == 128 * 32 * 4
+
+
+def test_indirect_scatter_descriptors(indirect, rng):
+    src = rng.standard_normal((128, 40)).astype(np.float32)
+    idx = rng.permutation(384)[:128].reshape(128, 1).astype(np.int32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(indirect.scatter_rows, src, idx, nrows=384)
+    (scatter,) = [e for e in _dma(trace) if e.dma_kind == "indirect"]
+    assert scatter.op == "store" and scatter.src_buffer == "sbuf" and scatter.dst_buffer == "hbm"
+    assert scatter.descriptor_bytes == (40 * 4,) * 128
+    zero_stores = [e for e in _dma(trace) if e.op == "store" and e.dma_kind == "direct"]
+    assert len(zero_stores) == 3 and all(e.descriptor_bytes == (160,) * 128 for e in zero_stores)
+
+
+@nki.jit
+def strided_store_k(x, *, blocks, keep):
+    """x (P, blocks*keep) -> out (P, blocks, 2*keep) with x written into out[:, :, :keep]
+    (the rest zero): each partition's store has ``blocks`` runs in HBM."""
+    out = nl.ndarray((x.shape[0], blocks, 2 * keep), dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.zeros((x.shape[0], blocks, 2 * keep), dtype=x.dtype))
+    tile = nl.load(x).reshape((x.shape[0], blocks, keep))
+    nl.store(out[:, :, 0:keep], value=tile)
+    return out
+
+
+def test_strided_store_has_one_descriptor_per_run(rng):
+    x = rng.standard_normal((64, 4 * 16)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        out = nki.simulate_kernel(strided_store_k, x, blocks=4, keep=16)
+    ref = np.zeros((64, 4, 32), np.float32)
+    ref[:, :, :16] = x.reshape(64, 4, 16)
+    np.testing.assert_array_equal(out, ref)
+    zero_store, load, store = _dma(trace)
+    assert zero_store.descriptor_bytes == (4 * 32 * 4,) * 64
+    assert load.descriptor_bytes == (64 * 4,) * 64
+    assert store.descriptor_bytes == (16 * 4,) * (64 * 4)
