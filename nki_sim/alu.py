@@ -55,16 +55,22 @@ _NP_ALIASES = {
 }
 
 
-def alu_name(op, api: str) -> str:
-    """Canonical ALU op name of ``op`` (nl function, NumPy callable or string)."""
-    name = getattr(op, "_alu", None)
+def _canonical(op, attr: str, aliases: dict):
+    """Name of an op given as an nl function (tagged ``attr``), a NumPy callable or a string."""
+    name = getattr(op, attr, None)
     if name is None:
         try:
-            name = _NP_ALIASES.get(op)
-        except TypeError:
+            name = aliases.get(op)
+        except TypeError:          # unhashable
             name = None
     if name is None and isinstance(op, str):
         name = op
+    return name
+
+
+def alu_name(op, api: str) -> str:
+    """Canonical ALU op name of ``op`` (nl function, NumPy callable or string)."""
+    name = _canonical(op, "_alu", _NP_ALIASES)
     if name not in ALU:
         raise ValueError(f"{api}: op must be an NKI ALU operator (nl.add, np.maximum, ...); got {op!r}")
     return name
@@ -133,14 +139,8 @@ _NP_ACT = {
 
 
 def act_name(op, api: str) -> str:
-    name = getattr(op, "_act", None)
-    if name is None:
-        try:
-            name = _NP_ACT.get(op)
-        except TypeError:
-            name = None
-    if name is None and isinstance(op, str):
-        name = op
+    """Canonical activation function name of ``op``; NotImplementedError if not emulated."""
+    name = _canonical(op, "_act", _NP_ACT)
     if name not in ACT:
         raise E.not_emulated(f"{api}(op={getattr(op, '__name__', op)!r})",
                              f"supported activation functions: {sorted(ACT)}")

@@ -72,8 +72,9 @@ def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=
         out_dt = D.bool_ if name not in ("logical_and", "logical_or", "logical_xor") else D.bool_
     else:
         out_dt = D.promote(a.dtype, b.dtype)
-    if engine is None:
-        engine = "gpsimd" if (cdt == np.int64 and name in ("add", "subtract", "multiply")) else "vector"
+    if engine is None:       # 32-bit integer add/sub/mul run on GpSimd (which cannot read PSUM)
+        engine = "gpsimd" if (cdt == np.int64 and name in ("add", "subtract", "multiply")
+                              and "psum" not in (a.buffer, b.buffer)) else "vector"
     return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a, b), mask=m, shape=shape)
 
 
