@@ -127,3 +127,19 @@ def test_int_transpose_is_exact_and_warns_above_2_24():
     big = small + 2**24
     with pytest.warns(RuntimeWarning, match="2\\^24"):
         assert np.array_equal(run(_int_transpose, big), big.T)
+
+
+def _rne_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Independent float32 -> bfloat16 round-to-nearest-even on the bit pattern (finite inputs)."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    lsb = (bits >> 16) & 1
+    return ((bits + 0x7FFF + lsb) >> 16).astype(np.uint16)
+
+
+def test_bf16_cast_matches_bitwise_rne_reference():
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x) & (np.abs(x) < 3.3e38)]
+    got = D.cast_for_write(x, D.bfloat16).view(np.uint16)
+    assert np.array_equal(got, _rne_bf16_bits(x))
