@@ -1,0 +1,138 @@
+"""Low-precision numerics (Vector math in fp32, one rounding on write), extra ops
+(nl.softmax, nisa.tensor_tensor_scan), scratch HBM buffers and bool inputs."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+
+pytestmark = pytest.mark.simulation
+BF16 = ml_dtypes.bfloat16
+
+
+def _bf16_bits(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(BF16).view(np.uint16)
+
+
+@nki.jit
+def bf16_reductions_k(x):
+    """x (P, F) bf16 -> (nl.sum, nl.max, nisa.tensor_reduce add) over the free axis, each
+    returned in the input dtype (bf16, the default output dtype)."""
+    o_sum = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    o_max = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    o_tr = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    s = nl.sum(tile, axis=1, keepdims=True)
+    assert s.dtype == np.dtype(BF16), s.dtype
+    nl.store(o_sum, value=s)
+    nl.store(o_max, value=nl.max(tile, axis=1, keepdims=True))
+    nl.store(o_tr, value=nisa.tensor_reduce(np.add, tile, axis=(1,), keepdims=True))
+    return o_sum, o_max, o_tr
+
+
+def test_bf16_reductions_accumulate_in_fp32_and_round_once(rng):
+    # 1 + 511 values of 2**-9: a bf16 running sum would stall at 1.0 (2**-9 is below half an
+    # ulp of 1.0 in bf16); an fp32 accumulation gives 1 + 511 * 2**-9 ~= 1.998 -> bf16 2.0
+    x = np.full((128, 512), 2.0**-9, np.float32)
+    x[:, 0] = 1.0
+    x[1::2] *= rng.uniform(0.5, 1.5, size=(64, 512)).astype(np.float32)
+    xb = x.astype(BF16)
+    o_sum, o_max, o_tr = nki.simulate_kernel(bf16_reductions_k, xb)
+    fp32_sum = xb.astype(np.float32).sum(axis=1, keepdims=True, dtype=np.float64).astype(np.float32)
+    for got in (o_sum, o_tr):
+        np.testing.assert_array_equal(got.view(np.uint16), _bf16_bits(fp32_sum))
+    np.testing.assert_array_equal(o_max.view(np.uint16), xb.max(axis=1, keepdims=True).view(np.uint16))
+
+
+@nki.jit
+def bf16_chain_k(a, b):
+    """exp(a) * b with bf16 tiles: each op computes in fp32 and rounds its own output to bf16."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    e = nl.exp(nl.load(a))
+    assert e.dtype == np.dtype(BF16), e.dtype
+    nl.store(out, value=nl.multiply(e, nl.load(b)))
+    return out
+
+
+def test_bf16_op_chain_rounds_after_every_op(rng):
+    a = rng.uniform(-2, 2, size=(64, 64)).astype(BF16)
+    b = rng.uniform(-2, 2, size=(64, 64)).astype(BF16)
+    out = nki.simulate_kernel(bf16_chain_k, a, b)
+    e = np.exp(a.astype(np.float64)).astype(np.float32).astype(BF16)     # rounded once
+    ref = (e.astype(np.float32) * b.astype(np.float32)).astype(BF16)
+    # exp may differ from NumPy's by 1 fp32 ulp, which can flip a bf16 tie: allow 1 bf16 ulp
+    diff = np.abs(out.view(np.uint16).astype(np.int32) - ref.view(np.uint16).astype(np.int32))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+
+
+@nki.jit
+def softmax_k(x):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.softmax(nl.load(x), axis=1))
+    return out
+
+
+def test_nl_softmax(rng):
+    x = (rng.standard_normal((128, 100)) * 3).astype(np.float32)
+    out = nki.simulate_kernel(softmax_k, x)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@nki.jit
+def scan_k(d0, d1, init):
+    out = nl.ndarray(d0.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    res = nisa.tensor_tensor_scan(nl.load(d0), nl.load(d1), nl.load(init), np.multiply, np.add)
+    nl.store(out, value=res)
+    return out
+
+
+def test_tensor_tensor_scan_linear_recurrence(rng):
+    d0 = rng.uniform(0.5, 1.0, size=(64, 20)).astype(np.float32)
+    d1 = rng.standard_normal((64, 20)).astype(np.float32)
+    init = rng.standard_normal((64, 1)).astype(np.float32)
+    out = nki.simulate_kernel(scan_k, d0, d1, init)
+    ref = np.empty((64, 20))
+    prev = init[:, 0].astype(np.float64)
+    for i in range(20):                       # r_i = d0_i * r_{i-1} + d1_i
+        prev = d0[:, i] * prev + d1[:, i]
+        ref[:, i] = prev
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@nki.jit
+def hbm_scratch_k(x, *, buffer_name):
+    """Round trip through a kernel-local HBM scratch tensor (nl.hbm / nl.private_hbm)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    scratch = nl.ndarray(x.shape, dtype=x.dtype, buffer=getattr(nl, buffer_name))
+    nl.store(scratch, value=nl.multiply(nl.load(x), 3.0))
+    nl.store(out, value=nl.load(scratch))
+    return out
+
+
+@pytest.mark.parametrize("buffer_name", ["hbm", "private_hbm", "shared_hbm"])
+def test_hbm_scratch_buffers(rng, buffer_name):
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    out = nki.simulate_kernel(hbm_scratch_k, x, buffer_name=buffer_name)
+    np.testing.assert_allclose(out, 3 * x.astype(np.float64), rtol=1e-6)
+
+
+@nki.jit
+def bool_mask_where_k(mask, x):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    m = nl.load(mask)
+    nl.device_print("mask tile", m)
+    nl.store(out, value=nl.where(m, nl.load(x), -9984.0, dtype=nl.float32))
+    return out
+
+
+def test_bool_mask_input_selects(rng):
+    mask = rng.integers(0, 2, size=(64, 32)).astype(np.bool_)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    out = nki.simulate_kernel(bool_mask_where_k, mask, x)
+    np.testing.assert_array_equal(out, np.where(mask, x, np.float32(-9984.0)))
