@@ -21,7 +21,7 @@ valid tokens, MEASURED wall time on this machine (median of --repeats), labelled
 It is a different machine class than the modeled NeuronCore figures; compare kernels with
 kernels, and use the CPU figure only as the host-side alternative's cost.
 
-    python scripts/bench_cache_write.py [--repeats 7] [--json out.json]
+    python scripts/bench_cache_write.py [--repeats 7] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def cpu_wall_us(key, value, cache, slots, repeats):
     return median_us(run, repeats)
 
 
-def bench(repeats: int) -> list[dict]:
+def bench(repeats: int, workloads=WORKLOADS) -> list[dict]:
     rng = np.random.default_rng(0)
     rows = []
-    for label, n_tok, n_heads, d, block_size, pad in WORKLOADS:
+    for label, n_tok, n_heads, d, block_size, pad in workloads:
         key, value, cache, slots = make_inputs(rng, n_tok, n_heads, d, block_size, pad)
         ours = cache.copy()
         with nki_sim.tracing() as t_ours:
@@ -161,9 +161,10 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--repeats", type=int, default=7, help="CPU timing repeats (median)")
+    ap.add_argument("--quick", action="store_true", help="only the two decode workloads (smoke test)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = ap.parse_args(argv)
-    rows = bench(args.repeats)
+    rows = bench(args.repeats, WORKLOADS[:2] if args.quick else WORKLOADS)
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as fh:
