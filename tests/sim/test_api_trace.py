@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
 import neuronxcc.nki.language as nl
 
 import nki_sim
@@ -246,3 +247,45 @@ def test_strided_store_has_one_descriptor_per_run(rng):
     assert zero_store.descriptor_bytes == (4 * 32 * 4,) * 64
     assert load.descriptor_bytes == (64 * 4,) * 64
     assert store.descriptor_bytes == (16 * 4,) * (64 * 4)
+
+
+@nki.jit
+def engines_k(x, bias):
+    """One instruction of each kind whose engine is documented."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    b = nl.load(bias)
+    act = nisa.activation(op=nl.exp, data=tile, bias=b, scale=1.0, name="act")
+    idx = nisa.iota(nl.arange(x.shape[0])[:, None] + nl.arange(x.shape[1])[None, :], dtype=nl.float32)
+    sel = nisa.affine_select(pred=(nl.arange(x.shape[1])[None, :] < 8), on_true_tile=act,
+                             on_false_value=0.0)
+    tt = nisa.tensor_tensor(sel, idx, op=np.add)
+    rec = nisa.reciprocal(tt)
+    red = nisa.tensor_reduce(np.max, rec, axis=(1,), keepdims=True)
+    prod = nisa.nc_matmul(tile, tile)                    # (F, F) in PSUM
+    cp = nisa.tensor_copy(red, engine=nisa.gpsimd_engine)
+    nl.store(out, value=nl.add(nl.multiply(rec, cp), nl.copy(prod[0:x.shape[0], 0:x.shape[1]])))
+    return out
+
+
+def test_engines_of_documented_instructions(rng):
+    x = rng.uniform(0.5, 1.0, size=(32, 32)).astype(np.float32)
+    bias = np.zeros((32, 1), np.float32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(engines_k, x, bias)
+    by_op = {}
+    for e in trace.events:
+        by_op.setdefault(e.op, set()).add(e.engine)
+    assert by_op["activation"] == {"scalar"}
+    assert by_op["iota"] == {"gpsimd"}
+    assert by_op["affine_select"] == {"gpsimd"}
+    assert by_op["tensor_tensor"] == {"vector"}
+    assert by_op["reciprocal"] == {"vector"}
+    assert by_op["tensor_reduce"] == {"vector"}
+    assert by_op["nc_matmul"] == {"tensor"}
+    assert by_op["tensor_copy"] == {"gpsimd"}
+    (act,) = [e for e in trace.events if e.op == "activation"]
+    assert act.name == "act" and act.partitions == 32 and act.free_elems == 32
+    assert act.out_shape == (32, 32) and act.in_dtypes[0] == "float32"
+    (mm,) = [e for e in trace.events if e.op == "nc_matmul"]
+    assert (mm.attr("contraction"), mm.attr("stationary_free"), mm.attr("moving_free")) == (32, 32, 32)
