@@ -235,3 +235,12 @@ def test_random_shapes_match_numpy(data):
             mp.setattr(mod, "CHUNK_BUDGET_BYTES", budget)
         reshape_and_cache(key, value, cache, slots)
     assert_same_bits(cache, expected)
+
+
+def test_realistic_prefill_batch_bf16(rng):
+    """A vLLM-sized write: 1024 tokens x 8 KV heads x d 128 into a bf16 cache, 10% padding slots."""
+    key, value, cache, slots = make_case(rng, n_tok=1024, n_heads=8, d=128, n_blocks=80, block_size=32,
+                                         dtype=ml_dtypes.bfloat16, n_negative=102)
+    expected = reference_write(key, value, cache, slots)
+    reshape_and_cache(key, value, cache, slots)
+    assert_same_bits(cache, expected)
