@@ -175,9 +175,20 @@ def _dep_check(t: Tensor, acc: Access, frames, stamps: np.ndarray, kind: str, op
                 "nl.sequential_range for a loop-carried dependency)")
 
 
+def _scope(t: Tensor, op: str):
+    f = t.alloc.scope
+    if f is not None and not f.alive and config.check_scope:
+        raise E.NkiCompileError(
+            f"'{op}' uses tensor {t.name} outside the scope it was created in: it was allocated "
+            f"inside the nl.{f.kind}_range loop at {f.src[0].split('/')[-1]}:{f.src[1]}, which has "
+            "ended (err_local_variable_used_out_of_scope); allocate it before the loop",
+            code="err_local_variable_used_out_of_scope")
+
+
 # ---------------------------------------------------------------------------- read / write
 def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
     """Checked read of a view: returns (values in storage dtype, Access)."""
+    _scope(t, op)
     acc = Access(t, mask, oob)
     vals = acc.gather(t.alloc.data)
     _uninit(t, acc, op)
@@ -233,6 +244,7 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         raise E.ImmutableParameterError(
             f"Cannot update immutable parameter '{alloc.name}' ('{op}'); annotate it as "
             f"{alloc.name}: nt.mutable_tensor and return it (err_cannot_update_immutable_parameter)")
+    _scope(t, op)
     acc = Access(t, mask, oob)
     vals = fit_value(values, t.shape, t.name)
     frames = None if exempt else _dep_frames(alloc)

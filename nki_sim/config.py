@@ -13,6 +13,9 @@ class Config:
     uninitialized: str = "raise"
     # affine_range loop-carried dependency checker on/off.
     check_dependencies: bool = True
+    # Tensors created inside an affine / sequential loop body may not be used after the loop
+    # (err_local_variable_used_out_of_scope).
+    check_scope: bool = True
     # Block dimensions (dims before par_dim): "error" (SDK >= 2.25 behaviour) or "allow".
     block_dims: str = "error"
     # Legacy (SDK 2.20) convention: outputs passed in as arguments and written in place.

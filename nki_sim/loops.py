@@ -51,6 +51,7 @@ class _Loop:
                     frame.values.append(v)
                 yield v
         finally:
+            frame.alive = False
             if k.loops and k.loops[-1] is frame:
                 k.loops.pop()
             elif frame in k.loops:

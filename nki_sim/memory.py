@@ -53,7 +53,7 @@ class Alloc:
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
                  "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "__weakref__")
+                 "ever_written", "counter", "scope", "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
@@ -71,6 +71,14 @@ class Alloc:
         self.kind = kind
         self.mutable = mutable
         self.birth_epoch = state.epoch
+        k = state.kernel
+        # innermost enclosing affine / sequential loop: the tensor's scope
+        self.scope = None
+        if k is not None:
+            for f in reversed(k.loops):
+                if f.kind != "static":
+                    self.scope = f
+                    break
         self.wstamp = None
         self.rstamp = None
         self.par_axis = par_axis

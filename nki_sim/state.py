@@ -22,6 +22,7 @@ class LoopFrame:
     var: str = ""             # loop variable name (resolved lazily)
     starts: list = field(default_factory=list)   # iteration start epochs (affine loops)
     values: list = field(default_factory=list)   # loop values matching ``starts``
+    alive: bool = True        # False once the loop has exited (scope check)
 
 
 @dataclass

@@ -199,6 +199,17 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
                                     f"got {list(o.shape)}")
     eng = _engine_name(engine, "vector")
     _no_psum_on_gpsimd("tensor_scalar", eng, data)
+    if eng == "scalar":
+        tgt = get_target()
+        pair = tuple(n for n, _, _ in stages) + ((None,) if len(stages) == 1 else ())
+        if tgt.nc_version == "gen2":
+            raise E.TargetError(
+                f"nisa.tensor_scalar on the Scalar engine needs NeuronCore-v3 (trn2); target is "
+                f"{tgt.name} ({tgt.nc_version}). Use nisa.vector_engine.")
+        if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
+            raise E.NkiCompileError(
+                f"nisa.tensor_scalar on the Scalar engine supports (op0, op1) = (multiply, add), "
+                f"(multiply, None) or (add, None); got {pair}")
     dts = [a.dtype] + [o.dtype for _, o, _ in stages]
     cur = a.v
     for n, o, rev in stages:

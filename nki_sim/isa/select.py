@@ -47,6 +47,9 @@ def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
     if predicate.dtype not in (D.int8, D.uint8, D.int16, D.uint16, D.bool_):
         raise E.DtypeError(f"nisa.select_reduce: predicate must be int8/uint8/int16/uint16; got "
                            f"{predicate.dtype.name}")
+    if on_true.dtype in (D.int32, D.uint32) or on_true.dtype == D.tfloat32:
+        raise E.DtypeError(f"nisa.select_reduce: on_true can be any supported dtype except tfloat32, "
+                           f"int32, uint32; got {on_true.dtype.name}")
     P = dst.shape[0]
     m = mask_array(mask, dst.shape) if mask is not None else None
     p = operand(predicate, "predicate", "select_reduce", m)

@@ -158,3 +158,23 @@ def _reduce_into_column(x):
 def test_reduction_into_loop_indexed_column_passes(rng):
     x = f32(rng, 128, 128)
     assert np.array_equal(run(_reduce_into_column, x), x.reshape(128, 4, 32).max(axis=2))
+
+
+def _scope(x, *, inside):
+    out = nl.ndarray((128, 8), x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(2):
+        t = nl.load(x[:, nl.ds(8 * i, 8)])               # allocated inside the loop body
+        if inside:
+            nl.store(out, t, mask=(i == 1))
+    if not inside:
+        nl.store(out, t)                                  # used after the loop: out of scope
+    return out
+
+
+def test_tensor_used_after_its_loop_is_out_of_scope(rng):
+    x = f32(rng, 128, 16)
+    assert np.array_equal(run(_scope, x, inside=True), x[:, 8:])
+    with pytest.raises(E.NkiCompileError, match="err_local_variable_used_out_of_scope"):
+        run(_scope, x, inside=False)
+    with nki_sim.configure(check_scope=False):
+        assert np.array_equal(run(_scope, x, inside=False), x[:, 8:])
