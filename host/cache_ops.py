@@ -141,10 +141,11 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any) ->
     if slots.shape[0] != k.shape[0]:
         fail("slot_mapping", f"have {k.shape[0]} entries (one per token of key)", f"{slots.shape[0]} entries")
     n_slots = n_blocks * block_size
-    bad = np.flatnonzero(slots >= n_slots)
+    raw, _ = to_numpy(slot_mapping, "slot_mapping")  # range-check the raw values: a uint64 >= 2**63
+    bad = np.flatnonzero(raw >= n_slots)               # would wrap to a negative (= skip) int64
     if bad.size:
         fail("slot_mapping", f"hold slots < num_blocks * block_size = {n_slots} (negative = skip)",
-             f"slot_mapping[{bad[0]}] = {slots[bad[0]]}")
+             f"slot_mapping[{bad[0]}] = {raw[bad[0]]}")
     valid = slots[slots >= 0]
     uniq, counts = np.unique(valid, return_counts=True)
     if (counts > 1).any():

@@ -144,6 +144,17 @@ def test_out_of_range_slot_rejected_cache_untouched(rng, bad_slot):
     assert cache.tobytes() == before
 
 
+def test_huge_unsigned_slot_is_rejected_not_skipped(rng):
+    """uint64 2**64 - 1 must not wrap to -1 (which would mean "skip")."""
+    key, value, cache, _ = make_case(rng, n_tok=2, n_heads=1, d=4, n_blocks=2, block_size=4)
+    before = cache.tobytes()
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 18446744073709551615"):
+        reshape_and_cache(key, value, cache, np.array([3, 2**64 - 1], dtype=np.uint64))
+    assert cache.tobytes() == before
+    reshape_and_cache(key, value, cache, np.array([3, 7], dtype=np.uint64))     # must pass
+    np.testing.assert_array_equal(cache[0, 1, 0, 3], key[1, 0])
+
+
 def test_duplicate_slots_rejected_cache_untouched(rng):
     key, value, cache, _ = make_case(rng, n_tok=4, n_heads=2, d=4, n_blocks=2, block_size=4)
     before = cache.tobytes()
