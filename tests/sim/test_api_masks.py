@@ -1,0 +1,170 @@
+"""Mask predicates (affine, combined with ``&`` only), affine_select predicates, control
+flow on index expressions, tensor_scalar operator classes, reads of masked-out results,
+and a mutable input returned inside a tuple."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+import neuronxcc.nki.typing as nt
+
+pytestmark = pytest.mark.simulation
+
+
+@nki.jit
+def mask_form_k(x, *, form):
+    """Doubles x where the mask holds (other elements keep x); ``form`` picks the predicate."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p = nl.arange(x.shape[0])[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    tile = nl.load(x)
+    if form == "amp":
+        mask = (i_p < 20) & (i_f >= 3)
+    elif form == "and":
+        mask = (i_p < 20) and (i_f >= 3)          # Python `and` is not supported in masks
+    elif form == "affine":
+        mask = (2 * i_p + 1 < i_f + 10)
+    else:
+        mask = (i_p % 4 == 0)                     # non-affine term
+    tile[i_p, i_f] = nl.multiply(tile[i_p, i_f], 2.0, mask=mask)
+    nl.store(out, value=tile)
+    return out
+
+
+@pytest.mark.parametrize("form", ["amp", "affine"])
+def test_affine_masks_combined_with_ampersand(rng, form):
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    out = nki.simulate_kernel(mask_form_k, x, form=form)
+    p, f = np.arange(32)[:, None], np.arange(16)[None, :]
+    m = ((p < 20) & (f >= 3)) if form == "amp" else (2 * p + 1 < f + 10)
+    np.testing.assert_array_equal(out, np.where(m, 2 * x, x))
+
+
+def test_python_and_in_a_mask_fails(rng, rejects):
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    with rejects(Exception, match=r"(?i)truth value|and|mask"):
+        nki.simulate_kernel(mask_form_k, x, form="and")
+
+
+def test_non_affine_mask_fails(rng, rejects):
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    with rejects(Exception, match=r"(?i)mask|affine|expression"):
+        nki.simulate_kernel(mask_form_k, x, form="mod")
+
+
+@nki.jit
+def affine_select_pred_k(x, *, compound):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p = nl.arange(x.shape[0])[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    pred = ((i_f <= i_p) & (i_f >= 2)) if compound else (i_f <= i_p)
+    nl.store(out, value=nisa.affine_select(pred=pred, on_true_tile=nl.load(x), on_false_value=0.0))
+    return out
+
+
+def test_affine_select_single_comparison_passes_compound_fails(rng, rejects):
+    # legacy affine_select: the predicate is a single affine comparison (no &)
+    x = rng.standard_normal((16, 16)).astype(np.float32)
+    out = nki.simulate_kernel(affine_select_pred_k, x, compound=False)
+    np.testing.assert_array_equal(out, np.where(np.tril(np.ones((16, 16), bool)), x, 0))
+    with rejects(Exception, match=r"(?i)pred|&|compound|single"):
+        nki.simulate_kernel(affine_select_pred_k, x, compound=True)
+
+
+@nki.jit
+def branch_k(x, *, on_index):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p = nl.arange(x.shape[0])[:, None]
+    tile = nl.load(x)
+    cond = (i_p < 8) if on_index else (x.shape[0] < 8)
+    if cond:                                     # control flow on an arange is not allowed
+        tile = nl.multiply(tile, 2.0)
+    nl.store(out, value=tile)
+    return out
+
+
+def test_control_flow_on_python_values_passes_on_arange_fails(rng, rejects):
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(branch_k, x, on_index=False), x)
+    with rejects(Exception, match=r"(?i)control flow|arange|truth value"):
+        nki.simulate_kernel(branch_k, x, on_index=True)
+
+
+@nki.jit
+def tensor_scalar_classes_k(x, *, mixed):
+    out = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    op1 = np.add if mixed else np.right_shift
+    nl.store(out, value=nisa.tensor_scalar(nl.load(x), np.bitwise_and, 0xFF0, op1=op1, operand1=4))
+    return out
+
+
+def test_tensor_scalar_bitvec_pair_passes_mixed_classes_fail(rng, rejects):
+    # the two tensor_scalar operators must be of the same class (both bitvec or both arithmetic)
+    x = rng.integers(0, 2**20, size=(32, 8)).astype(np.int32)
+    np.testing.assert_array_equal(nki.simulate_kernel(tensor_scalar_classes_k, x, mixed=False),
+                                  (x & 0xFF0) >> 4)
+    with rejects(Exception, match=r"(?i)bitvec|arithmetic|class|same"):
+        nki.simulate_kernel(tensor_scalar_classes_k, x, mixed=True)
+
+
+@nki.jit
+def masked_result_k(x, *, store_rows):
+    """y = exp(x) computed only for rows < 16 of a fresh result tile; store rows < store_rows."""
+    out = nl.ndarray((store_rows, x.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p = nl.arange(x.shape[0])[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    y = nl.exp(nl.load(x)[i_p, i_f], mask=(i_p < 16))
+    nl.store(out, value=y[0:store_rows, :])
+    return out
+
+
+def test_masked_out_elements_of_a_fresh_result_are_never_written(rng, sim_only, rejects):
+    import nki_sim.errors
+
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    out = nki.simulate_kernel(masked_result_k, x, store_rows=16)
+    np.testing.assert_allclose(out, np.exp(x[:16].astype(np.float64)), rtol=1e-6)
+    with rejects(nki_sim.errors.UninitializedReadError):
+        nki.simulate_kernel(masked_result_k, x, store_rows=17)
+
+
+@nki.jit
+def load_unwritten_output_k(x, *, write_first):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    if write_first:
+        nl.store(out, value=nl.load(x))
+    nl.store(out, value=nl.multiply(nl.load(out), 2.0))
+    return out
+
+
+def test_loading_a_never_written_output_is_detected(rng, sim_only, rejects):
+    import nki_sim.errors
+
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    np.testing.assert_allclose(nki.simulate_kernel(load_unwritten_output_k, x, write_first=True),
+                               2 * x.astype(np.float64), rtol=1e-6)
+    with rejects(nki_sim.errors.UninitializedReadError):
+        nki.simulate_kernel(load_unwritten_output_k, x, write_first=False)
+
+
+@nki.jit
+def mutable_in_tuple_k(acc: nt.mutable_tensor, x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    nl.store(acc, value=nl.add(nl.load(acc), tile))
+    nl.store(out, value=nl.multiply(tile, -1.0))
+    return out, acc
+
+
+def test_mutable_input_returned_inside_a_tuple(rng):
+    acc = rng.standard_normal((16, 4)).astype(np.float32)
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    ref = acc + x
+    out, acc_out = nki.simulate_kernel(mutable_in_tuple_k, acc, x)
+    np.testing.assert_array_equal(out, -x)
+    np.testing.assert_array_equal(acc_out, ref)
+    np.testing.assert_array_equal(acc, ref)
