@@ -300,6 +300,22 @@ def _same_region(a: Tensor, b: Tensor) -> bool:
         np.array_equal(x, y) for x, y in zip(a.idx, b.idx))
 
 
+_PSUM_ONLY = ("nc_matmul", "nc_transpose")      # ISA-level TensorE instructions
+
+
+def _check_producer(value: Tensor, dst: Tensor):
+    """The instruction that made ``value`` writes ``dst`` directly: check its engine's memories."""
+    eng, op = value.producer or ("", "")
+    if eng == "tensor" and op in _PSUM_ONLY and dst.buffer != "psum":
+        raise E.MemorySpaceError(
+            f"the Tensor Engine writes PSUM only: result of 'nisa.{op}' assigned to {dst.buffer} "
+            f"tensor {dst.name}; assign it to a PSUM tile (then nl.copy / nisa.tensor_copy to SBUF)")
+    if eng == "gpsimd" and dst.buffer == "psum":
+        raise E.MemorySpaceError(
+            f"the GpSimd engine cannot access PSUM: result of '{op}' assigned to PSUM tensor "
+            f"{dst.name}; assign it to an SBUF tile")
+
+
 def assign(t: Tensor, key, value) -> None:
     """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
     from . import trace
@@ -312,6 +328,7 @@ def assign(t: Tensor, key, value) -> None:
                 f"assignment between {value.buffer} tensor {value.name} and {dst.buffer} tensor "
                 f"{dst.name}: use nl.load / nl.store / nisa.dma_copy to move data to or from HBM")
         if value.fresh:
+            _check_producer(value, dst)
             pm = value.pmask
             vals, _ = read(value, pm, op="assign")
             m = None if pm is None else fit_value(pm, dst.shape)

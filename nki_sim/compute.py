@@ -148,6 +148,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True))
     t = Tensor(alloc, alloc.data)
     t.fresh = fresh
+    t.producer = (engine, op)
     t.pmask = None if m is None else alloc.written
     if emit:
         emit_compute(engine, op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,

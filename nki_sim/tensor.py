@@ -22,7 +22,7 @@ from .memory import HBM_BUFFERS, ONCHIP
 
 
 class Tensor:
-    __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax",
+    __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax", "producer",
                  "__weakref__")
     __array_priority__ = 100
     __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
@@ -36,6 +36,7 @@ class Tensor:
         self.fresh = False      # result of an op not yet assigned anywhere
         self.pmask = None       # bool mask of the elements the producing op wrote
         self.pax = pax          # partition axis of this view (0 unless block dims)
+        self.producer = None    # (engine, op) of the instruction that produced a fresh tile
 
     # ---- metadata -------------------------------------------------------------------
     @property

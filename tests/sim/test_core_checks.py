@@ -215,3 +215,24 @@ def test_device_modes_need_a_device(rng):
 def test_api_outside_kernel_is_rejected():
     with pytest.raises(E.NkiCompileError, match="err_nki_api_outside_of_nki_kernel"):
         nl.zeros((128, 1), nl.float32)
+
+
+def _assign_results(a, *, mm_dst, iota_dst):
+    at = nl.load(a)
+    mm = nl.ndarray((a.shape[1], a.shape[1]), nl.float32, buffer=getattr(nl, mm_dst))
+    mm[...] = nisa.nc_matmul(at, at)
+    io = nl.ndarray((4, 8), nl.int32, buffer=getattr(nl, iota_dst))
+    io[...] = nisa.iota(nl.arange(8)[None, :] + nl.arange(4)[:, None], dtype=nl.int32)
+    out = nl.ndarray(mm.shape, nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.copy(mm))
+    return out
+
+
+def test_instruction_results_land_in_their_engines_memories(rng):
+    a = f32(rng, 16, 8)
+    out = run(_assign_results, a, mm_dst="psum", iota_dst="sbuf")
+    np.testing.assert_allclose(out, a.astype(np.float64).T @ a, rtol=1e-5, atol=1e-5)
+    with pytest.raises(E.MemorySpaceError, match="Tensor Engine writes PSUM only"):
+        run(_assign_results, a, mm_dst="sbuf", iota_dst="sbuf")
+    with pytest.raises(E.MemorySpaceError, match="GpSimd engine cannot access PSUM"):
+        run(_assign_results, a, mm_dst="psum", iota_dst="psum")
