@@ -130,3 +130,28 @@ def test_swap_blocks_dma_counts(rng):
     assert len(indirect(trace)) == 2                                     # 20 rows: 1 gather + 1 scatter
     assert len(dma_events(trace)) == 3
     assert sum(e.bytes for e in indirect(trace)) == 2 * 20 * 2 * 4 * 8 * 4
+
+
+def test_chunked_dma_counts(rng, monkeypatch):
+    """Several chunks: 3 loads per chunk (write) / 1 index load per chunk (copy), 2 DMAs per tile."""
+    import nki_kernels.block_copy as bc
+    import nki_kernels.kv_cache_update as kvu
+
+    monkeypatch.setattr(kvu, "CHUNK_BUDGET_BYTES", 2 * (2 * 8 * 4 + 4))   # 2 tiles per chunk
+    monkeypatch.setattr(bc, "INDEX_CHUNK_BUDGET_BYTES", 2 * 8)            # 2 tiles per chunk
+    n_tok = 5 * 128 + 9                                                    # 5 tiles (chunks 2+2+1) + tail
+    cache = np.zeros((2, 170, 1, 4, 8), np.float32)
+    kv = rng.standard_normal((n_tok, 1, 8)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        reshape_and_cache(kv, kv, cache, rng.permutation(680)[:n_tok])
+    assert len(dma_events(trace)) == 3 * 3 + 2 * 5 + 5
+    assert len(indirect(trace)) == 2 * 6
+
+    layers = allocate_kv_caches(1, 700, 1, 1, 4)                           # one row per (kv, block)
+    mapping = np.stack([np.arange(n_tok // 2 + 1), 350 + np.arange(n_tok // 2 + 1)], axis=1)
+    with nki_sim.tracing() as trace:
+        copy_blocks(layers, mapping)                                       # M = 2 * 325 = 650 rows
+    n_tiles, rem = divmod(2 * len(mapping), 128)                           # 5 tiles + 10 rows
+    assert (n_tiles, rem) == (5, 10)
+    assert len(dma_events(trace)) == 3 * 1 + 2 * 5 + 3
+    assert len(indirect(trace)) == 2 * 6
