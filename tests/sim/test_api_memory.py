@@ -294,3 +294,17 @@ def test_uninitialized_read_is_detected(rng, sim_only, rejects):
     x = rng.standard_normal((128, 8)).astype(np.float32)
     with rejects(nki_sim.errors.UninitializedReadError):
         nki.simulate_kernel(partial_init_k, x, read_rows=65)
+
+
+@nki.jit
+def copy_src_k(x, *, from_hbm):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.copy(x if from_hbm else nl.load(x)))
+    return out
+
+
+def test_nl_copy_of_a_tile_passes_of_hbm_fails(rng, rejects):
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(copy_src_k, x, from_hbm=False), x)
+    with rejects(Exception, match=r"(?i)hbm|sbuf|address space"):
+        nki.simulate_kernel(copy_src_k, x, from_hbm=True)

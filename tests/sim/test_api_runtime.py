@@ -229,3 +229,18 @@ def test_op_not_emulated_raises_not_implemented_naming_it(rng, sim_only, rejects
     x = rng.standard_normal((32, 8)).astype(np.float32)
     with rejects(NotImplementedError, match="nc_stream_shuffle"):
         nki.simulate_kernel(stream_shuffle_k, x)
+
+
+@nki.jit
+def program_id_axis_k(x, *, axis):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    pid = nl.program_id(axis)
+    nl.store(out, value=nl.multiply(nl.load(x), pid + 1.0))
+    return out
+
+
+def test_program_id_axis_beyond_the_grid_rank_fails(rng, rejects):
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(program_id_axis_k[1, 2], x, axis=1), 2 * x)
+    with rejects(Exception, match=r"(?i)axis"):
+        nki.simulate_kernel(program_id_axis_k[2], x, axis=1)
