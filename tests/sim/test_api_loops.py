@@ -117,3 +117,32 @@ def test_temporary_allocated_per_iteration_passes_hoisted_fails(rng, rejects):
     np.testing.assert_array_equal(nki.simulate_kernel(temp_reuse_k, x, hoisted=False), x)
     with rejects(SyntaxError, match=DEP):
         nki.simulate_kernel(temp_reuse_k, x, hoisted=True)
+
+
+@nki.jit
+def plus_equals_k(lhs_t, rhs, *, acc_buffer, matmul):
+    """acc += (lhs_t block k).T @ rhs block k (matmul) or += rhs block k (plain add) over an
+    affine_range; only matmul accumulation into PSUM is exempt from the dependency check."""
+    m_dim, n_dim = lhs_t.shape[1], rhs.shape[1]
+    out = nl.ndarray((m_dim, n_dim), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.zeros((m_dim, n_dim), dtype=nl.float32, buffer=getattr(nl, acc_buffer))
+    for k in nl.affine_range(lhs_t.shape[0] // 32):
+        a = nl.load(lhs_t[nl.ds(k * 32, 32), :])
+        b = nl.load(rhs[nl.ds(k * 32, 32), :])
+        if matmul:
+            acc += nl.matmul(a, b, transpose_x=True)
+        else:
+            acc += b
+    nl.store(out, value=nl.copy(acc))
+    return out
+
+
+def test_plus_equals_exemption_is_only_for_matmul_into_psum(rng, rejects):
+    lhs_t = rng.standard_normal((96, 32)).astype(np.float32)
+    rhs = rng.standard_normal((96, 32)).astype(np.float32)
+    out = nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="psum", matmul=True)
+    np.testing.assert_allclose(out, lhs_t.astype(np.float64).T @ rhs, rtol=1e-5, atol=1e-5)
+    with rejects(SyntaxError, match=DEP):
+        nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="sbuf", matmul=True)
+    with rejects(SyntaxError, match=DEP):
+        nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="psum", matmul=False)
