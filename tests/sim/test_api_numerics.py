@@ -136,3 +136,28 @@ def test_bool_mask_input_selects(rng):
     x = rng.standard_normal((64, 32)).astype(np.float32)
     out = nki.simulate_kernel(bool_mask_where_k, mask, x)
     np.testing.assert_array_equal(out, np.where(mask, x, np.float32(-9984.0)))
+
+
+@nki.jit
+def low_precision_writes_k(x):
+    """(iota 0..511 as bf16, memset 1/3 as bf16, fp32 x -> uint8 copy, int32 iota -> bf16 copy)."""
+    o_iota = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_memset = nl.ndarray((4, 8), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_u8 = nl.ndarray(x.shape, dtype=nl.uint8, buffer=nl.shared_hbm)
+    o_i2b = nl.ndarray((1, 512), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    nl.store(o_iota, value=nisa.iota(nl.arange(512)[None, :], dtype=nl.bfloat16))
+    nl.store(o_memset, value=nisa.memset(shape=(4, 8), value=1.0 / 3.0, dtype=nl.bfloat16))
+    nl.store(o_u8, value=nl.copy(nl.load(x), dtype=nl.uint8))
+    ints = nisa.iota(nl.arange(512)[None, :] * 4099, dtype=nl.int32)
+    nl.store(o_i2b, value=nl.copy(ints, dtype=nl.bfloat16))
+    return o_iota, o_memset, o_u8, o_i2b
+
+
+def test_low_precision_writes_round_to_nearest_even_and_saturate():
+    x = np.array([[-5.0, -0.5, 0.5, 1.5, 2.5, 254.5, 255.5, 300.0]], np.float32)
+    o_iota, o_memset, o_u8, o_i2b = nki.simulate_kernel(low_precision_writes_k, x)
+    np.testing.assert_array_equal(o_iota.view(np.uint16), _bf16_bits(np.arange(512)[None, :]))
+    np.testing.assert_array_equal(o_memset.view(np.uint16), _bf16_bits(np.full((4, 8), 1 / 3)))
+    np.testing.assert_array_equal(o_u8, np.clip(np.rint(x), 0, 255).astype(np.uint8))
+    big = (np.arange(512) * 4099)[None, :].astype(np.float64)          # exact in float64
+    np.testing.assert_array_equal(o_i2b.view(np.uint16), big.astype(BF16).view(np.uint16))

@@ -129,6 +129,8 @@ def test_matmul_events_and_summary_consistency(tutorial, rng, dtype, fp32):
         nki.simulate_kernel(tutorial.tiled_matmul, lhs_t, rhs)
     mms = [e for e in trace.events if e.op in ("matmul", "nc_matmul")]
     assert len(mms) == 2 * 2 * 3
+    assert sorted(e.loop_indices for e in mms) == [(m, n, k) for m in range(2) for n in range(2)
+                                                  for k in range(3)]
     for e in mms:
         assert e.engine == "tensor" and e.dst_buffer in ("", "psum")
         assert (e.attr("contraction"), e.attr("stationary_free"), e.attr("moving_free")) == (128, 128, 512)
