@@ -154,3 +154,27 @@ def test_nl_matmul_mixed_fp32_bf16_fails(rng, rejects):
                                x.astype(np.float64).T @ y.astype(np.float64), rtol=1e-5, atol=1e-5)
     with rejects(Exception, match=r"(?i)fp32|float32|dtype"):
         nki.simulate_kernel(matmul_mixed_k, x, y)
+
+
+@nki.jit
+def adv_index_k(x, *, swap):
+    """x (P, 64) -> (P, 8, 8) tile through 3-D arange expressions: x[p, 8a + b] (row-major)
+    or x[p, a + 8b] (swapped free axes)."""
+    p_dim = x.shape[0]
+    out = nl.ndarray((p_dim, 8, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(p_dim)[:, None, None]
+    i_a = nl.arange(8)[None, :, None]
+    i_b = nl.arange(8)[None, None, :]
+    cols = (i_a + 8 * i_b) if swap else (8 * i_a + i_b)
+    tile = nl.load(x[i_p, cols])
+    assert tuple(tile.shape) == (p_dim, 8, 8)
+    nl.store(out, value=tile)
+    return out
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_advanced_index_expressions_give_numpy_shapes(rng, swap):
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    out = nki.simulate_kernel(adv_index_k, x, swap=swap)
+    ref = x.reshape(32, 8, 8)
+    np.testing.assert_array_equal(out, ref.transpose(0, 2, 1) if swap else ref)

@@ -244,3 +244,18 @@ def test_program_id_axis_beyond_the_grid_rank_fails(rng, rejects):
     np.testing.assert_array_equal(nki.simulate_kernel(program_id_axis_k[1, 2], x, axis=1), 2 * x)
     with rejects(Exception, match=r"(?i)axis"):
         nki.simulate_kernel(program_id_axis_k[2], x, axis=1)
+
+
+@pytest.mark.parametrize("wrap", ["baremetal", "jit-baremetal", "benchmark"])
+def test_simulate_kernel_accepts_device_decorated_kernels(rng, wrap):
+    # nki-samples simulate baremetal-decorated kernels: simulate_kernel(baremetal(k)[grid], ...)
+    x = rng.standard_normal((2 * 128, 16)).astype(np.float32)
+    if wrap == "baremetal":
+        kernel = nki.baremetal(_grid_rows_body)
+    elif wrap == "jit-baremetal":
+        kernel = nki.jit(_grid_rows_body, mode="baremetal")
+    else:
+        kernel = nki.benchmark(warmup=1, iters=1)(_grid_rows_body)
+    out = nki.simulate_kernel(kernel[2], x, scale=1.0)
+    ref = x.reshape(2, 128, 16) * np.array([1.0, 2.0])[:, None, None]
+    np.testing.assert_allclose(out, ref.reshape(x.shape), rtol=1e-6)
