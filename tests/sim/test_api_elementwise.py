@@ -34,7 +34,7 @@ def binary_op_scalar(a, *, op, scalar):
 
 BINARY = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "maximum": np.maximum, "minimum": np.minimum, "power": np.power,
+    "maximum": np.maximum, "minimum": np.minimum, "power": np.power, "fmod": np.fmod,
 }
 
 
@@ -122,6 +122,8 @@ UNARY = {
     "silu": lambda x: x / (1 + np.exp(-x)), "softplus": lambda x: np.log1p(np.exp(x)),
     "square": np.square, "sin": np.sin, "cos": np.cos,
     "gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    "erf": _erf, "tan": np.tan, "arctan": np.arctan, "ceil": np.ceil, "floor": np.floor,
+    "trunc": np.trunc, "mish": lambda x: x * np.tanh(np.log1p(np.exp(x))),
 }
 POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
 
@@ -129,7 +131,8 @@ POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
 @pytest.mark.parametrize("op", sorted(UNARY))
 def test_unary_math(rng, op):
     lo = 0.05 if op in POSITIVE_ONLY else -3.0
-    a = rng.uniform(lo, 3.0, size=(128, 40)).astype(np.float32)
+    hi = 1.4 if op in ("tan", "arctan") else 3.0          # documented valid input ranges
+    a = rng.uniform(-hi if op in ("tan", "arctan") else lo, hi, size=(128, 40)).astype(np.float32)
     out = nki.simulate_kernel(unary_op, a, op=op)
     atol = 2e-3 if op == "gelu" else 1e-5        # tanh-approximated GELU is within 1e-3
     np.testing.assert_allclose(out, UNARY[op](a.astype(np.float64)), rtol=1e-5, atol=atol)
@@ -244,7 +247,8 @@ def reduce_op(a, *, op, axis, keepdims):
     return out
 
 
-REDUCE = {"max": np.max, "min": np.min, "sum": np.sum, "prod": np.prod, "mean": np.mean}
+REDUCE = {"max": np.max, "min": np.min, "sum": np.sum, "prod": np.prod, "mean": np.mean,
+          "var": np.var}
 
 
 @pytest.mark.parametrize("op", sorted(REDUCE))
@@ -292,3 +296,41 @@ def test_where_shape_mismatch_fails(rng, rejects):
     a = rng.standard_normal((128, 64)).astype(np.float32)
     with rejects(Exception, match=r"(?i)shape|broadcast|mismatch"):
         nki.simulate_kernel(where_kernel, cond, a, fill=-9984.0)
+
+
+@nki.jit
+def augmented_assign_k(x):
+    """t[:, 0:4] *= 2; t[:, 4:8] += 1; t[:, 8:12] -= t[:, 0:4]; t[:, 12:16] /= 4 (in place)."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    t[:, 0:4] *= 2.0
+    t[:, 4:8] += 1.0
+    t[:, 8:12] -= t[:, 0:4]
+    t[:, 12:16] /= 4.0
+    nl.store(out, value=t)
+    return out
+
+
+def test_augmented_assignment_writes_through(rng):
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    out = nki.simulate_kernel(augmented_assign_k, x)
+    ref = x.astype(np.float64).copy()
+    ref[:, 0:4] *= 2
+    ref[:, 4:8] += 1
+    ref[:, 8:12] -= ref[:, 0:4]
+    ref[:, 12:16] /= 4
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-7)
+
+
+@nki.jit
+def mod_k(a, b):
+    out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.mod(nl.load(a), nl.load(b)))
+    return out
+
+
+def test_mod_of_positive_operands(rng):
+    a = rng.uniform(0, 20, size=(32, 16)).astype(np.float32)
+    b = rng.uniform(0.5, 3, size=(32, 16)).astype(np.float32)
+    np.testing.assert_allclose(nki.simulate_kernel(mod_k, a, b),
+                               np.mod(a.astype(np.float64), b), rtol=1e-5, atol=1e-5)

@@ -403,3 +403,21 @@ def test_dma_transpose_on_trn1_is_rejected(rng, target, rejects):
     x = rng.standard_normal((128, 64)).astype(ml_dtypes.bfloat16)
     with target("trn1"), rejects(Exception, match=r"(?i)gen3|trn2|v3|not (supported|available)"):
         nki.simulate_kernel(dma_transpose_k, x)
+
+
+@nki.jit
+def copy_predicated_k(src, dst, pred, *, reverse):
+    out = nl.ndarray(dst.shape, dtype=dst.dtype, buffer=nl.shared_hbm)
+    d = nl.load(dst)
+    nisa.tensor_copy_predicated(src=nl.load(src), dst=d, predicate=nl.load(pred), reverse_pred=reverse)
+    nl.store(out, value=d)
+    return out
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_tensor_copy_predicated(rng, reverse):
+    src = rng.standard_normal((64, 16)).astype(np.float32)
+    dst = rng.standard_normal((64, 16)).astype(np.float32)
+    pred = rng.integers(0, 2, size=(64, 16)).astype(np.uint8)
+    out = nki.simulate_kernel(copy_predicated_k, src, dst, pred, reverse=reverse)
+    np.testing.assert_array_equal(out, np.where((pred != 0) ^ reverse, src, dst))

@@ -308,3 +308,19 @@ def test_nl_copy_of_a_tile_passes_of_hbm_fails(rng, rejects):
     np.testing.assert_array_equal(nki.simulate_kernel(copy_src_k, x, from_hbm=False), x)
     with rejects(Exception, match=r"(?i)hbm|sbuf|address space"):
         nki.simulate_kernel(copy_src_k, x, from_hbm=True)
+
+
+@nki.jit
+def maybe_unwritten_output_k(x, *, write):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    if write:
+        nl.store(out, value=tile)
+    return out
+
+
+def test_output_never_written_fails(rng, rejects):
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(maybe_unwritten_output_k, x, write=True), x)
+    with rejects(Exception, match=r"(?i)not written|never written|output"):
+        nki.simulate_kernel(maybe_unwritten_output_k, x, write=False)
