@@ -85,7 +85,11 @@ class Access:
             v = c if not isinstance(c, np.ndarray) else int(np.broadcast_to(c, t.shape)[first])
             flat += int(v) * int(cstrides[ax])
         size = int(np.prod(dims, dtype=np.int64))
-        raise E.IndirectIndexError(f"index {flat} is out of bounds for axis 0 with size {size}")
+        if flat >= size or flat < 0:     # NumPy's message for the flattened tensor (API notes §3.5)
+            raise E.IndirectIndexError(f"index {flat} is out of bounds for axis 0 with size {size}")
+        ax = t.indirect                  # in bounds once flattened: name the indexed axis instead
+        v = int(np.broadcast_to(t.idx[ax], t.shape)[first])
+        raise E.IndirectIndexError(f"index {v} is out of bounds for axis {ax} with size {dims[ax]}")
 
     def gather(self, base: np.ndarray) -> np.ndarray:
         """Values of ``base`` (same shape as ``alloc.data``) at this access (shape ``t.shape``)."""

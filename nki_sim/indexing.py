@@ -26,25 +26,29 @@ def _val(x):
 class IndexExpr:
     """Affine index expression over nl.arange / nl.mgrid grids (int64 values)."""
 
-    __slots__ = ("v",)
+    __slots__ = ("v", "affine")
     __array_priority__ = 100
     __array_ufunc__ = None
 
-    def __init__(self, v):
+    def __init__(self, v, affine: bool = True):
         self.v = np.asarray(v, dtype=np.int64)
+        self.affine = affine    # False once %, // or index*index enter the expression
 
     shape = property(lambda self: self.v.shape)
     ndim = property(lambda self: self.v.ndim)
 
     def __getitem__(self, key):
-        return IndexExpr(self.v[key])
+        return IndexExpr(self.v[key], self.affine)
 
-    def _bin(self, other, fn, reverse=False):
+    def _bin(self, other, fn, reverse=False, keeps_affine=True):
         o = _val(other)
         if o is NotImplemented:
             return NotImplemented
         r = fn(o, self.v) if reverse else fn(self.v, o)
-        return IndexExpr(r)
+        affine = self.affine and keeps_affine and getattr(other, "affine", True)
+        if fn is operator.mul and isinstance(other, IndexExpr):
+            affine = False
+        return IndexExpr(r, affine)
 
     def __add__(self, o): return self._bin(o, operator.add)
     def __radd__(self, o): return self._bin(o, operator.add, True)
@@ -52,18 +56,18 @@ class IndexExpr:
     def __rsub__(self, o): return self._bin(o, operator.sub, True)
     def __mul__(self, o): return self._bin(o, operator.mul)
     def __rmul__(self, o): return self._bin(o, operator.mul, True)
-    def __floordiv__(self, o): return self._bin(o, operator.floordiv)
-    def __rfloordiv__(self, o): return self._bin(o, operator.floordiv, True)
-    def __mod__(self, o): return self._bin(o, operator.mod)
-    def __rmod__(self, o): return self._bin(o, operator.mod, True)
-    def __neg__(self): return IndexExpr(-self.v)
+    def __floordiv__(self, o): return self._bin(o, operator.floordiv, keeps_affine=False)
+    def __rfloordiv__(self, o): return self._bin(o, operator.floordiv, True, keeps_affine=False)
+    def __mod__(self, o): return self._bin(o, operator.mod, keeps_affine=False)
+    def __rmod__(self, o): return self._bin(o, operator.mod, True, keeps_affine=False)
+    def __neg__(self): return IndexExpr(-self.v, self.affine)
     def __pos__(self): return self
 
     def _cmp(self, other, fn):
         o = _val(other)
         if o is NotImplemented:
             return NotImplemented
-        return MaskExpr(fn(self.v, o))
+        return MaskExpr(fn(self.v, o), affine=self.affine and getattr(other, "affine", True))
 
     def __lt__(self, o): return self._cmp(o, operator.lt)
     def __le__(self, o): return self._cmp(o, operator.le)
@@ -87,12 +91,14 @@ class IndexExpr:
 class MaskExpr:
     """Predicate over an index grid (bool array); used as ``mask=`` / affine_select predicate."""
 
-    __slots__ = ("v",)
+    __slots__ = ("v", "affine", "terms")
     __array_priority__ = 100
     __array_ufunc__ = None
 
-    def __init__(self, v):
+    def __init__(self, v, affine: bool = True, terms: int = 1):
         self.v = np.asarray(v, dtype=bool)
+        self.affine = affine    # every comparison side is affine in the indices
+        self.terms = terms      # number of comparisons combined with & / |
 
     shape = property(lambda self: self.v.shape)
 
@@ -104,23 +110,31 @@ class MaskExpr:
             return bool(x)
         return NotImplemented
 
-    def __and__(self, o):
+    def _combine(self, o, fn):
         m = self._m(o)
-        return NotImplemented if m is NotImplemented else MaskExpr(self.v & m)
+        if m is NotImplemented:
+            return NotImplemented
+        affine = self.affine and getattr(o, "affine", True)
+        return MaskExpr(fn(self.v, m), affine, self.terms + getattr(o, "terms", 0))
+
+    def __and__(self, o):
+        return self._combine(o, operator.and_)
 
     __rand__ = __and__
 
     def __or__(self, o):
-        m = self._m(o)
-        return NotImplemented if m is NotImplemented else MaskExpr(self.v | m)
+        return self._combine(o, operator.or_)
 
     __ror__ = __or__
 
     def __invert__(self):
-        return MaskExpr(~self.v)
+        return MaskExpr(~self.v, self.affine, self.terms)
 
     def __bool__(self):
-        raise ValueError("Cannot evaluate truth value of a mask expression; combine masks with '&', not 'and'")
+        raise ValueError(
+            "Cannot evaluate truth value of a predicate on nl.arange / nl.mgrid indices: control flow "
+            "cannot depend on index expressions (err_control_flow_condition_depending_on_arange); "
+            "pass it as mask=, and combine masks with '&', not 'and'")
 
     def __repr__(self):
         return f"MaskExpr(shape={self.shape})"
@@ -185,6 +199,12 @@ def mask_array(mask, shape):
     if isinstance(mask, (bool, np.bool_)):
         return None if mask else np.zeros(shape, dtype=bool)
     if isinstance(mask, MaskExpr):
+        if not mask.affine:
+            from .errors import NkiCompileError
+            raise NkiCompileError(
+                "mask= predicate uses a non-affine expression of the indices (%, // or a product of "
+                "indices); masks must be affine in nl.arange / loop variables / program ids, combined "
+                "with '&' (err_unsupported_expression_in_mask)", code="err_unsupported_expression_in_mask")
         m = mask.v
     else:
         raise TypeError("mask= must be a predicate on nl.arange / nl.mgrid indices "

@@ -193,6 +193,11 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     if op1 is not None:
         stages.append((alu_name(op1, "nisa.tensor_scalar op1"), operand(operand1, "operand1", "tensor_scalar"),
                        reverse1))
+    kinds = {ALU[n][2] == "bitvec" for n, _, _ in stages}
+    if len(kinds) > 1:
+        raise E.NkiCompileError(
+            f"nisa.tensor_scalar: op0 and op1 must be of the same type (both bitvec or both "
+            f"arithmetic); got {[n for n, _, _ in stages]}")
     for n, o, _ in stages:
         if not o.is_scalar and (o.shape[0] not in (1, P) or free_size(o.shape) != 1):
             raise E.NkiCompileError(f"nisa.tensor_scalar: operands must be scalars or [{P}, 1] tiles; "
@@ -301,6 +306,11 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
     if not isinstance(pred, MaskExpr):
         raise TypeError("nisa.affine_select: pred must be an affine predicate on nl.arange / nl.mgrid "
                         f"indices (e.g. i_q >= i_k); got {type(pred).__name__}")
+    if not pred.affine or pred.terms != 1:
+        raise E.NkiCompileError(
+            "nisa.affine_select: pred must be ONE affine comparison of the indices (no '&' / '|' "
+            "combinations, no % or //); for a complex predicate use nl.where",
+            code="err_unsupported_expression_in_mask")
     if not isinstance(on_true_tile, Tensor):
         raise TypeError("nisa.affine_select: on_true_tile must be a tile")
     _no_psum_on_gpsimd("affine_select", "gpsimd", on_true_tile)

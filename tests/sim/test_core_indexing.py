@@ -191,3 +191,43 @@ def test_masked_compute_and_store(rng):
     ref = np.zeros_like(x)
     ref[:64, :8] = x[:64, :8] ** 2
     assert np.array_equal(run(_mask_compute, x), ref)
+
+
+def test_indirect_oob_with_leading_int_names_the_axis(rng):
+    idx = np.array([[0, 1], [1, 10], [2, 2]], np.int32)      # row 10 of a 10-row axis
+    with pytest.raises(IndexError, match=r"^index 10 is out of bounds for axis 1 with size 10$"):
+        run(_gather, f32(rng, 2, 10, 4), idx, form="lead")
+
+
+def _masks(x, *, kind):
+    i_p = nl.arange(x.shape[0])[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    t = nl.load(x)
+    if kind == "affine":
+        m = (i_p < 8) & (2 * i_f + 1 >= 5)
+    elif kind == "mod":
+        m = i_p % 4 == 0
+    else:
+        m = i_p * i_f < 3
+    r = nl.multiply(t, 2.0, mask=m)
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out[i_p, i_f], r[i_p, i_f], mask=m)
+    return out
+
+
+def test_masks_must_be_affine(rng):
+    x = f32(rng, 16, 8)
+    out = run(_masks, x, kind="affine")
+    assert np.array_equal(out[:8, 2:], 2 * x[:8, 2:])
+    for kind in ("mod", "product"):
+        with pytest.raises(E.NkiCompileError, match="err_unsupported_expression_in_mask"):
+            run(_masks, x, kind=kind)
+
+
+def test_control_flow_on_index_expression_is_rejected():
+    def k(x):
+        i_p = nl.arange(4)[:, None]
+        if i_p < 2:
+            pass
+    with pytest.raises(ValueError, match="err_control_flow_condition_depending_on_arange"):
+        run(k, np.zeros((1, 1), np.float32))
