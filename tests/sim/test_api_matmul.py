@@ -175,9 +175,10 @@ def accumulate_rows(x, *, loop):
     return out
 
 
-def test_sequential_range_allows_loop_carried_dependency(rng):
+@pytest.mark.parametrize("loop", ["sequential_range", "static_range"])
+def test_sequential_range_allows_loop_carried_dependency(rng, loop):
     x = rng.standard_normal((384, 16)).astype(np.float32)
-    out = nki.simulate_kernel(accumulate_rows, x, loop="sequential_range")
+    out = nki.simulate_kernel(accumulate_rows, x, loop=loop)
     np.testing.assert_allclose(out, x.reshape(3, 128, 16).astype(np.float64).sum(0), atol=1e-5)
 
 
