@@ -24,6 +24,11 @@ M_FLOOR = -1.0e29
 # affects fully masked rows. 2**-30 keeps 1/l inside the ScalarE reciprocal range (2**42).
 L_FLOOR = 2.0 ** -30
 
+# SBUF bytes per partition the kernel keeps for the per-(Q tile, head) online-softmax state and
+# the scaled Q of one group of Q tiles (o: d*acc bytes, m and l: 8 bytes, Q: 128*kernel bytes per
+# slot); larger query batches are processed in several groups, each re-reading the KV tiles.
+STATE_BUDGET_BYTES = 64 * 1024
+
 # Block ids travel through fp32 PE transposes in the in-kernel block-table transform: exact only
 # below 2**24. The kernel checks num_blocks * Hkv * tiling_factor against this bound.
 FP32_EXACT_INT = 1 << 24

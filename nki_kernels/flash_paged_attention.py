@@ -16,7 +16,7 @@ from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
-                                   tile_geometry)
+                                   STATE_BUDGET_BYTES, tile_geometry)
 from nki_kernels.flash_core import flash_attention_tile
 from nki_kernels.kv_load import flat_kv_view, load_kv_tile
 
@@ -82,14 +82,15 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
 
     Pseudocode:
         rows = load_block_tables(block_tables, head)          # (128, nL, n_tiles) flat-cache rows
-        m, l, o = M_FLOOR, 0, 0  for every (Q tile i, query head g of this KV head)
-        for j in sequential_range(n_tiles):                   # context: one KV load per KV head
-            K, V = load_kv_tile(kv_flat, rows, j)              # nL indirect DMAs each for K and V
-            for i, g: flash_attention_tile(scale*Q[g, i], K, V, mask[i, tile j], state[i, g])
-        for i in static_range(Qpad // 128):                   # active keys, causal tile skipping
-            for keys [w0, w0 + W) below (i+1)*128, W <= LT:
-                for g: flash_attention_tile(scale*Q[g, i], K_act, V_act, mask[i, ctx + w0:], ...)
-        out[g, i] = o / max(l, L_FLOOR)
+        for each group of Q tiles whose state fits STATE_BUDGET_BYTES (usually one group):
+            m, l, o = M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
+            for j in sequential_range(n_tiles):               # context: one KV load per KV head
+                K, V = load_kv(kv_flat, rows, j)               # nL indirect DMAs each for K and V
+                for i, g: flash_attention_tile(Qs[i, g], K, V, mask[i, tile j], state[i, g])
+            for active window w (<= LT keys):                 # new tokens, causal tile skipping
+                for i with (i+1)*128 > w0, g: flash_attention_tile(Qs[i, g], K_w, V_w,
+                                                   mask[i, ctx + w0 : ctx + min(w0+LT, (i+1)*128)])
+            out[i, g] = o / max(l, L_FLOOR)
     """
     # Step 0: validate inputs and derive the geometry (plain Python on shapes and dtypes).
     cfg = _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
@@ -100,65 +101,86 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     _check_grid(Hkv)
     P = B_P_SIZE
     n_q = Qpad // P
-    n_slots = n_q * G
     use_dma_t = (nisa.get_nc_version() == nisa.nc_version.gen3 and np.dtype(kd).itemsize == 2)
+    # Q tiles per group: the group's online-softmax state and scaled Q stay in SBUF within
+    # STATE_BUDGET_BYTES per partition; each group re-reads the KV tiles (one group in the
+    # common case, e.g. up to 16 Q tiles for G = 8, d = 128).
+    slot_bytes = d * np.dtype(acc).itemsize + 8 + P * np.dtype(kd).itemsize
+    q_per_group = max(1, min(n_q, STATE_BUDGET_BYTES // (G * slot_bytes)))
+    n_groups = (n_q + q_per_group - 1) // q_per_group
 
     o = nl.ndarray((1, H, Qpad, d), dtype=query.dtype, buffer=nl.shared_hbm)
     head = nl.program_id(axis=1)
 
-    # Step 1: online-softmax state for every (Q tile, query head) slot of this KV head.
-    m_buf = nl.full((P, n_slots), M_FLOOR, dtype=nl.float32, buffer=nl.sbuf)
-    l_buf = nl.zeros((P, n_slots), dtype=nl.float32, buffer=nl.sbuf)
-    o_buf = nl.zeros((P, n_slots * d), dtype=acc, buffer=nl.sbuf)
-
-    # Step 2: context tiles (all Q tiles against every context tile; the mask does the rest).
     if n_tiles > 0:
+        # Flat-cache rows of every large tile for this KV head: (128, nL, n_tiles) int32.
         rows = load_block_tables(block_tables, num_tiles=n_tiles, blocks_per_tile=cfg["M"],
                                  tiling_factor=cfg["T"], num_kv_heads=Hkv, head_id=head)
         kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg["T"])
-        for j in nl.sequential_range(n_tiles):
-            k_tile, v_tile = load_kv(kv_flat, rows, j, tiled_block_size=cfg["bp"],
-                                     head_size=d, kernel_dtype=kd)
-            for i in nl.affine_range(n_q):
-                mask_tile = nl.load(mask[nl.ds(i * P, P), nl.ds(j * LT, LT)])
-                for g in nl.affine_range(G):
-                    q_tile = _load_q(query, head * G + g, i, scale, kd)
-                    flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
-                                         i * G + g, k_start=0, width=LT, kernel_dtype=kd,
-                                         use_dma_transpose=use_dma_t)
 
-    # Step 3: active (new) tokens. Q tile i only needs active keys < (i+1)*128 (causal), taken
-    # in windows of at most LT keys; loops are static because window widths differ.
-    k_act = nl.load(key[0, head, :, :], dtype=kd)                        # (d, Qpad)
-    v_act = nl.ndarray((P, n_q * d), dtype=kd, buffer=nl.sbuf)           # chunk c = keys c*128..
-    for c in nl.affine_range(n_q):
-        v_act[:, nl.ds(c * d, d)] = nl.load(value[0, head, nl.ds(c * P, P), :], dtype=kd)
-    for i in nl.static_range(n_q):
-        n_keys = (i + 1) * P
-        for w in nl.static_range((n_keys + LT - 1) // LT):
-            w0 = w * LT
-            width = min(LT, n_keys - w0)
-            mask_tile = nl.load(mask[nl.ds(i * P, P), nl.ds(ctx + w0, width)])
+    for grp in nl.static_range(n_groups):          # static: the last group may be smaller
+        i0 = grp * q_per_group
+        nqg = min(q_per_group, n_q - i0)
+        n_slots = nqg * G                          # slot s = ii * G + g  <->  Q tile i0 + ii, head g
+
+        # Step 1: state (m = M_FLOOR, l = 0, o = 0) and the scaled, transposed Q of every slot.
+        m_buf = nl.full((P, n_slots), M_FLOOR, dtype=nl.float32, buffer=nl.sbuf)
+        l_buf = nl.zeros((P, n_slots), dtype=nl.float32, buffer=nl.sbuf)
+        o_buf = nl.zeros((P, n_slots * d), dtype=acc, buffer=nl.sbuf)
+        q_buf = nl.ndarray((d, n_slots * P), dtype=kd, buffer=nl.sbuf)
+        for ii in nl.affine_range(nqg):
             for g in nl.affine_range(G):
-                q_tile = _load_q(query, head * G + g, i, scale, kd)
-                flash_attention_tile(q_tile, k_act, v_act, mask_tile, o_buf, m_buf, l_buf,
-                                     i * G + g, k_start=w0, width=width, kernel_dtype=kd,
-                                     use_dma_transpose=use_dma_t)
+                q_raw = nl.load(query[0, head * G + g, :, nl.ds((i0 + ii) * P, P)])
+                q_buf[:, nl.ds((ii * G + g) * P, P)] = nisa.tensor_scalar(
+                    q_raw, np.multiply, scale, dtype=kd)
 
-    # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
-    for i in nl.affine_range(n_q):
-        for g in nl.affine_range(G):
-            slot = i * G + g
-            l_safe = nl.maximum(l_buf[:, nl.ds(slot, 1)], L_FLOOR, dtype=nl.float32)
-            out_tile = nl.divide(o_buf[:, nl.ds(slot * d, d)], l_safe, dtype=query.dtype)
-            nl.store(o[0, head * G + g, nl.ds(i * P, P), :], value=out_tile)
+        # Step 2: context tiles -- every Q tile of the group against every context tile (the
+        # mask removes other sequences' and padding tokens); one KV load per tile and group.
+        if n_tiles > 0:
+            for j in nl.sequential_range(n_tiles):
+                k_tile, v_tile = load_kv(kv_flat, rows, j, tiled_block_size=cfg["bp"],
+                                         head_size=d, kernel_dtype=kd)
+                for ii in nl.affine_range(nqg):
+                    mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(j * LT, LT)])
+                    for g in nl.affine_range(G):
+                        slot = ii * G + g
+                        flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
+                                             mask_tile, o_buf, m_buf, l_buf, slot, k_start=0,
+                                             width=LT, kernel_dtype=kd, use_dma_transpose=use_dma_t)
+
+        # Step 3: active (new) tokens in windows of <= LT keys. Causal tile skipping: Q tile i
+        # only needs active keys < (i+1)*128, so windows starting at or past that are skipped
+        # and the last needed window is cut at (i+1)*128. Static loops: widths differ.
+        for w in nl.static_range((Qpad + LT - 1) // LT):
+            w0 = w * LT
+            if (i0 + nqg) * P <= w0:
+                continue                           # no Q tile of this group reaches window w
+            wt = min(LT, (i0 + nqg) * P - w0)
+            k_act = nl.load(key[0, head, :, nl.ds(w0, wt)], dtype=kd)                  # (d, wt)
+            v_act = nl.ndarray((P, (wt // P) * d), dtype=kd, buffer=nl.sbuf)
+            for c in nl.affine_range(wt // P):
+                v_act[:, nl.ds(c * d, d)] = nl.load(value[0, head, nl.ds(w0 + c * P, P), :],
+                                                    dtype=kd)
+            for ii in nl.static_range(nqg):
+                n_keys = (i0 + ii + 1) * P
+                if n_keys <= w0:
+                    continue
+                width = min(wt, n_keys - w0)
+                mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(ctx + w0, width)])
+                for g in nl.affine_range(G):
+                    slot = ii * G + g
+                    flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_act, v_act, mask_tile,
+                                         o_buf, m_buf, l_buf, slot, k_start=0, width=width,
+                                         kernel_dtype=kd, use_dma_transpose=use_dma_t)
+
+        # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
+        for ii in nl.affine_range(nqg):
+            for g in nl.affine_range(G):
+                slot = ii * G + g
+                l_safe = nl.maximum(l_buf[:, nl.ds(slot, 1)], L_FLOOR, dtype=nl.float32)
+                out_tile = nl.divide(o_buf[:, nl.ds(slot * d, d)], l_safe, dtype=query.dtype)
+                nl.store(o[0, head * G + g, nl.ds((i0 + ii) * P, P), :], value=out_tile)
     return o
-
-
-def _load_q(query, h, i, scale, kd):
-    """Q tile i of query head h, transposed (d, 128), multiplied by the softmax scale, in kd."""
-    q_raw = nl.load(query[0, h, :, nl.ds(i * B_P_SIZE, B_P_SIZE)])
-    return nisa.tensor_scalar(q_raw, np.multiply, scale, dtype=kd)
 
 
 def _is_pow2(x) -> bool:

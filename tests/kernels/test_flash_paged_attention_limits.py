@@ -120,3 +120,23 @@ def test_bf16_inputs_on_both_targets(target, mixed, batch_factory, check_referen
                           dtype=ml_dtypes.bfloat16)
     with nki_sim.use_target(target):
         check_reference(batch, mixed_precision=mixed, large_tile_size=1024)
+
+
+def test_query_groups_beyond_the_state_budget(batch_factory, check_reference, monkeypatch):
+    # A query batch whose online-softmax state exceeds the SBUF budget is processed in groups of
+    # Q tiles (KV re-read per group). Forcing one Q tile per group must give bit-identical
+    # results to the single-group run, and both must match the reference.
+    import nki_kernels.flash_paged_attention as fpa
+
+    batch = batch_factory(10, [150, 1, 140], [33, 500, 0], H=4, Hkv=2, d=16, block_size=16)
+    plan, inputs = _kernel_inputs(batch, large_tile_size=512)
+    assert plan.padded_queries == 384
+    one = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=True, backend="sim")
+    monkeypatch.setattr(fpa, "STATE_BUDGET_BYTES", 1)
+    with nki_sim.tracing() as trace:
+        grouped = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=True,
+                                            backend="sim")
+    # 3 groups x 2 KV heads x n_tiles x (K + V), one load per tile (L = 128)
+    assert trace.summary()["dma_indirect_instructions"] == 3 * 2 * plan.num_large_tiles * 2
+    np.testing.assert_array_equal(grouped, one)
+    check_reference(batch, mixed_precision=True, large_tile_size=512)
