@@ -74,6 +74,12 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
             raise E.MemorySpaceError(
                 f"Expected operand '{name}' of '{op}' to be in address space 'sbuf', but got a "
                 f"tile in 'psum' instead.")
+        if x.pax:
+            raise E.NkiCompileError(
+                f"operand '{name}' of '{op}' is tensor {x.name} {list(x.shape)} whose partition "
+                f"dimension is axis {x.pax}, not a tile; index its block dimension(s) first "
+                "(err_failed_to_infer_tile_from_local_tensor)",
+                code="err_failed_to_infer_tile_from_local_tensor")
         if x.indirect is not None:
             raise E.IndexingError(
                 f"operand '{name}' of '{op}' uses a dynamic index tensor; indirect indices are only "

@@ -58,7 +58,9 @@ def _pvec(x, name, op, P, allow_scalar=True):
     if o.is_scalar:
         return np.float32(o.v), o
     if o.shape[0] not in (1, P) or free_size(o.shape) != 1:
-        raise E.NkiCompileError(f"'{op}': {name} must be a scalar or a [{P}, 1] tile; got {list(o.shape)}")
+        raise E.NkiCompileError(f"'{op}': {name} must be a scalar or a [{P}, 1] tile; got {list(o.shape)} "
+                                "(err_activation_scale_scalar_or_vector)" if name == "scale" else
+                                f"'{op}': {name} must be a scalar or a [{P}, 1] tile; got {list(o.shape)}")
     return np.asarray(o.v, np.float32).reshape(o.shape[0], 1), o
 
 
@@ -82,6 +84,14 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         raise E.NkiCompileError(f"nisa.{_api}: bias must be float32/float16/bfloat16; got "
                                 f"{bo.dtype.name} (err_activation_bias_invalid_type)",
                                 code="err_activation_bias_invalid_type")
+    if scale is None or isinstance(scale, (bool, str)) or not (
+            isinstance(scale, (int, float, np.floating, np.integer, Tensor))):
+        raise E.NkiCompileError(f"nisa.{_api}: scale must be a float scalar or a [{P}, 1] float32 tile; "
+                                f"got {scale!r} (err_activation_scale_invalid_type)",
+                                code="err_activation_scale_invalid_type")
+    if isinstance(scale, Tensor) and scale.dtype != D.float32:
+        raise E.NkiCompileError(f"nisa.{_api}: a scale tile must be float32; got {scale.dtype.name} "
+                                "(err_activation_scale_invalid_type)", code="err_activation_scale_invalid_type")
     s, so = _pvec(scale, "scale", _api, P)
     x = np.asarray(a.v, np.float32).reshape(P, -1)     # (P, free): (128,) ~ (128, 1)
     with np.errstate(all="ignore"):

@@ -236,3 +236,39 @@ def test_instruction_results_land_in_their_engines_memories(rng):
         run(_assign_results, a, mm_dst="sbuf", iota_dst="sbuf")
     with pytest.raises(E.MemorySpaceError, match="GpSimd engine cannot access PSUM"):
         run(_assign_results, a, mm_dst="psum", iota_dst="psum")
+
+
+def _block_operand(x, *, index_block):
+    t = nl.zeros((2, nl.par_dim(8), 4), nl.float32)
+    r = nl.exp(t[1] if index_block else t)
+    out = nl.ndarray((8, 4), nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, r)
+    return out
+
+
+def test_compute_operand_must_be_a_tile():
+    x = np.zeros((1, 1), np.float32)
+    with nki_sim.configure(block_dims="allow"):
+        assert np.all(run(_block_operand, x, index_block=True) == 1.0)
+        with pytest.raises(E.NkiCompileError, match="err_failed_to_infer_tile_from_local_tensor"):
+            run(_block_operand, x, index_block=False)
+
+
+def _act_scale(x, *, scale_kind):
+    t = nl.load(x)
+    scale = {"float": 0.5, "tile": nl.full((8, 1), 0.5, nl.float32),
+             "bf16_tile": nl.full((8, 1), 0.5, nl.bfloat16), "wide": nl.full((8, 2), 0.5, nl.float32)}[scale_kind]
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nisa.activation(np.exp, t, scale=scale))
+    return out
+
+
+def test_activation_scale_is_scalar_or_fp32_vector(rng):
+    x = f32(rng, 8, 4)
+    for kind in ("float", "tile"):
+        np.testing.assert_allclose(run(_act_scale, x, scale_kind=kind), np.exp(0.5 * x.astype(np.float64)),
+                                   rtol=1e-6)
+    with pytest.raises(E.NkiCompileError, match="err_activation_scale_invalid_type"):
+        run(_act_scale, x, scale_kind="bf16_tile")
+    with pytest.raises(E.NkiCompileError, match="err_activation_scale_scalar_or_vector"):
+        run(_act_scale, x, scale_kind="wide")
