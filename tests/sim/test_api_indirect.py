@@ -47,7 +47,7 @@ def test_indirect_gather_nl_load_out_of_bounds_raises(indirect, rng, rejects):
         nki.simulate_kernel(indirect.gather_rows, data, idx)
 
 
-def test_indirect_gather_negative_index_raises(indirect, rng, rejects):
+def test_indirect_gather_negative_index_raises(indirect, rng, sim_only, rejects):
     data = rng.standard_normal((300, 48)).astype(np.float32)
     idx = rng.integers(0, 300, size=(128, 1)).astype(np.int32)
     idx[3, 0] = -1          # HBM offsets are unsigned on the device: no wrap-around

@@ -222,9 +222,15 @@ def shift_columns(x, *, loop):
     return out
 
 
-def test_read_after_write_across_iterations(rng, rejects):
+def test_read_after_write_across_iterations_in_sequential_range(rng):
     x = rng.standard_normal((64, 6)).astype(np.float32)
     out = nki.simulate_kernel(shift_columns, x, loop="sequential_range")
     np.testing.assert_array_equal(out, x[:, :1] * (2.0 ** np.arange(6))[None, :])
+
+
+def test_read_after_write_across_affine_iterations_fails(rng, sim_only, rejects):
+    # the dst access contains the loop index, so the legacy compiler need not flag it ("unsafe
+    # and could lead to numerical errors"); the simulator's element-level checker does
+    x = rng.standard_normal((64, 6)).astype(np.float32)
     with rejects(SyntaxError, match="Unexpected output dependencies"):
         nki.simulate_kernel(shift_columns, x, loop="affine_range")
