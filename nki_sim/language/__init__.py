@@ -49,8 +49,8 @@ fp32 = _Const(min=float(_np.finfo(_np.float32).min), max=float(_np.finfo(_np.flo
 bfp16 = _Const(min=float("-inf"))
 
 
-class tile_size:
-    """Hardware tile-size constants (``nl.tile_size.pmax`` etc.)."""
+class _TileSize:
+    """Hardware tile-size constants (``nl.tile_size.pmax`` etc.) of the simulated target."""
 
     pmax = 128
     psum_fmax = 512
@@ -60,15 +60,14 @@ class tile_size:
     psum_min_align = 4
     sbuf_min_align = 1
 
-    @classmethod
-    def _target(cls):
+    @property
+    def total_available_sbuf_size(self):
+        """Usable SBUF bytes per partition (gen2 180224, gen3 212984)."""
         from ..target import get_target
-        return get_target()
+        return get_target().sbuf_usable_bytes_per_partition
 
 
-def _total_sbuf():
-    from ..target import get_target
-    return get_target().sbuf_usable_bytes_per_partition
+tile_size = _TileSize()
 
 
 def dropout(*a, **k):
@@ -86,8 +85,6 @@ _NOT_EMULATED = {
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
-    if name == "total_available_sbuf_size":
-        return _total_sbuf()
     if name in _NOT_EMULATED:
         raise _not_emulated(f"nl.{name}")
     raise AttributeError(f"module 'neuronxcc.nki.language' (nki_sim) has no attribute {name!r}")
