@@ -291,3 +291,21 @@ def test_engines_of_documented_instructions(rng):
     assert act.out_shape == (32, 32) and act.in_dtypes[0] == "float32"
     (mm,) = [e for e in trace.events if e.op == "nc_matmul"]
     assert (mm.attr("contraction"), mm.attr("stationary_free"), mm.attr("moving_free")) == (32, 32, 32)
+
+
+def test_hbm_contiguous_attr_on_dma_events(indirect, rng):
+    # INTERFACES Changes [cost 17:05]: True iff the HBM side is one contiguous byte range in
+    # (partition, free) order; False for indirect DMAs and strided views
+    x = rng.standard_normal((128, 4, 64)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(indirect.strided_load, x, keep=64)      # whole tensor: contiguous
+        nki.simulate_kernel(indirect.strided_load, x, keep=32)      # strided view
+    full_load, full_store, part_load, part_store = _dma(trace)
+    assert full_load.attr("hbm_contiguous") is True and full_store.attr("hbm_contiguous") is True
+    assert part_load.attr("hbm_contiguous") is False and part_store.attr("hbm_contiguous") is True
+    data = rng.standard_normal((300, 8)).astype(np.float32)
+    idx = np.arange(128, dtype=np.int32).reshape(128, 1)              # even consecutive rows
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(indirect.gather_rows, data, idx)
+    (gather,) = [e for e in _dma(trace) if e.dma_kind == "indirect"]
+    assert not gather.attr("hbm_contiguous", False)
