@@ -87,3 +87,9 @@ def rejects():
                 f"{type(info.value).__name__} raised outside the simulator at {origin}: {info.value}")
 
     return _rejects
+
+
+@pytest.fixture(scope="session")
+def attention():
+    """The small causal-attention kernel file (composition of many ops)."""
+    return load_kernels("attention_kernels")
