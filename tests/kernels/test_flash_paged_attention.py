@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import nki_sim
 
 pytestmark = pytest.mark.simulation
+BF16 = ml_dtypes.bfloat16
 
 # (H, Hkv, d): GQA 2, GQA 4 with d=64, MHA d=128, MQA 8:1, GQA 3 with d=48, MQA d=96.
 HEADS = {
@@ -39,31 +41,47 @@ def _lens(seed, n_prefill, n_decode, *, max_q, max_ctx):
     return q[order], c[order]
 
 
-# id: block_size, LARGE_TILE_SZ, heads, (prefill, decode), mixed precision, target
-CASES = [
-    pytest.param(1, 512, "gqa2_d8", (1, 6), False, "trn2", id="b1_t512_gqa2_d8_fp32_trn2"),
-    pytest.param(2, 1024, "mqa8_d32", (2, 3), True, "trn1", id="b2_t1024_mqa8_d32_mixed_trn1"),
-    pytest.param(4, 1024, "mha_d128", (2, 4), False, "trn2", id="b4_t1024_mha_d128_fp32_trn2"),
-    pytest.param(8, 2048, "gqa3_d48", (1, 3), True, "trn2", id="b8_t2048_gqa3_d48_mixed_trn2"),
-    pytest.param(16, 2048, "gqa4_d64", (2, 2), True, "trn1", id="b16_t2048_gqa4_d64_mixed_trn1"),
-    pytest.param(32, 4096, "mqa3_d96", (1, 4), False, "trn1", id="b32_t4096_mqa3_d96_fp32_trn1"),
-    pytest.param(64, 8192, "gqa2_d8", (2, 3), True, "trn2", id="b64_t8192_gqa2_d8_mixed_trn2"),
-    pytest.param(128, 512, "gqa3_d48", (1, 2), False, "trn1", id="b128_t512_gqa3_d48_fp32_trn1"),
-    pytest.param(256, 2048, "mqa8_d32", (1, 2), False, "trn2", id="b256_t2048_mqa8_d32_fp32_trn2"),
-    pytest.param(32, 2048, "mha_d128", (1, 2), True, "trn1", id="b32_t2048_mha_d128_mixed_trn1"),
-    pytest.param(16, 8192, "mqa3_d96", (1, 2), True, "trn2", id="b16_t8192_mqa3_d96_mixed_trn2"),
-    pytest.param(4, 4096, "gqa4_d64", (1, 2), False, "trn2", id="b4_t4096_gqa4_d64_fp32_trn2"),
-]
+BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+TILE_SIZES = [512, 1024, 2048, 4096, 8192]
+MIXES = [(1, 6), (2, 3), (3, 1), (1, 2)]      # (prefill sequences, decode sequences)
 
 
-@pytest.mark.parametrize("block_size, tile, heads, mix, mixed, target", CASES)
-def test_matches_reference(block_size, tile, heads, mix, mixed, target, batch_factory,
-                           check_reference):
-    H, Hkv, d = HEADS[heads]
-    q, c = _lens(block_size * 7 + tile, *mix, max_q=40, max_ctx=700)
-    batch = batch_factory(block_size + tile, q, c, H=H, Hkv=Hkv, d=d, block_size=block_size)
-    with nki_sim.use_target(target):
-        check_reference(batch, mixed_precision=mixed, large_tile_size=tile)
+def _matrix():
+    """Every (block_size, LARGE_TILE_SZ) pair once; the other factors cycle so that every pair
+    of (heads, mixed precision, target) values occurs (checked by test_matrix_is_pairwise)."""
+    heads = list(HEADS)
+    for idx, (B, LT) in enumerate(itertools.product(BLOCK_SIZES, TILE_SIZES)):
+        yield dict(block_size=B, tile=LT, heads=heads[idx % len(heads)],
+                   mix=MIXES[idx % len(MIXES)], mixed=bool((idx // 6) % 2),
+                   target=("trn2", "trn1")[(idx // 12) % 2],
+                   dtype="bfloat16" if idx % 7 == 3 else "float32")
+
+
+CASES = [pytest.param(c, id=f"b{c['block_size']}_t{c['tile']}_{c['heads']}_"
+                            f"{'mixed' if c['mixed'] else 'nomix'}_{c['dtype']}_{c['target']}")
+         for c in _matrix()]
+
+
+def test_matrix_is_pairwise():
+    cases = list(_matrix())
+    got = lambda *keys: {tuple(c[k] for k in keys) for c in cases}  # noqa: E731
+    assert got("block_size", "tile") == set(itertools.product(BLOCK_SIZES, TILE_SIZES))
+    assert got("heads", "mixed") == set(itertools.product(HEADS, [True, False]))
+    assert got("heads", "target") == set(itertools.product(HEADS, ["trn1", "trn2"]))
+    assert got("mixed", "target") == set(itertools.product([True, False], ["trn1", "trn2"]))
+    assert got("dtype", "mixed") == set(itertools.product(["float32", "bfloat16"], [True, False]))
+    assert {d for _, _, d in HEADS.values()} >= {8, 32, 48, 64, 96, 128}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_reference(case, batch_factory, check_reference):
+    H, Hkv, d = HEADS[case["heads"]]
+    B, LT = case["block_size"], case["tile"]
+    q, c = _lens(B * 7 + LT, *case["mix"], max_q=120, max_ctx=1500)
+    dtype = BF16 if case["dtype"] == "bfloat16" else np.float32
+    batch = batch_factory(B + LT, q, c, H=H, Hkv=Hkv, d=d, block_size=B, dtype=dtype)
+    with nki_sim.use_target(case["target"]):
+        check_reference(batch, mixed_precision=case["mixed"], large_tile_size=LT)
 
 
 def _sweep():

@@ -140,3 +140,17 @@ def test_query_groups_beyond_the_state_budget(batch_factory, check_reference, mo
     assert trace.summary()["dma_indirect_instructions"] == 3 * 2 * plan.num_large_tiles * 2
     np.testing.assert_array_equal(grouped, one)
     check_reference(batch, mixed_precision=True, large_tile_size=512)
+
+
+def test_empty_block_table_means_no_context(batch_factory):
+    # The kernel itself also accepts num_active_blocks = 0 (mask (Qpad, Qpad)): same result as the
+    # host plan's single all-masked context tile, bit for bit.
+    batch = batch_factory(11, [9, 1, 30], [0, 0, 0], H=4, Hkv=2, d=16, block_size=8)
+    plan, inputs = _kernel_inputs(batch, large_tile_size=512)
+    q, k, v, cache, bt, mask = inputs
+    ctx = plan.context_kv_len
+    with_tile = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=False,
+                                          backend="sim")
+    empty = flash_attn_varlen_nkifunc(q, k, v, cache, bt[:0], np.ascontiguousarray(mask[:, ctx:]),
+                                      LARGE_TILE_SZ=512, mixed_precision=False, backend="sim")
+    np.testing.assert_array_equal(empty, with_tile)
