@@ -161,3 +161,33 @@ def test_low_precision_writes_round_to_nearest_even_and_saturate():
     np.testing.assert_array_equal(o_u8, np.clip(np.rint(x), 0, 255).astype(np.uint8))
     big = (np.arange(512) * 4099)[None, :].astype(np.float64)          # exact in float64
     np.testing.assert_array_equal(o_i2b.view(np.uint16), big.astype(BF16).view(np.uint16))
+
+
+@nki.jit
+def immediates_k(x, *, value):
+    """bf16 writes of a Python-float immediate: nisa.memset, nl.full, scalar assignment and a
+    multiply by the immediate; each returned as a bf16 (1, 8) row."""
+    o_memset = nl.ndarray((1, 8), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_full = nl.ndarray((1, 8), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_assign = nl.ndarray((1, 8), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_mul = nl.ndarray((1, 8), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    nl.store(o_memset, value=nisa.memset(shape=(1, 8), value=value, dtype=nl.bfloat16))
+    nl.store(o_full, value=nl.full((1, 8), value, dtype=nl.bfloat16))
+    t = nl.ndarray((1, 8), dtype=nl.bfloat16, buffer=nl.sbuf)
+    t[...] = value
+    nl.store(o_assign, value=t)
+    nl.store(o_mul, value=nl.multiply(nl.load(x), value, dtype=nl.bfloat16))
+    return o_memset, o_full, o_assign, o_mul
+
+
+def test_python_float_immediates_are_fp32_before_rounding_to_bf16():
+    # 1 + 2**-8 + 2**-30: as a float64 it lies just above the bf16 midpoint 1 + 2**-8 and
+    # would round up; as the fp32 immediate the hardware sees it is exactly the midpoint
+    # (2**-30 is below half an fp32 ulp) and rounds to even, i.e. to 1.0
+    value = 1.0 + 2.0**-8 + 2.0**-30
+    assert np.float32(value) == np.float32(1.0 + 2.0**-8)
+    outs = nki.simulate_kernel(immediates_k, np.ones((1, 8), np.float32), value=value)
+    expected = _bf16_bits(np.full((1, 8), np.float32(value)))
+    assert expected[0, 0] == 0x3F80
+    for name, got in zip(["memset", "full", "assign", "multiply"], outs):
+        np.testing.assert_array_equal(got.view(np.uint16), expected, err_msg=name)
