@@ -27,7 +27,7 @@ from .tensor import Tensor
 class Access:
     """Resolved element positions of one access of view ``t`` (with mask / oob handling)."""
 
-    __slots__ = ("t", "valid", "offs", "skipped", "oob_rows")
+    __slots__ = ("t", "valid", "offs", "skipped")
 
     def __init__(self, t: Tensor, mask=None, oob: str = "error"):
         self.t = t

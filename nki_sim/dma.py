@@ -22,9 +22,6 @@ from .state import state
 from .target import get_target
 from .tensor import Tensor
 
-_SKIP_NAMES = ("skip",)
-
-
 def _oob(mode) -> str:
     if mode is None:
         return "error"
@@ -234,7 +231,7 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
         wmask = m
         skipped = 0
     if dst_rmw_op is not None:
-        from .alu import ALU, alu_name
+        from .alu import alu_name
         if alu_name(dst_rmw_op, "nisa.dma_copy dst_rmw_op") != "add":
             raise NotImplementedError("nisa.dma_copy: only dst_rmw_op=np.add is supported")
         if oob == "skip":

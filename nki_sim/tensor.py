@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import errors as E
 from .indexing import IndexExpr, MaskExpr
 from .memory import HBM_BUFFERS, ONCHIP
 

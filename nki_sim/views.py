@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import errors as E
-from .config import config
 from .indexing import IndexExpr, MaskExpr
 from .memory import Alloc
 from .tensor import Tensor
@@ -102,7 +101,6 @@ def _advanced(t: Tensor, key) -> Tensor:
             f"Unsupported mixing of basic tensor indexing and advanced tensor indexing on tensor "
             f"{t.name}: slices / nl.ds cannot be combined with nl.arange / index tensors; use "
             "nl.arange for every axis (err_unsupported_mixing_basic_advanced_tensor_indexing)")
-    n_arr = sum(isinstance(k, (IndexExpr, Tensor, np.ndarray)) for k in key)
     comps, indirect = [], None
     for ax, k in enumerate(key):
         if isinstance(k, IndexExpr):
@@ -154,7 +152,6 @@ def _advanced(t: Tensor, key) -> Tensor:
                 f"partition or block dimension; index tile of shape {list(c.shape)} varies along a "
                 f"free dimension of the access {list(shape)} (err_indirect_indices_free_dim)",
                 code="err_indirect_indices_free_dim")
-    del n_arr
     return Tensor(t.alloc, t.arr, idx=tuple(comps), shape=shape, indirect=indirect)
 
 

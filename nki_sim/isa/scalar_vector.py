@@ -142,11 +142,6 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
                       _api="activation_reduce")
 
 
-def _alu_apply(name, x, y):
-    fn, int_exact, kind = ALU[name]
-    return fn, int_exact, kind
-
-
 def _compute(name, vals_dtypes):
     fn, int_exact, kind = ALU[name]
     dts = [d for _, d in vals_dtypes]

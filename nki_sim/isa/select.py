@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
-from ..access import read, write
+from ..access import write
 from ..alu import ALU, alu_name
 from ..compute import emit_compute, free_size, operand, require_kernel, result_tile
 from ..indexing import mask_array

@@ -7,7 +7,7 @@ import numpy as np
 from .. import dtypes as D
 from .. import errors as E
 from .. import trace
-from ..compute import check_partitions, free_size, require_kernel
+from ..compute import check_partitions, require_kernel
 from ..config import config
 from ..indexing import ParDim
 from ..memory import HBM_BUFFERS, Alloc, new_alloc

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
-from ..alu import ALU, act_name, apply_act
+from ..alu import ALU, apply_act
 from ..compute import operand, result_tile, require_kernel
 from ..indexing import MaskExpr, left_shape, mask_array
 from ..tensor import Tensor

@@ -8,8 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
