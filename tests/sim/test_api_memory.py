@@ -324,3 +324,19 @@ def test_output_never_written_fails(rng, rejects):
     np.testing.assert_array_equal(nki.simulate_kernel(maybe_unwritten_output_k, x, write=True), x)
     with rejects(Exception, match=r"(?i)not written|never written|output"):
         nki.simulate_kernel(maybe_unwritten_output_k, x, write=False)
+
+
+@nki.jit
+def rank_k(x, *, shape):
+    out = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.zeros(shape, dtype=x.dtype)
+    nl.store(out, value=nl.add(nl.load(x), t))
+    return out
+
+
+def test_on_chip_tiles_need_rank_two(rng, rejects):
+    # known issue: nl.zeros((128,)) fails with "Insufficient rank"; use (128, 1)
+    x = rng.standard_normal((128, 1)).astype(np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(rank_k, x, shape=(128, 1)), x)
+    with rejects(Exception, match=r"(?i)rank"):
+        nki.simulate_kernel(rank_k, x, shape=(128,))
