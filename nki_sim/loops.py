@@ -49,7 +49,13 @@ class _Loop:
                     frame.iter_start = state.epoch
                     frame.starts.append(state.epoch)
                     frame.values.append(v)
+                k.unwound = None
                 yield v
+        except GeneratorExit:         # closed early (break, or an exception unwinding the kernel)
+            snap = tuple((f.kind, f.value) for f in k.loops)
+            if k.unwound is None or len(snap) > len(k.unwound):
+                k.unwound = snap
+            raise
         finally:
             frame.alive = False
             if k.loops and k.loops[-1] is frame:

@@ -90,6 +90,25 @@ def _returned_allocs(x, out):
     return out
 
 
+def _add_context_note(e: BaseException, ctx) -> None:
+    """Say where in the kernel an error happened (a note: str(e) keeps the documented text)."""
+    import os
+    from .trace import _PKG_DIR
+    loc = None
+    tb = e.__traceback__
+    while tb is not None:
+        fn = tb.tb_frame.f_code.co_filename
+        if not fn.startswith(_PKG_DIR):
+            loc = (os.path.basename(fn), tb.tb_lineno)
+        tb = tb.tb_next
+    stack = [(f.kind, f.value) for f in ctx.loops] or list(ctx.unwound or ())
+    loops = ", ".join(f"{kind}_range={v}" for kind, v in stack) or "none"
+    where = f" at {loc[0]}:{loc[1]}" if loc else ""
+    if hasattr(e, "add_note"):
+        e.add_note(f"nki_sim: kernel '{ctx.name}', program_id {tuple(ctx.program_id)}, "
+                   f"enclosing loops: {loops}{where} (target {ctx.target.name})")
+
+
 def run_kernel(func, grid, args, kwargs, platform_target=None):
     """Simulate ``func`` over ``grid`` with NumPy arguments; returns NumPy outputs."""
     if state.kernel is not None:
@@ -130,6 +149,9 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
                 ctx.shared_cursor = 0
                 ctx.loops.clear()
                 ret = func(*bound.args, **bound.kwargs)
+        except Exception as e:
+            _add_context_note(e, ctx)
+            raise
         finally:
             state.kernel = None
             ctx.loops.clear()

@@ -36,6 +36,7 @@ class KernelContext:
     params: dict = field(default_factory=dict)           # alloc id -> parameter name
     target: object = None
     live: object = None                                  # memory.Live of the running program
+    unwound: tuple = None     # (kind, value) of the loops closed early last (error context)
 
 
 class _State:
