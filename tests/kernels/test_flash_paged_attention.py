@@ -14,6 +14,7 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import nki_sim
 
@@ -97,3 +98,17 @@ def test_sweep_matches_reference(block_size, tile, heads, mixed, batch_factory, 
     q, c = _lens(block_size + tile, 2, 6, max_q=64, max_ctx=1200)
     batch = batch_factory(block_size * 3 + tile, q, c, H=H, Hkv=Hkv, d=d, block_size=block_size)
     check_reference(batch, mixed_precision=mixed, large_tile_size=tile)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])   # fixtures are stateless
+@given(B=st.sampled_from(BLOCK_SIZES), LT=st.sampled_from(TILE_SIZES),
+       heads=st.sampled_from([(1, 1), (2, 1), (3, 3), (6, 2), (5, 1)]), d=st.integers(1, 128),
+       lens=st.lists(st.tuples(st.integers(1, 70), st.integers(0, 1300)), min_size=1, max_size=5),
+       mixed=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_batches_match_reference(B, LT, heads, d, lens, mixed, seed, batch_factory,
+                                        check_reference):
+    # Property test over arbitrary shapes: any head size, head ratio, block/tile size and mix.
+    q, c = zip(*lens)
+    batch = batch_factory(seed, q, c, H=heads[0], Hkv=heads[1], d=d, block_size=B)
+    check_reference(batch, mixed_precision=mixed, large_tile_size=LT)
