@@ -289,6 +289,7 @@ def test_engines_of_documented_instructions(rng):
     (act,) = [e for e in trace.events if e.op == "activation"]
     assert act.name == "act" and act.partitions == 32 and act.free_elems == 32
     assert act.out_shape == (32, 32) and act.in_dtypes[0] == "float32"
+    assert act.out_dtype == "float32" and act.bytes == 32 * 32 * 4          # compute: bytes written
     (mm,) = [e for e in trace.events if e.op == "nc_matmul"]
     assert (mm.attr("contraction"), mm.attr("stationary_free"), mm.attr("moving_free")) == (32, 32, 32)
 
@@ -309,3 +310,29 @@ def test_hbm_contiguous_attr_on_dma_events(indirect, rng):
         nki.simulate_kernel(indirect.gather_rows, data, idx)
     (gather,) = [e for e in _dma(trace) if e.dma_kind == "indirect"]
     assert not gather.attr("hbm_contiguous", False)
+
+
+@nki.jit
+def hold_psum_tiles(x, *, n_tiles):
+    """Keeps n_tiles (128, 512) fp32 PSUM tiles (one 2 KiB bank each) alive at once."""
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    held = []
+    for _ in range(n_tiles):
+        t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        t[...] = nl.load(x)
+        held.append(t)
+    acc = nl.copy(held[0])
+    for t in held[1:]:
+        acc = nl.add(acc, t)
+    nl.store(out, value=acc)
+    return out
+
+
+@pytest.mark.parametrize("n_tiles,over", [(8, False), (9, True)])
+def test_peak_psum_against_eight_banks(rng, n_tiles, over):
+    x = rng.standard_normal((128, 512)).astype(np.float32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(hold_psum_tiles, x, n_tiles=n_tiles)
+    s = trace.summary()
+    assert s["peak_psum_bytes_per_partition"] >= n_tiles * 2048
+    assert s["psum_over_capacity"] is over
