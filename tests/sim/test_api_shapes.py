@@ -183,3 +183,29 @@ def test_masked_indirect_gather_ignores_masked_indices(rng):
     out = nki.simulate_kernel(masked_indirect_k, data, idx, n_valid=100)
     np.testing.assert_array_equal(out[:100], data[idx[:100, 0]])
     np.testing.assert_array_equal(out[100:], -1.0)
+
+
+@nki.jit
+def view_writes_k(x):
+    """Writes through composed views of one SBUF tile t (128, 64) fp32 holding x:
+    t[:, 16:48].reshape((128, 4, 8))[:, 1, :] = -1 ; t.view(int32)[:, 0:4] = 7 ;
+    t[:, 48:64:2] = 5 (strided free slice)."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    t[...] = nl.load(x)
+    blocks = t[:, 16:48].reshape((x.shape[0], 4, 8))
+    blocks[:, 1, :] = -1.0
+    t.view(nl.int32)[:, 0:4] = 7
+    t[:, 48:64:2] = 5.0
+    nl.store(out, value=t)
+    return out
+
+
+def test_writes_through_composed_views(rng):
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    out = nki.simulate_kernel(view_writes_k, x)
+    ref = x.copy()
+    ref[:, 24:32] = -1.0
+    ref.view(np.int32)[:, 0:4] = 7
+    ref[:, 48:64:2] = 5.0
+    np.testing.assert_array_equal(out.view(np.int32), ref.view(np.int32))
