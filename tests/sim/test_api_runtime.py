@@ -259,3 +259,19 @@ def test_simulate_kernel_accepts_device_decorated_kernels(rng, wrap):
     out = nki.simulate_kernel(kernel[2], x, scale=1.0)
     ref = x.reshape(2, 128, 16) * np.array([1.0, 2.0])[:, None, None]
     np.testing.assert_allclose(out, ref.reshape(x.shape), rtol=1e-6)
+
+
+def test_explicit_target_choices_beat_the_env_override(sim_only, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    x = np.zeros((4, 4), np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(version_k, x), 2)
+    kernel = nki.jit(_version_body, mode="simulation", platform_target="trn2")
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel[1], x), 3)
+    with nki_sim.use_target("trn2"):
+        np.testing.assert_array_equal(nki.simulate_kernel(version_k, x), 3)
+
+
+def test_unknown_target_name_is_rejected(sim_only, monkeypatch, rejects):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9")
+    with rejects(ValueError, match="trn9"):
+        nki.simulate_kernel(version_k, np.zeros((4, 4), np.float32))
