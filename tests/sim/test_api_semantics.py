@@ -335,3 +335,23 @@ def test_comparison_default_dtype_is_bool(rng):
     out = nki.simulate_kernel(default_bool_k, a, b)
     assert out.dtype == np.bool_
     np.testing.assert_array_equal(out, a > b)
+
+
+@nki.jit
+def int_pe_transpose_k(x):
+    out = nl.ndarray((x.shape[1], x.shape[0]), dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((x.shape[1], x.shape[0]), dtype=nl.int32, buffer=nl.psum)
+    t[...] = nisa.nc_transpose(nl.load(x))
+    nl.store(out, value=nl.copy(t))
+    return out
+
+
+def test_int32_through_tensor_engine_warns_at_2_pow_24(sim_only, recwarn):
+    # TensorE computes through fp32: int32 values >= 2**24 are not exact on hardware; the
+    # simulator computes exactly and warns (API notes section 9 item 4, section 5.2)
+    small = np.arange(-5, 5, dtype=np.int32).reshape(10, 1) * (2**23)
+    np.testing.assert_array_equal(nki.simulate_kernel(int_pe_transpose_k, small), small.T)
+    assert not [w for w in recwarn if "2^24" in str(w.message)]
+    big = np.array([[2**24 + 1], [7]], np.int32)
+    with pytest.warns(RuntimeWarning, match=r"2\^24"):
+        nki.simulate_kernel(int_pe_transpose_k, big)
