@@ -349,7 +349,7 @@ def int_pe_transpose_k(x):
 def test_int32_through_tensor_engine_warns_at_2_pow_24(sim_only, recwarn):
     # TensorE computes through fp32: int32 values >= 2**24 are not exact on hardware; the
     # simulator computes exactly and warns (API notes section 9 item 4, section 5.2)
-    small = np.arange(-5, 5, dtype=np.int32).reshape(10, 1) * (2**23)
+    small = np.arange(-5, 5, dtype=np.int32).reshape(10, 1) * (2**21)     # |v| < 2**24
     np.testing.assert_array_equal(nki.simulate_kernel(int_pe_transpose_k, small), small.T)
     assert not [w for w in recwarn if "2^24" in str(w.message)]
     big = np.array([[2**24 + 1], [7]], np.int32)
