@@ -191,3 +191,29 @@ def test_python_float_immediates_are_fp32_before_rounding_to_bf16():
     assert expected[0, 0] == 0x3F80
     for name, got in zip(["memset", "full", "assign", "multiply"], outs):
         np.testing.assert_array_equal(got.view(np.uint16), expected, err_msg=name)
+
+
+@nki.jit
+def int_to_bf16_k(x):
+    """int32 (P, F) -> bf16 three ways: DMA store of the int tile into a bf16 HBM tensor,
+    nisa.dma_copy into a bf16 HBM tensor, and nl.copy(dtype=bf16)."""
+    o_store = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_dma = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    o_copy = nl.ndarray(x.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    nl.store(o_store, value=tile)
+    nisa.dma_copy(dst=o_dma, src=tile)
+    nl.store(o_copy, value=nl.copy(tile, dtype=nl.bfloat16))
+    return o_store, o_dma, o_copy
+
+
+def test_int_to_bf16_goes_through_fp32():
+    # DMA casts "first from src.dtype to float32, then from float32 to dst.dtype"; Vector math
+    # is fp32 too. 2**24 + 2**16 + 1 rounds (ties-to-even) to 2**24 + 2**16 in fp32, a bf16
+    # tie that rounds to even = 2**24; a direct int -> bf16 rounding would give 2**24 + 2**17.
+    x = np.array([[2**24 + 2**16 + 1, 3, -(2**24 + 2**16 + 1), 2**30 + 2**22 + 1]], np.int32)
+    via_fp32 = x.astype(np.float32).astype(BF16)
+    v = int(x[0, 0])                          # the nearest bf16 to v itself is 2**24 + 2**17
+    assert via_fp32[0, 0] == 2.0**24 and abs(v - 2**24) > abs(v - (2**24 + 2**17))
+    for name, got in zip(["store", "dma_copy", "copy"], nki.simulate_kernel(int_to_bf16_k, x)):
+        np.testing.assert_array_equal(got.view(np.uint16), via_fp32.view(np.uint16), err_msg=name)
