@@ -29,17 +29,28 @@ def flash_paged_attention(query, key, value, kv_cache, block_tables, mask, softm
                           mixed_precision=True, LARGE_TILE_SZ=2048):
     """Paged attention of the padded flat query batch (vLLM interface); grid ``[1, Hkv]``.
 
-    Thin ``@nki.jit`` entry point around :func:`flash_paged_attention_body` (which documents the
-    arguments) with the product KV loader ``load_kv_tile``.
+    Thin ``@nki.jit`` entry point: allocates the (1, H, Qpad, d) output in shared HBM (which
+    NKI only allows at the kernel's top level) and runs :func:`flash_paged_attention_body`
+    (which documents the arguments) with the product KV loader ``load_kv_tile``.
     """
+    o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
     return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
                                       softmax_scale=softmax_scale,
                                       mixed_precision=mixed_precision,
-                                      LARGE_TILE_SZ=LARGE_TILE_SZ)
+                                      LARGE_TILE_SZ=LARGE_TILE_SZ, out=o)
+
+
+def output_shape(query):
+    """``(1, H, Qpad, d)`` for a ``(1, H, d, Qpad)`` query (checked to be 4-D with batch 1)."""
+    kernel_check(len(query.shape) == 4 and query.shape[0] == 1, KERNEL, "query.shape",
+                 "be (1, H, d, Qpad)", tuple(query.shape))
+    _, H, d, Qpad = query.shape
+    return (1, H, Qpad, d)
 
 
 def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
-                               mixed_precision=True, LARGE_TILE_SZ=2048, *, load_kv=load_kv_tile):
+                               mixed_precision=True, LARGE_TILE_SZ=2048, *, out,
+                               load_kv=load_kv_tile):
     """Paged attention of the padded flat query batch against its cached context and itself.
 
     Dimensions:
@@ -69,12 +80,15 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
             output accumulator; scores and the (m, l) statistics stay fp32 (PSUM is fp32, and
             the masking sentinels do not fit fp16).
         LARGE_TILE_SZ: LT.
+        out: the output, an HBM ``nl.ndarray(output_shape(query), query.dtype,
+            buffer=nl.shared_hbm)`` allocated by the calling ``@nki.jit`` kernel; every element
+            is written.
         load_kv: the KV-tile loader, called as ``load_kv(kv_flat, rows, j, tiled_block_size=b',
             head_size=d, kernel_dtype=kd) -> (k_tile, v_tile)`` with the signature and output
             layout of ``nki_kernels.kv_load.load_kv_tile`` (hook for per-block baselines).
 
     Returns:
-        (1, H, Qpad, d) in query.dtype, HBM. A row whose mask is all False is exactly 0.
+        ``out``: (1, H, Qpad, d) in query.dtype. A row whose mask is all False is exactly 0.
 
     Raises:
         ValueError: any shape / dtype / range violation above, naming the argument.
@@ -109,7 +123,10 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     q_per_group = max(1, min(n_q, STATE_BUDGET_BYTES // (G * slot_bytes)))
     n_groups = (n_q + q_per_group - 1) // q_per_group
 
-    o = nl.ndarray((1, H, Qpad, d), dtype=query.dtype, buffer=nl.shared_hbm)
+    kernel_check(tuple(out.shape) == (1, H, Qpad, d) and np.dtype(out.dtype) == np.dtype(query.dtype),
+                 KERNEL, "out", f"be a {(1, H, Qpad, d)} {np.dtype(query.dtype).name} HBM tensor",
+                 (tuple(out.shape), np.dtype(out.dtype).name))
+    o = out
     head = nl.program_id(axis=1)
 
     if n_tiles > 0:

@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Simulation wall time of host.paged_attention on nki_sim for the mid-size case of issue 4.
+
+16 sequences, H=32, Hkv=8, d=128, block_size 32, 8192 context tokens per sequence,
+LARGE_TILE_SZ=2048, mixed precision, fp32 inputs, trn2. Workloads:
+    decode  every sequence schedules 1 new token (Qpad = 128)
+    mixed   4 sequences schedule 128-token prefill chunks, 12 decode 1 token (Qpad = 640)
+Reports the wall time of the simulation (a MEASURED CPU time of the simulator, not a device
+time), the max error against the float64 reference, and trace counts; the modeled device time
+comes from nki_sim.cost (MODELED).
+
+    python scripts/time_flash_sim.py [--workload decode|mixed|both] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+S, H, HKV, D, BLOCK, CTX, TILE = 16, 32, 8, 128, 32, 8192, 2048
+
+
+def make_inputs(workload: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    qlens = np.ones(S, np.int64) if workload == "decode" else np.array([128] * 4 + [1] * 12)
+    clens = np.full(S, CTX, np.int64)
+    T = int(qlens.sum())
+    nblk = CTX // BLOCK
+    N = S * nblk + 2
+    bt = rng.permutation(N)[:S * nblk].reshape(S, nblk).astype(np.int32)
+    u = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
+    return (u(T, H, D), u(T, HKV, D), u(T, HKV, D), u(2, N, HKV, BLOCK, D), bt, qlens, clens)
+
+
+def run(workload: str) -> dict:
+    import nki_sim
+    from nki_sim.cost import estimate
+    from host.attention import paged_attention
+    from host.reference import paged_attention_ref
+
+    args = make_inputs(workload)
+    with nki_sim.use_target("trn2"):
+        t0 = time.perf_counter()
+        out = paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim")
+        wall = time.perf_counter() - t0
+        with nki_sim.tracing() as trace:
+            paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim")
+    err = float(np.abs(out - paged_attention_ref(*args)).max())
+    s = trace.summary()
+    rep = estimate(trace, target="trn2")
+    return dict(workload=workload, sim_wall_s=round(wall, 2), max_abs_err=err,
+                instructions=s["instructions"], dma_instructions=s["dma_instructions"],
+                dma_indirect_instructions=s["dma_indirect_instructions"],
+                peak_sbuf_bytes_per_partition=s["peak_sbuf_bytes_per_partition"],
+                modeled_us=round(rep.modeled_us, 1))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=("decode", "mixed", "both"), default="decode")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    rows = [run(w) for w in (("decode", "mixed") if a.workload == "both" else (a.workload,))]
+    print(f"S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq LARGE_TILE_SZ={TILE} trn2 mixed-precision")
+    print(f"{'workload':8} {'sim wall s':>10} {'max err':>9} {'instr':>8} {'DMA':>7} {'indirect':>8} "
+          f"{'modeled us (MODELED)':>21}")
+    for r in rows:
+        print(f"{r['workload']:8} {r['sim_wall_s']:>10} {r['max_abs_err']:>9.2e} {r['instructions']:>8} "
+              f"{r['dma_instructions']:>7} {r['dma_indirect_instructions']:>8} {r['modeled_us']:>21}")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
