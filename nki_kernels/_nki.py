@@ -1,6 +1,7 @@
 """The one place device code gets its NKI modules from.
 
 Every kernel in ``nki_kernels`` does ``from nki_kernels._nki import nki, nl, nisa``
+(plus ``nt``, the ``neuronxcc.nki.typing`` module, where it needs ``nt.mutable_tensor``)
 and nothing else NKI-related, so the same kernel source runs on
 
 * the real legacy toolchain (``neuronxcc.nki``, NKI "Beta 1"; ``nki.simulate_kernel``,
@@ -42,5 +43,6 @@ else:
 import neuronxcc.nki as nki  # noqa: E402  (resolved to real NKI or nki_sim above)
 import neuronxcc.nki.isa as nisa  # noqa: E402
 import neuronxcc.nki.language as nl  # noqa: E402
+import neuronxcc.nki.typing as nt  # noqa: E402  (nt.mutable_tensor for in-place kernel arguments)
 
-__all__ = ["nki", "nl", "nisa", "SIMULATED", "BACKEND_REQUEST"]
+__all__ = ["nki", "nl", "nisa", "nt", "SIMULATED", "BACKEND_REQUEST"]
