@@ -130,17 +130,28 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
         except TypeError as e:
             raise TypeError(f"kernel {func.__name__}: {e}") from None
         inputs = []
-        for pname, val in bound.arguments.items():
-            param = sig.parameters[pname]
+
+        def wrap(pname, val, param):
             if isinstance(val, np.ndarray):
                 mutable = _is_mutable_annotation(param.annotation) or config.legacy_inplace_outputs
                 t = _wrap_input(pname, val, mutable)
-                bound.arguments[pname] = t
                 inputs.append(t)
-            elif hasattr(val, "__array__") and type(val).__module__.startswith("torch"):
+                return t
+            if hasattr(val, "__array__") and type(val).__module__.startswith("torch"):
                 raise TypeError(f"kernel argument '{pname}' is a torch tensor; pass a NumPy array "
                                 "(host/_arrays.to_numpy) to the simulator")
-        ctx = KernelContext(name=func.__name__, grid=grid, target=get_target())
+            return val
+
+        for pname, val in bound.arguments.items():
+            param = sig.parameters[pname]
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                bound.arguments[pname] = tuple(wrap(f"{pname}[{i}]", v, param) for i, v in enumerate(val))
+            elif param.kind is inspect.Parameter.VAR_KEYWORD:
+                bound.arguments[pname] = {kk: wrap(kk, v, param) for kk, v in val.items()}
+            else:
+                bound.arguments[pname] = wrap(pname, val, param)
+        ctx = KernelContext(name=func.__name__, grid=grid, target=get_target(),
+                            code=getattr(inspect.unwrap(func), "__code__", None))
         for tr in state.traces:
             tr._note_run(ctx.target)
         programs = list(itertools.product(*[range(g) for g in grid])) if grid else [()]

@@ -37,6 +37,7 @@ class KernelContext:
     target: object = None
     live: object = None                                  # memory.Live of the running program
     unwound: tuple = None     # (kind, value) of the loops closed early last (error context)
+    code: object = None       # code object of the top-level kernel function
 
 
 class _State:

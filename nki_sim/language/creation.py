@@ -10,6 +10,7 @@ from .. import trace
 from ..compute import check_partitions, require_kernel
 from ..config import config
 from ..indexing import ParDim
+from ..kernel_scope import outside_kernel_level
 from ..memory import HBM_BUFFERS, Alloc, new_alloc
 from ..state import state
 from ..target import get_target
@@ -101,10 +102,13 @@ def _allocate(shape, dtype, buffer, name, fill, api):
                 "(err_hbm_tensor_with_init_value_not_supported); allocate with nl.ndarray and store "
                 "into it", code="err_hbm_tensor_with_init_value_not_supported")
         if buf == "shared_hbm":
-            if k.loops:
+            where = "inside an NKI loop" if k.loops else (
+                outside_kernel_level(k.code) if config.check_scope else "")
+            if where:
                 raise E.NkiCompileError(
-                    f"{api}: shared_hbm tensors must be created at the top level of the kernel, "
-                    "not inside loops (err_shared_hbm_must_in_kernel_level)",
+                    f"{api}: shared_hbm tensor can only be created in top level kernel scope; this one "
+                    f"is created {where} (err_shared_hbm_must_in_kernel_level). Hoist the creation "
+                    "to the top level of the @nki.jit function and pass the tensor down.",
                     code="err_shared_hbm_must_in_kernel_level")
             # all SPMD programs share the k-th shared_hbm allocation
             if k.shared_cursor < len(k.shared_allocs):

@@ -187,3 +187,43 @@ def test_errors_carry_the_kernel_context(rng):
     assert not getattr(info.value, "__notes__", None)
     assert info.value.nki_context.startswith(
         "kernel '_waw', program_id (0, 0), enclosing loops: affine_range=1 at test_core_deps.py:")
+
+
+def _make_out(shape, dtype):
+    return nl.ndarray(shape, dtype, buffer=nl.shared_hbm)
+
+
+def _out_top(x):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out
+
+
+def _out_in_if(x):
+    if x.shape[0] > 0:
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out
+
+
+def _out_in_helper(x):
+    out = _make_out(x.shape, x.dtype)
+    nl.store(out, nl.load(x))
+    return out
+
+
+def _out_in_loop(x):
+    for i in nl.sequential_range(1):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out
+
+
+def test_shared_hbm_only_at_kernel_top_level(rng):
+    x = f32(rng, 4, 4)
+    assert np.array_equal(run(_out_top, x), x)
+    for k, where in ((_out_in_if, "inside a block"), (_out_in_helper, "inside function '_make_out'"),
+                     (_out_in_loop, "inside an NKI loop")):
+        with pytest.raises(E.NkiCompileError, match=f"err_shared_hbm_must_in_kernel_level|{where}") as info:
+            run(k, x)
+        assert where in str(info.value) and "err_shared_hbm_must_in_kernel_level" in str(info.value)

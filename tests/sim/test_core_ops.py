@@ -11,9 +11,11 @@ from nki_sim import errors as E
 from test_core_helpers import f32, nisa, nl, run
 
 
-def _store(t):
-    out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-    nl.store(out, t)
+def _apply(*xs, fn):
+    """Kernel: load every input, apply ``fn`` to the tiles, store the result (created at top level)."""
+    r = fn(*[nl.load(x) for x in xs])
+    out = nl.ndarray(r.shape, r.dtype, buffer=nl.shared_hbm)
+    nl.store(out, r)
     return out
 
 
@@ -21,9 +23,8 @@ def test_tensor_tensor_scan(rng):
     a, b = f32(rng, 8, 16), f32(rng, 8, 16)
     init = f32(rng, 8, 1)
 
-    def k(a, b, init):
-        return _store(nisa.tensor_tensor_scan(nl.load(a), nl.load(b), nl.load(init), np.multiply, np.add))
-    out = run(k, a, b, init)
+    out = run(_apply, a, b, init,
+              fn=lambda ta, tb, ti: nisa.tensor_tensor_scan(ta, tb, ti, np.multiply, np.add))
     ref = np.empty((8, 16))
     prev = init[:, 0].astype(np.float64)
     for i in range(16):
@@ -34,17 +35,17 @@ def test_tensor_tensor_scan(rng):
 
 def test_softmax(rng):
     x = f32(rng, 16, 40)
-    out = run(lambda x: _store(nl.softmax(nl.load(x), axis=1)), x)
+    out = run(_apply, x, fn=lambda t: nl.softmax(t, axis=1))
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
     with pytest.raises(E.NkiCompileError, match="partition axis 0 cannot be reduced"):
-        run(lambda x: _store(nl.softmax(nl.load(x), axis=0)), x)
+        run(_apply, x, fn=lambda t: nl.softmax(t, axis=0))
 
 
 def test_gather_flattened(rng):
     data = f32(rng, 4, 3, 5)
     idx = rng.integers(0, 15, (4, 6)).astype(np.uint32)
-    out = run(lambda d, i: _store(nl.gather_flattened(nl.load(d), nl.load(i))), data, idx)
+    out = run(_apply, data, idx, fn=nl.gather_flattened)
     assert np.array_equal(out, np.take_along_axis(data.reshape(4, 15), idx.astype(np.int64), axis=1))
 
 
@@ -84,11 +85,10 @@ def test_select_reduce_and_range_select(rng):
 def test_affine_select_causal(rng):
     x = f32(rng, 16, 16)
 
-    def k(x):
-        i_p = nl.arange(16)[:, None]
-        i_f = nl.arange(16)[None, :]
-        return _store(nisa.affine_select(i_p >= i_f, nl.load(x), -9984.0))
-    assert np.array_equal(run(k, x), np.where(np.tri(16, dtype=bool), x, -9984.0))
+    i_p = nl.arange(16)[:, None]
+    i_f = nl.arange(16)[None, :]
+    out = run(_apply, x, fn=lambda t: nisa.affine_select(i_p >= i_f, t, -9984.0))
+    assert np.array_equal(out, np.where(np.tri(16, dtype=bool), x, -9984.0))
 
 
 @pytest.mark.parametrize("name,ref", [
@@ -100,7 +100,7 @@ def test_affine_select_causal(rng):
 ])
 def test_unary_math_in_fp32(rng, name, ref):
     x = rng.uniform(0.1, 3.0, (8, 16)).astype(np.float32)
-    out = run(lambda x: _store(getattr(nl, name)(nl.load(x))), x)
+    out = run(_apply, x, fn=getattr(nl, name))
     np.testing.assert_allclose(out, ref(x.astype(np.float64)), rtol=2e-6, atol=1e-6)
 
 
@@ -108,7 +108,7 @@ def test_unary_math_in_fp32(rng, name, ref):
     ("max", np.max), ("min", np.min), ("sum", np.sum), ("mean", np.mean), ("prod", np.prod)])
 def test_reductions(rng, fn, ref):
     x = rng.uniform(0.5, 1.5, (8, 4, 6)).astype(np.float32)
-    out = run(lambda x: _store(getattr(nl, fn)(nl.load(x), axis=(1, 2))), x)
+    out = run(_apply, x, fn=lambda t: getattr(nl, fn)(t, axis=(1, 2)))
     np.testing.assert_allclose(out, ref(x.astype(np.float64), axis=(1, 2)), rtol=1e-5)
     with pytest.raises(E.NkiCompileError, match="last contiguous free dim"):
-        run(lambda x: _store(getattr(nl, fn)(nl.load(x), axis=1)), x)
+        run(_apply, x, fn=lambda t: getattr(nl, fn)(t, axis=1))
