@@ -50,7 +50,7 @@ def output_shape(query):
 
 def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
                                mixed_precision=True, LARGE_TILE_SZ=2048, *, out,
-                               load_kv=load_kv_tile):
+                               load_kv=load_kv_tile, p_transpose="auto"):
     """Paged attention of the padded flat query batch against its cached context and itself.
 
     Dimensions:
@@ -86,6 +86,10 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
         load_kv: the KV-tile loader, called as ``load_kv(kv_flat, rows, j, tiled_block_size=b',
             head_size=d, kernel_dtype=kd) -> (k_tile, v_tile)`` with the signature and output
             layout of ``nki_kernels.kv_load.load_kv_tile`` (hook for per-block baselines).
+        p_transpose: how P is transposed for the PV matmul: "auto" (DMA transpose on gen3 when
+            the kernel dtype has 2 bytes, as vLLM's kernel; TensorE otherwise), "dma" (gen3,
+            2-byte kernel dtype only) or "pe" (TensorE through PSUM; any target). A knob for
+            benchmarks: the jit entry always uses "auto".
 
     Returns:
         ``out``: (1, H, Qpad, d) in query.dtype. A row whose mask is all False is exactly 0.
@@ -115,7 +119,11 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     _check_grid(Hkv)
     P = B_P_SIZE
     n_q = Qpad // P
-    use_dma_t = (nisa.get_nc_version() == nisa.nc_version.gen3 and np.dtype(kd).itemsize == 2)
+    dma_t_ok = nisa.get_nc_version() == nisa.nc_version.gen3 and np.dtype(kd).itemsize == 2
+    kernel_check(p_transpose in ("auto", "pe") or (p_transpose == "dma" and dma_t_ok), KERNEL,
+                 "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
+                 p_transpose)
+    use_dma_t = dma_t_ok and p_transpose != "pe"
     # Q tiles per group: the group's online-softmax state and scaled Q stay in SBUF within
     # STATE_BUDGET_BYTES per partition; each group re-reads the KV tiles (one group in the
     # common case, e.g. up to 16 Q tiles for G = 8, d = 128).

@@ -172,3 +172,43 @@ def test_large_logits_and_custom_scale(batch_factory, check_reference):
     assert np.isfinite(out).all()
     vmax = max(np.abs(batch.value).max(), np.abs(batch.kv_cache[1]).max())
     assert np.abs(out).max() <= vmax * (1 + 2 ** -7)
+
+
+@nki.jit
+def _pe_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
+                         mixed_precision=True, LARGE_TILE_SZ=2048):
+    from nki_kernels._nki import nl
+    from nki_kernels.flash_paged_attention import flash_paged_attention_body, output_shape
+
+    o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
+    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+                                      softmax_scale, mixed_precision, LARGE_TILE_SZ, out=o,
+                                      p_transpose="pe")
+
+
+def test_pe_transpose_path_on_trn2_matches_dma_path(batch_factory):
+    # The benchmark knob p_transpose="pe" (TensorE transposes of P on gen3) gives the same
+    # result as the default DMA transposes (both exact copies of bf16 P).
+    batch = batch_factory(13, [20, 1], [300, 700], H=4, Hkv=2, d=32, block_size=32)
+    plan, inputs = _kernel_inputs(batch, large_tile_size=1024)
+    with nki_sim.use_target("trn2"):
+        dma = nki.simulate_kernel(flash_paged_attention[1, 2], *inputs, LARGE_TILE_SZ=1024)
+        with nki_sim.tracing() as trace:
+            pe = nki.simulate_kernel(_pe_transpose_kernel[1, 2], *inputs, LARGE_TILE_SZ=1024)
+    assert not any(e.op == "dma_transpose" for e in trace.events)
+    np.testing.assert_array_equal(pe, dma)
+    # must-fail: DMA transposes are gen3-only
+    with nki_sim.use_target("trn1"), pytest.raises(ValueError, match="p_transpose must be"):
+        nki.simulate_kernel(_dma_transpose_kernel[1, 2], *inputs, LARGE_TILE_SZ=1024)
+
+
+@nki.jit
+def _dma_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
+                          mixed_precision=True, LARGE_TILE_SZ=2048):
+    from nki_kernels._nki import nl
+    from nki_kernels.flash_paged_attention import flash_paged_attention_body, output_shape
+
+    o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
+    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+                                      softmax_scale, mixed_precision, LARGE_TILE_SZ, out=o,
+                                      p_transpose="dma")
