@@ -39,10 +39,9 @@ Pseudocode:
 """
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels._nki import nki, nl
+from nki_kernels._nki import nki, nl, nt
 from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
 
-nt = nki.typing
 
 # Largest row a partition holds (F * itemsize); >= 4 KiB per partition already saturates DMA.
 MAX_ROW_BYTES = 32 * 1024

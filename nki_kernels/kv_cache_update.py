@@ -50,10 +50,9 @@ Pseudocode:
 """
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels._nki import nki, nisa, nl
+from nki_kernels._nki import nki, nisa, nl, nt
 from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
 
-nt = nki.typing
 
 KERNEL = "kv_cache_update"
 # Per-partition SBUF bytes for one chunk's K rows + V rows + indices. 32 KiB of the 192 KiB per

@@ -18,9 +18,8 @@ Args (HBM):
 """
 
 from nki_kernels._assert import kernel_check
-from nki_kernels._nki import nki, nl
+from nki_kernels._nki import nki, nl, nt
 
-nt = nki.typing
 
 
 @nki.jit

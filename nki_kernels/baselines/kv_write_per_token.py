@@ -14,9 +14,8 @@ Args (HBM):
 """
 
 from nki_kernels._assert import kernel_check
-from nki_kernels._nki import nki, nisa, nl
+from nki_kernels._nki import nki, nisa, nl, nt
 
-nt = nki.typing
 
 
 @nki.jit
