@@ -55,8 +55,8 @@ from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
 
 
 KERNEL = "kv_cache_update"
-# Per-partition SBUF bytes for one chunk's K rows + V rows + indices. 32 KiB of the ~176-208 KiB usable per
-# partition (trn1 and trn2) leaves room for the compiler to double-buffer chunks.
+# Per-partition SBUF bytes for one chunk's K rows + V rows + indices. 32 KiB of the ~176-208 KiB
+# usable per partition (trn1 / trn2) leaves room for the compiler to double-buffer chunks.
 CHUNK_BUDGET_BYTES = 32 * 1024
 # Largest row (d * itemsize) we put in one partition; head sizes are <= 512 in practice.
 MAX_ROW_BYTES = 16 * 1024
