@@ -124,15 +124,20 @@ def _uninit(t: Tensor, acc: Access, op: str):
         return
     wv = acc.gather(w)
     bad = ~wv if acc.valid is None else (~wv & acc.valid)
-    if not bad.any():
-        return
+    if bad.any():
+        uninitialized(t, ~bad, op)
+
+
+def uninitialized(t: Tensor, written_mask, op: str):
+    """Report a read of the never-written elements (``~written_mask``) of ``t``."""
+    bad = ~np.asarray(written_mask, dtype=bool)
     n = int(np.count_nonzero(bad))
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape))
     msg = (f"'{op}' reads {n} never-written element(s) of tensor {t.name} "
            f"({t.buffer} {list(t.shape)} {t.dtype.name}); first at index {list(first)} of the access")
     if config.uninitialized == "warn":
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
-    else:
+    elif config.uninitialized == "raise":
         raise E.UninitializedReadError(msg)
 
 

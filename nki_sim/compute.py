@@ -32,7 +32,14 @@ class Operand:
         return self.t is None
 
 
+# Masks implied by reading a masked op result (a fresh tile some of whose elements were never
+# written) without a mask of one's own: the output elements computed from unwritten input
+# elements stay unwritten ("poison propagates"), instead of raising at the read.
+_implied: list = []
+
+
 def require_kernel(api: str):
+    _implied.clear()          # every instruction starts here
     if state.kernel is None:
         raise E.NkiCompileError(
             f"'{api}' called outside of an NKI kernel; call it from a function run by nki.jit / "
@@ -87,8 +94,12 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
                 "(err_copy_dynamic_indirect_indices_not_natively_supported)",
                 code="err_copy_dynamic_indirect_indices_not_natively_supported")
         m = mask_for_input(mask, x.shape)
-        if m is None and x.pmask is not None and x.fresh:
-            m = x.pmask
+        if m is None and x.alloc.temp and x.alloc.written is not None:
+            from .access import Access
+            wm = Access(x).gather(x.alloc.written)
+            if not wm.all():
+                m = np.array(wm, dtype=bool)
+                _implied.append((x, m))
         v, _ = read(x, m, op=op)
         return Operand(v, x.dtype, x.shape, x.buffer, x)
     if isinstance(x, (IndexExpr, MaskExpr)):
@@ -144,6 +155,8 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         m = mask if isinstance(mask, np.ndarray) else mask_array(mask, shape)
         if m is not None and m.shape != shape:
             m = broadcast_left(m, shape)
+    if _implied:
+        m = _propagate(m, shape, op)
     if m is None:
         data = np.array(data, dtype=d, copy=True, order="C") if not (
             data.flags.c_contiguous and data.flags.owndata and data.base is None) else data
@@ -152,6 +165,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         full = np.full(shape, D.poison_value(d), dtype=d)
         np.copyto(full, data, where=m)
         alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True))
+    alloc.temp = True
     t = Tensor(alloc, alloc.data)
     t.fresh = fresh
     t.producer = (engine, op)
@@ -160,6 +174,25 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         emit_compute(engine, op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,
                      count=None if m is None else int(np.count_nonzero(m)))
     return t
+
+
+def _propagate(m, shape, op):
+    """Combine the explicit output mask with the masks implied by partially written inputs."""
+    items, _implied[:] = list(_implied), []
+    for x, pm in items:
+        if pm.all():
+            continue
+        try:
+            pmb = broadcast_left(pm, shape)
+        except ValueError:
+            if len(shape) >= 1 and pm.shape[0] == shape[0] and free_size(shape) == 1:
+                pmb = broadcast_left(pm.reshape(pm.shape[0], -1).all(axis=1), shape)   # per-row reduction
+            else:
+                from .access import uninitialized
+                uninitialized(x, pm, op)
+                continue
+        m = pmb.copy() if m is None else (m & pmb)
+    return m
 
 
 def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=None, count=None):

@@ -53,7 +53,7 @@ class Alloc:
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
                  "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "scope", "__weakref__")
+                 "ever_written", "counter", "scope", "temp", "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
@@ -84,6 +84,7 @@ class Alloc:
         self.par_axis = par_axis
         self.user_array = None
         self.ever_written = False
+        self.temp = False       # an instruction's result tile (poison propagates through it)
         self.bytes_pp = 0
         self.counter = None
         if buffer in ONCHIP and count_live:

@@ -8,7 +8,7 @@ import pytest
 import nki_sim
 from nki_sim import errors as E
 
-from test_core_helpers import f32, nl, nt, run
+from test_core_helpers import f32, nisa, nl, nt, run
 
 
 def _read_unwritten(x, *, mode):
@@ -182,3 +182,32 @@ def test_legacy_inplace_output_argument_convention(rng):
     with nki_sim.configure(legacy_inplace_outputs=True):
         assert run(_legacy_out_arg, a, b) is None
     assert np.array_equal(b, 2 * a)
+
+
+def _taint(x, *, n, store):
+    i_p = nl.arange(128)[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    t = nl.load(x[i_p, i_f], mask=(i_p < n))          # rows >= n never written
+    e = nl.exp(t)                                      # computed on garbage rows: they stay unwritten
+    s = nl.sum(e, axis=1)                              # per-row reduction keeps the row mask
+    out = nl.ndarray((128, x.shape[1] + 1), nl.float32, buffer=nl.shared_hbm)
+    if store == "masked":
+        nl.store(out[i_p, i_f], e, mask=(i_p < n))
+        nl.store(out[i_p, x.shape[1] + 0 * i_f[:, 0:1]], s, mask=(i_p < n))
+    elif store == "full":
+        nl.store(out[:, 0:x.shape[1]], e)
+    else:
+        m = nisa.nc_matmul(nl.copy(e[:, 0:4], dtype=nl.bfloat16), nl.copy(e[:, 0:4], dtype=nl.bfloat16))
+        nl.store(out[0:4, 0:4], nl.copy(m))
+    return out
+
+
+def test_poison_propagates_through_elementwise_ops(rng):
+    x = f32(rng, 100, 6)
+    out = run(_taint, x, n=100, store="masked")
+    np.testing.assert_allclose(out[:100, :6], np.exp(x.astype(np.float64)), rtol=1e-6)
+    np.testing.assert_allclose(out[:100, 6], np.exp(x.astype(np.float64)).sum(1), rtol=1e-5)
+    with pytest.raises(E.UninitializedReadError, match="'store' reads 168 never-written"):
+        run(_taint, x, n=100, store="full")
+    with pytest.raises(E.UninitializedReadError, match="nc_matmul"):
+        run(_taint, x, n=100, store="matmul")
