@@ -18,30 +18,41 @@ def _make_output(shape, dtype):
 
 
 @nki.jit
-def output_site_k(x, *, site):
-    """Creates the shared_hbm output at kernel level, inside an if, or in a helper function."""
-    if site == "top":
+def output_top_k(x):
+    """Creates the shared_hbm output at kernel level (the legal site)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.load(x))
+    return out
+
+
+@nki.jit
+def output_in_if_k(x):
+    """Creates the shared_hbm output inside an if block."""
+    if x.shape[0] > 0:
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    elif site == "if":
-        if x.shape[0] > 0:
-            out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    else:
-        out = _make_output(x.shape, x.dtype)
+    nl.store(out, value=nl.load(x))
+    return out
+
+
+@nki.jit
+def output_in_helper_k(x):
+    """Creates the shared_hbm output in a helper function."""
+    out = _make_output(x.shape, x.dtype)
     nl.store(out, value=nl.load(x))
     return out
 
 
 def test_shared_hbm_output_at_kernel_level_passes(rng):
     x = rng.standard_normal((16, 4)).astype(np.float32)
-    np.testing.assert_array_equal(nki.simulate_kernel(output_site_k, x, site="top"), x)
+    np.testing.assert_array_equal(nki.simulate_kernel(output_top_k, x), x)
 
 
-@pytest.mark.parametrize("site", ["if", "helper"])
-def test_shared_hbm_output_outside_kernel_level_fails(rng, site, rejects):
+@pytest.mark.parametrize("kernel", [output_in_if_k, output_in_helper_k], ids=["if", "helper"])
+def test_shared_hbm_output_outside_kernel_level_fails(rng, kernel, rejects):
     # err_shared_hbm_must_in_kernel_level: shared_hbm tensors only at top-level kernel scope
     x = rng.standard_normal((16, 4)).astype(np.float32)
     with rejects(Exception, match=r"(?i)shared_hbm|kernel level|top.level"):
-        nki.simulate_kernel(output_site_k, x, site=site)
+        nki.simulate_kernel(kernel, x)
 
 
 @nki.jit
