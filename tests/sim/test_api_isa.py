@@ -421,3 +421,51 @@ def test_tensor_copy_predicated(rng, reverse):
     pred = rng.integers(0, 2, size=(64, 16)).astype(np.uint8)
     out = nki.simulate_kernel(copy_predicated_k, src, dst, pred, reverse=reverse)
     np.testing.assert_array_equal(out, np.where((pred != 0) ^ reverse, src, dst))
+
+
+@nki.jit
+def activation_accumulate_k(a, b):
+    """ScalarE accumulators: reset_reduce over exp(a), then reduce over exp(b) reading the
+    registers out: r = sum(exp(a)) + sum(exp(b)) per partition."""
+    out = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    r = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(op=nl.exp, data=nl.load(a), reduce_op=nl.add,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.activation(op=nl.exp, data=nl.load(b), reduce_op=nl.add, reduce_res=r,
+                    reduce_cmd=nisa.reduce_cmd.reduce)
+    nl.store(out, value=r)
+    return out
+
+
+def test_activation_reduce_cmd_accumulates_across_instructions(rng):
+    a = rng.uniform(-1, 1, size=(32, 16)).astype(np.float32)
+    b = rng.uniform(-1, 1, size=(32, 24)).astype(np.float32)
+    out = nki.simulate_kernel(activation_accumulate_k, a, b)
+    ref = np.exp(a.astype(np.float64)).sum(1, keepdims=True) + np.exp(b.astype(np.float64)).sum(1, keepdims=True)
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+
+
+@nki.jit
+def select_reduce_accumulate_k(x1, p1, x2, p2):
+    """Vector accumulators: select_reduce reset_reduce over (x1, p1) then reduce over (x2, p2):
+    the read-out is the max over both selections."""
+    out = nl.ndarray((x1.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    d1 = nl.ndarray(x1.shape, dtype=nl.float32, buffer=nl.sbuf)
+    d2 = nl.ndarray(x2.shape, dtype=nl.float32, buffer=nl.sbuf)
+    r = nl.ndarray((x1.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst=d1, predicate=nl.load(p1), on_true=nl.load(x1), on_false=-9984.0,
+                       reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=np.max)
+    nisa.select_reduce(dst=d2, predicate=nl.load(p2), on_true=nl.load(x2), on_false=-9984.0,
+                       reduce_res=r, reduce_cmd=nisa.reduce_cmd.reduce, reduce_op=np.max)
+    nl.store(out, value=r)
+    return out
+
+
+def test_select_reduce_accumulates_across_instructions(rng):
+    x1 = rng.standard_normal((32, 16)).astype(np.float32)
+    x2 = rng.standard_normal((32, 8)).astype(np.float32)
+    p1 = rng.integers(0, 2, size=(32, 16)).astype(np.uint8)
+    p2 = rng.integers(0, 2, size=(32, 8)).astype(np.uint8)
+    out = nki.simulate_kernel(select_reduce_accumulate_k, x1, p1, x2, p2)
+    ref = np.maximum(np.where(p1 != 0, x1, -9984.0).max(1), np.where(p2 != 0, x2, -9984.0).max(1))
+    np.testing.assert_array_equal(out[:, 0], ref.astype(np.float32))
