@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import functools
 
-from nki_kernels._nki import nki, nl
+from nki_kernels._nki import nki, nisa, nl
 from nki_kernels.constants import B_P_SIZE, tile_geometry
-from nki_kernels.flash_paged_attention import flash_paged_attention_body
+from nki_kernels.flash_paged_attention import flash_paged_attention_body, output_shape
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 
@@ -48,10 +48,11 @@ def per_block_paged_attention(query, key, value, kv_cache, block_tables, mask, s
     if isinstance(LARGE_TILE_SZ, int) and LARGE_TILE_SZ >= block_size > 0:
         tiling_factor = tile_geometry(block_size, LARGE_TILE_SZ)[1]
     loader = functools.partial(load_kv_tile_per_block, tiling_factor=tiling_factor)
+    o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
     return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
                                       softmax_scale=softmax_scale,
                                       mixed_precision=mixed_precision,
-                                      LARGE_TILE_SZ=LARGE_TILE_SZ, load_kv=loader)
+                                      LARGE_TILE_SZ=LARGE_TILE_SZ, out=o, load_kv=loader)
 
 
 def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size,
@@ -91,5 +92,7 @@ def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, h
                 kv_flat[0, block_rows[m * T + i_t, l, tile_idx], i_f])
             v_tile[m * T + i_t, l * row_w + i_f] = nl.load(
                 kv_flat[1, block_rows[m * T + i_t, l, tile_idx], i_f], dtype=kernel_dtype)
-        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp)
+        # the product loader's K transposes, call for call (nki_kernels/kv_load.py)
+        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
+                            evac_engine=nisa.scalar_engine)
     return k_tile, v_tile
