@@ -43,6 +43,7 @@ _LAZY = {
     "reshape_and_cache": "host.cache_ops",
     "copy_blocks": "host.cache_ops",
     "swap_blocks": "host.cache_ops",
+    "allocate_kv_caches": "host.cache_ops",
 }
 
 
