@@ -261,10 +261,11 @@ def _descriptor_partitions(n_desc: int, partitions: int) -> np.ndarray:
 
 def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) -> DmaCost:
     """Cost of one DMA Event; ``first_engine`` rotates where a narrow transfer lands."""
-    descs = np.asarray(tuple(getattr(ev, "descriptor_bytes", ()) or ()), dtype=np.float64)
     partitions = max(int(getattr(ev, "partitions", 1) or 1), 1)
     is_transpose = getattr(ev, "op", "") in ("dma_transpose", "load_transpose2d") or bool(
         _attr(ev, "transpose", False))
+    trace_descs = getattr(ev, "descriptor_bytes", ()) or ()
+    descs = np.zeros(0) if is_transpose else np.asarray(trace_descs, dtype=np.float64)
     if (descs.size == 0 or is_transpose) and int(getattr(ev, "bytes", 0)) > 0:
         # no descriptor list, or a DMA transpose: a hardware mode of the DMA engines (trn2)
         # whose element-sized "runs" are not descriptors; modeled as one row per partition
@@ -289,8 +290,7 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
     engine_ns = transfer + semaphore
     # descriptors as modeled: the trace's count (before per-engine merging); for a DMA
     # transpose, one per partition (see above)
-    n_desc = partitions if is_transpose else int(
-        len(getattr(ev, "descriptor_bytes", ()) or ()) or descs.size)
+    n_desc = partitions if is_transpose else int(len(trace_descs) or descs.size)
     if kind == "indirect":
         rows = n_desc + int(getattr(ev, "skipped_rows", 0) or 0)
         gen_cycles = hw.gpsimd_start_cycles + hw.swdge_cycles_per_descriptor * math.ceil(
