@@ -275,3 +275,22 @@ def test_unknown_target_name_is_rejected(sim_only, monkeypatch, rejects):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9")
     with rejects(ValueError, match="trn9"):
         nki.simulate_kernel(version_k, np.zeros((4, 4), np.float32))
+
+
+@nki.jit(mode="trace")
+def _trace_mode_helper(tile, factor):
+    """Sub-kernel decorated as AWS flash attention does: @nki.jit(mode='trace')."""
+    return nl.multiply(tile, factor)
+
+
+@nki.jit
+def calls_trace_helper_k(x):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=_trace_mode_helper(nl.load(x), -2.0))
+    return out
+
+
+def test_trace_mode_sub_kernel_is_inlined(rng):
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    np.testing.assert_allclose(nki.simulate_kernel(calls_trace_helper_k, x), -2 * x.astype(np.float64),
+                               rtol=1e-6)
