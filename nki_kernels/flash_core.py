@@ -26,7 +26,7 @@ from nki_kernels.tile_ops import pe_transpose_blocks
 
 
 def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf, slot, *,
-                         k_start, width, kernel_dtype, use_dma_transpose):
+                         k_start, width, kernel_dtype, use_dma_transpose, use_select_reduce):
     """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
 
     Args:
@@ -42,6 +42,8 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
         kernel_dtype: matmul-input / probability dtype (bf16 in mixed precision).
         use_dma_transpose: transpose P with ``nisa.dma_transpose`` (gen3, 2-byte dtypes) instead
             of TensorE transposes through PSUM (gen2, or 4-byte dtypes).
+        use_select_reduce: mask and row-max in one ``nisa.select_reduce`` per chunk (gen3)
+            instead of ``nl.where`` + ``nisa.tensor_reduce`` (gen2).
 
     Pseudocode:
         S[:, c] = where(mask, q^T k_c, NEG_MASK)          per 512-column PSUM chunk (fp32)
@@ -55,17 +57,32 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
     d = q_tile.shape[0]
     acc_dtype = o_buf.dtype
 
-    # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul.
+    # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul, and their
+    # row max m_tile. gen3: one fused VectorE select + max per chunk (nisa.select_reduce; the
+    # max accumulates in the engine's registers across chunks, hence the static, ordered loop);
+    # gen2: nl.where per chunk and one tensor_reduce (AWS report select_reduce wrong on trn1).
     scores = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
     n_full, tail = divmod(width, B_F_SIZE)
-    for c in nl.affine_range(n_full):
-        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
-    if tail:
-        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+    m_tile = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    if use_select_reduce:
+        n_chunks = n_full + (1 if tail else 0)
+        for c in nl.static_range(n_chunks):
+            cw = B_F_SIZE if c < n_full else tail
+            s_psum = _scores_psum(q_tile, k_tile, k_start + c * B_F_SIZE, cw)
+            nisa.select_reduce(dst=scores[:, nl.ds(c * B_F_SIZE, cw)],
+                               predicate=mask_tile[:, nl.ds(c * B_F_SIZE, cw)], on_true=s_psum,
+                               on_false=NEG_MASK, reduce_op=np.max,
+                               reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
+                               reduce_res=m_tile if c == n_chunks - 1 else None)
+    else:
+        for c in nl.affine_range(n_full):
+            _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
+        if tail:
+            _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+        m_tile[...] = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
 
     # Step 2: running max and rescale factor.
     m_prev = m_buf[:, nl.ds(slot, 1)]
-    m_tile = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
     m_new = nl.maximum(m_prev, m_tile, dtype=nl.float32)
     neg_m = nl.multiply(m_new, -1.0, dtype=nl.float32)
     alpha = nisa.activation(np.exp, m_prev, bias=neg_m, scale=1.0, dtype=nl.float32)
@@ -87,7 +104,7 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
         for k in nl.affine_range(n_k):
             probs_t[:, nl.ds(k * P, P)] = nisa.dma_transpose(probs[:, nl.ds(k * P, P)])
     else:
-        pe_transpose_blocks(probs_t, 0, probs, 0, P, n_k)
+        pe_transpose_blocks(probs_t, 0, probs, 0, P, n_k, evac_engine=nisa.scalar_engine)
 
     # Step 5: o = alpha * o + P V, accumulated over 128-key chunks in one PSUM tile.
     v_col = (k_start // P) * d
@@ -99,9 +116,15 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
                                           dtype=acc_dtype)
 
 
+def _scores_psum(q_tile, k_tile, k0, cw):
+    """PSUM (128, cw) fp32 = q^T k[:, k0 : k0 + cw]  (cw <= 512: one bank)."""
+    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
+    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k0, cw)])
+    return s_psum
+
+
 def _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
     """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
-    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
-    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k_start + c0, cw)])
+    s_psum = _scores_psum(q_tile, k_tile, k_start + c0, cw)
     scores[:, nl.ds(c0, cw)] = nl.where(mask_tile[:, nl.ds(c0, cw)], s_psum, NEG_MASK,
                                         dtype=nl.float32)

@@ -124,6 +124,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                  "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
                  p_transpose)
     use_dma_t = dma_t_ok and p_transpose != "pe"
+    use_sel = nisa.get_nc_version() == nisa.nc_version.gen3
     # Q tiles per group: the group's online-softmax state and scaled Q stay in SBUF within
     # STATE_BUDGET_BYTES per partition; each group re-reads the KV tiles (one group in the
     # common case, e.g. up to 16 Q tiles for G = 8, d = 128).
@@ -171,7 +172,8 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                         slot = ii * G + g
                         flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
                                              mask_tile, o_buf, m_buf, l_buf, slot, k_start=0,
-                                             width=LT, kernel_dtype=kd, use_dma_transpose=use_dma_t)
+                                             width=LT, kernel_dtype=kd, use_dma_transpose=use_dma_t,
+                                         use_select_reduce=use_sel)
 
         # Step 3: active (new) tokens in windows of <= LT keys. Causal tile skipping: Q tile i
         # only needs active keys < (i+1)*128, so windows starting at or past that are skipped
@@ -196,7 +198,8 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                     slot = ii * G + g
                     flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_act, v_act, mask_tile,
                                          o_buf, m_buf, l_buf, slot, k_start=0, width=width,
-                                         kernel_dtype=kd, use_dma_transpose=use_dma_t)
+                                         kernel_dtype=kd, use_dma_transpose=use_dma_t,
+                                         use_select_reduce=use_sel)
 
         # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
         for ii in nl.affine_range(nqg):

@@ -19,7 +19,7 @@ column c on the same token; for b' == 1 the order is the natural one.
 
 from __future__ import annotations
 
-from nki_kernels._nki import nl
+from nki_kernels._nki import nisa, nl
 from nki_kernels.constants import B_P_SIZE
 from nki_kernels.tile_ops import pe_transpose_blocks
 
@@ -70,5 +70,6 @@ def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, 
         k_rows = nl.load(kv_flat[0, block_rows[i_p, l, tile_idx], i_f])
         v_tile[i_p, l * row_w + i_f] = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f],
                                                dtype=kernel_dtype)
-        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp)
+        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
+                            evac_engine=nisa.scalar_engine)
     return k_tile, v_tile

@@ -11,7 +11,7 @@ from nki_kernels._nki import nl, nisa
 from nki_kernels.constants import B_F_SIZE
 
 
-def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks):
+def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_engine=None):
     """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.
 
     Dimensions:
@@ -25,6 +25,9 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks):
         src_col: first source column.
         block_w: width of one source block.
         n_blocks: number of blocks (Python int).
+        evac_engine: engine of the PSUM -> SBUF copies (``nisa.tensor_copy(engine=...)``), e.g.
+            ``nisa.scalar_engine`` to keep VectorE free; default ``nl.copy`` (compiler's choice,
+            VectorE). Float data only on ScalarE (it copies through fp32).
 
     Effect:
         ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*block_w : +block_w].T`` for u < n_blocks.
@@ -36,15 +39,18 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks):
     n_full, rem = divmod(n_blocks, per_bank)
     for g in nl.affine_range(n_full):
         _transpose_group(dst, dst_col + g * per_bank * Ps, src, src_col + g * per_bank * block_w,
-                         block_w, per_bank)
+                         block_w, per_bank, evac_engine)
     if rem:
         _transpose_group(dst, dst_col + n_full * per_bank * Ps, src,
-                         src_col + n_full * per_bank * block_w, block_w, rem)
+                         src_col + n_full * per_bank * block_w, block_w, rem, evac_engine)
 
 
-def _transpose_group(dst, dst_col, src, src_col, block_w, n):
+def _transpose_group(dst, dst_col, src, src_col, block_w, n, evac_engine):
     Ps = src.shape[0]
     t_psum = nl.ndarray((block_w, n * Ps), dtype=nl.float32, buffer=nl.psum)
     for u in nl.affine_range(n):
         t_psum[:, nl.ds(u * Ps, Ps)] = nisa.nc_transpose(src[:, nl.ds(src_col + u * block_w, block_w)])
-    dst[:, nl.ds(dst_col, n * Ps)] = nl.copy(t_psum, dtype=dst.dtype)
+    if evac_engine is None:
+        dst[:, nl.ds(dst_col, n * Ps)] = nl.copy(t_psum, dtype=dst.dtype)
+    else:
+        dst[:, nl.ds(dst_col, n * Ps)] = nisa.tensor_copy(t_psum, dtype=dst.dtype, engine=evac_engine)
