@@ -241,7 +241,7 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     if negate and opn not in ("add", "subtract", "multiply", "maximum", "minimum"):
         raise ValueError("nisa.tensor_reduce: negate=True needs an arithmetic op")
     return reduce_op("tensor_reduce", opn, data, axis, dtype=dtype, mask=mask, keepdims=keepdims,
-                     negate=negate, api="nisa.tensor_reduce")
+                     negate=negate, api="nisa.tensor_reduce", tname=name)
 
 
 def tensor_copy(src, *, mask=None, dtype=None, engine=None, name="", **kw):

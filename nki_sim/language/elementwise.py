@@ -50,7 +50,7 @@ def _compute_arrays(ops, name, fn_kind):
     return vals, cdt
 
 
-def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=False):
+def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=False, tname=""):
     opname = op or name
     require_kernel(f"nl.{opname}")
     if operator and isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape and y.shape \
@@ -75,16 +75,17 @@ def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=
     if engine is None:       # 32-bit integer add/sub/mul run on GpSimd (which cannot read PSUM)
         engine = "gpsimd" if (cdt == np.int64 and name in ("add", "subtract", "multiply")
                               and "psum" not in (a.buffer, b.buffer)) else "vector"
-    return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a, b), mask=m, shape=shape)
+    return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a, b), mask=m, shape=shape,
+                       name=tname)
 
 
-def _make_binary(name, doc):
-    def f(x, y, *, dtype=None, mask=None, _operator=False, **kwargs):
-        return binary(name, x, y, dtype=dtype, mask=mask, operator=_operator)
-    f.__name__ = name
-    f.__qualname__ = name
+def _make_binary(opname, doc):
+    def f(x, y, *, dtype=None, mask=None, name="", _operator=False, **kwargs):
+        return binary(opname, x, y, dtype=dtype, mask=mask, operator=_operator, tname=name)
+    f.__name__ = opname
+    f.__qualname__ = opname
     f.__doc__ = doc
-    f._alu = name
+    f._alu = opname
     return f
 
 
@@ -117,7 +118,7 @@ right_shift = _make_binary("right_shift", "")
 _VECTOR_UNARY = {"negative", "abs", "sign", "copy", "identity", "ceil", "floor", "trunc"}
 
 
-def unary(name, x, *, dtype=None, mask=None, op=None):
+def unary(name, x, *, dtype=None, mask=None, op=None, tname=""):
     opname = op or name
     require_kernel(f"nl.{opname}")
     if not isinstance(x, Tensor):
@@ -135,20 +136,21 @@ def unary(name, x, *, dtype=None, mask=None, op=None):
     else:
         r = apply_act(name, a.v)
     engine = "vector" if name in _VECTOR_UNARY else "scalar"
-    return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a,), mask=m, shape=x.shape)
+    return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a,), mask=m, shape=x.shape,
+                       name=tname)
 
 
 ACT_INT = {"negative": np.negative, "abs": np.abs, "sign": np.sign,
            "copy": lambda v: v, "identity": lambda v: v}
 
 
-def _make_unary(name, doc=""):
-    def f(x, *, dtype=None, mask=None, **kwargs):
-        return unary(name, x, dtype=dtype, mask=mask)
-    f.__name__ = name
-    f.__qualname__ = name
-    f.__doc__ = doc or f"element-wise {name} (fp32 math, cast to dtype)"
-    f._act = name
+def _make_unary(opname, doc=""):
+    def f(x, *, dtype=None, mask=None, name="", **kwargs):
+        return unary(opname, x, dtype=dtype, mask=mask, tname=name)
+    f.__name__ = opname
+    f.__qualname__ = opname
+    f.__doc__ = doc or f"element-wise {opname} (fp32 math, cast to dtype)"
+    f._act = opname
     return f
 
 
@@ -208,7 +210,7 @@ def _pad(v, rank):
     return v.reshape(v.shape + (1,) * (rank - v.ndim)) if 0 < v.ndim < rank else v
 
 
-def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
+def where(condition, x, y, *, dtype=None, mask=None, name="", **kwargs):
     """``condition ? x : y`` element-wise (nonzero = true); x / y tiles or scalars."""
     require_kernel("nl.where")
     shapes = [v.shape for v in (condition, x, y) if isinstance(v, (Tensor, MaskExpr))]
@@ -231,11 +233,11 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
     r = np.where(_pad(c, rank) != 0, _pad(np.asarray(a.v, dtype=cdt), rank),
                  _pad(np.asarray(b.v, dtype=cdt), rank))
     out_dt = D.as_dtype(dtype) if dtype is not None else D.promote(a.dtype, b.dtype)
-    return result_tile(r, out_dt, op="where", engine="vector",
+    return result_tile(r, out_dt, op="where", engine="vector", name=name,
                        inputs=tuple(o for o in (cop, a, b) if o is not None), mask=m, shape=shape)
 
 
-def copy(src, *, dtype=None, mask=None, **kwargs):
+def copy(src, *, dtype=None, mask=None, name="", **kwargs):
     """Copy a tile into a new SBUF tile (bit-exact when dtype is unchanged)."""
     require_kernel("nl.copy")
     if not isinstance(src, Tensor):
@@ -243,7 +245,8 @@ def copy(src, *, dtype=None, mask=None, **kwargs):
     m = mask_array(mask, src.shape) if mask is not None else None
     a = operand(src, "src", "copy", m)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
-    return result_tile(a.v, out_dt, op="copy", engine="vector", inputs=(a,), mask=m, shape=src.shape)
+    return result_tile(a.v, out_dt, op="copy", engine="vector", inputs=(a,), mask=m, shape=src.shape,
+                       name=name)
 
 
 copy._act = "copy"

@@ -26,7 +26,7 @@ def norm_axes(axis, ndim, api):
 
 
 def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate=False, api=None,
-              engine="vector"):
+              engine="vector", tname=""):
     api = api or f"nl.{name}"
     require_kernel(api)
     if not isinstance(x, Tensor):
@@ -75,15 +75,15 @@ def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate
         out_m = m.any(axis=axes, keepdims=keepdims)
         if out_m.all():
             out_m = None
-    return result_tile(r, out_dt, op=name, engine=engine, inputs=(a,), mask=out_m,
+    return result_tile(r, out_dt, op=name, engine=engine, inputs=(a,), mask=out_m, name=tname,
                        free_elems=free)
 
 
-def _make(name, kind, doc):
-    def f(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
-        return reduce_op(name, kind, x, axis, dtype=dtype, mask=mask, keepdims=keepdims)
-    f.__name__ = name
-    f.__qualname__ = name
+def _make(opname, kind, doc):
+    def f(x, axis, *, dtype=None, mask=None, keepdims=False, name="", **kwargs):
+        return reduce_op(opname, kind, x, axis, dtype=dtype, mask=mask, keepdims=keepdims, tname=name)
+    f.__name__ = opname
+    f.__qualname__ = opname
     f.__doc__ = doc
     if kind in ("add", "maximum", "minimum", "multiply"):
         f._alu = kind

@@ -79,13 +79,13 @@ def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname
                               "moving_free": m_shape[1], "fp32": bool(any(f32))})
 
 
-def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
+def matmul(x, y, *, transpose_x=False, mask=None, name="", **kwargs):
     """``x.T @ y`` if transpose_x else ``x @ y``; fp32 result in PSUM."""
     require_kernel("nl.matmul")
     if not isinstance(x, Tensor) or not isinstance(y, Tensor):
         raise TypeError("nl.matmul: x and y must be SBUF tiles")
     if transpose_x:
-        return matmul_core("matmul", x, y, mask=mask, sname="x", mname="y")
+        return matmul_core("matmul", x, y, mask=mask, sname="x", mname="y", name=name)
     # x is [M, K]: the compiler transposes it on TensorE first (stationary = x.T)
     if x.ndim != 2:
         raise ValueError(f"nl.matmul: x must be 2-D; got shape {list(x.shape)}")
@@ -97,7 +97,7 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
             f"nl.matmul: contraction mismatch x{list(x.shape)} @ y{list(y.shape)}")
     xt = transpose(x)
     xt.fresh = False
-    return matmul_core("matmul", xt, y, mask=mask, sname="x", mname="y")
+    return matmul_core("matmul", xt, y, mask=mask, sname="x", mname="y", name=name)
 
 
 def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbuf", name=""):
@@ -127,11 +127,11 @@ def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbu
                        free_elems=out_shape[1], attrs=attrs, name=name)
 
 
-def transpose(x, *, dtype=None, mask=None, **kwargs):
+def transpose(x, *, dtype=None, mask=None, name="", **kwargs):
     """2-D transpose (each dim <= 128) on TensorE."""
     require_kernel("nl.transpose")
     if isinstance(x, Tensor) and x.ndim > 2:
         raise E.NkiCompileError(
             f"nl.transpose supports 2-D tiles only; got shape {list(x.shape)} "
             "(err_exceed_max_supported_dimension)", code="err_exceed_max_supported_dimension")
-    return transpose_core("transpose", x, dtype=dtype, mask=mask)
+    return transpose_core("transpose", x, dtype=dtype, mask=mask, name=name)
