@@ -93,7 +93,35 @@ def assert_matches_reference(batch: Batch, *, mixed_precision=True, large_tile_s
     return out, ref
 
 
+def kernel_inputs(batch: Batch, *, large_tile_size, pad_blocks_to=None, pad_queries_to=None):
+    """``(plan, (query, key, value, kv_cache, block_tables, mask))`` in the kernel layouts, built
+    with the host helpers as host.paged_attention does (optionally with padded buckets)."""
+    from host.block_tables import active_block_table
+    from host.masks import build_attention_mask
+    from host.plan import make_plan
+
+    plan = make_plan(batch.query_lens, batch.context_lens, block_size=batch.kv_cache.shape[3],
+                     large_tile_size=large_tile_size, pad_blocks_to=pad_blocks_to,
+                     pad_queries_to=pad_queries_to)
+    T, H, d = batch.query.shape
+    Hkv, Qpad, dt = batch.key.shape[1], plan.padded_queries, batch.query.dtype
+    q = np.zeros((1, H, d, Qpad), dt)
+    q[0, :, :, :T] = batch.query.transpose(1, 2, 0)
+    k = np.zeros((1, Hkv, d, Qpad), dt)
+    k[0, :, :, :T] = batch.key.transpose(1, 2, 0)
+    v = np.zeros((1, Hkv, Qpad, d), dt)
+    v[0, :, :T] = batch.value.transpose(1, 0, 2)
+    bt = active_block_table(plan, batch.block_tables)
+    return plan, (q, k, v, batch.kv_cache, bt, build_attention_mask(plan))
+
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture
+def build_kernel_inputs():
+    """``kernel_inputs(batch, *, large_tile_size, pad_blocks_to=None, pad_queries_to=None)``."""
+    return kernel_inputs
 
 
 @pytest.fixture

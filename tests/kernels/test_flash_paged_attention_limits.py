@@ -14,30 +14,10 @@ import pytest
 
 import nki_sim
 from host.attention import flash_attn_varlen_nkifunc
-from host.block_tables import active_block_table
-from host.masks import build_attention_mask
-from host.plan import make_plan
 from nki_kernels._nki import nki
 from nki_kernels.flash_paged_attention import flash_paged_attention
 
 pytestmark = pytest.mark.simulation
-
-
-def _kernel_inputs(batch, *, large_tile_size, pad_blocks_to=None, pad_queries_to=None):
-    """Kernel-layout inputs built with the host helpers (as host.paged_attention does)."""
-    plan = make_plan(batch.query_lens, batch.context_lens, block_size=batch.kv_cache.shape[3],
-                     large_tile_size=large_tile_size, pad_blocks_to=pad_blocks_to,
-                     pad_queries_to=pad_queries_to)
-    T, H, d = batch.query.shape
-    Hkv, Qpad = batch.key.shape[1], plan.padded_queries
-    q = np.zeros((1, H, d, Qpad), batch.query.dtype)
-    q[0, :, :, :T] = batch.query.transpose(1, 2, 0)
-    k = np.zeros((1, Hkv, d, Qpad), batch.query.dtype)
-    k[0, :, :, :T] = batch.key.transpose(1, 2, 0)
-    v = np.zeros((1, Hkv, Qpad, d), batch.query.dtype)
-    v[0, :, :T] = batch.value.transpose(1, 0, 2)
-    bt = active_block_table(plan, batch.block_tables)
-    return plan, (q, k, v, batch.kv_cache, bt, build_attention_mask(plan))
 
 
 def test_query_count_above_512_not_multiple_of_512(batch_factory, check_reference):
@@ -60,12 +40,13 @@ def test_batch_without_any_context(batch_factory, check_reference):
     check_reference(batch, mixed_precision=False, large_tile_size=2048)
 
 
-def test_all_masked_context_tiles_change_nothing(batch_factory):
+def test_all_masked_context_tiles_change_nothing(batch_factory, build_kernel_inputs):
     # Padding the active block table with extra, fully masked tiles must leave every output
     # bit-identical (the tiles contribute exactly zero and rescale by exactly one).
     batch = batch_factory(4, [5, 1, 9], [300, 1000, 20], H=2, Hkv=1, d=16, block_size=16)
-    plan, base = _kernel_inputs(batch, large_tile_size=512)
-    _, padded = _kernel_inputs(batch, large_tile_size=512, pad_blocks_to=plan.num_active_blocks + 64)
+    plan, base = build_kernel_inputs(batch, large_tile_size=512)
+    _, padded = build_kernel_inputs(batch, large_tile_size=512,
+                                    pad_blocks_to=plan.num_active_blocks + 64)
     out0 = flash_attn_varlen_nkifunc(*base, LARGE_TILE_SZ=512, mixed_precision=False, backend="sim")
     out1 = flash_attn_varlen_nkifunc(*padded, LARGE_TILE_SZ=512, mixed_precision=False, backend="sim")
     assert padded[4].shape[0] == base[4].shape[0] + 64
@@ -73,11 +54,11 @@ def test_all_masked_context_tiles_change_nothing(batch_factory):
 
 
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "fp32"])
-def test_padding_rows_are_exactly_zero(batch_factory, mixed):
+def test_padding_rows_are_exactly_zero(batch_factory, mixed, build_kernel_inputs):
     # Rows past the real tokens see nothing (all-False mask rows): output must be exactly 0,
     # not vLLM's mean of V weighted by the -9984 floor.
     batch = batch_factory(5, [3, 1, 2], [70, 5, 0], H=3, Hkv=1, d=8, block_size=4)
-    plan, inputs = _kernel_inputs(batch, large_tile_size=512)
+    plan, inputs = build_kernel_inputs(batch, large_tile_size=512)
     out = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=mixed, backend="sim")
     T = plan.num_queries
     assert out.shape == (1, 3, plan.padded_queries, 8)
@@ -93,10 +74,10 @@ def test_padded_block_table_entries_stay_inside_a_tight_cache(batch_factory, che
     check_reference(batch, mixed_precision=False, large_tile_size=512)
 
 
-def test_out_of_cache_block_id_is_detected(batch_factory):
+def test_out_of_cache_block_id_is_detected(batch_factory, build_kernel_inputs):
     # Must-fail counterpart of the test above: an id past the cache is an indirect-DMA error.
     batch = batch_factory(7, [2], [20], H=1, Hkv=1, d=8, block_size=4, spare_blocks=0)
-    _, inputs = _kernel_inputs(batch, large_tile_size=512)
+    _, inputs = build_kernel_inputs(batch, large_tile_size=512)
     bt = inputs[4].copy()
     bt[1] = batch.kv_cache.shape[1]                    # one past the last block
     # (called directly: the host wrappers would reject the id before launching)
@@ -122,14 +103,15 @@ def test_bf16_inputs_on_both_targets(target, mixed, batch_factory, check_referen
         check_reference(batch, mixed_precision=mixed, large_tile_size=1024)
 
 
-def test_query_groups_beyond_the_state_budget(batch_factory, check_reference, monkeypatch):
+def test_query_groups_beyond_the_state_budget(batch_factory, check_reference, monkeypatch,
+                                              build_kernel_inputs):
     # A query batch whose online-softmax state exceeds the SBUF budget is processed in groups of
     # Q tiles (KV re-read per group). Forcing one Q tile per group must give bit-identical
     # results to the single-group run, and both must match the reference.
     import nki_kernels.flash_paged_attention as fpa
 
     batch = batch_factory(10, [150, 1, 140], [33, 500, 0], H=4, Hkv=2, d=16, block_size=16)
-    plan, inputs = _kernel_inputs(batch, large_tile_size=512)
+    plan, inputs = build_kernel_inputs(batch, large_tile_size=512)
     assert plan.padded_queries == 384
     one = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=True, backend="sim")
     monkeypatch.setattr(fpa, "STATE_BUDGET_BYTES", 1)
@@ -142,11 +124,11 @@ def test_query_groups_beyond_the_state_budget(batch_factory, check_reference, mo
     check_reference(batch, mixed_precision=True, large_tile_size=512)
 
 
-def test_empty_block_table_means_no_context(batch_factory):
+def test_empty_block_table_means_no_context(batch_factory, build_kernel_inputs):
     # The kernel itself also accepts num_active_blocks = 0 (mask (Qpad, Qpad)): same result as the
     # host plan's single all-masked context tile, bit for bit.
     batch = batch_factory(11, [9, 1, 30], [0, 0, 0], H=4, Hkv=2, d=16, block_size=8)
-    plan, inputs = _kernel_inputs(batch, large_tile_size=512)
+    plan, inputs = build_kernel_inputs(batch, large_tile_size=512)
     q, k, v, cache, bt, mask = inputs
     ctx = plan.context_kv_len
     with_tile = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=False,
@@ -186,11 +168,11 @@ def _pe_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softma
                                       p_transpose="pe")
 
 
-def test_pe_transpose_path_on_trn2_matches_dma_path(batch_factory):
+def test_pe_transpose_path_on_trn2_matches_dma_path(batch_factory, build_kernel_inputs):
     # The benchmark knob p_transpose="pe" (TensorE transposes of P on gen3) gives the same
     # result as the default DMA transposes (both exact copies of bf16 P).
     batch = batch_factory(13, [20, 1], [300, 700], H=4, Hkv=2, d=32, block_size=32)
-    plan, inputs = _kernel_inputs(batch, large_tile_size=1024)
+    plan, inputs = build_kernel_inputs(batch, large_tile_size=1024)
     with nki_sim.use_target("trn2"):
         dma = nki.simulate_kernel(flash_paged_attention[1, 2], *inputs, LARGE_TILE_SZ=1024)
         with nki_sim.tracing() as trace:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 import pytest
 
 import nki_sim
@@ -16,37 +15,19 @@ from nki_kernels.constants import tile_geometry
 pytestmark = pytest.mark.simulation
 
 
-def _inputs(batch, large_tile_size):
-    from host.block_tables import active_block_table
-    from host.masks import build_attention_mask
-    from host.plan import make_plan
-
-    plan = make_plan(batch.query_lens, batch.context_lens, block_size=batch.kv_cache.shape[3],
-                     large_tile_size=large_tile_size)
-    T, H, d = batch.query.shape
-    Hkv, Qpad = batch.key.shape[1], plan.padded_queries
-    q = np.zeros((1, H, d, Qpad), batch.query.dtype)
-    q[0, :, :, :T] = batch.query.transpose(1, 2, 0)
-    k = np.zeros((1, Hkv, d, Qpad), batch.query.dtype)
-    k[0, :, :, :T] = batch.key.transpose(1, 2, 0)
-    v = np.zeros((1, Hkv, Qpad, d), batch.query.dtype)
-    v[0, :, :T] = batch.value.transpose(1, 0, 2)
-    return plan, (q, k, v, batch.kv_cache, active_block_table(plan, batch.block_tables),
-                  build_attention_mask(plan))
-
-
 # (block_size, LARGE_TILE_SZ, d): L/128 = 4, 2, 1 (T = 1), 1 (T = 16), 1 (b' = 64), 2 (b' = 32)
 GEOMETRIES = [(1, 512, 8), (4, 1024, 16), (16, 2048, 8), (256, 2048, 8), (64, 8192, 4), (32, 8192, 128)]
 
 
 @pytest.mark.parametrize("block_size, tile, d", GEOMETRIES,
                          ids=[f"b{b}_t{t}_d{d}" for b, t, d in GEOMETRIES])
-def test_kv_loads_are_vectorized_indirect_dmas(block_size, tile, d, batch_factory):
+def test_kv_loads_are_vectorized_indirect_dmas(block_size, tile, d, batch_factory,
+                                               build_kernel_inputs):
     Hkv = 2
     # contexts spanning 2 large tiles in total (plus padding blocks)
     c = [tile // 2 + 3, tile // 2 + 1]
     batch = batch_factory(block_size, [3, 1], c, H=2 * Hkv, Hkv=Hkv, d=d, block_size=block_size)
-    plan, inputs = _inputs(batch, tile)
+    plan, inputs = build_kernel_inputs(batch, large_tile_size=tile)
     M, T, bp, L, n_loads = tile_geometry(block_size, tile)
     assert (M, T, bp, L) == (plan.blocks_per_tile, plan.tiling_factor, plan.tiled_block_size,
                              plan.rows_per_tile)
