@@ -159,3 +159,20 @@ def test_varlen_wrapper_checks_head_arguments():
     with pytest.raises(ValueError, match="attn_mask must hold only 0 and 1"):
         flash_attn_varlen_nkifunc(*list(a.values())[:5], a["mask"].astype(np.int32) * 2,
                                   LARGE_TILE_SZ=LT)
+
+
+def test_uint8_mask_equals_bool_mask():
+    a = _valid()
+    ref = _run(LARGE_TILE_SZ=LT)
+    out = _run(mask=a["mask"].astype(np.uint8), LARGE_TILE_SZ=LT)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_paged_attention_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    a = _host_args()
+    ref = paged_attention(**a, backend="sim")
+    t = {k: torch.from_numpy(v) for k, v in a.items()}
+    out = paged_attention(**t, backend="sim")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    np.testing.assert_array_equal(out.numpy(), ref)
