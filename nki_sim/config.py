@@ -18,6 +18,9 @@ class Config:
     check_scope: bool = True
     # Block dimensions (dims before par_dim): "error" (SDK >= 2.25 behaviour) or "allow".
     block_dims: str = "error"
+    # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only (the project
+    # targets 2.21-2.24): False rejects it; copy to SBUF first (nl.copy / nisa.tensor_copy).
+    allow_psum_store: bool = False
     # Legacy (SDK 2.20) convention: outputs passed in as arguments and written in place.
     # When True, writes to non-annotated inputs are allowed and copied back to the caller.
     legacy_inplace_outputs: bool = False

@@ -16,6 +16,7 @@ from . import dtypes as D
 from . import errors as E
 from . import trace
 from .access import read, write
+from .config import config
 from .compute import check_partitions, free_size, mask_for_input, require_kernel, result_tile
 from .indexing import mask_array
 from .state import state
@@ -160,8 +161,13 @@ def store(dst, value, *, mask=None, mode=None, oob_mode=None, name="", **kwargs)
     if isinstance(value, Tensor):
         if value.is_hbm:
             raise E.MemorySpaceError(
-                "Expected operand 'value' of 'store' to be in address space 'sbuf' or 'psum', but "
+                "Expected operand 'value' of 'store' to be in address space 'sbuf', but "
                 f"got a tile in '{value.buffer}' instead.")
+        if value.buffer == "psum" and not config.allow_psum_store:
+            raise E.MemorySpaceError(
+                "Expected operand 'value' of 'store' to be in address space 'sbuf', but got a tile in "
+                "'psum' instead. (Storing from PSUM needs Neuron SDK >= 2.26; copy it to SBUF with "
+                "nl.copy first, or nki_sim.configure(allow_psum_store=True).)")
         from .access import Access
         pre = Access(dst, m, _oob(oob_mode if oob_mode is not None else mode))
         vm = mask_for_input(pre.valid, value.shape)

@@ -272,3 +272,21 @@ def test_activation_scale_is_scalar_or_fp32_vector(rng):
         run(_act_scale, x, scale_kind="bf16_tile")
     with pytest.raises(E.NkiCompileError, match="err_activation_scale_scalar_or_vector"):
         run(_act_scale, x, scale_kind="wide")
+
+
+def _store_from(x, *, via):
+    t = nl.load(x)
+    p = nl.ndarray(x.shape, nl.float32, buffer=nl.psum)
+    p[...] = nisa.nc_transpose(nisa.nc_transpose(t))
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, p if via == "psum" else nl.copy(p))
+    return out
+
+
+def test_store_from_psum_needs_sdk_2_26(rng):
+    x = f32(rng, 8, 8)
+    assert np.array_equal(run(_store_from, x, via="sbuf"), x)
+    with pytest.raises(E.MemorySpaceError, match="got a tile in 'psum' instead"):
+        run(_store_from, x, via="psum")
+    with nki_sim.configure(allow_psum_store=True):
+        assert np.array_equal(run(_store_from, x, via="psum"), x)
