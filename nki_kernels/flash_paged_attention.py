@@ -135,7 +135,6 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     kernel_check(tuple(out.shape) == (1, H, Qpad, d) and np.dtype(out.dtype) == np.dtype(query.dtype),
                  KERNEL, "out", f"be a {(1, H, Qpad, d)} {np.dtype(query.dtype).name} HBM tensor",
                  (tuple(out.shape), np.dtype(out.dtype).name))
-    o = out
     head = nl.program_id(axis=1)
 
     if n_tiles > 0:
@@ -173,7 +172,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                         flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
                                              mask_tile, o_buf, m_buf, l_buf, slot, k_start=0,
                                              width=LT, kernel_dtype=kd, use_dma_transpose=use_dma_t,
-                                         use_select_reduce=use_sel)
+                                             use_select_reduce=use_sel)
 
         # Step 3: active (new) tokens in windows of <= LT keys. Causal tile skipping: Q tile i
         # only needs active keys < (i+1)*128, so windows starting at or past that are skipped
@@ -207,8 +206,8 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                 slot = ii * G + g
                 l_safe = nl.maximum(l_buf[:, nl.ds(slot, 1)], L_FLOOR, dtype=nl.float32)
                 out_tile = nl.divide(o_buf[:, nl.ds(slot * d, d)], l_safe, dtype=query.dtype)
-                nl.store(o[0, head * G + g, nl.ds((i0 + ii) * P, P), :], value=out_tile)
-    return o
+                nl.store(out[0, head * G + g, nl.ds((i0 + ii) * P, P), :], value=out_tile)
+    return out
 
 
 def _is_pow2(x) -> bool:
