@@ -61,7 +61,10 @@ def _output(x, ctx, inputs_by_alloc):
     if isinstance(x, Tensor):
         a = x.alloc
         if a.kind == "input":
-            return a.user_array if (x.idx is None and x.shape == a.user_array.shape) else np.array(x.arr)
+            if x.idx is None and x.shape == a.data.shape and x.arr.strides == a.data.strides and \
+                    x.arr.__array_interface__["data"][0] == a.data.__array_interface__["data"][0]:
+                return a.user_array          # the whole parameter: the caller's own array
+            return _materialize(x)
         if a.buffer not in ("shared_hbm", "hbm", "private_hbm"):
             raise E.KernelSignatureError(
                 f"kernel returned on-chip ({a.buffer}) tensor {a.name}; outputs must be HBM tensors "
@@ -70,12 +73,20 @@ def _output(x, ctx, inputs_by_alloc):
             raise E.KernelSignatureError(
                 f"output tensor {a.name} was never written (err_tensor_output_not_written_to)",
                 code="err_tensor_output_not_written_to")
-        return np.array(x.arr) if x.idx is None else None
+        return _materialize(x)
     if isinstance(x, (tuple, list)):
         return tuple(_output(v, ctx, inputs_by_alloc) for v in x)
     if isinstance(x, dict):
         return {k: _output(v, ctx, inputs_by_alloc) for k, v in x.items()}
     return x
+
+
+def _materialize(x: Tensor) -> np.ndarray:
+    """A NumPy copy of a returned tensor view (basic or advanced)."""
+    from .access import Access
+    if x.idx is None:
+        return np.array(x.arr)
+    return np.array(Access(x).gather(x.alloc.data))
 
 
 def _returned_allocs(x, out):
