@@ -29,6 +29,10 @@ L_FLOOR = 2.0 ** -30
 # slot); larger query batches are processed in several groups, each re-reading the KV tiles.
 STATE_BUDGET_BYTES = 64 * 1024
 
+# SBUF bytes per partition for the transformed block table (nL * n_tiles int32 = context length
+# / (32 * block_size) bytes when M >= 128): 64 KiB holds 2M context tokens at block_size 1.
+BLOCK_TABLE_BUDGET_BYTES = 64 * 1024
+
 # Block ids travel through fp32 PE transposes in the in-kernel block-table transform: exact only
 # below 2**24. The kernel checks num_blocks * Hkv * tiling_factor against this bound.
 FP32_EXACT_INT = 1 << 24

@@ -16,7 +16,8 @@ from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
-                                   STATE_BUDGET_BYTES, tile_geometry)
+                                   BLOCK_TABLE_BUDGET_BYTES, STATE_BUDGET_BYTES,
+                                   tile_geometry)
 from nki_kernels.flash_core import flash_attention_tile
 from nki_kernels.kv_load import flat_kv_view, load_kv_tile
 
@@ -267,6 +268,12 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
     ck(N * Hkv * T < FP32_EXACT_INT, "kv_cache.shape",
        f"give num_blocks * Hkv * tiling_factor < 2**24 (block ids are transposed through fp32); "
        f"tiling_factor={T}", tuple(kv_cache.shape))
+    table_bytes = n_loads * (ctx // LARGE_TILE_SZ) * 4
+    kernel_unsupported(table_bytes <= BLOCK_TABLE_BUDGET_BYTES, KERNEL,
+                       f"a transformed block table of {table_bytes} bytes per SBUF partition "
+                       f"(num_active_blocks={nab}, block_size={B}, LARGE_TILE_SZ={LARGE_TILE_SZ}; "
+                       f"limit {BLOCK_TABLE_BUDGET_BYTES})",
+                       "use a larger block_size or split the batch into several launches")
     ck(len(mask.shape) == 2 and tuple(mask.shape) == (Qpad, ctx + Qpad), "mask.shape",
        f"be (Qpad, num_active_blocks*block_size + Qpad) = {(Qpad, ctx + Qpad)}", tuple(mask.shape))
     ck(np.dtype(mask.dtype).name in ("bool", "uint8"), "mask.dtype", "be bool or uint8",

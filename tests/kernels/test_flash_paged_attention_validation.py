@@ -176,3 +176,16 @@ def test_paged_attention_torch_in_torch_out():
     out = paged_attention(**t, backend="sim")
     assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
     np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_oversized_block_table_is_unsupported():
+    # B=1, LT=512: 4 rows-of-128 per tile, 4 bytes each -> 16 bytes per tile per partition;
+    # 4097 tiles (2M+ context tokens) exceed the 64 KiB block-table budget. Shapes only.
+    t = lambda shape, dt=np.float32: SimpleNamespace(shape=shape, dtype=np.dtype(dt))  # noqa: E731
+    nab = 4097 * 512
+    args = (t((1, 1, 8, 128)), t((1, 1, 8, 128)), t((1, 1, 128, 8)), t((2, 16, 1, 1, 8)),
+            t((nab,), np.int32), t((128, nab + 128), np.bool_))
+    with pytest.raises(NotImplementedError, match="use a larger block_size"):
+        _check_inputs(*args, None, True, 512)
+    ok = (*args[:4], t((nab - 512,), np.int32), t((128, nab - 512 + 128), np.bool_))
+    assert _check_inputs(*ok, None, True, 512)["n_tiles"] == 4096
