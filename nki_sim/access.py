@@ -312,6 +312,16 @@ def _same_region(a: Tensor, b: Tensor) -> bool:
 _PSUM_ONLY = ("nc_matmul", "nc_transpose")      # ISA-level TensorE instructions
 
 
+def _check_psum_acc_dtype(value: Tensor, dst: Tensor, op: str):
+    """Matmul results land in PSUM as fp32 on NeuronCore-v2/v3 (bf16 PSUM only from v4)."""
+    if (value.producer or ("", ""))[1] in ("matmul", "nc_matmul") and dst.buffer == "psum" \
+            and value.dtype == D.float32 and dst.dtype not in (D.float32, D.int32):
+        raise E.DtypeError(
+            f"'{op}' result written into PSUM tensor {dst.name} of dtype {dst.dtype.name}: matmul "
+            "results in PSUM must be float32 on NeuronCore-v2/v3; allocate the PSUM tile as float32 "
+            "and cast when copying it to SBUF")
+
+
 def _check_producer(value: Tensor, dst: Tensor):
     """The instruction that made ``value`` writes ``dst`` directly: check its engine's memories."""
     eng, op = value.producer or ("", "")
@@ -319,6 +329,7 @@ def _check_producer(value: Tensor, dst: Tensor):
         raise E.MemorySpaceError(
             f"the Tensor Engine writes PSUM only: result of 'nisa.{op}' assigned to {dst.buffer} "
             f"tensor {dst.name}; assign it to a PSUM tile (then nl.copy / nisa.tensor_copy to SBUF)")
+    _check_psum_acc_dtype(value, dst, op)
     if eng == "gpsimd" and dst.buffer == "psum":
         raise E.MemorySpaceError(
             f"the GpSimd engine cannot access PSUM: result of '{op}' assigned to PSUM tensor "
@@ -373,6 +384,7 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
     the affine_range dependency check); everything else is ``t[...] = t <op> other``."""
     if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
             and t.buffer == "psum"):
+        _check_psum_acc_dtype(other, t, "matmul accumulate")
         vals, _ = read(other, op="matmul accumulate")
         write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
         other.fresh = False

@@ -290,3 +290,25 @@ def test_store_from_psum_needs_sdk_2_26(rng):
         run(_store_from, x, via="psum")
     with nki_sim.configure(allow_psum_store=True):
         assert np.array_equal(run(_store_from, x, via="psum"), x)
+
+
+def _mm_into(a, *, dtype, acc):
+    at = nl.load(a)
+    ps = nl.zeros((a.shape[1], a.shape[1]), dtype, buffer=nl.psum)
+    if acc:
+        ps += nisa.nc_matmul(at, at)
+    else:
+        ps[...] = nl.matmul(at, at, transpose_x=True)
+    out = nl.ndarray(ps.shape, nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.copy(ps, dtype=nl.float32))
+    return out
+
+
+@pytest.mark.parametrize("acc", [True, False])
+def test_matmul_psum_destination_must_be_fp32(rng, acc):
+    import ml_dtypes
+    a = f32(rng, 16, 8)
+    np.testing.assert_allclose(run(_mm_into, a, dtype=nl.float32, acc=acc), a.T.astype(np.float64) @ a,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(E.DtypeError, match="must be float32"):
+        run(_mm_into, a, dtype=ml_dtypes.bfloat16, acc=acc)
