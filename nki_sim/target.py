@@ -64,6 +64,9 @@ def get_target() -> Target:
         return state.kernel.target
     env = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip()
     if env:
+        if env.lower() not in _ALIASES:
+            raise ValueError(f"NEURON_PLATFORM_TARGET_OVERRIDE must be one of {sorted(_ALIASES)} "
+                             f"(nki_sim simulates trn1 / trn2 only); got {env!r}")
         return resolve_target(env)
     return TARGETS[DEFAULT_TARGET]
 
