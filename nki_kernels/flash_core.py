@@ -7,10 +7,11 @@ Dimensions:
     W        KV tile width (keys), a multiple of 128  F = 512 score columns per PSUM bank
 
 State per (Q tile, query head) "slot" s, kept in SBUF across KV tiles (all rows on partitions):
-    m_buf[:, s]           running row max of the masked, scaled scores (fp32)
+    nm_buf[:, s]          NEGATED running row max -m of the masked, scaled scores (fp32); kept
+                          negated because -m is the bias of every exp()
     l_buf[:, s]           running row sum of exp(score - m) (fp32; plain sum, not log-sum-exp)
     o_buf[:, s*d:(s+1)*d] running un-normalised output sum_k exp(score_k - m) v_k (acc dtype)
-Initial state (set by the caller): m = M_FLOOR, l = 0, o = 0. Final output: o / max(l, L_FLOOR).
+Initial state (set by the caller): nm = -M_FLOOR, l = 0, o = 0. Final output: o / max(l, L_FLOOR).
 See ``nki_kernels.constants`` for why masked scores use NEG_MASK with m starting at M_FLOOR:
 masked keys contribute exactly 0, an all-masked tile changes nothing, and a row masked
 everywhere ends with o = l = 0 (output exactly 0).
@@ -25,7 +26,7 @@ from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 
-def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf, slot, *,
+def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
                          k_start, width, kernel_dtype, use_dma_transpose, use_select_reduce):
     """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
 
@@ -36,7 +37,7 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
         v_tile: SBUF ``(128, ...)`` kernel_dtype; columns ``[(c//128)*d, (c//128+1)*d)`` at
             partition ``c % 128`` hold the value of key c (the layout of ``load_kv_tile``).
         mask_tile: SBUF ``(128, width)`` bool; ``mask_tile[r, c]`` = row r may see key k_start + c.
-        o_buf, m_buf, l_buf: SBUF state tiles (module docstring), updated in place.
+        o_buf, nm_buf, l_buf: SBUF state tiles (module docstring), updated in place.
         slot: state slot index (int or affine loop expression).
         k_start: first key (Python int, multiple of 128).  width: W (Python int, multiple of 128).
         kernel_dtype: matmul-input / probability dtype (bf16 in mixed precision).
@@ -47,9 +48,9 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
 
     Pseudocode:
         S[:, c] = where(mask, q^T k_c, NEG_MASK)          per 512-column PSUM chunk (fp32)
-        m_new = max(m, rowmax(S)); alpha = exp(m - m_new)
-        Pr = exp(S - m_new) (kernel_dtype), rs = rowsum(exp(S - m_new)) (fp32)   [ScalarE, fused]
-        l = alpha*l + rs;  m = m_new
+        nm_new = -max(m, rowmax(S)) = min(nm, -rowmax(S)); alpha = exp(nm_new - nm)
+        Pr = exp(S + nm_new) (kernel_dtype), rs = rowsum(exp(S + nm_new)) (fp32)  [ScalarE, fused]
+        l = alpha*l + rs;  nm = nm_new
         P^T in 128x128 blocks (DMA or PE transpose)
         o = alpha*o + sum_k P^T_k^T V_k                   (PSUM accumulation over 128-key chunks)
     """
@@ -81,21 +82,21 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
             _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
         m_tile[...] = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
 
-    # Step 2: running max and rescale factor.
-    m_prev = m_buf[:, nl.ds(slot, 1)]
-    m_new = nl.maximum(m_prev, m_tile, dtype=nl.float32)
-    neg_m = nl.multiply(m_new, -1.0, dtype=nl.float32)
-    alpha = nisa.activation(np.exp, m_prev, bias=neg_m, scale=1.0, dtype=nl.float32)
+    # Step 2: running max (kept negated: nm = -m feeds the exp biases directly) and the
+    # rescale factor alpha = exp(m_prev - m_new) = exp(nm_new - nm_prev).
+    nm_prev = nm_buf[:, nl.ds(slot, 1)]
+    nm_new = nisa.tensor_scalar(m_tile, np.multiply, -1.0, op1=np.minimum, operand1=nm_prev,
+                                dtype=nl.float32)
+    alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
 
-    # Step 3: probabilities and their row sums in one ScalarE pass.
+    # Step 3: probabilities and their row sums in one ScalarE pass; l = alpha * l + rowsum.
     row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     probs = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
-    probs[...] = nisa.activation_reduce(np.exp, scores, bias=neg_m, scale=1.0, reduce_op=np.add,
+    probs[...] = nisa.activation_reduce(np.exp, scores, bias=nm_new, scale=1.0, reduce_op=np.add,
                                         reduce_res=row_sum, dtype=kernel_dtype)
-    l_buf[:, nl.ds(slot, 1)] = nl.add(nl.multiply(l_buf[:, nl.ds(slot, 1)], alpha,
-                                                  dtype=nl.float32),
-                                      row_sum, dtype=nl.float32)
-    m_buf[:, nl.ds(slot, 1)] = nl.copy(m_new, dtype=nl.float32)
+    l_buf[:, nl.ds(slot, 1)] = nisa.tensor_scalar(l_buf[:, nl.ds(slot, 1)], np.multiply, alpha,
+                                                  op1=np.add, operand1=row_sum, dtype=nl.float32)
+    nm_buf[:, nl.ds(slot, 1)] = nl.copy(nm_new, dtype=nl.float32)
 
     # Step 4: P^T (keys on partitions), 128x128 blocks.
     n_k = width // P
@@ -108,8 +109,9 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, m_buf, l_buf,
 
     # Step 5: o = alpha * o + P V, accumulated over 128-key chunks in one PSUM tile.
     v_col = (k_start // P) * d
-    pv = nl.zeros((P, d), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.affine_range(n_k):
+    pv = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
+    pv[...] = nisa.nc_matmul(probs_t[:, nl.ds(0, P)], v_tile[:, nl.ds(v_col, d)])
+    for k in nl.affine_range(1, n_k):
         pv += nisa.nc_matmul(probs_t[:, nl.ds(k * P, P)], v_tile[:, nl.ds(v_col + k * d, d)])
     o_view = o_buf[:, nl.ds(slot * d, d)]
     o_buf[:, nl.ds(slot * d, d)] = nl.add(nl.multiply(o_view, alpha, dtype=acc_dtype), pv,

@@ -150,7 +150,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
         n_slots = nqg * G                          # slot s = ii * G + g  <->  Q tile i0 + ii, head g
 
         # Step 1: state (m = M_FLOOR, l = 0, o = 0) and the scaled, transposed Q of every slot.
-        m_buf = nl.full((P, n_slots), M_FLOOR, dtype=nl.float32, buffer=nl.sbuf)
+        nm_buf = nl.full((P, n_slots), -M_FLOOR, dtype=nl.float32, buffer=nl.sbuf)   # -max
         l_buf = nl.zeros((P, n_slots), dtype=nl.float32, buffer=nl.sbuf)
         o_buf = nl.zeros((P, n_slots * d), dtype=acc, buffer=nl.sbuf)
         q_buf = nl.ndarray((d, n_slots * P), dtype=kd, buffer=nl.sbuf)
@@ -171,7 +171,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                     for g in nl.affine_range(G):
                         slot = ii * G + g
                         flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
-                                             mask_tile, o_buf, m_buf, l_buf, slot, k_start=0,
+                                             mask_tile, o_buf, nm_buf, l_buf, slot, k_start=0,
                                              width=LT, kernel_dtype=kd, use_dma_transpose=use_dma_t,
                                              use_select_reduce=use_sel)
 
@@ -197,7 +197,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                 for g in nl.affine_range(G):
                     slot = ii * G + g
                     flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_act, v_act, mask_tile,
-                                         o_buf, m_buf, l_buf, slot, k_start=0, width=width,
+                                         o_buf, nm_buf, l_buf, slot, k_start=0, width=width,
                                          kernel_dtype=kd, use_dma_transpose=use_dma_t,
                                          use_select_reduce=use_sel)
 
