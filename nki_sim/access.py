@@ -204,10 +204,12 @@ def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
     alloc = t.alloc
     frames = _dep_frames(alloc)
     if frames:
-        if alloc.wstamp is not None:
+        lo = frames[0].loop_start            # no stamp below this can be in any window
+        if alloc.wstamp is not None and alloc.wmax >= lo:
             _dep_check(t, acc, frames, alloc.wstamp, "reads", op)
         if alloc.kind != "input" or alloc.mutable:
             acc.scatter(alloc.stamps("rstamp"), state.epoch)
+            alloc.rmax = state.epoch
     return vals, acc
 
 
@@ -258,11 +260,14 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
     vals = fit_value(values, t.shape, t.name)
     frames = None if exempt else _dep_frames(alloc)
     if frames:
+        lo = frames[0].loop_start
         ws = alloc.stamps("wstamp")
-        _dep_check(t, acc, frames, ws, "writes", op)
-        if alloc.rstamp is not None:
+        if alloc.wmax >= lo:
+            _dep_check(t, acc, frames, ws, "writes", op)
+        if alloc.rstamp is not None and alloc.rmax >= lo:
             _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
         acc.scatter(ws, state.epoch)
+        alloc.wmax = state.epoch
     if accumulate == "rmw":
         _rmw_add(acc, vals)
         if alloc.written is not None:

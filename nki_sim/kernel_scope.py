@@ -13,7 +13,7 @@ import inspect
 import sys
 import textwrap
 
-from .trace import _PKG_DIR
+from .trace import in_simulator
 
 _NESTED = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.AsyncFor, ast.AsyncWith)
 _cache: dict = {}
@@ -42,7 +42,7 @@ def _nested_line_ranges(code) -> list:
 def caller_frame():
     """The innermost frame outside the nki_sim package."""
     f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
+    while f is not None and in_simulator(f):
         f = f.f_back
     return f
 

@@ -53,7 +53,7 @@ class Alloc:
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
                  "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "scope", "temp", "__weakref__")
+                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
@@ -81,6 +81,7 @@ class Alloc:
                     break
         self.wstamp = None
         self.rstamp = None
+        self.wmax = self.rmax = -1     # largest epoch ever stamped (fast path of the checker)
         self.par_axis = par_axis
         self.user_array = None
         self.ever_written = False

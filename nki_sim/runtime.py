@@ -104,13 +104,12 @@ def _returned_allocs(x, out):
 def _add_context_note(e: BaseException, ctx) -> None:
     """Record where in the kernel an error happened as ``e.nki_context`` (str(e) is unchanged)."""
     import os
-    from .trace import _PKG_DIR
+    from .trace import in_simulator
     loc = None
     tb = e.__traceback__
     while tb is not None:
-        fn = tb.tb_frame.f_code.co_filename
-        if not fn.startswith(_PKG_DIR):
-            loc = (os.path.basename(fn), tb.tb_lineno)
+        if not in_simulator(tb.tb_frame):
+            loc = (os.path.basename(tb.tb_frame.f_code.co_filename), tb.tb_lineno)
         tb = tb.tb_next
     stack = [(f.kind, f.value) for f in ctx.loops] or list(ctx.unwound or ())
     loops = ", ".join(f"{kind}_range={v}" for kind, v in stack) or "none"

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from .state import state
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG = __name__.split(".")[0]          # "nki_sim"
+
+
+def in_simulator(frame) -> bool:
+    """True for frames of nki_sim's own modules (by module name, robust to how it was imported)."""
+    name = frame.f_globals.get("__name__", "")
+    return name == _PKG or name.startswith(_PKG + ".")
 
 
 @dataclass(frozen=True)
@@ -151,9 +157,8 @@ def kernel_src_loc() -> tuple:
     """(file basename, line) of the innermost frame outside the nki_sim package."""
     f = sys._getframe(1)
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIR):
-            return (os.path.basename(fn), f.f_lineno)
+        if not in_simulator(f):
+            return (os.path.basename(f.f_code.co_filename), f.f_lineno)
         f = f.f_back
     return ("", 0)
 

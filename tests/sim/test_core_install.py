@@ -94,3 +94,23 @@ def test_unmodified_legacy_kernel_file_runs(tmp_path):
         print(bool(np.array_equal(c, a + b)))
     """, tmp_path)
     assert out == "True"
+
+
+def test_works_when_imported_through_a_non_normalized_path(tmp_path):
+    """Frames are classified by module name, not file path (e.g. PYTHONPATH=scripts/..)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "tests" / "..")
+    code = textwrap.dedent("""
+        import numpy as np, nki_sim
+        from nki_sim import nki_api as nki, language as nl
+        def k(x):
+            out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.load(x))
+            return out
+        with nki_sim.tracing() as tr:
+            y = nki.simulate_kernel(nki.jit(k), np.ones((2, 2), np.float32))
+        print(nki_sim.__file__.count(".."), bool(y.sum() == 4), tr.events[0].src_loc[0])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "True", "<string>"]
