@@ -27,6 +27,7 @@ whole cache, so it is skipped whether the hardware bounds-checks the indexed axi
 flattened tensor (the documented simulator message is about the flattened tensor; an index of
 NHB would land in the V half of the flattened cache). Skipping keeps every shape fixed (no
 recompilation per number of valid tokens) and needs no host compaction of key / value.
+``oob_mode`` needs Neuron SDK >= 2.23 (``row_tiles.require_oob_skip`` checks it up front).
 
 Row order. Row q of the inputs goes to partition / tile as in :mod:`nki_kernels.row_tiles`
 (bulk row q = p * n_tiles + t), so one direct DMA per chunk loads the K rows (and one the V rows,
@@ -51,7 +52,7 @@ Pseudocode:
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels._nki import nki, nisa, nl, nt
-from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
+from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows, require_oob_skip
 
 
 KERNEL = "kv_cache_update"
@@ -79,7 +80,8 @@ def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
 
     Raises:
         ValueError: shapes / dtypes inconsistent.
-        NotImplementedError: unsupported cache dtype, or d * itemsize > 16 KiB.
+        NotImplementedError: unsupported cache dtype, d * itemsize > 16 KiB, or an NKI
+            toolchain older than Neuron SDK 2.23 (no ``nisa.oob_mode``).
     """
     kernel_check(len(key.shape) == 3, KERNEL, "key", "be 3-D (T, Hkv, d)", tuple(key.shape))
     n_tok, n_heads, d = key.shape
@@ -99,6 +101,7 @@ def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
     row_bytes = d * cache_itemsize(kv_cache.dtype, KERNEL)
     kernel_unsupported(row_bytes <= MAX_ROW_BYTES, KERNEL, f"a head size of {d} elements "
                        f"({row_bytes} bytes per row)", f"keep d * itemsize <= {MAX_ROW_BYTES}")
+    require_oob_skip(KERNEL)
 
     # Free views: (token, head) rows of the inputs, and the cache with (N, Hkv, B) flattened.
     _, n_blocks, _, block_size, _ = kv_cache.shape

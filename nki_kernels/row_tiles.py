@@ -1,7 +1,8 @@
 """How the cache-op kernels spread R independent rows over 128-partition DMAs.
 
 Pure Python arithmetic shared by :mod:`nki_kernels.kv_cache_update` and
-:mod:`nki_kernels.block_copy` (no NKI calls; it runs at trace time on plain ints).
+:mod:`nki_kernels.block_copy` (no NKI calls; it runs at trace time on plain ints), plus two
+trace-time checks (cache dtype, toolchain support for indirect-DMA skipping).
 
 Every row of a cache op carries its own destination (and source) index, so the order in
 which rows are assigned to partitions is free. We pick the order that makes the *direct*
@@ -82,3 +83,21 @@ def cache_itemsize(dtype, kernel: str) -> int:
             return size
     kernel_unsupported(False, kernel, f"cache dtype {dtype}", "use a float32, bfloat16 or float16 cache")
     return 0  # unreachable
+
+
+def require_oob_skip(kernel: str) -> None:
+    """NotImplementedError on a toolchain whose indirect DMAs cannot skip out-of-bounds rows.
+
+    The cache-write kernels skip padding rows with ``nisa.dma_copy(..., oob_mode=
+    nisa.oob_mode.skip)``. ``oob_mode`` (with ``dge_mode`` and ``dst_rmw_op``) arrived in Neuron
+    SDK 2.23 (NKI release notes 2.23); the 2.21 / 2.22 ``nki.isa`` has neither ``oob_mode`` nor
+    the keyword (``dma_copy(src, dst)``). A feature check on the NKI toolchain in use, so an old
+    compiler fails with a message instead of an AttributeError deep in the kernel.
+    """
+    from nki_kernels._assert import kernel_unsupported
+    from nki_kernels._nki import nisa
+
+    kernel_unsupported(hasattr(nisa, "oob_mode"), kernel,
+                       "this NKI toolchain (nki.isa has no oob_mode: indirect-DMA out-of-bounds "
+                       "skipping needs neuronx-cc from Neuron SDK 2.23)",
+                       "upgrade to Neuron SDK >= 2.23")

@@ -15,6 +15,7 @@ Args (HBM):
 
 from nki_kernels._assert import kernel_check
 from nki_kernels._nki import nki, nisa, nl, nt
+from nki_kernels.row_tiles import require_oob_skip
 
 
 
@@ -29,6 +30,7 @@ def kv_write_per_token(key, value, kv_cache: nt.mutable_tensor, row_index):
     kernel_check(tuple(row_index.shape) == (n_tok, n_heads, 1), name, "row_index.shape",
                  f"be {(n_tok, n_heads, 1)}", tuple(row_index.shape))
     kernel_check(len(kv_cache.shape) == 5, name, "kv_cache", "be (2, N, Hkv, B, d)", tuple(kv_cache.shape))
+    require_oob_skip(name)
     cache_rows = kv_cache.reshape((2, kv_cache.shape[1] * kv_cache.shape[2] * kv_cache.shape[3], d))
     i_h = nl.arange(n_heads)[:, None]
     i_f = nl.arange(d)[None, :]

@@ -13,6 +13,8 @@ import pytest
 from host.cache_ops import block_copy_row_pairs, cache_write_row_index
 from nki_kernels.baselines.block_copy_batched import copy_rows_batched
 from nki_kernels.block_copy import copy_cache_blocks, swap_cache_blocks
+from nki_kernels._nki import nisa
+from nki_kernels.baselines.kv_write_per_token import kv_write_per_token
 from nki_kernels.kv_cache_update import kv_cache_update
 
 pytestmark = pytest.mark.simulation
@@ -54,6 +56,22 @@ def test_kv_cache_update_rejects(rng, change, exc, match):
         kv_cache_update(args["key"], args["value"], args["kv_cache"], args["row_index"])
     assert args["kv_cache"].tobytes() == before
 
+
+
+def test_cache_writes_need_oob_skip_support(rng, monkeypatch):
+    """A toolchain without ``nisa.oob_mode`` (Neuron SDK < 2.23) is refused up front, cache untouched."""
+    args = write_args(rng)
+    per_token_index = args["row_index"].reshape(3, 2, 1)
+    monkeypatch.delattr(nisa, "oob_mode")
+    before = args["kv_cache"].tobytes()
+    with pytest.raises(NotImplementedError, match="SDK >= 2.23"):
+        kv_cache_update(args["key"], args["value"], args["kv_cache"], args["row_index"])
+    with pytest.raises(NotImplementedError, match="SDK >= 2.23"):
+        kv_write_per_token(args["key"], args["value"], args["kv_cache"], per_token_index)
+    assert args["kv_cache"].tobytes() == before
+    monkeypatch.undo()
+    kv_write_per_token(args["key"], args["value"], args["kv_cache"], per_token_index)   # must pass
+    np.testing.assert_array_equal(args["kv_cache"][0, 0, :, :3, :], args["key"].transpose(1, 0, 2))
 
 def copy_args(rng, *, n_layers=2, shape=(2, 6, 1, 2, 4), dtype=np.float32, row_elems=8):
     caches = rng.standard_normal((n_layers, *shape)).astype(dtype)
