@@ -19,7 +19,9 @@ per group per layer.
 Correctness needs no ordering between tiles because the host guarantees that no row is both a
 source and a destination (src / dst block overlap is rejected) and destinations are unique, so
 every gather reads original data and no two scatters hit the same row. The tiles are therefore
-independent and use ``nl.affine_range``.
+independent: tiles of a chunk use ``nl.affine_range`` (the scatter index subscript carries the loop
+variable); the chunk loop is ``nl.sequential_range`` because its scatter destinations do not mention
+the chunk variable (NKI's affine output-dependency rule cannot see through the index data).
 
 Row order and chunking as in :mod:`nki_kernels.row_tiles`: bulk row q = p * n_tiles + t;
 one direct DMA loads the [src, dst] indices of a whole chunk of tiles.
@@ -30,7 +32,7 @@ DMA instructions (n_tiles = M // 128, rem = M % 128, n_chunks = ceil(n_tiles / c
     indirect (gather + scatter) = 2 * ceil(M / 128); payload bytes = 2 * M * F * itemsize
 
 Pseudocode:
-    for each chunk:                                   # affine_range
+    for each chunk:                                   # sequential_range
         idx[p, t, :] = index[p * n_tiles + first + t, :]      # 1 DMA
         for t in chunk:                               # affine_range
             tile[p, :] = src_rows[idx[p, t, 0], :]             # 1 indirect gather, 128 rows
@@ -126,7 +128,11 @@ def _copy_rows(src_rows, dst_rows, row_pairs):
     """Gather rows of ``src_rows`` and scatter them into ``dst_rows``, 128 rows per DMA."""
     f = src_rows.shape[1]
     plan = plan_rows(row_pairs.shape[0], 8, INDEX_CHUNK_BUDGET_BYTES)
-    for c in nl.affine_range(plan.n_full_chunks):
+    # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
+    # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
+    # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
+    # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
+    for c in nl.sequential_range(plan.n_full_chunks):
         _copy_chunk(src_rows, dst_rows, row_pairs, plan.n_tiles, c * plan.chunk, plan.chunk, f)
     if plan.last_chunk > 0:
         _copy_chunk(src_rows, dst_rows, row_pairs, plan.n_tiles,

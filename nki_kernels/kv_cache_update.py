@@ -40,7 +40,7 @@ DMA instructions (n_tiles = R // 128, rem = R % 128, n_chunks = ceil(n_tiles / c
 
 Pseudocode:
     key_rows, value_rows = key / value as (R, d); cache_rows = kv_cache as (2, NHB, d)
-    for each chunk of full tiles:                       # affine_range
+    for each chunk of full tiles:                       # sequential_range
         idx[p, t]  = row_index[p * n_tiles + first + t]       # 1 DMA
         k[p, t, :] = key_rows[p * n_tiles + first + t, :]     # 1 DMA
         v[p, t, :] = value_rows[...]                          # 1 DMA
@@ -110,7 +110,11 @@ def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
     cache_rows = kv_cache.reshape((2, n_blocks * n_heads * block_size, d))
 
     plan = plan_rows(rows, 2 * row_bytes + 4, CHUNK_BUDGET_BYTES)
-    for c in nl.affine_range(plan.n_full_chunks):
+    # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
+    # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
+    # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
+    # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
+    for c in nl.sequential_range(plan.n_full_chunks):
         _write_chunk(key_rows, value_rows, cache_rows, row_index, plan.n_tiles,
                      c * plan.chunk, plan.chunk, d)
     if plan.last_chunk > 0:

@@ -35,7 +35,9 @@ def kv_write_per_token(key, value, kv_cache: nt.mutable_tensor, row_index):
     i_h = nl.arange(n_heads)[:, None]
     i_f = nl.arange(d)[None, :]
     i_0 = nl.arange(1)[None, :]
-    for t in nl.affine_range(n_tok):
+    # sequential: each token's scatter destination comes from a fresh index tile whose subscript does
+    # not mention t (see err_unexpected_output_dependencies); DMA counts are unaffected.
+    for t in nl.sequential_range(n_tok):
         idx = nl.load(row_index[t, i_h, i_0])       # (Hkv, 1) int32
         k = nl.load(key[t, i_h, i_f])                     # (Hkv, d)
         v = nl.load(value[t, i_h, i_f])
