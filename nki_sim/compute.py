@@ -164,7 +164,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
     else:
         full = np.full(shape, D.poison_value(d), dtype=d)
         np.copyto(full, data, where=m)
-        alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True))
+        alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True, order="C"))
     alloc.temp = True
     t = Tensor(alloc, alloc.data)
     t.fresh = fresh

@@ -57,6 +57,7 @@ class Alloc:
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
+        assert data.flags.c_contiguous, "internal: allocation storage must be C-contiguous"
         self.id = next(_ids)
         self.buffer = buffer
         self.dtype = data.dtype
@@ -65,8 +66,8 @@ class Alloc:
             self.written = None
         elif written is False:
             self.written = np.zeros(data.shape, dtype=bool)
-        else:
-            self.written = written
+        else:       # the aux views of nki_sim.tensor assume C order (same layout as data)
+            self.written = np.ascontiguousarray(written, dtype=bool)
         self.name = name or f"{buffer}_{self.id}"
         self.kind = kind
         self.mutable = mutable

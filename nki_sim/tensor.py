@@ -21,7 +21,7 @@ from .memory import HBM_BUFFERS, ONCHIP
 
 
 class Tensor:
-    __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax", "producer",
+    __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax", "producer", "_lay",
                  "__weakref__")
     __array_priority__ = 100
     __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
@@ -36,6 +36,7 @@ class Tensor:
         self.pmask = None       # bool mask of the elements the producing op wrote
         self.pax = pax          # partition axis of this view (0 unless block dims)
         self.producer = None    # (engine, op) of the instruction that produced a fresh tile
+        self._lay = None        # cached (element offset, element strides) of arr in alloc.data
 
     # ---- metadata -------------------------------------------------------------------
     @property
@@ -89,18 +90,21 @@ class Tensor:
     # ---- offsets relative to the allocation -----------------------------------------
     def elem_layout(self):
         """(element offset, element strides) of the basic view ``arr`` inside ``alloc.data``."""
-        base = self.alloc.data
-        isz = base.dtype.itemsize
-        ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        return ptr // isz, tuple(s // isz for s in self.arr.strides)
+        lay = self._lay
+        if lay is None:
+            base = self.alloc.data
+            isz = base.dtype.itemsize
+            ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            lay = self._lay = (ptr // isz, tuple(s // isz for s in self.arr.strides))
+        return lay
 
     def aux_view(self, aux: np.ndarray) -> np.ndarray:
         """The view of ``aux`` (same shape as ``alloc.data``) matching the basic view ``arr``."""
         off, es = self.elem_layout()
         a = aux.itemsize
-        flat = aux.reshape(-1)
-        return np.lib.stride_tricks.as_strided(flat[off:] if off < flat.size else flat[:0],
-                                               self.arr.shape, tuple(s * a for s in es))
+        if self.arr.size == 0:
+            return aux.reshape(-1)[:0].reshape(self.arr.shape)
+        return np.ndarray(self.arr.shape, aux.dtype, aux, off * a, tuple(s * a for s in es))
 
     def flat_offsets(self) -> np.ndarray:
         """Element offsets into ``alloc.data`` of every element of a basic view (int64, shape)."""
