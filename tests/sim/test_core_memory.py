@@ -211,3 +211,20 @@ def test_poison_propagates_through_elementwise_ops(rng):
         run(_taint, x, n=100, store="full")
     with pytest.raises(E.UninitializedReadError, match="nc_matmul"):
         run(_taint, x, n=100, store="matmul")
+
+
+def _free_axis_mask(x, *, n):
+    i_p = nl.arange(x.shape[0])[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    t = nl.full(x.shape, -1.0, x.dtype)
+    t[i_p, i_f] = nl.load(x[i_p, i_f], mask=(i_f < n))     # bitmap broadcast from a (1, F) mask
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    return out
+
+
+def test_mask_on_the_free_axis_only(rng):
+    """Regression: a bitmap copied from a broadcast (1, F) mask came out F-ordered and was misread."""
+    x = f32(rng, 3, 4)
+    out = run(_free_axis_mask, x, n=1)
+    assert np.array_equal(out[:, :1], x[:, :1]) and np.all(out[:, 1:] == -1.0)
