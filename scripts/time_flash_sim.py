@@ -10,6 +10,11 @@ time), the max error against the float64 reference, and trace counts; the modele
 comes from nki_sim.cost (MODELED).
 
     python scripts/time_flash_sim.py [--workload decode|mixed|both] [--json out.json]
+    python scripts/time_flash_sim.py --compare-p-transpose [--ctx 2048]
+
+--compare-p-transpose runs the kernel body with p_transpose="auto" (gen3: nisa.dma_transpose of
+P, vLLM's choice) and "pe" (TensorE transposes through PSUM) on trn2 and prints MODELED per-engine
+times for both (no wall-time claim).
 """
 from __future__ import annotations
 
@@ -63,11 +68,63 @@ def run(workload: str) -> dict:
                 modeled_us=round(rep.modeled_us, 1))
 
 
+def compare_p_transpose(workload: str) -> list[dict]:
+    """MODELED trn2 cost of the two P-transpose paths (same inputs, same results)."""
+    import nki_sim
+    from nki_sim.cost import estimate
+    from host.block_tables import active_block_table
+    from host.masks import build_attention_mask
+    from host.plan import make_plan
+    from nki_kernels._nki import nki, nl
+    from nki_kernels.flash_paged_attention import flash_paged_attention_body, output_shape
+
+    def kernel_for(mode):
+        @nki.jit
+        def k(query, key, value, kv_cache, block_tables, mask, LARGE_TILE_SZ=2048):
+            o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
+            return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+                                              LARGE_TILE_SZ=LARGE_TILE_SZ, out=o, p_transpose=mode)
+        return k
+
+    q, k, v, cache, bt2d, qlens, clens = make_inputs(workload)
+    plan = make_plan(qlens, clens, block_size=BLOCK, large_tile_size=TILE)
+    T, Qpad = q.shape[0], plan.padded_queries
+    qi = np.zeros((1, H, D, Qpad), np.float32)
+    qi[0, :, :, :T] = q.transpose(1, 2, 0)
+    ki = np.zeros((1, HKV, D, Qpad), np.float32)
+    ki[0, :, :, :T] = k.transpose(1, 2, 0)
+    vi = np.zeros((1, HKV, Qpad, D), np.float32)
+    vi[0, :, :T] = v.transpose(1, 0, 2)
+    args = (qi, ki, vi, cache, active_block_table(plan, bt2d), build_attention_mask(plan))
+    rows, outs = [], []
+    for mode in ("auto", "pe"):
+        with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+            outs.append(nki.simulate_kernel(kernel_for(mode)[1, HKV], *args, LARGE_TILE_SZ=TILE))
+        rep = estimate(trace, target="trn2")
+        rows.append(dict(workload=workload, p_transpose=mode, modeled_us=round(rep.modeled_us, 1),
+                         **{f"{e}_us": round(t, 1) for e, t in rep.per_engine_us.items()}))
+    assert np.array_equal(outs[0], outs[1]), "the two P-transpose paths must agree bit for bit"
+    return rows
+
+
 def main(argv=None) -> int:
+    global CTX
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=("decode", "mixed", "both"), default="decode")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--compare-p-transpose", action="store_true")
+    ap.add_argument("--ctx", type=int, default=CTX, help="context tokens per sequence")
     a = ap.parse_args(argv)
+    CTX = a.ctx
+    if a.compare_p_transpose:
+        rows = [r for w in (("decode", "mixed") if a.workload == "both" else (a.workload,))
+                for r in compare_p_transpose(w)]
+        print(f"MODELED trn2, S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq LT={TILE}")
+        for r in rows:
+            print(r)
+        if a.json:
+            a.json.write_text(json.dumps(rows, indent=2))
+        return 0
     rows = [run(w) for w in (("decode", "mixed") if a.workload == "both" else (a.workload,))]
     print(f"S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq LARGE_TILE_SZ={TILE} trn2 mixed-precision")
     print(f"{'workload':8} {'sim wall s':>10} {'max err':>9} {'instr':>8} {'DMA':>7} {'indirect':>8} "
