@@ -194,3 +194,13 @@ def _dma_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softm
     return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
                                       softmax_scale, mixed_precision, LARGE_TILE_SZ, out=o,
                                       p_transpose="dma")
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "fp16"])
+def test_fp16_inputs(batch_factory, check_reference, mixed):
+    # fp16 end to end (mixed=False keeps fp16 matmul inputs/probabilities/accumulator; the
+    # statistics stay fp32 because the masking sentinels do not fit fp16).
+    batch = batch_factory(14, [12, 1, 1], [150, 600, 7], H=6, Hkv=3, d=40, block_size=8,
+                          dtype=np.float16)
+    with nki_sim.use_target("trn2"):
+        check_reference(batch, mixed_precision=mixed, large_tile_size=1024)
