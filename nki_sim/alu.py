@@ -112,6 +112,7 @@ ACT = {
     "gelu": _gelu,
     "gelu_apprx_tanh": _gelu_tanh,
     "silu": lambda x: (x * _sigmoid(x)).astype(np.float32),
+    "gelu_apprx_sigmoid": lambda x: (x * _sigmoid(np.float32(1.702) * x)).astype(np.float32),
     "softplus": lambda x: np.logaddexp(np.float32(0), x).astype(np.float32),
     "mish": lambda x: (x * np.tanh(np.logaddexp(np.float32(0), x))).astype(np.float32),
     "erf": _erf,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, fields
 
 
@@ -21,12 +22,18 @@ class Config:
     # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only (the project
     # targets 2.21-2.24): False rejects it; copy to SBUF first (nl.copy / nisa.tensor_copy).
     allow_psum_store: bool = False
+    # Simulated Neuron SDK release (legacy NKI generation): APIs / keywords added after it are
+    # absent, as on the real toolchain. Env NKI_SIM_SDK (e.g. "2.26") sets the default.
+    sdk: tuple = (2, 24)
     # Legacy (SDK 2.20) convention: outputs passed in as arguments and written in place.
     # When True, writes to non-annotated inputs are allowed and copied back to the caller.
     legacy_inplace_outputs: bool = False
 
 
 config = Config()
+if os.environ.get("NKI_SIM_SDK", "").strip():
+    from .sdk import parse as _parse_sdk
+    config.sdk = _parse_sdk(os.environ["NKI_SIM_SDK"])
 _CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("error", "allow")}
 
 
@@ -39,6 +46,9 @@ def configure(**changes):
             raise ValueError(f"configure: unknown switch {k!r}; valid: {sorted(names)}")
         if k in _CHOICES and v not in _CHOICES[k]:
             raise ValueError(f"configure: {k} must be one of {_CHOICES[k]}; got {v!r}")
+    if "sdk" in changes:
+        from .sdk import parse
+        changes["sdk"] = parse(changes["sdk"])
     old = {k: getattr(config, k) for k in changes}
     for k, v in changes.items():
         setattr(config, k, v)

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import dtypes as D
 from . import errors as E
+from . import sdk
 from . import trace
 from .access import read, write
 from .config import config
@@ -131,6 +132,7 @@ class _FullAcc:
 def load(src, *, mask=None, dtype=None, mode=None, oob_mode=None, name="", **kwargs):
     """HBM -> new SBUF tile (partition axis = first axis of the access)."""
     require_kernel("nl.load")
+    sdk.check_kwargs("nl.load", (2, 23), mode=mode, oob_mode=oob_mode)
     if not isinstance(src, Tensor):
         raise TypeError(f"nl.load: src must be an HBM tensor access; got {type(src).__name__}")
     if not src.is_hbm:
@@ -150,6 +152,7 @@ def load(src, *, mask=None, dtype=None, mode=None, oob_mode=None, name="", **kwa
 def store(dst, value, *, mask=None, mode=None, oob_mode=None, name="", **kwargs):
     """SBUF / PSUM tile (or scalar) -> HBM."""
     require_kernel("nl.store")
+    sdk.check_kwargs("nl.store", (2, 23), mode=mode, oob_mode=oob_mode)
     if not isinstance(dst, Tensor):
         raise TypeError(f"nl.store: dst must be an HBM tensor access; got {type(dst).__name__}")
     if not dst.is_hbm:
@@ -163,7 +166,7 @@ def store(dst, value, *, mask=None, mode=None, oob_mode=None, name="", **kwargs)
             raise E.MemorySpaceError(
                 "Expected operand 'value' of 'store' to be in address space 'sbuf', but "
                 f"got a tile in '{value.buffer}' instead.")
-        if value.buffer == "psum" and not config.allow_psum_store:
+        if value.buffer == "psum" and not (config.allow_psum_store or sdk.has((2, 26))):
             raise E.MemorySpaceError(
                 "Expected operand 'value' of 'store' to be in address space 'sbuf', but got a tile in "
                 "'psum' instead. (Storing from PSUM needs Neuron SDK >= 2.26; copy it to SBUF with "
@@ -212,6 +215,8 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
              **kwargs):
     """DMA copy HBM<->SBUF or SBUF->SBUF with cast; ``dst_rmw_op=np.add`` accumulates."""
     require_kernel("nisa.dma_copy")
+    sdk.check_kwargs("nisa.dma_copy", (2, 23), dst_rmw_op=dst_rmw_op, oob_mode=oob_mode,
+                     dge_mode=dge_mode)
     for pname, t in (("dst", dst), ("src", src)):
         if not isinstance(t, Tensor):
             raise TypeError(f"nisa.dma_copy: {pname} must be a tensor access; got {type(t).__name__}")
@@ -260,6 +265,7 @@ _DMA_T_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 def dma_transpose(src, *, axes=None, mask=None, dtype=None, name="", **kwargs):
     """DMA transpose (NeuronCore-v3 only) of an HBM or SBUF tile into a new SBUF tile."""
     require_kernel("nisa.dma_transpose")
+    sdk.check_kwargs("nisa.dma_transpose", (2, 26), axes=axes, dge_mode=kwargs.get("dge_mode"))
     tgt = get_target()
     if not tgt.has_dma_transpose:
         raise E.TargetError(

@@ -142,7 +142,7 @@ class Tensor:
         return copy(self, dtype=dtype)
 
     def broadcast_to(self, shape):
-        from .language import broadcast_to
+        from .language.elementwise import broadcast_to
         return broadcast_to(self, shape=tuple(shape))
 
     def expand_dims(self, axis):
@@ -162,8 +162,8 @@ class Tensor:
     # ---- operators (Vector engine element-wise ops) -------------------------------------
     def _op(name, reverse=False):
         def f(self, other):
-            from . import language as nl
-            fn = getattr(nl, name)
+            from .language import elementwise as ew      # operators exist in every SDK
+            fn = getattr(ew, name)
             return fn(other, self, _operator=True) if reverse else fn(self, other, _operator=True)
         f.__name__ = name
         return f

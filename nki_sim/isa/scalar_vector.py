@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
+from .. import sdk
 from ..access import write
 from ..alu import ALU, act_name, alu_name, apply_act, reduce_values
 from ..compute import check_same_partitions, free_size, operand, require_kernel, result_tile
@@ -68,6 +69,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
                reduce_cmd=_reduce_cmd.idle, mask=None, dtype=None, name="", _api="activation", **kw):
     """out = op(data * scale + bias) on ScalarE; optional per-partition reduction of out."""
     require_kernel(f"nisa.{_api}")
+    if _api == "activation":
+        sdk.check_kwargs("nisa.activation", (2, 22), reduce_op=reduce_op, reduce_res=reduce_res,
+                         reduce_cmd=None if reduce_cmd == _reduce_cmd.idle else reduce_cmd)
     fn = act_name(op, f"nisa.{_api}")
     tgt = get_target()
     if not isinstance(data, Tensor):
@@ -156,6 +160,7 @@ def _compute(name, vals_dtypes):
 def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, name="", **kw):
     """Element-wise ``op(data1, data2)``; same partitions and elements per partition."""
     require_kernel("nisa.tensor_tensor")
+    sdk.check_kwargs("nisa.tensor_tensor", (2, 22), engine=engine)
     opn = alu_name(op, "nisa.tensor_tensor")
     for pname, t in (("data1", data1), ("data2", data2)):
         if not isinstance(t, Tensor):
@@ -187,6 +192,7 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
                   dtype=None, mask=None, engine=None, name="", **kw):
     """``(data op0 operand0) op1 operand1`` with scalar or [P, 1] operands."""
     require_kernel("nisa.tensor_scalar")
+    sdk.check_kwargs("nisa.tensor_scalar", (2, 22), engine=engine)
     if not isinstance(data, Tensor):
         raise TypeError(f"nisa.tensor_scalar: data must be a tile; got {type(data).__name__}")
     P = data.shape[0]
@@ -298,6 +304,7 @@ def iota(expr, dtype, *, mask=None, name="", **kw):
 def memset(shape, value, dtype, *, mask=None, engine=None, name="", **kw):
     """A new tile filled with ``value`` (shape[0] = partitions)."""
     require_kernel("nisa.memset")
+    sdk.check_kwargs("nisa.memset", (2, 22), engine=engine)
     d = D.as_dtype(dtype, "nisa.memset: dtype")
     shape = tuple(int(s) for s in shape)
     eng = _engine_name(engine, "vector")

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
+from .. import sdk
 from ..access import write
 from ..alu import ALU, alu_name
 from ..compute import emit_compute, free_size, operand, require_kernel, result_tile
@@ -104,6 +105,7 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd
 def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None, name="", **kwargs):
     """``dst = predicate ? src : dst`` in place (VectorE)."""
     require_kernel("nisa.tensor_copy_predicated")
+    sdk.check_kwargs("nisa.tensor_copy_predicated", (2, 23), reverse_pred=reverse_pred or None)
     if not all(isinstance(t, Tensor) for t in (src, dst, predicate)):
         raise TypeError("nisa.tensor_copy_predicated: src, dst and predicate must be tiles")
     m = mask_array(mask, dst.shape) if mask is not None else None

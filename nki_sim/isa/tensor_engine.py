@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import errors as E
+from .. import sdk
 from ..compute import require_kernel
 from ..language.tensor_engine import matmul_core, transpose_core
 from ..tensor import Tensor
@@ -14,6 +15,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
               name="", **kwargs):
     """``stationary[K, M].T @ moving[K, N]`` -> fp32 [M, N] PSUM tile (K, M <= 128, N <= 512)."""
     require_kernel("nisa.nc_matmul")
+    sdk.check_kwargs("nisa.nc_matmul", (2, 22), tile_position=tile_position or None,
+                     tile_size=tile_size or None)
     if perf_mode:
         raise E.not_emulated(f"nisa.nc_matmul(perf_mode={perf_mode!r})", "use the default perf mode")
     if bool(tile_position) != bool(tile_size):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as _np
 
 from .. import dtypes as _D
+from .. import sdk as _sdk
 from ..errors import not_emulated as _not_emulated
 from ..indexing import arange, ds, mgrid, par_dim  # noqa: F401
 from ..loops import affine_range, sequential_range, static_range  # noqa: F401
@@ -19,7 +20,8 @@ from .creation import (  # noqa: F401
     shared_hbm, shared_identity_matrix, spmd_dim, static_cast, zeros, zeros_like)
 from .elementwise import (  # noqa: F401
     abs, add, arctan, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, broadcast_to, ceil,
-    copy, cos, divide, equal, erf, exp, floor, fmod, gelu, gelu_apprx_tanh, greater,
+    copy, cos, divide, equal, erf, exp, floor, fmod, gelu, gelu_apprx_sigmoid, gelu_apprx_tanh,
+    greater,
     greater_equal, invert, left_shift, less, less_equal, log, logical_and, logical_not,
     logical_or, logical_xor, maximum, minimum, mish, mod, multiply, negative, not_equal,
     power, reciprocal, relu, right_shift, rsqrt, sigmoid, sign, silu, sin, softplus, sqrt,
@@ -60,11 +62,14 @@ class _TileSize:
     psum_min_align = 4
     sbuf_min_align = 1
 
-    @property
-    def total_available_sbuf_size(self):
-        """Usable SBUF bytes per partition (gen2 180224, gen3 212984)."""
-        from ..target import get_target
-        return get_target().sbuf_usable_bytes_per_partition
+    def __getattr__(self, name):
+        if name == "total_available_sbuf_size":    # usable SBUF bytes per partition (SDK 2.26)
+            if not _sdk.has((2, 26)):
+                raise AttributeError("nl.tile_size.total_available_sbuf_size was added in Neuron SDK "
+                                     f"2.26; nki_sim simulates SDK {_sdk.fmt(_sdk.config.sdk)}")
+            from ..target import get_target
+            return get_target().sbuf_usable_bytes_per_partition
+        raise AttributeError(f"nl.tile_size has no attribute {name!r}")
 
 
 tile_size = _TileSize()
@@ -82,9 +87,17 @@ _NOT_EMULATED = {
 }
 
 
+# names added after the oldest supported SDK: served by __getattr__ only when the simulated
+# SDK has them (nki_sim.sdk), so hasattr() / import behave like the real module
+_GATED = {name: globals().pop(name) for (mod, name) in _sdk.NAMES if mod == "language"}
+
+
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
+    got = _sdk.lookup("language", name, _GATED)
+    if got is not None:
+        return got
     if name in _NOT_EMULATED:
         raise _not_emulated(f"nl.{name}")
     raise AttributeError(f"module 'neuronxcc.nki.language' (nki_sim) has no attribute {name!r}")

@@ -72,13 +72,17 @@ def test_select_reduce_and_range_select(rng):
         nl.store(out[:, 64:65], mx)
         nl.store(out[:, 65:66], mx2)
         return out
-    out = run(k, x, pred, lo, hi)
+    with pytest.raises(AttributeError, match="added in Neuron SDK 2.26"), nki_sim.configure(sdk=(2, 24)):
+        run(k, x, pred, lo, hi)
+    with nki_sim.configure(sdk=(2, 26)):
+        out = run(k, x, pred, lo, hi)
     sel = np.where(pred != 0, x, -5.0)
     j = np.arange(32)[None, :]
     rng_sel = np.where((j >= lo) & (j < hi), x, np.finfo(np.float32).min)
     assert np.array_equal(out[:, :32], sel) and np.array_equal(out[:, 32:64], rng_sel)
     assert np.array_equal(out[:, 64], sel.max(1)) and np.array_equal(out[:, 65], rng_sel.max(1))
-    with nki_sim.use_target("trn1"), pytest.raises(E.TargetError, match="range_select"):
+    with nki_sim.use_target("trn1"), nki_sim.configure(sdk=(2, 26)), \
+            pytest.raises(E.TargetError, match="range_select"):
         run(k, x, pred, lo, hi)
 
 
