@@ -22,6 +22,10 @@ class Config:
     # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only (the project
     # targets 2.21-2.24): False rejects it; copy to SBUF first (nl.copy / nisa.tensor_copy).
     allow_psum_store: bool = False
+    # "off" (default): loop variables are plain ints. "warn" / "error": affine / sequential loop
+    # variables are traced ints whose use in Python control flow (if / while / bool) warns or
+    # raises, as legacy NKI traces those bodies once (nl.static_range stays plain).
+    traced_loops: str = "off"
     # Simulated Neuron SDK release (legacy NKI generation): APIs / keywords added after it are
     # absent, as on the real toolchain. Env NKI_SIM_SDK (e.g. "2.26") sets the default.
     sdk: tuple = (2, 24)
@@ -34,7 +38,8 @@ config = Config()
 if os.environ.get("NKI_SIM_SDK", "").strip():
     from .sdk import parse as _parse_sdk
     config.sdk = _parse_sdk(os.environ["NKI_SIM_SDK"])
-_CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("error", "allow")}
+_CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("error", "allow"),
+            "traced_loops": ("off", "warn", "error")}
 
 
 @contextlib.contextmanager

@@ -106,6 +106,8 @@ class MaskExpr:
     def _m(x):
         if isinstance(x, MaskExpr):
             return x.v
+        if hasattr(x, "text") and hasattr(x, "value"):        # loops.LoopPredicate
+            return x.value
         if isinstance(x, (bool, np.bool_)):
             return bool(x)
         return NotImplemented
@@ -196,6 +198,8 @@ def mask_array(mask, shape):
     """Evaluate a ``mask=`` argument to a bool array broadcast (left-aligned) to ``shape``, or None."""
     if mask is None:
         return None
+    if hasattr(mask, "text") and hasattr(mask, "value"):     # loops.LoopPredicate: no warning
+        mask = mask.value
     if isinstance(mask, (bool, np.bool_)):
         return None if mask else np.zeros(shape, dtype=bool)
     if isinstance(mask, MaskExpr):

@@ -41,6 +41,11 @@ class _Loop:
                           src=self.src)
         k.loops.append(frame)
         affine = self.kind == "affine"
+        from .config import config
+        traced = config.traced_loops != "off"
+        if traced:
+            from .access import _loop_var
+            name = _loop_var(frame)
         try:
             for v in self.r:
                 frame.value = v
@@ -50,7 +55,7 @@ class _Loop:
                     frame.starts.append(state.epoch)
                     frame.values.append(v)
                 k.unwound = None
-                yield v
+                yield LoopVar(v, name) if traced and self.kind != "static" else v
         except GeneratorExit:         # closed early (break, or an exception unwinding the kernel)
             snap = tuple((f.kind, f.value) for f in k.loops)
             if k.unwound is None or len(snap) > len(k.unwound):
@@ -78,3 +83,78 @@ def sequential_range(*args, **kwargs):
 def static_range(*args, **kwargs):
     """Fully unrolled at trace time on hardware; executed in order here."""
     return _Loop(args, "static")
+
+
+# ---------------------------------------------------------------------------- traced loop vars
+class LoopPredicate:
+    """A comparison involving an affine/sequential loop variable (``configure(traced_loops=...)``).
+
+    Legacy NKI traces affine / sequential loop bodies once, so a Python ``if`` on such a
+    comparison is not evaluated per iteration (undefined behaviour in NKI 0.1, "Changes in NKI
+    0.2.0").  ``bool()`` of it warns or raises; as ``mask=`` it is fine.
+    """
+
+    __slots__ = ("value", "text")
+
+    def __init__(self, value: bool, text: str):
+        self.value, self.text = bool(value), text
+
+    def __bool__(self):
+        _traced_use(f"Python control flow on '{self.text}'")
+        return self.value
+
+    def __and__(self, o):
+        return LoopPredicate(self.value and bool(getattr(o, "value", o)), f"{self.text} & ...") \
+            if not hasattr(o, "v") else NotImplemented
+
+    __rand__ = __and__
+
+    def __repr__(self):
+        return f"LoopPredicate({self.text} -> {self.value})"
+
+
+def _traced_use(what: str):
+    import warnings
+    from . import errors as E
+    from .config import config
+    msg = (f"{what}: legacy NKI traces nl.affine_range / nl.sequential_range bodies once, so Python "
+           "decisions on loop variables are not made per iteration; use nl.static_range for Python-"
+           "level control flow, or mask= / nl.where for per-iteration predicates")
+    if config.traced_loops == "error":
+        raise E.NkiCompileError(msg, code="err_control_flow_condition_depending_on_loop_variable")
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _lv(op):
+    def f(self, other):
+        r = getattr(int, op)(self, other)
+        return LoopVar(r, self.name) if isinstance(r, int) and not isinstance(r, bool) else r
+    return f
+
+
+def _cmp(op, sym):
+    def f(self, other):
+        r = getattr(int, op)(self, other)
+        if r is NotImplemented:
+            return r
+        return LoopPredicate(r, f"{self.name} {sym} {other}")
+    return f
+
+
+class LoopVar(int):
+    """Loop variable of an affine / sequential loop under ``configure(traced_loops=...)``."""
+
+    def __new__(cls, v, name="i"):
+        obj = int.__new__(cls, v)
+        obj.name = name
+        return obj
+
+    __add__, __radd__, __sub__, __rsub__ = _lv("__add__"), _lv("__radd__"), _lv("__sub__"), _lv("__rsub__")
+    __mul__, __rmul__, __floordiv__, __mod__ = _lv("__mul__"), _lv("__rmul__"), _lv("__floordiv__"), _lv("__mod__")
+    __lt__, __le__, __gt__, __ge__ = _cmp("__lt__", "<"), _cmp("__le__", "<="), _cmp("__gt__", ">"), _cmp("__ge__", ">=")
+    __eq__, __ne__ = _cmp("__eq__", "=="), _cmp("__ne__", "!=")
+    __hash__ = int.__hash__
+
+    def __bool__(self):
+        _traced_use(f"truth value of loop variable {self.name}")
+        return int(self) != 0

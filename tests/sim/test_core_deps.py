@@ -262,3 +262,26 @@ def test_dependency_checker_matches_naive_overlap_rule():
             cols = sorted(owner)
             assert np.array_equal(out[:, cols], x[:, cols])
     check()
+
+
+def _python_if_on_loop_var(x, *, loop):
+    out = nl.ndarray((128, 8), x.dtype, buffer=nl.shared_hbm)
+    for i in loop(2):
+        t = nl.load(x[:, nl.ds(4 * i, 4)])
+        if i == 0:                                        # Python decision on a loop variable
+            t = nl.multiply(t, 2.0)
+        nl.store(out[:, nl.ds(4 * i, 4)], t, mask=(i >= 0))   # as mask=: fine
+    return out
+
+
+def test_traced_loops_flag_python_control_flow_on_loop_variables(rng):
+    x = f32(rng, 128, 8)
+    ref = x.copy()
+    ref[:, :4] *= 2
+    assert np.array_equal(run(_python_if_on_loop_var, x, loop=nl.affine_range), ref)     # default: off
+    with nki_sim.configure(traced_loops="warn"), pytest.warns(RuntimeWarning, match="i == 0"):
+        assert np.array_equal(run(_python_if_on_loop_var, x, loop=nl.affine_range), ref)
+    with nki_sim.configure(traced_loops="error"):
+        with pytest.raises(E.NkiCompileError, match="traces nl.affine_range"):
+            run(_python_if_on_loop_var, x, loop=nl.sequential_range)
+        assert np.array_equal(run(_python_if_on_loop_var, x, loop=nl.static_range), ref)
