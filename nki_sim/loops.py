@@ -38,7 +38,7 @@ class _Loop:
             return
         state.epoch += 1
         frame = LoopFrame(kind=self.kind, loop_start=state.epoch, iter_start=state.epoch,
-                          src=self.src)
+                          src=self.src, n=len(self.r))
         k.loops.append(frame)
         affine = self.kind == "affine"
         from .config import config

@@ -23,6 +23,7 @@ class LoopFrame:
     starts: list = field(default_factory=list)   # iteration start epochs (affine loops)
     values: list = field(default_factory=list)   # loop values matching ``starts``
     alive: bool = True        # False once the loop has exited (scope check)
+    n: int = 0                # trip count
 
 
 @dataclass

@@ -41,6 +41,27 @@ def _no_psum_on_gpsimd(op, eng, *tiles):
                 "and writes SBUF only")
 
 
+def warn_accumulator_chain(api: str):
+    """A reduce_cmd=reduce continues an engine-accumulator chain begun by an earlier instruction:
+    inside a multi-iteration affine_range the hardware may interleave iterations' chains."""
+    k = state.kernel
+    if not any(f.kind == "affine" and f.n > 1 for f in k.loops):
+        return
+    from ..trace import kernel_src_loc
+    loc = kernel_src_loc()
+    seen = getattr(k, "_acc_warned", None)
+    if seen is None:
+        seen = k._acc_warned = set()
+    if loc in seen:
+        return
+    seen.add(loc)
+    import warnings
+    warnings.warn(f"{api} with reduce_cmd=reduce at {loc[0]}:{loc[1]} continues an engine-accumulator "
+                  "chain inside a multi-iteration nl.affine_range: iterations may be pipelined on "
+                  "hardware, and nothing orders accumulator state between them; keep the chain in one "
+                  "instruction (reset_reduce) or use nl.sequential_range", RuntimeWarning, stacklevel=3)
+
+
 def _accumulators():
     k = state.kernel
     acc = getattr(k, "_acc", None)
@@ -126,6 +147,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         elif cmd == _reduce_cmd.reset_reduce:
             acc[:P] = part
         elif cmd == _reduce_cmd.reduce:
+            warn_accumulator_chain(f"nisa.{_api}")
             acc[:P] = reduce_values(rname, np.stack([acc[:P], part]), 0)
         if reduce_res is not None:
             if not isinstance(reduce_res, Tensor) or reduce_res.shape[0] != P or \

@@ -14,7 +14,7 @@ from ..indexing import mask_array
 from ..target import get_target
 from ..tensor import Tensor
 from .constants import reduce_cmd as _reduce_cmd
-from .scalar_vector import _accumulators, _pvec
+from .scalar_vector import _accumulators, _pvec, warn_accumulator_chain
 
 
 def _vector_reduce(cmd, reduce_res, out, P, api):
@@ -28,6 +28,7 @@ def _vector_reduce(cmd, reduce_res, out, P, api):
     elif cmd == _reduce_cmd.reset_reduce:
         acc[:P] = part
     elif cmd == _reduce_cmd.reduce:
+        warn_accumulator_chain(api)
         acc[:P] = np.maximum(acc[:P], part)
     if reduce_res is not None:
         if not isinstance(reduce_res, Tensor) or reduce_res.shape[0] != P or \

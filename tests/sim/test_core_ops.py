@@ -116,3 +116,26 @@ def test_reductions(rng, fn, ref):
     np.testing.assert_allclose(out, ref(x.astype(np.float64), axis=(1, 2)), rtol=1e-5)
     with pytest.raises(E.NkiCompileError, match="last contiguous free dim"):
         run(_apply, x, fn=lambda t: getattr(nl, fn)(t, axis=1))
+
+
+def _acc_chain(x, *, loop):
+    out = nl.ndarray((8, 2), nl.float32, buffer=nl.shared_hbm)
+    for i in loop(2):
+        t = nl.load(x[:, nl.ds(8 * i, 8)])
+        s = nl.ndarray((8, 1), nl.float32)
+        nisa.activation(np.exp, t[:, 0:4], reduce_op=np.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(np.exp, t[:, 4:8], reduce_op=np.add, reduce_cmd=nisa.reduce_cmd.reduce,
+                        reduce_res=s)
+        nl.store(out[:, nl.ds(i, 1)], s)
+    return out
+
+
+def test_accumulator_chain_across_instructions(rng):
+    import warnings
+    x = f32(rng, 8, 16)
+    ref = np.exp(x.astype(np.float64)).reshape(8, 2, 8).sum(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(run(_acc_chain, x, loop=nl.sequential_range), ref, rtol=1e-5)
+    with pytest.warns(RuntimeWarning, match="continues an engine-accumulator chain"):
+        np.testing.assert_allclose(run(_acc_chain, x, loop=nl.affine_range), ref, rtol=1e-5)
