@@ -77,3 +77,25 @@ def check_kwargs(api: str, version, **given) -> None:
             raise TypeError(
                 f"{api}() got an unexpected keyword argument '{k}' (added in Neuron SDK "
                 f"{fmt(version)}; nki_sim simulates SDK {fmt(config.sdk)})")
+
+
+def module_getattr(module: str, short: str, namespace: dict, not_emulated: set):
+    """A PEP 562 ``__getattr__`` for nki_sim.language / nki_sim.isa.
+
+    Moves the SDK-gated names out of ``namespace`` (so ``hasattr`` / ``from ... import`` follow
+    the simulated SDK), names real-but-not-emulated NKI APIs with ``NotImplementedError``, and
+    raises ``AttributeError`` for anything else.
+    """
+    from .errors import not_emulated as _not_emulated
+    gated = {name: namespace.pop(name) for (mod, name) in NAMES if mod == module}
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        got = lookup(module, name, gated)
+        if got is not None:
+            return got
+        if name in not_emulated:
+            raise _not_emulated(f"{short}.{name}")
+        raise AttributeError(f"module 'neuronxcc.nki.{module}' (nki_sim) has no attribute {name!r}")
+    return __getattr__

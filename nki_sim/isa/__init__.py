@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from .. import sdk as _sdk
 from ..dma import dma_copy, dma_transpose  # noqa: F401
-from ..errors import not_emulated as _not_emulated
 from . import constants  # noqa: F401
 from .constants import dge_mode, engine, nc_version, oob_mode, reduce_cmd  # noqa: F401
 from .scalar_vector import (  # noqa: F401
@@ -40,16 +39,5 @@ _NOT_EMULATED = {
 }
 
 
-# names added after the oldest supported SDK (served only when the simulated SDK has them)
-_GATED = {name: globals().pop(name) for (mod, name) in _sdk.NAMES if mod == "isa"}
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    got = _sdk.lookup("isa", name, _GATED)
-    if got is not None:
-        return got
-    if name in _NOT_EMULATED:
-        raise _not_emulated(f"nisa.{name}")
-    raise AttributeError(f"module 'neuronxcc.nki.isa' (nki_sim) has no attribute {name!r}")
+# names added after the oldest supported SDK are served only when the simulated SDK has them
+__getattr__ = _sdk.module_getattr("isa", "nisa", globals(), _NOT_EMULATED)

@@ -87,17 +87,5 @@ _NOT_EMULATED = {
 }
 
 
-# names added after the oldest supported SDK: served by __getattr__ only when the simulated
-# SDK has them (nki_sim.sdk), so hasattr() / import behave like the real module
-_GATED = {name: globals().pop(name) for (mod, name) in _sdk.NAMES if mod == "language"}
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    got = _sdk.lookup("language", name, _GATED)
-    if got is not None:
-        return got
-    if name in _NOT_EMULATED:
-        raise _not_emulated(f"nl.{name}")
-    raise AttributeError(f"module 'neuronxcc.nki.language' (nki_sim) has no attribute {name!r}")
+# names added after the oldest supported SDK are served only when the simulated SDK has them
+__getattr__ = _sdk.module_getattr("language", "nl", globals(), _NOT_EMULATED)
