@@ -11,6 +11,11 @@ B_P_SIZE = 128
 # single QK^T matmul may produce, and the widest PSUM tile any kernel statement allocates.
 B_F_SIZE = 512
 
+# Keys per online-softmax step: a large KV tile (or an active window) is folded in steps of at
+# most STEP_KEYS keys, which bounds the per-step score / probability tiles to (128, 2048)
+# whatever LARGE_TILE_SZ is (the role of vLLM's REDUCTION_TILE).
+STEP_KEYS = 2048
+
 # Masked scores are replaced by NEG_MASK (not -inf: exp/max of -inf and inf - inf give NaN).
 # The running row max starts at M_FLOOR, which is far above NEG_MASK and far below any real
 # score, so exp(NEG_MASK - m) underflows to exactly 0 for every row -- including rows that have

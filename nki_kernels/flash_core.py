@@ -22,12 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from nki_kernels._nki import nl, nisa
-from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK
+from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK, STEP_KEYS
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 
 def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
-                         k_start, width, kernel_dtype, use_dma_transpose, use_select_reduce):
+                         k_start, width, kernel_dtype, use_dma_transpose):
     """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
 
     Args:
@@ -36,15 +36,15 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf
         k_tile: SBUF ``(d, >= k_start + width)`` kernel_dtype; column c = key c.
         v_tile: SBUF ``(128, ...)`` kernel_dtype; columns ``[(c//128)*d, (c//128+1)*d)`` at
             partition ``c % 128`` hold the value of key c (the layout of ``load_kv_tile``).
-        mask_tile: SBUF ``(128, width)`` bool; ``mask_tile[r, c]`` = row r may see key k_start + c.
+        mask_tile: SBUF ``(128, >= width)`` bool (a tile or a column slice of one);
+            ``mask_tile[r, c]`` = row r may see key k_start + c.
         o_buf, nm_buf, l_buf: SBUF state tiles (module docstring), updated in place.
         slot: state slot index (int or affine loop expression).
-        k_start: first key (Python int, multiple of 128).  width: W (Python int, multiple of 128).
+        k_start: first key (Python int, multiple of 128).
+        width: W (Python int, multiple of 128, <= STEP_KEYS: bounds the per-step SBUF tiles).
         kernel_dtype: matmul-input / probability dtype (bf16 in mixed precision).
         use_dma_transpose: transpose P with ``nisa.dma_transpose`` (gen3, 2-byte dtypes) instead
             of TensorE transposes through PSUM (gen2, or 4-byte dtypes).
-        use_select_reduce: mask and row-max in one ``nisa.select_reduce`` per chunk (gen3)
-            instead of ``nl.where`` + ``nisa.tensor_reduce`` (gen2).
 
     Pseudocode:
         S[:, c] = where(mask, q^T k_c, NEG_MASK)          per 512-column PSUM chunk (fp32)
@@ -56,31 +56,19 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf
     """
     P = B_P_SIZE
     d = q_tile.shape[0]
+    assert width % P == 0 and width <= STEP_KEYS, f"internal: step width {width}"
     acc_dtype = o_buf.dtype
 
-    # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul, and their
-    # row max m_tile. gen3: one fused VectorE select + max per chunk (nisa.select_reduce; the
-    # max accumulates in the engine's registers across chunks, hence the static, ordered loop);
-    # gen2: nl.where per chunk and one tensor_reduce (AWS report select_reduce wrong on trn1).
+    # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul, then the row
+    # max. (nl.where + tensor_reduce on both generations, as vLLM: nisa.select_reduce would fuse
+    # them on gen3 but only exists from SDK 2.26 and is reported wrong on trn1.)
     scores = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
     n_full, tail = divmod(width, B_F_SIZE)
-    m_tile = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    if use_select_reduce:
-        n_chunks = n_full + (1 if tail else 0)
-        for c in nl.static_range(n_chunks):
-            cw = B_F_SIZE if c < n_full else tail
-            s_psum = _scores_psum(q_tile, k_tile, k_start + c * B_F_SIZE, cw)
-            nisa.select_reduce(dst=scores[:, nl.ds(c * B_F_SIZE, cw)],
-                               predicate=mask_tile[:, nl.ds(c * B_F_SIZE, cw)], on_true=s_psum,
-                               on_false=NEG_MASK, reduce_op=np.max,
-                               reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
-                               reduce_res=m_tile if c == n_chunks - 1 else None)
-    else:
-        for c in nl.affine_range(n_full):
-            _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
-        if tail:
-            _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
-        m_tile[...] = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
+    for c in nl.affine_range(n_full):
+        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
+    if tail:
+        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+    m_tile = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
 
     # Step 2: running max (kept negated: nm = -m feeds the exp biases directly) and the
     # rescale factor alpha = exp(m_prev - m_new) = exp(nm_new - nm_prev).
@@ -89,14 +77,11 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf
                                 dtype=nl.float32)
     alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
 
-    # Step 3: probabilities and their row sums in one ScalarE pass; l = alpha * l + rowsum.
+    # Step 3: P = exp(S + nm_new) and its row sums in one ScalarE pass.
     row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     probs = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
     probs[...] = nisa.activation_reduce(np.exp, scores, bias=nm_new, scale=1.0, reduce_op=np.add,
                                         reduce_res=row_sum, dtype=kernel_dtype)
-    l_buf[:, nl.ds(slot, 1)] = nisa.tensor_scalar(l_buf[:, nl.ds(slot, 1)], np.multiply, alpha,
-                                                  op1=np.add, operand1=row_sum, dtype=nl.float32)
-    nm_buf[:, nl.ds(slot, 1)] = nl.copy(nm_new, dtype=nl.float32)
 
     # Step 4: P^T (keys on partitions), 128x128 blocks.
     n_k = width // P
@@ -107,26 +92,24 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf
     else:
         pe_transpose_blocks(probs_t, 0, probs, 0, P, n_k, evac_engine=nisa.scalar_engine)
 
-    # Step 5: o = alpha * o + P V, accumulated over 128-key chunks in one PSUM tile.
+    # Step 5: P V over 128-key chunks, accumulated in one PSUM tile (documented "+=" idiom).
     v_col = (k_start // P) * d
-    pv = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
-    pv[...] = nisa.nc_matmul(probs_t[:, nl.ds(0, P)], v_tile[:, nl.ds(v_col, d)])
-    for k in nl.affine_range(1, n_k):
+    pv = nl.zeros((P, d), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(n_k):
         pv += nisa.nc_matmul(probs_t[:, nl.ds(k * P, P)], v_tile[:, nl.ds(v_col + k * d, d)])
+
+    # l = alpha * l + rowsum;  nm = nm_new;  o = alpha * o + P V.
+    l_buf[:, nl.ds(slot, 1)] = nisa.tensor_scalar(l_buf[:, nl.ds(slot, 1)], np.multiply, alpha,
+                                                  op1=np.add, operand1=row_sum, dtype=nl.float32)
+    nm_buf[:, nl.ds(slot, 1)] = nl.copy(nm_new, dtype=nl.float32)
     o_view = o_buf[:, nl.ds(slot * d, d)]
     o_buf[:, nl.ds(slot * d, d)] = nl.add(nl.multiply(o_view, alpha, dtype=acc_dtype), pv,
                                           dtype=acc_dtype)
 
 
-def _scores_psum(q_tile, k_tile, k0, cw):
-    """PSUM (128, cw) fp32 = q^T k[:, k0 : k0 + cw]  (cw <= 512: one bank)."""
-    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
-    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k0, cw)])
-    return s_psum
-
-
 def _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
     """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
-    s_psum = _scores_psum(q_tile, k_tile, k_start + c0, cw)
+    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
+    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k_start + c0, cw)])
     scores[:, nl.ds(c0, cw)] = nl.where(mask_tile[:, nl.ds(c0, cw)], s_psum, NEG_MASK,
                                         dtype=nl.float32)

@@ -16,10 +16,10 @@ from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
-                                   BLOCK_TABLE_BUDGET_BYTES, STATE_BUDGET_BYTES,
-                                   tile_geometry)
+                                   BLOCK_TABLE_BUDGET_BYTES, STEP_KEYS, tile_geometry)
 from nki_kernels.flash_core import flash_attention_tile
 from nki_kernels.kv_load import flat_kv_view, load_kv_tile
+from nki_kernels.sbuf_plan import q_tiles_per_group
 
 KERNEL = "flash_paged_attention"
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -105,8 +105,9 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
             m, l, o = M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
             for j in sequential_range(n_tiles):               # context: one KV load per KV head
                 K, V = load_kv(kv_flat, rows, j)               # nL indirect DMAs each for K and V
-                for i, g: flash_attention_tile(Qs[i, g], K, V, mask[i, tile j], state[i, g])
-            for active window w (<= LT keys):                 # new tokens, causal tile skipping
+                for i, g, step s of <= 2048 keys:
+                    flash_attention_tile(Qs[i, g], K[:, s], V[:, s], mask[i, tile j][:, s], state[i, g])
+            for active window w (<= 2048 keys):               # new tokens, causal tile skipping
                 for i with (i+1)*128 > w0, g: flash_attention_tile(Qs[i, g], K_w, V_w,
                                                    mask[i, ctx + w0 : ctx + min(w0+LT, (i+1)*128)])
             out[i, g] = o / max(l, L_FLOOR)
@@ -120,17 +121,21 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     _check_grid(Hkv)
     P = B_P_SIZE
     n_q = Qpad // P
+    step = min(LT, STEP_KEYS)              # keys per online-softmax step (divides LT)
     dma_t_ok = nisa.get_nc_version() == nisa.nc_version.gen3 and np.dtype(kd).itemsize == 2
     kernel_check(p_transpose in ("auto", "pe") or (p_transpose == "dma" and dma_t_ok), KERNEL,
                  "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
                  p_transpose)
     use_dma_t = dma_t_ok and p_transpose != "pe"
-    use_sel = nisa.get_nc_version() == nisa.nc_version.gen3
-    # Q tiles per group: the group's online-softmax state and scaled Q stay in SBUF within
-    # STATE_BUDGET_BYTES per partition; each group re-reads the KV tiles (one group in the
-    # common case, e.g. up to 16 Q tiles for G = 8, d = 128).
-    slot_bytes = d * np.dtype(acc).itemsize + 8 + P * np.dtype(kd).itemsize
-    q_per_group = max(1, min(n_q, STATE_BUDGET_BYTES // (G * slot_bytes)))
+    # Q tiles per group: the group's online-softmax state and scaled Q stay in SBUF next to the
+    # KV working set (nki_kernels.sbuf_plan); each group re-reads the KV tiles (one group in the
+    # common case, e.g. up to 10 Q tiles for G = 8, d = 128).
+    q_per_group = q_tiles_per_group(
+        nc_gen="gen3" if nisa.get_nc_version() == nisa.nc_version.gen3 else "gen2",
+        n_q_tiles=n_q, heads_per_kv=G, large_tile=LT, head_size=d, tiled_block_size=cfg["bp"],
+        kernel_itemsize=np.dtype(kd).itemsize, acc_itemsize=np.dtype(acc).itemsize,
+        cache_itemsize=np.dtype(kv_cache.dtype).itemsize,
+        table_bytes=cfg["n_loads"] * n_tiles * 4, kernel=KERNEL)
     n_groups = (n_q + q_per_group - 1) // q_per_group
 
     kernel_check(tuple(out.shape) == (1, H, Qpad, d) and np.dtype(out.dtype) == np.dtype(query.dtype),
@@ -170,19 +175,21 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                     mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(j * LT, LT)])
                     for g in nl.affine_range(G):
                         slot = ii * G + g
-                        flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
-                                             mask_tile, o_buf, nm_buf, l_buf, slot, k_start=0,
-                                             width=LT, kernel_dtype=kd, use_dma_transpose=use_dma_t,
-                                             use_select_reduce=use_sel)
+                        for st in nl.static_range(LT // step):    # online-softmax steps
+                            flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
+                                                 mask_tile[:, nl.ds(st * step, step)], o_buf,
+                                                 nm_buf, l_buf, slot, k_start=st * step,
+                                                 width=step, kernel_dtype=kd,
+                                                 use_dma_transpose=use_dma_t)
 
-        # Step 3: active (new) tokens in windows of <= LT keys. Causal tile skipping: Q tile i
+        # Step 3: active (new) tokens in windows of <= step keys. Causal tile skipping: Q tile i
         # only needs active keys < (i+1)*128, so windows starting at or past that are skipped
         # and the last needed window is cut at (i+1)*128. Static loops: widths differ.
-        for w in nl.static_range((Qpad + LT - 1) // LT):
-            w0 = w * LT
+        for w in nl.static_range((Qpad + step - 1) // step):
+            w0 = w * step
             if (i0 + nqg) * P <= w0:
                 continue                           # no Q tile of this group reaches window w
-            wt = min(LT, (i0 + nqg) * P - w0)
+            wt = min(step, (i0 + nqg) * P - w0)
             k_act = nl.load(key[0, head, :, nl.ds(w0, wt)], dtype=kd)                  # (d, wt)
             v_act = nl.ndarray((P, (wt // P) * d), dtype=kd, buffer=nl.sbuf)
             for c in nl.affine_range(wt // P):
@@ -198,8 +205,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                     slot = ii * G + g
                     flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_act, v_act, mask_tile,
                                          o_buf, nm_buf, l_buf, slot, k_start=0, width=width,
-                                         kernel_dtype=kd, use_dma_transpose=use_dma_t,
-                                         use_select_reduce=use_sel)
+                                         kernel_dtype=kd, use_dma_transpose=use_dma_t)
 
         # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
         for ii in nl.affine_range(nqg):
@@ -218,7 +224,8 @@ def _is_pow2(x) -> bool:
 def _check_grid(Hkv):
     """The launch grid must be [1, Hkv] (axis 1 = KV head)."""
     ndim = nl.program_ndim()
-    grid = tuple(nl.num_programs(axes=a) for a in range(ndim))
+    kernel_check(ndim == 2, KERNEL, "launch grid", f"be 2-D [1, Hkv] = [1, {Hkv}]", f"{ndim}-D")
+    grid = (nl.num_programs(axes=0), nl.num_programs(axes=1))
     kernel_check(grid == (1, Hkv), KERNEL, "launch grid", f"be [1, Hkv] = [1, {Hkv}]", list(grid))
 
 

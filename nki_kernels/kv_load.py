@@ -19,6 +19,8 @@ column c on the same token; for b' == 1 the order is the natural one.
 
 from __future__ import annotations
 
+import numpy as np
+
 from nki_kernels._nki import nisa, nl
 from nki_kernels.constants import B_P_SIZE
 from nki_kernels.tile_ops import pe_transpose_blocks
@@ -55,8 +57,8 @@ def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, 
 
     Pseudocode:
         for l < nL:
-            X = gather kv_flat[0, block_rows[:, l, j], :]           (128, b'*d)
-            V[:, l*b'*d : (l+1)*b'*d] = gather kv_flat[1, block_rows[:, l, j], :]
+            X = gather kv_flat[0, block_rows[:, l, j], :]           (128, b'*d)  [cast to kernel dtype]
+            V[:, l*b'*d : (l+1)*b'*d] = gather kv_flat[1, block_rows[:, l, j], :]  [cast]
             for s < b': K[:, l*128*b' + s*128 : +128] = X[:, s*d:(s+1)*d].T   (PE transposes)
     """
     bp, d = tiled_block_size, head_size
@@ -67,9 +69,27 @@ def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, 
     i_p = nl.arange(B_P_SIZE)[:, None]
     i_f = nl.arange(row_w)[None, :]
     for l in nl.affine_range(n_loads):
-        k_rows = nl.load(kv_flat[0, block_rows[i_p, l, tile_idx], i_f])
-        v_tile[i_p, l * row_w + i_f] = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f],
-                                               dtype=kernel_dtype)
+        if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
+            v_tile[i_p, l * row_w + i_f] = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
+        else:
+            v_tile[:, nl.ds(l * row_w, row_w)] = _gather_cast(kv_flat, 1, block_rows, l, tile_idx,
+                                                              kernel_dtype)
+        k_rows = _gather_cast(kv_flat, 0, block_rows, l, tile_idx, kernel_dtype)
         pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
                             evac_engine=nisa.scalar_engine)
     return k_tile, v_tile
+
+
+def _gather_cast(kv_flat, kv, block_rows, l, tile_idx, kernel_dtype):
+    """Indirect gather of load ``l`` (128 rows of b'*d) of K (kv=0) or V (kv=1) in the cache
+    dtype -- no dtype conversion inside an indirect DMA, as AWS's kernels do -- then converted
+    on chip if the kernel dtype differs (the cache-dtype staging tile dies on return)."""
+    i_p = nl.arange(B_P_SIZE)[:, None]
+    i_f = nl.arange(kv_flat.shape[2])[None, :]
+    if kv == 0:                 # (separate statements: K and V gathers stay apart in traces)
+        rows = nl.load(kv_flat[0, block_rows[i_p, l, tile_idx], i_f])
+    else:
+        rows = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
+    if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
+        return rows
+    return nl.copy(rows, dtype=kernel_dtype)

@@ -47,7 +47,10 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_e
 
 def _transpose_group(dst, dst_col, src, src_col, block_w, n, evac_engine):
     Ps = src.shape[0]
-    t_psum = nl.ndarray((block_w, n * Ps), dtype=nl.float32, buffer=nl.psum)
+    # PSUM tile dtype: fp32 on gen2 (the PE writes fp32); the source dtype on gen3, whose
+    # transposes are bit-exact in the input dtype (AWS's kernels allocate them the same way).
+    gen3 = nisa.get_nc_version() == nisa.nc_version.gen3
+    t_psum = nl.ndarray((block_w, n * Ps), dtype=src.dtype if gen3 else nl.float32, buffer=nl.psum)
     for u in nl.affine_range(n):
         t_psum[:, nl.ds(u * Ps, Ps)] = nisa.nc_transpose(src[:, nl.ds(src_col + u * block_w, block_w)])
     if evac_engine is None:

@@ -108,13 +108,13 @@ def test_query_groups_beyond_the_state_budget(batch_factory, check_reference, mo
     # A query batch whose online-softmax state exceeds the SBUF budget is processed in groups of
     # Q tiles (KV re-read per group). Forcing one Q tile per group must give bit-identical
     # results to the single-group run, and both must match the reference.
-    import nki_kernels.flash_paged_attention as fpa
+    import nki_kernels.sbuf_plan as sbuf_plan
 
     batch = batch_factory(10, [150, 1, 140], [33, 500, 0], H=4, Hkv=2, d=16, block_size=16)
     plan, inputs = build_kernel_inputs(batch, large_tile_size=512)
     assert plan.padded_queries == 384
     one = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=True, backend="sim")
-    monkeypatch.setattr(fpa, "STATE_BUDGET_BYTES", 1)
+    monkeypatch.setattr(sbuf_plan, "STATE_BUDGET_BYTES", 1)
     with nki_sim.tracing() as trace:
         grouped = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, mixed_precision=True,
                                             backend="sim")
