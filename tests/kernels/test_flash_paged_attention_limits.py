@@ -204,3 +204,13 @@ def test_fp16_inputs(batch_factory, check_reference, mixed):
                           dtype=np.float16)
     with nki_sim.use_target("trn2"):
         check_reference(batch, mixed_precision=mixed, large_tile_size=1024)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_oldest_supported_sdk_and_traced_loop_rules(target, batch_factory, check_reference):
+    # Only APIs present in Neuron SDK 2.21 (the oldest legacy release the project supports), and
+    # no Python decision on an affine/sequential loop variable (undefined under the legacy tracer).
+    batch = batch_factory(15, [130, 1, 2], [300, 2100, 0], H=4, Hkv=2, d=32, block_size=16,
+                          dtype=ml_dtypes.bfloat16)
+    with nki_sim.configure(sdk="2.21", traced_loops="error"), nki_sim.use_target(target):
+        check_reference(batch, mixed_precision=True, large_tile_size=4096)
