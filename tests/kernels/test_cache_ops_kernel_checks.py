@@ -16,6 +16,7 @@ from nki_kernels.block_copy import copy_cache_blocks, swap_cache_blocks
 from nki_kernels._nki import nisa
 from nki_kernels.baselines.kv_write_per_token import kv_write_per_token
 from nki_kernels.kv_cache_update import kv_cache_update
+from nki_kernels.row_tiles import plan_rows
 
 pytestmark = pytest.mark.simulation
 
@@ -72,6 +73,47 @@ def test_cache_writes_need_oob_skip_support(rng, monkeypatch):
     monkeypatch.undo()
     kv_write_per_token(args["key"], args["value"], args["kv_cache"], per_token_index)   # must pass
     np.testing.assert_array_equal(args["kv_cache"][0, 0, :, :3, :], args["key"].transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_cache_ops_on_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target):
+    """The cache-op kernels on the oldest toolchain they claim (SDK 2.23: dma_copy oob_mode) with
+    Python control flow on traced loop variables as errors; several chunks and a tail tile."""
+    import warnings
+
+    import nki_sim
+    import nki_kernels.block_copy as bc
+    import nki_kernels.kv_cache_update as kvu
+
+    monkeypatch.setattr(kvu, "CHUNK_BUDGET_BYTES", 2 * (2 * 8 * 4 + 4))     # 2 tiles per chunk
+    monkeypatch.setattr(bc, "INDEX_CHUNK_BUDGET_BYTES", 16)                 # 2 tiles per chunk
+    n_tok, n_heads, d, n_blocks, block_size = 300, 2, 8, 80, 4               # 600 rows: 4 tiles + tail
+    key = rng.standard_normal((n_tok, n_heads, d)).astype(np.float32)
+    value = rng.standard_normal((n_tok, n_heads, d)).astype(np.float32)
+    slots = rng.permutation(n_blocks * block_size)[:n_tok]
+    slots[[0, 7]] = -1                                                      # padding: skipped
+    cache = rng.standard_normal((2, n_blocks, n_heads, block_size, d)).astype(np.float32)
+    expected = cache.copy()
+    ok = slots >= 0
+    expected[0, slots[ok] // block_size, :, slots[ok] % block_size, :] = key[ok]
+    expected[1, slots[ok] // block_size, :, slots[ok] % block_size, :] = value[ok]
+    idx = cache_write_row_index(slots, num_blocks=n_blocks, num_kv_heads=n_heads, block_size=block_size)
+
+    src = np.arange(0, 39)
+    dst = np.arange(40, 79)
+    caches = rng.standard_normal((1, 2, n_blocks, n_heads, block_size, d)).astype(np.float32)
+    copied = caches.copy()
+    copied[:, :, dst] = copied[:, :, src]
+    pairs = block_copy_row_pairs(src, dst, num_layers=1, src_num_blocks=n_blocks,
+                                 dst_num_blocks=n_blocks, n_sub=8)           # 624 rows of d: 4 tiles + tail
+    assert plan_rows(624, 8, 16).n_full_chunks == 2 and plan_rows(600, 68, 136).n_full_chunks == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with nki_sim.configure(sdk="2.23", traced_loops="error"), nki_sim.use_target(target):
+            kv_cache_update(key, value, cache, idx)
+            copy_cache_blocks(caches, pairs, row_elems=d)
+    assert cache.tobytes() == expected.tobytes()
+    assert caches.tobytes() == copied.tobytes()
 
 def copy_args(rng, *, n_layers=2, shape=(2, 6, 1, 2, 4), dtype=np.float32, row_elems=8):
     caches = rng.standard_normal((n_layers, *shape)).astype(dtype)
