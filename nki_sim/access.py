@@ -327,9 +327,30 @@ def _check_psum_acc_dtype(value: Tensor, dst: Tensor, op: str):
             "and cast when copying it to SBUF")
 
 
+def _check_pe_transpose_psum(value: Tensor, dst: Tensor):
+    """PE-array transposes write PSUM as fp32 on NeuronCore-v2 and in the source dtype on v3
+    (AWS kernels: psum_dtype = src.dtype if gen3 else float32)."""
+    prod = value.producer or ()
+    if len(prod) < 3 or prod[:2] != ("tensor", "nc_transpose") or dst.buffer != "psum":
+        return
+    from .target import get_target
+    src = prod[2]
+    if get_target().nc_version == "gen2":
+        if dst.dtype != D.float32:
+            raise E.DtypeError(
+                f"nisa.nc_transpose on the Tensor Engine writes PSUM as float32 on NeuronCore-v2; "
+                f"destination {dst.name} is {dst.dtype.name} (allocate the PSUM tile as float32)")
+    elif dst.dtype != src:
+        warnings.warn(
+            f"nisa.nc_transpose of a {np.dtype(src).name} tile into {dst.dtype.name} PSUM tensor "
+            f"{dst.name}: on NeuronCore-v3 PE-array outputs must match the input dtype",
+            RuntimeWarning, stacklevel=4)
+
+
 def _check_producer(value: Tensor, dst: Tensor):
     """The instruction that made ``value`` writes ``dst`` directly: check its engine's memories."""
-    eng, op = value.producer or ("", "")
+    _check_pe_transpose_psum(value, dst)
+    eng, op = (value.producer or ("", ""))[:2]
     if eng == "tensor" and op in _PSUM_ONLY and dst.buffer != "psum":
         raise E.MemorySpaceError(
             f"the Tensor Engine writes PSUM only: result of 'nisa.{op}' assigned to {dst.buffer} "

@@ -19,8 +19,8 @@ class Config:
     check_scope: bool = True
     # Block dimensions (dims before par_dim): "error" (SDK >= 2.25 behaviour) or "allow".
     block_dims: str = "error"
-    # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only (the project
-    # targets 2.21-2.24): False rejects it; copy to SBUF first (nl.copy / nisa.tensor_copy).
+    # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only: below that,
+    # False rejects it (copy to SBUF first with nl.copy / nisa.tensor_copy).
     allow_psum_store: bool = False
     # "off" (default): loop variables are plain ints. "warn" / "error": affine / sequential loop
     # variables are traced ints whose use in Python control flow (if / while / bool) warns or
@@ -33,11 +33,18 @@ class Config:
     # When True, writes to non-annotated inputs are allowed and copied back to the caller.
     legacy_inplace_outputs: bool = False
 
+    def __setattr__(self, name, value):
+        if name == "sdk":                       # keep nl / nisa module contents in step
+            from .sdk import parse, sync
+            object.__setattr__(self, name, parse(value))
+            sync()
+        else:
+            object.__setattr__(self, name, value)
+
 
 config = Config()
 if os.environ.get("NKI_SIM_SDK", "").strip():
-    from .sdk import parse as _parse_sdk
-    config.sdk = _parse_sdk(os.environ["NKI_SIM_SDK"])
+    config.sdk = os.environ["NKI_SIM_SDK"]
 _CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("error", "allow"),
             "traced_loops": ("off", "warn", "error")}
 
@@ -53,7 +60,7 @@ def configure(**changes):
             raise ValueError(f"configure: {k} must be one of {_CHOICES[k]}; got {v!r}")
     if "sdk" in changes:
         from .sdk import parse
-        changes["sdk"] = parse(changes["sdk"])
+        changes["sdk"] = parse(changes["sdk"])      # validate before changing anything
     old = {k: getattr(config, k) for k in changes}
     for k, v in changes.items():
         setattr(config, k, v)

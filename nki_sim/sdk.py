@@ -1,22 +1,30 @@
 """Neuron SDK version gating of the legacy API (NKI release notes, general/nki/nki_rn.rst).
 
-The simulated SDK is ``nki_sim.config.sdk`` (default 2.24, the newest release of the
-2.21-2.24 generation this project targets; env ``NKI_SIM_SDK=2.26`` or
-``nki_sim.configure(sdk=(2, 26))`` to change it).  A name added after the configured
-release is absent (``AttributeError``, like the real module), and a keyword added later
-raises ``TypeError`` (unexpected keyword), so a kernel that only compiles on a newer SDK
-fails here too.
+The simulated SDK is ``nki_sim.config.sdk``: a release between 2.21 (the project's floor) and
+2.27 (the last release that ships the legacy ``neuronxcc.nki`` namespace), default 2.24;
+change it with ``nki_sim.configure(sdk="2.26")`` or env ``NKI_SIM_SDK``.  A name added after
+the simulated release is absent from ``nl`` / ``nisa`` (``AttributeError``, like the real
+module), and a keyword added later raises ``TypeError`` (unexpected keyword), so a kernel that
+only compiles on a newer SDK fails here too.  No legacy-API additions of 2.27 are modelled (it
+is treated as 2.26).
 """
 
 from __future__ import annotations
 
-from .config import config
 
-MIN_SDK, MAX_SDK = (2, 21), (2, 26)
 
-# module-level names: (module, name) -> first SDK release that has it.  (The enums oob_mode,
-# dge_mode, reduce_cmd and engine stay importable; the keywords that use them are gated.)
+def _config():
+    from .config import config      # late: config.py imports this module while it initialises
+    return config
+
+MIN_SDK, MAX_SDK = (2, 21), (2, 27)     # 2.27: last release with the legacy namespace
+
+# module-level names: (module, name) -> first SDK release that has it
 NAMES = {
+    ("isa", "oob_mode"): (2, 23),
+    ("isa", "dge_mode"): (2, 23),
+    ("isa", "reduce_cmd"): (2, 22),
+    ("isa", "engine"): (2, 22),
     ("isa", "select_reduce"): (2, 26),
     ("isa", "range_select"): (2, 23),
     ("isa", "tensor_copy_predicated"): (2, 22),
@@ -43,7 +51,7 @@ def parse(v) -> tuple:
     except (ValueError, IndexError, TypeError):
         raise ValueError(f"sdk must look like '2.24' or (2, 24); got {v!r}") from None
     if not MIN_SDK <= t <= MAX_SDK:
-        raise ValueError(f"sdk must be a legacy-NKI Neuron SDK release between 2.21 and 2.26; got {v!r}")
+        raise ValueError(f"sdk must be a legacy-NKI Neuron SDK release between 2.21 and 2.27; got {v!r}")
     return t
 
 
@@ -52,20 +60,7 @@ def fmt(t) -> str:
 
 
 def has(version) -> bool:
-    return tuple(config.sdk) >= tuple(version)
-
-
-def lookup(module: str, name: str, table: dict):
-    """Serve a gated module attribute, or raise the AttributeError the real module would."""
-    need = NAMES.get((module, name))
-    if need is not None and name in table:
-        if has(need):
-            return table[name]
-        raise AttributeError(
-            f"module 'neuronxcc.nki.{module}' has no attribute '{name}' (added in Neuron SDK "
-            f"{fmt(need)}; nki_sim simulates SDK {fmt(config.sdk)}: nki_sim.configure(sdk=...) or "
-            "env NKI_SIM_SDK)")
-    return None
+    return tuple(_config().sdk) >= tuple(version)
 
 
 def check_kwargs(api: str, version, **given) -> None:
@@ -76,25 +71,44 @@ def check_kwargs(api: str, version, **given) -> None:
         if v is not None:
             raise TypeError(
                 f"{api}() got an unexpected keyword argument '{k}' (added in Neuron SDK "
-                f"{fmt(version)}; nki_sim simulates SDK {fmt(config.sdk)})")
+                f"{fmt(version)}; nki_sim simulates SDK {fmt(_config().sdk)})")
+
+
+_REGISTRY: dict = {}      # module name -> (namespace dict, {gated name: object})
+
+
+def sync() -> None:
+    """Put exactly the names the simulated SDK has into the nl / nisa module namespaces."""
+    for module, (namespace, gated) in _REGISTRY.items():
+        for name, obj in gated.items():
+            if has(NAMES[(module, name)]):
+                namespace.setdefault(name, obj)
+            else:
+                namespace.pop(name, None)
 
 
 def module_getattr(module: str, short: str, namespace: dict, not_emulated: set):
     """A PEP 562 ``__getattr__`` for nki_sim.language / nki_sim.isa.
 
-    Moves the SDK-gated names out of ``namespace`` (so ``hasattr`` / ``from ... import`` follow
-    the simulated SDK), names real-but-not-emulated NKI APIs with ``NotImplementedError``, and
-    raises ``AttributeError`` for anything else.
+    The SDK-gated names live in the module namespace only while the simulated SDK has them
+    (:func:`sync`), so ``hasattr``, ``from ... import`` and monkeypatching behave like the real
+    module; this ``__getattr__`` explains an absent gated name, names real-but-not-emulated NKI
+    APIs with ``NotImplementedError``, and raises ``AttributeError`` for anything else.
     """
     from .errors import not_emulated as _not_emulated
-    gated = {name: namespace.pop(name) for (mod, name) in NAMES if mod == module}
+    gated = {name: namespace[name] for (mod, name) in NAMES if mod == module}
+    _REGISTRY[module] = (namespace, gated)
+    sync()
 
     def __getattr__(name):
         if name.startswith("__"):
             raise AttributeError(name)
-        got = lookup(module, name, gated)
-        if got is not None:
-            return got
+        need = NAMES.get((module, name))
+        if need is not None:
+            raise AttributeError(
+                f"module 'neuronxcc.nki.{module}' has no attribute '{name}' (added in Neuron SDK "
+                f"{fmt(need)}; nki_sim simulates SDK {fmt(_config().sdk)}: nki_sim.configure(sdk=...) or "
+                "env NKI_SIM_SDK)")
         if name in not_emulated:
             raise _not_emulated(f"{short}.{name}")
         raise AttributeError(f"module 'neuronxcc.nki.{module}' (nki_sim) has no attribute {name!r}")

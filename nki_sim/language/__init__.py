@@ -66,7 +66,7 @@ class _TileSize:
         if name == "total_available_sbuf_size":    # usable SBUF bytes per partition (SDK 2.26)
             if not _sdk.has((2, 26)):
                 raise AttributeError("nl.tile_size.total_available_sbuf_size was added in Neuron SDK "
-                                     f"2.26; nki_sim simulates SDK {_sdk.fmt(_sdk.config.sdk)}")
+                                     f"2.26; nki_sim simulates SDK {_sdk.fmt(_sdk._config().sdk)}")
             from ..target import get_target
             return get_target().sbuf_usable_bytes_per_partition
         raise AttributeError(f"nl.tile_size has no attribute {name!r}")

@@ -123,8 +123,10 @@ def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbu
     if engine == "tensor":
         attrs = {"contraction": shape2[0], "stationary_free": shape2[1],
                  "moving_free": shape2[0], "fp32": a.dtype == D.float32}
-    return result_tile(r, out_dt, op=op, engine=engine, inputs=(a,), mask=m, buffer=buffer,
-                       free_elems=out_shape[1], attrs=attrs, name=name)
+    res = result_tile(r, out_dt, op=op, engine=engine, inputs=(a,), mask=m, buffer=buffer,
+                      free_elems=out_shape[1], attrs=attrs, name=name)
+    res.producer = (engine, op, a.dtype)       # source dtype: PSUM dtype rule of PE transposes
+    return res
 
 
 def transpose(x, *, dtype=None, mask=None, name="", **kwargs):

@@ -312,3 +312,29 @@ def test_matmul_psum_destination_must_be_fp32(rng, acc):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(E.DtypeError, match="must be float32"):
         run(_mm_into, a, dtype=ml_dtypes.bfloat16, acc=acc)
+
+
+def _pe_transpose(x, *, psum_dtype):
+    t = nl.load(x)
+    p = nl.ndarray((x.shape[1], x.shape[0]), psum_dtype, buffer=nl.psum)
+    p[...] = nisa.nc_transpose(t)
+    out = nl.ndarray(p.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.copy(p, dtype=x.dtype))
+    return out
+
+
+def test_pe_transpose_psum_dtype_follows_the_generation(rng):
+    import warnings
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    x = rng.standard_normal((16, 8)).astype(bf16)
+    with nki_sim.use_target("trn1"):
+        assert np.array_equal(run(_pe_transpose, x, psum_dtype=nl.float32), x.T)
+        with pytest.raises(E.DtypeError, match="float32 on NeuronCore-v2"):
+            run(_pe_transpose, x, psum_dtype=bf16)
+    with nki_sim.use_target("trn2"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert np.array_equal(run(_pe_transpose, x, psum_dtype=bf16), x.T)
+        with pytest.warns(RuntimeWarning, match="must match the input dtype"):
+            run(_pe_transpose, x, psum_dtype=nl.float32)

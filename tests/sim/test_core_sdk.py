@@ -19,13 +19,15 @@ def test_default_sdk_is_the_project_floor_generation():
 
 @pytest.mark.parametrize("sdk,has_select_reduce,has_range_select,has_gather", [
     ((2, 21), False, False, False), ((2, 23), False, True, False),
-    ((2, 24), False, True, True), ((2, 26), True, True, True)])
+    ((2, 24), False, True, True), ((2, 26), True, True, True), ((2, 27), True, True, True)])
 def test_names_follow_the_sdk(sdk, has_select_reduce, has_range_select, has_gather):
     with nki_sim.configure(sdk=sdk):
         assert hasattr(nisa, "select_reduce") is has_select_reduce
         assert hasattr(nisa, "range_select") is has_range_select
         assert hasattr(nl, "gather_flattened") is has_gather
-        assert hasattr(nl, "tile_size") and hasattr(nisa, "oob_mode")
+        assert hasattr(nl, "tile_size")
+        assert hasattr(nisa, "oob_mode") is (sdk >= (2, 23))
+        assert hasattr(nisa, "reduce_cmd") is (sdk >= (2, 22))
         if not has_select_reduce:
             with pytest.raises(AttributeError, match="added in Neuron SDK 2.26"):
                 nisa.select_reduce
@@ -43,19 +45,29 @@ def _copy_skip(x, idx, *, use_oob):
     return out
 
 
-def test_keywords_follow_the_sdk(rng):
+def test_keywords_follow_the_sdk(rng, monkeypatch):
     x = f32(rng, 10, 4)
     idx = np.array([[1], [3]], np.int32)
     with nki_sim.configure(sdk="2.22"):
         assert np.array_equal(run(_copy_skip, x, idx, use_oob=False), x[[1, 3]])
+        from nki_sim.isa.constants import oob_mode
+        monkeypatch.setattr(nisa, "oob_mode", oob_mode, raising=False)   # as if the enum existed
         with pytest.raises(TypeError, match="unexpected keyword argument 'oob_mode'.*2.23"):
             run(_copy_skip, x, idx, use_oob=True)
+        monkeypatch.undo()
     with nki_sim.configure(sdk="2.23"):
         assert np.array_equal(run(_copy_skip, x, idx, use_oob=True), x[[1, 3]])
 
 
 def test_sdk_values_are_validated():
-    for bad in ("2.20", "3.0", "x", (2, 27)):
+    for bad in ("2.20", "3.0", "x", (2, 28)):
         with pytest.raises(ValueError, match="sdk"):
             with nki_sim.configure(sdk=bad):
                 pass
+
+
+def test_gated_names_can_be_monkeypatched_like_real_module_attributes(monkeypatch):
+    monkeypatch.delattr(nisa, "oob_mode")                  # as tests of the real toolchain do
+    assert not hasattr(nisa, "oob_mode")
+    monkeypatch.undo()
+    assert hasattr(nisa, "oob_mode")
