@@ -143,3 +143,48 @@ def test_bf16_cast_matches_bitwise_rne_reference():
     x = x[np.isfinite(x) & (np.abs(x) < 3.3e38)]
     got = D.cast_for_write(x, D.bfloat16).view(np.uint16)
     assert np.array_equal(got, _rne_bf16_bits(x))
+
+
+_DTS = [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.int8, np.uint8]
+
+
+def _binop(a, b, *, op):
+    out_t = getattr(nl, op)(nl.load(a), nl.load(b))
+    out = nl.ndarray(out_t.shape, out_t.dtype, buffer=nl.shared_hbm)
+    nl.store(out, out_t)
+    return out
+
+
+def test_binary_ops_match_an_fp32_or_exact_int_reference():
+    """Random dtype pairs: result dtype = NKI promotion; floats computed in fp32 then rounded to
+    the output dtype; integer-only operands exact, saturated to the output range."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, deadline=None)
+    @given(da=st.sampled_from(_DTS), db=st.sampled_from(_DTS), op=st.sampled_from(["add", "multiply", "maximum", "subtract"]),
+           seed=st.integers(0, 1000))
+    def check(da, db, op, seed):
+        r = np.random.default_rng(seed)
+        def sample(d):
+            d = np.dtype(d)
+            if d.kind in "iu":
+                info = np.iinfo(d)
+                return r.integers(max(info.min, -100), min(info.max, 100), (4, 8)).astype(d)
+            return (r.standard_normal((4, 8)) * 10).astype(d)
+        a, b = sample(da), sample(db)
+        out = run(_binop, a, b, op=op)
+        expect_dt = D.promote(np.dtype(da), np.dtype(db))
+        assert out.dtype == expect_dt
+        f = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum, "subtract": np.subtract}[op]
+        if np.dtype(da).kind in "iu" and np.dtype(db).kind in "iu":
+            ref = f(a.astype(np.int64), b.astype(np.int64))
+            if expect_dt.kind in "iu":
+                info = np.iinfo(expect_dt)
+                ref = np.clip(ref, info.min, info.max).astype(expect_dt)
+            else:
+                ref = ref.astype(np.float32).astype(expect_dt)
+        else:
+            ref = f(a.astype(np.float32), b.astype(np.float32)).astype(expect_dt)
+        assert np.array_equal(out.astype(np.float64), ref.astype(np.float64))
+    check()
