@@ -83,7 +83,7 @@ def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, 
 def _gather_cast(kv_flat, kv, block_rows, l, tile_idx, kernel_dtype):
     """Indirect gather of load ``l`` (128 rows of b'*d) of K (kv=0) or V (kv=1) in the cache
     dtype -- no dtype conversion inside an indirect DMA, as AWS's kernels do -- then converted
-    on chip (on GpSimd) if the kernel dtype differs (the cache-dtype staging tile dies on return)."""
+    on chip (on ScalarE) if the kernel dtype differs (the cache-dtype staging tile dies on return)."""
     i_p = nl.arange(B_P_SIZE)[:, None]
     i_f = nl.arange(kv_flat.shape[2])[None, :]
     if kv == 0:                 # (separate statements: K and V gathers stay apart in traces)
@@ -92,6 +92,7 @@ def _gather_cast(kv_flat, kv, block_rows, l, tile_idx, kernel_dtype):
         rows = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
     if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
         return rows
-    # SBUF -> SBUF conversion on GpSimd, the otherwise idle engine (VectorE and ScalarE carry
-    # the softmax work).
-    return nisa.tensor_copy(rows, dtype=kernel_dtype, engine=nisa.gpsimd_engine)
+    # SBUF -> SBUF float conversion on ScalarE (less loaded than VectorE; GpSimd would compete
+    # with the software-DGE descriptor generation of the next gather, and on trn1 it would also
+    # stall VectorE's SBUF access).
+    return nisa.tensor_copy(rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
