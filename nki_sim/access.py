@@ -362,6 +362,15 @@ def _check_producer(value: Tensor, dst: Tensor):
             f"{dst.name}; assign it to an SBUF tile")
 
 
+def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
+    from . import trace
+    trace.emit("vector", "copy", in_shapes=(src.shape,), out_shape=dst.shape,
+               in_dtypes=(src.dtype.name,), out_dtype=dst.dtype.name,
+               partitions=dst.shape[0] if dst.shape else 1,
+               free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
+               nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {})
+
+
 def assign(t: Tensor, key, value) -> None:
     """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
     from . import trace
@@ -380,14 +389,13 @@ def assign(t: Tensor, key, value) -> None:
             m = None if pm is None else fit_value(pm, dst.shape)
             write(dst, vals, m, op="assign")
             value.fresh = False
+            if (value.producer or ("",))[0] == "tensor" and dst.buffer != "psum":
+                # TensorE writes PSUM: the compiler adds the PSUM -> SBUF evacuation copy
+                _emit_copy(value, dst, implicit=True)
             return
         vals, _ = read(value, op="copy")
         write(dst, vals, op="copy")
-        trace.emit("vector", "copy", in_shapes=(value.shape,), out_shape=dst.shape,
-                   in_dtypes=(value.dtype.name,), out_dtype=dst.dtype.name,
-                   partitions=dst.shape[0] if dst.shape else 1,
-                   free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-                   nbytes=dst.size * dst.itemsize)
+        _emit_copy(value, dst)
         return
     if isinstance(value, IndexExpr):
         raise TypeError("cannot assign an nl.arange / nl.mgrid index to a tensor "

@@ -175,3 +175,19 @@ def test_summary_uses_the_target_of_the_run():
     assert (s1["target"], s1["sbuf_over_capacity"]) == ("trn1", True)
     assert (s2["target"], s2["sbuf_over_capacity"]) == ("trn2", False)
     assert s1["peak_sbuf_bytes_per_partition"] >= 200000
+
+
+def test_tensor_engine_results_assigned_to_sbuf_count_the_evacuation_copy(rng):
+    def k(x, *, dst_buffer):
+        t = nl.load(x)
+        d = nl.ndarray((x.shape[1], x.shape[0]), x.dtype, buffer=getattr(nl, dst_buffer))
+        d[...] = nl.transpose(t)
+        out = nl.ndarray(d.shape, x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, d if dst_buffer == "sbuf" else nl.copy(d))
+        return out
+    x = f32(rng, 16, 8)
+    for buf, copies in (("sbuf", [("copy", True)]), ("psum", [("copy", None)])):
+        with nki_sim.tracing() as tr:
+            assert np.array_equal(run(k, x, dst_buffer=buf), x.T)
+        got = [(e.op, e.attr("implicit")) for e in tr.events if e.op == "copy"]
+        assert got == copies
