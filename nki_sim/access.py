@@ -271,7 +271,7 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
     if accumulate == "rmw":
         _rmw_add(acc, vals)
         if alloc.written is not None:
-            acc.scatter(alloc.written, True)
+            _mark_written(alloc, acc)
         alloc.ever_written = True
         return acc
     if accumulate:
@@ -281,9 +281,15 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         vals = cur + np.asarray(vals, dtype=np.float32)
     acc.scatter(alloc.data, D.cast_for_write(vals, alloc.dtype))
     if alloc.written is not None:
-        acc.scatter(alloc.written, True)
+        _mark_written(alloc, acc)
     alloc.ever_written = True
     return acc
+
+
+def _mark_written(alloc, acc: Access) -> None:
+    acc.scatter(alloc.written, True)
+    if alloc.written.all():       # fully initialised: later reads skip the bitmap
+        alloc.written = None
 
 
 def _rmw_add(acc: Access, vals) -> None:
