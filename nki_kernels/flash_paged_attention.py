@@ -97,19 +97,23 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
 
     Raises:
         ValueError: any shape / dtype / range violation above, naming the argument.
-        NotImplementedError: kv_cache dtype different from the query dtype (e.g. fp8 caches).
+        NotImplementedError: kv_cache dtype different from the query dtype (e.g. fp8 caches), or
+            a transformed block table over BLOCK_TABLE_BUDGET_BYTES per partition.
+    Warns:
+        nki_kernels.sbuf_plan.SbufBudgetWarning: the SBUF working set exceeds the target's
+            usable SBUF even with one Q tile per group (fp32 kernel dtype at LT = 8192).
 
     Pseudocode:
         rows = load_block_tables(block_tables, head)          # (128, nL, n_tiles) flat-cache rows
-        for each group of Q tiles whose state fits STATE_BUDGET_BYTES (usually one group):
-            m, l, o = M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
+        for each group of Q tiles whose state fits the SBUF plan (usually one group):
+            -m, l, o = -M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
             for j in sequential_range(n_tiles):               # context: one KV load per KV head
                 K, V = load_kv(kv_flat, rows, j)               # nL indirect DMAs each for K and V
                 for i, g, step s of <= 2048 keys:
                     flash_attention_tile(Qs[i, g], K[:, s], V[:, s], mask[i, tile j][:, s], state[i, g])
             for active window w (<= 2048 keys):               # new tokens, causal tile skipping
                 for i with (i+1)*128 > w0, g: flash_attention_tile(Qs[i, g], K_w, V_w,
-                                                   mask[i, ctx + w0 : ctx + min(w0+LT, (i+1)*128)])
+                                                   mask[i, ctx + w0 : ctx + min(w0+2048, (i+1)*128)])
             out[i, g] = o / max(l, L_FLOOR)
     """
     # Step 0: validate inputs and derive the geometry (plain Python on shapes and dtypes).
