@@ -83,6 +83,17 @@ def test_tensor_scalar_on_scalar_engine_trn2_passes_trn1_fails(rng, target, reje
         nki.simulate_kernel(tensor_scalar_engine_k, x, engine_name="scalar_engine")
 
 
+@pytest.fixture
+def sdk_2_26():
+    """nisa.select_reduce is a Neuron SDK 2.26 API: simulate that release (no-op on a real toolchain)."""
+    import nki_sim
+    if nki_sim.is_installed():
+        with nki_sim.configure(sdk="2.26"):
+            yield
+    else:
+        yield
+
+
 @nki.jit
 def select_reduce_dtype_k(x, pred):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
@@ -92,7 +103,7 @@ def select_reduce_dtype_k(x, pred):
     return out
 
 
-def test_select_reduce_on_true_int32_fails_int16_passes(rng, rejects):
+def test_select_reduce_on_true_int32_fails_int16_passes(rng, rejects, sdk_2_26):
     # documented: on_true can be any supported dtype except tfloat32, int32, uint32
     pred = rng.integers(0, 2, size=(16, 8)).astype(np.uint8)
     x16 = rng.integers(-100, 100, size=(16, 8)).astype(np.int16)

@@ -292,6 +292,17 @@ def test_affine_select_on_psum_fails(rng, rejects):
         nki.simulate_kernel(affine_select_k, x, in_psum=True)
 
 
+@pytest.fixture
+def sdk_2_26():
+    """nisa.select_reduce is a Neuron SDK 2.26 API: simulate that release (no-op on a real toolchain)."""
+    import nki_sim
+    if nki_sim.is_installed():
+        with nki_sim.configure(sdk="2.26"):
+            yield
+    else:
+        yield
+
+
 @nki.jit
 def select_reduce_k(x, pred, *, reverse):
     out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
@@ -307,7 +318,7 @@ def select_reduce_k(x, pred, *, reverse):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_select_reduce(rng, reverse):
+def test_select_reduce(rng, reverse, sdk_2_26):
     x = rng.standard_normal((128, 48)).astype(np.float32)
     pred = rng.integers(0, 2, size=(128, 48)).astype(np.uint8)
     pred[:, 0] = 1 - reverse            # every row keeps at least one element
@@ -318,11 +329,22 @@ def test_select_reduce(rng, reverse):
     np.testing.assert_array_equal(mx, ref.max(axis=1, keepdims=True))
 
 
-def test_select_reduce_float_predicate_fails(rng, rejects):
+def test_select_reduce_float_predicate_fails(rng, rejects, sdk_2_26):
     x = rng.standard_normal((128, 48)).astype(np.float32)
     pred = rng.integers(0, 2, size=(128, 48)).astype(np.float32)   # predicate must be an integer type
     with rejects(Exception, match=r"(?i)predicate|dtype"):
         nki.simulate_kernel(select_reduce_k, x, pred, reverse=False)
+
+
+def test_select_reduce_absent_before_sdk_2_26(sim_only):
+    import nki_sim
+    with nki_sim.configure(sdk="2.24"):
+        assert not hasattr(nisa, "select_reduce")
+        with pytest.raises(AttributeError, match="2.26"):
+            nki.simulate_kernel(select_reduce_k, np.zeros((4, 4), np.float32),
+                                np.ones((4, 4), np.uint8), reverse=False)
+    with nki_sim.configure(sdk="2.26"):
+        assert hasattr(nisa, "select_reduce")
 
 
 @nki.jit
@@ -461,7 +483,7 @@ def select_reduce_accumulate_k(x1, p1, x2, p2):
     return out
 
 
-def test_select_reduce_accumulates_across_instructions(rng):
+def test_select_reduce_accumulates_across_instructions(rng, sdk_2_26):
     x1 = rng.standard_normal((32, 16)).astype(np.float32)
     x2 = rng.standard_normal((32, 8)).astype(np.float32)
     p1 = rng.integers(0, 2, size=(32, 16)).astype(np.uint8)
