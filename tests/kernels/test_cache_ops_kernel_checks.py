@@ -71,6 +71,11 @@ def test_cache_writes_need_oob_skip_support(rng, monkeypatch):
         kv_write_per_token(args["key"], args["value"], args["kv_cache"], per_token_index)
     assert args["kv_cache"].tobytes() == before
     monkeypatch.undo()
+    import nki_sim
+    with nki_sim.configure(sdk="2.22"):          # the simulated 2.22 nki.isa has no oob_mode either
+        with pytest.raises(NotImplementedError, match="SDK >= 2.23"):
+            kv_cache_update(args["key"], args["value"], args["kv_cache"], args["row_index"])
+    assert args["kv_cache"].tobytes() == before
     kv_write_per_token(args["key"], args["value"], args["kv_cache"], per_token_index)   # must pass
     np.testing.assert_array_equal(args["kv_cache"][0, 0, :, :3, :], args["key"].transpose(1, 0, 2))
 
