@@ -17,9 +17,10 @@ B_F_SIZE = 512
 STEP_KEYS = 2048
 
 # Masked scores are replaced by NEG_MASK (not -inf: exp/max of -inf and inf - inf give NaN).
-# The running row max starts at M_FLOOR, which is far above NEG_MASK and far below any real
-# score, so exp(NEG_MASK - m) underflows to exactly 0 for every row -- including rows that have
-# seen no unmasked key yet (their m is still M_FLOOR). Consequences, by construction:
+# The running row max m starts at M_FLOOR (the kernel stores -m), which is far above NEG_MASK
+# and far below any real score, so exp(NEG_MASK - m) underflows to exactly 0 for every row --
+# including rows that have seen no unmasked key yet (their m is still M_FLOOR). Consequences,
+# by construction:
 #   * an all-masked tile leaves m, l and o bit-for-bit unchanged (alpha = exp(0) = 1, P = 0);
 #   * a row that is masked everywhere (query padding) ends with l = 0 and o = 0, and the
 #     epilogue's L_FLOOR clamp turns 0 / max(0, L_FLOOR) into an exact 0 output.
@@ -29,9 +30,10 @@ M_FLOOR = -1.0e29
 # affects fully masked rows. 2**-30 keeps 1/l inside the ScalarE reciprocal range (2**42).
 L_FLOOR = 2.0 ** -30
 
-# SBUF bytes per partition the kernel keeps for the per-(Q tile, head) online-softmax state and
+# Upper bound on the SBUF bytes per partition for the per-(Q tile, head) online-softmax state and
 # the scaled Q of one group of Q tiles (o: d*acc bytes, m and l: 8 bytes, Q: 128*kernel bytes per
-# slot); larger query batches are processed in several groups, each re-reading the KV tiles.
+# slot); nki_kernels.sbuf_plan lowers it to what the target's SBUF leaves free. Larger query
+# batches are processed in several groups, each re-reading the KV tiles.
 STATE_BUDGET_BYTES = 64 * 1024
 
 # SBUF bytes per partition for the transformed block table (nL * n_tiles int32 = context length

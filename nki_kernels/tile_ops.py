@@ -31,8 +31,9 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_e
 
     Effect:
         ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*block_w : +block_w].T`` for u < n_blocks.
-        Up to ``512 // Ps`` transposes share one fp32 PSUM bank (2 KiB / partition), which is
-        then evacuated by one copy, so the copy count is ceil(n_blocks / (512 // Ps)).
+        Up to ``512 // Ps`` transposes share one PSUM tile (<= one 2 KiB bank per partition;
+        fp32 on gen2, the source dtype on gen3), which is then evacuated by one copy, so the copy
+        count is ceil(n_blocks / (512 // Ps)).
     """
     Ps = src.shape[0]
     per_bank = max(1, B_F_SIZE // Ps)
