@@ -210,6 +210,17 @@ def markdown_table(rows) -> str:
     return "\n".join(lines)
 
 
+def acceptance(rows) -> str:
+    """One line: is the vectorized kernel modeled ahead, with fewer DMA instructions, everywhere?"""
+    pairs = [p for p in pair_rows(rows).values() if len(p) == 2]
+    ahead = [p["per_block"]["modeled_us"] > p["vectorized"]["modeled_us"] and
+             p["per_block"]["dma_instructions"] > p["vectorized"]["dma_instructions"] for p in pairs]
+    speedups = [p["per_block"]["modeled_us"] / p["vectorized"]["modeled_us"] for p in pairs]
+    return (f"vectorized modeled ahead with fewer DMA instructions on {sum(ahead)}/{len(pairs)} "
+            f"(workload, block size, target) rows; modeled speedup {min(speedups):.2f}x - "
+            f"{max(speedups):.2f}x" if pairs else "no rows")
+
+
 def context_sweep(contexts, targets, block_size=32, num_seqs=4, progress=True) -> list[dict]:
     """Decode batches of num_seqs sequences, each with the given context, for the plot."""
     workloads = [Workload(f"decode_ctx{c}", (1,) * num_seqs, (c,) * num_seqs) for c in contexts]
@@ -259,6 +270,7 @@ def main(argv=None) -> int:
         rows = [r for r in json.loads(Path(a.table_from).read_text())
                 if not r["workload"].startswith("decode_ctx")]
         print(markdown_table(rows))
+        print("\n" + acceptance(rows))
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     blocks = a.block_sizes or [16, 32, 128]
@@ -266,6 +278,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rows = run_grid(wls, blocks, a.targets, progress=not a.no_progress)
     print(markdown_table(rows))
+    print("\n" + acceptance(rows))
     sweep = []
     if a.plot:
         contexts = (512, 1024, 2048) if a.quick else (512, 1024, 2048, 4096, 8192)
