@@ -23,20 +23,23 @@ import numpy as np
 
 from host._arrays import from_numpy_like, to_numpy
 from host.block_tables import active_block_table
+from host.gqa_packing import (choose_gqa_packing, pack_kv, pack_query, packed_attention_mask,
+                              unpack_output)
 from host.masks import build_attention_mask
 from host.plan import make_plan
 from host.validation import check_float_array, check_integer_array, check_shape, fail
 
-__all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS"]
+__all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS", "GQA_PACKING"]
 
 BACKENDS = ("auto", "sim", "neuron")
+GQA_PACKING = ("auto", True, False)
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
                     query_lens: Any, context_lens: Any, *, softmax_scale: float | None = None,
                     mixed_precision: bool = True, large_tile_size: int = 2048,
-                    backend: str = "auto") -> Any:
+                    backend: str = "auto", gqa_packing: Any = "auto") -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``.
@@ -52,6 +55,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: context tokens per KV tile, a power of two in [512, 8192].
         backend: "auto" | "sim" | "neuron" (module docstring).
+        gqa_packing: "auto" | True | False. True runs the kernel with each KV head's G query
+            heads packed as extra query rows (``host.gqa_packing``, docs/layouts.md §11): fewer
+            Q-tile passes for decode-heavy batches. "auto" packs when
+            ``host.gqa_packing.choose_gqa_packing`` says it does less work (never when G == 1,
+            where packing is a no-op).
 
     Returns:
         (T, H, d) in query's dtype; a torch tensor if ``query`` was one. Inputs are never modified.
@@ -66,6 +74,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         Q/K/V -> zero-padded to Qpad tokens and transposed to the kernel layouts
         out = flash_paged_attention[1, Hkv](Q, K, V, kv_cache, bt, mask, ...)   (1, H, Qpad, d)
         return out[0, :, :T].transpose(1, 0, 2)
+        (packed: the same with query'/key'/value' = pack_query/pack_kv, plan of query_lens * G,
+         mask = packed_attention_mask, H' = Hkv, then unpack_output)
     """
     q_np, was_torch = to_numpy(query, "query")
     q = check_float_array("query", q_np, ndim=3)
@@ -83,16 +93,30 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
     _check_common(H, Hkv, d, N, mixed_precision, backend)
     scale = _check_scale(softmax_scale, d)
+    if not (isinstance(gqa_packing, (bool, np.bool_))
+            or (isinstance(gqa_packing, str) and gqa_packing == "auto")):
+        fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
 
     plan = make_plan(query_lens, context_lens, block_size=B, large_tile_size=large_tile_size)
     if plan.num_queries != T:
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_queries}")
     bt_np, _ = to_numpy(block_tables, "block_tables")
     active = active_block_table(plan, bt_np, num_blocks=N)
-    mask = build_attention_mask(plan)
+    G = H // Hkv
+    if gqa_packing == "auto":
+        gqa_packing = choose_gqa_packing(plan.query_lens, H, Hkv, context_lens=plan.context_lens,
+                                         large_tile_size=large_tile_size)
+    if gqa_packing and G > 1:
+        plan = make_plan(plan.query_lens * G, plan.context_lens, block_size=B,
+                         large_tile_size=large_tile_size)
+        q, k, v = pack_query(q, Hkv), pack_kv(k, G), pack_kv(v, G)
+        mask = packed_attention_mask(plan, G)
+    else:
+        mask = build_attention_mask(plan)
 
+    T, Hq = q.shape[0], q.shape[1]
     Qpad = plan.padded_queries
-    q_in = np.zeros((1, H, d, Qpad), dtype=q.dtype)
+    q_in = np.zeros((1, Hq, d, Qpad), dtype=q.dtype)
     q_in[0, :, :, :T] = q.transpose(1, 2, 0)
     k_in = np.zeros((1, Hkv, d, Qpad), dtype=q.dtype)
     k_in[0, :, :, :T] = k.transpose(1, 2, 0)
@@ -101,6 +125,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     out = _launch(q_in, k_in, v_in, np.ascontiguousarray(cache), active, mask, scale,
                   bool(mixed_precision), large_tile_size, Hkv, backend)
     result = np.ascontiguousarray(np.asarray(out)[0, :, :T, :].transpose(1, 0, 2))
+    if Hq != H:
+        result = unpack_output(result, H)
     return from_numpy_like(result, was_torch, like=query)
 
 
