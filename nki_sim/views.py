@@ -72,8 +72,8 @@ def _basic(t: Tensor, key) -> Tensor:
             k = int(k)
             if not -n <= k < n:
                 raise _oob(t, ax, k, k, n)
+            k = k % n                            # normalise negative ints (Python convention)
             if onchip and ax == pax:
-                k = k % n
                 out.append(slice(k, k + 1))
             else:
                 out.append(k)

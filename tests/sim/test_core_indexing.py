@@ -231,3 +231,68 @@ def test_control_flow_on_index_expression_is_rejected():
             pass
     with pytest.raises(ValueError, match="err_control_flow_condition_depending_on_arange"):
         run(k, np.zeros((1, 1), np.float32))
+
+
+def _load_key(x, *, key):
+    t = nl.load(x[key])
+    out = nl.ndarray(t.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    return out
+
+
+def test_basic_hbm_indexing_matches_numpy():
+    """Random int / slice subscripts of a 3-D HBM tensor load exactly what NumPy selects."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    shape = (4, 6, 5)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+
+    def axis_index(n):
+        ints = st.integers(-n, n - 1)
+        sl = st.tuples(st.integers(0, n - 1), st.integers(1, n), st.integers(1, 3)).filter(
+            lambda t: t[0] < t[1]).map(lambda t: slice(t[0], t[1], t[2]))
+        return st.one_of(ints, sl)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.tuples(axis_index(4), axis_index(6), axis_index(5)))
+    def check(key):
+        ref = x[key]
+        if ref.ndim == 0:
+            ref = ref.reshape(1)
+        out = run(_load_key, x, key=key)
+        assert out.shape == ref.shape and np.array_equal(out, ref)
+    check()
+
+
+def _tile_key(x, *, key):
+    t = nl.load(x)
+    v = nl.copy(t[key])
+    out = nl.ndarray(v.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, v)
+    return out
+
+
+def test_basic_onchip_indexing_keeps_the_partition_axis():
+    """On-chip subscripts: NumPy semantics except an int on the partition axis keeps size 1."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    shape = (8, 6, 5)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+
+    def axis_index(n):
+        sl = st.tuples(st.integers(0, n - 1), st.integers(1, n), st.integers(1, 3)).filter(
+            lambda t: t[0] < t[1]).map(lambda t: slice(t[0], t[1], t[2]))
+        return st.one_of(st.integers(-n, n - 1), sl)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.tuples(axis_index(8), axis_index(6), axis_index(5)))
+    def check(key):
+        k0 = key[0] % 8 if isinstance(key[0], int) else key[0]
+        ref = x[(slice(k0, k0 + 1) if isinstance(key[0], int) else k0,) + key[1:]]
+        if ref.ndim == 1:          # every free axis dropped: the (P,) tile is (P, 1)-compatible
+            ref = ref.reshape(ref.shape[0])
+        out = run(_tile_key, x, key=key)
+        assert out.shape == ref.shape and np.array_equal(out, ref)
+    check()
