@@ -296,3 +296,42 @@ def test_basic_onchip_indexing_keeps_the_partition_axis():
         out = run(_tile_key, x, key=key)
         assert out.shape == ref.shape and np.array_equal(out, ref)
     check()
+
+
+def _affine_load(x, *, P, F, a, b, c, d, n):
+    i_p = nl.arange(P)[:, None]
+    i_f = nl.arange(F)[None, :]
+    t = nl.full((P, F), -1.0, x.dtype)
+    t[i_p, i_f] = nl.load(x[a * i_p + b, c * i_f + d], mask=(a * i_p + b < n))
+    out = nl.ndarray((P, F), x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    return out
+
+
+def test_affine_advanced_indexing_matches_numpy():
+    """Random affine row / column expressions (rows beyond n masked off) vs NumPy fancy indexing."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    x = np.arange(40 * 30, dtype=np.float32).reshape(40, 30)
+
+    @settings(max_examples=60, deadline=None)
+    @given(P=st.integers(1, 16), F=st.integers(1, 8), a=st.integers(1, 3), b=st.integers(0, 5),
+           c=st.integers(1, 3), d=st.integers(0, 5), n=st.integers(0, 40))
+    def check(P, F, a, b, c, d, n):
+        rows = a * np.arange(P) + b
+        cols = c * np.arange(F) + d
+        if cols.max() >= 30:
+            with pytest.raises(E.AccessOutOfBoundError, match="dimension 1"):
+                run(_affine_load, x, P=P, F=F, a=a, b=b, c=c, d=d, n=n)
+            return
+        ok = rows < min(n, 40)
+        if (rows[rows < n] >= 40).any():
+            with pytest.raises(E.AccessOutOfBoundError, match="dimension 0"):
+                run(_affine_load, x, P=P, F=F, a=a, b=b, c=c, d=d, n=n)
+            return
+        out = run(_affine_load, x, P=P, F=F, a=a, b=b, c=c, d=d, n=n)
+        ref = np.full((P, F), -1.0, np.float32)
+        ref[ok] = x[rows[ok][:, None], cols[None, :]]
+        assert np.array_equal(out, ref)
+    check()
