@@ -8,7 +8,7 @@ import pytest
 
 from nki_sim import dtypes as D
 
-from test_core_helpers import nl, run
+from test_core_helpers import f32, nl, run
 
 
 @pytest.mark.parametrize("a,b,expected", [
@@ -188,3 +188,30 @@ def test_binary_ops_match_an_fp32_or_exact_int_reference():
             ref = f(a.astype(np.float32), b.astype(np.float32)).astype(expect_dt)
         assert np.array_equal(out.astype(np.float64), ref.astype(np.float64))
     check()
+
+
+def _add_shapes(a, b, *, a_col, b_col):
+    ta, tb = nl.load(a), nl.load(b)
+    if a_col:
+        ta = ta[:, 0]                       # (P,) view of a (P, 1) tile
+    if b_col:
+        tb = tb[:, 0]
+    r = nl.add(ta, tb)
+    out = nl.ndarray(r.shape, r.dtype, buffer=nl.shared_hbm)
+    nl.store(out, r)
+    return out
+
+
+@pytest.mark.parametrize("sa,sb,a_col,b_col,expect", [
+    ((8, 5), (8, 1), False, False, (8, 5)),
+    ((8, 5), (8, 1), False, True, (8, 5)),      # (P,) left-aligned against (P, F)
+    ((8, 1), (8, 1), True, False, (8, 1)),
+    ((1, 5), (8, 5), False, False, (8, 5)),     # partition broadcast through nl.add
+    ((8, 1), (1, 5), False, False, (8, 5)),
+])
+def test_left_aligned_broadcasting(rng, sa, sb, a_col, b_col, expect):
+    a, b = f32(rng, *sa), f32(rng, *sb)
+    out = run(_add_shapes, a, b, a_col=a_col, b_col=b_col)
+    assert out.shape == expect
+    assert np.array_equal(out, (a + b).reshape(expect) if not (a_col or b_col)
+                          else np.broadcast_to(a + b, expect))
