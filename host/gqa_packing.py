@@ -27,11 +27,13 @@ Work model (:func:`gqa_packing_work`), in 128x128 score blocks per KV head:
 with c = context columns / 128 (the kernel visits every context tile for every Q tile; the
 active part is causal-skipped at 128-key granularity). :func:`choose_gqa_packing` packs iff
 G > 1 and packed <= PACKING_MARGIN * unpacked (0.9). The margin is calibrated on the modeled
-time (nki_sim.cost, ``scripts/bench_gqa_packing.py --sweep``): packing adds work the block count
-does not see (each new token's K/V loaded G times, a mask tile per extra Q tile), and the
-modeled packed/unpacked time ratio came out 0.05-0.11 above the block-count ratio in every
-sweep case (trn1 and trn2, G = 2/4/8, 4 x 1..128 new tokens, contexts 256 and 2048), so at a
-block ratio above ~0.9 packing is at best a wash and can lose (e.g. ratio 0.96 -> modeled 1.04).
+time (nki_sim.cost; ``scripts/bench_gqa_packing.py --sweep``: 66 batches of 4 sequences x
+1..128 new tokens, G = 2/4/8, contexts 256 and 2048, each on trn1 and trn2). Packing costs work the
+block count does not see (each new token's K/V loaded G times, one mask tile per extra Q tile):
+for block ratios >= 0.75 the modeled packed/unpacked ratio was up to 0.094 above the block
+ratio on trn2 (-0.11..+0.04 on trn1), so packing at ratio 0.96 lost (modeled 1.04 on trn2).
+With the 0.9 margin no sweep case packs into a modeled loss on either target (worst packed
+case: modeled ratio 0.953); the price is a few declined small gains (best one modeled 0.924).
 """
 
 from __future__ import annotations
