@@ -4,6 +4,7 @@ trace showing fewer flash steps for a decode batch."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -112,6 +113,16 @@ def test_packed_fp32_mode_matches_reference(batch_factory, tol):
                           gqa_packing=True)
     atol, rtol = tol("fp32", np.float32)
     np.testing.assert_allclose(out, paged_attention_ref(*batch.args()), atol=atol, rtol=rtol)
+
+
+def test_packed_bf16_inputs_match_reference(batch_factory, tol):
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+    batch = batch_factory(4, [1, 1, 3], [90, 260, 17], H=6, Hkv=2, d=32, block_size=16, dtype=BF16)
+    out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing=True)
+    assert out.dtype == BF16
+    atol, rtol = tol("mixed", BF16)
+    np.testing.assert_allclose(out.astype(np.float64), paged_attention_ref(*batch.args()),
+                               atol=atol, rtol=rtol)
 
 
 def test_packing_is_a_no_op_for_mha(batch_factory):
