@@ -70,15 +70,18 @@ def max_abs_err(out, ref) -> float:
 
 
 def assert_matches_reference(batch: Batch, *, mixed_precision=True, large_tile_size=2048,
-                             softmax_scale=None):
+                             softmax_scale=None, gqa_packing=False):
     """Run host.paged_attention on nki_sim and compare with the float64 reference using the
-    project tolerance table; the message reports the worst sequence and head."""
+    project tolerance table; the message reports the worst sequence and head.
+
+    ``gqa_packing`` defaults to False so the kernel matrix exercises the kernel's own GQA path
+    (G query heads per KV head); the host-side packing has its own tests (test_gqa_packing.py)."""
     from host.attention import paged_attention
     from host.reference import paged_attention_ref
 
     out = paged_attention(*batch.args(), softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, large_tile_size=large_tile_size,
-                          backend="sim")
+                          backend="sim", gqa_packing=gqa_packing)
     ref = paged_attention_ref(*batch.args(), softmax_scale=softmax_scale)
     assert out.shape == ref.shape and out.dtype == batch.query.dtype
     atol, rtol = tolerance("mixed" if mixed_precision else "fp32", batch.query.dtype)
