@@ -26,6 +26,8 @@ Dimensions: as in ``nki_kernels.kv_load`` (d, LT, B, M, T, b', nL).
 
 from __future__ import annotations
 
+import numpy as np
+
 import functools
 
 from nki_kernels._nki import nki, nisa, nl
@@ -85,13 +87,26 @@ def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, h
     v_tile = nl.ndarray((B_P_SIZE, n_loads * row_w), dtype=kernel_dtype, buffer=nl.sbuf)
     i_t = nl.arange(T)[:, None]
     i_f = nl.arange(row_w)[None, :]
+    convert = np.dtype(kv_flat.dtype) != np.dtype(kernel_dtype)
     for l in nl.affine_range(n_loads):
+        # Gathers land in cache-dtype staging tiles (no dtype conversion inside an indirect DMA,
+        # as in the product loader); whole 128-row tiles are converted on ScalarE afterwards.
+        # Same dtypes (the benchmarked bf16 case): V lands directly in v_tile, as in the product.
         k_rows = nl.ndarray((B_P_SIZE, row_w), dtype=kv_flat.dtype, buffer=nl.sbuf)
+        v_rows = nl.ndarray((B_P_SIZE, row_w), dtype=kv_flat.dtype, buffer=nl.sbuf)
         for m in nl.affine_range(blocks_per_load):
             k_rows[m * T + i_t, i_f] = nl.load(
                 kv_flat[0, block_rows[m * T + i_t, l, tile_idx], i_f])
-            v_tile[m * T + i_t, l * row_w + i_f] = nl.load(
-                kv_flat[1, block_rows[m * T + i_t, l, tile_idx], i_f], dtype=kernel_dtype)
+            if convert:
+                v_rows[m * T + i_t, i_f] = nl.load(
+                    kv_flat[1, block_rows[m * T + i_t, l, tile_idx], i_f])
+            else:
+                v_tile[m * T + i_t, l * row_w + i_f] = nl.load(
+                    kv_flat[1, block_rows[m * T + i_t, l, tile_idx], i_f])
+        if convert:
+            k_rows = nisa.tensor_copy(k_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
+            v_tile[:, nl.ds(l * row_w, row_w)] = nisa.tensor_copy(
+                v_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
         # the product loader's K transposes, call for call (nki_kernels/kv_load.py)
         pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
                             evac_engine=nisa.scalar_engine)
