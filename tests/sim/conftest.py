@@ -93,3 +93,14 @@ def rejects():
 def attention():
     """The small causal-attention kernel file (composition of many ops)."""
     return load_kernels("attention_kernels")
+
+
+@pytest.fixture
+def sdk_2_26():
+    """nisa.select_reduce is a Neuron SDK 2.26 API: simulate that release (no-op on a real toolchain)."""
+    import nki_sim
+    if nki_sim.is_installed():
+        with nki_sim.configure(sdk="2.26"):
+            yield
+    else:
+        yield

@@ -83,16 +83,6 @@ def test_tensor_scalar_on_scalar_engine_trn2_passes_trn1_fails(rng, target, reje
         nki.simulate_kernel(tensor_scalar_engine_k, x, engine_name="scalar_engine")
 
 
-@pytest.fixture
-def sdk_2_26():
-    """nisa.select_reduce is a Neuron SDK 2.26 API: simulate that release (no-op on a real toolchain)."""
-    import nki_sim
-    if nki_sim.is_installed():
-        with nki_sim.configure(sdk="2.26"):
-            yield
-    else:
-        yield
-
 
 @nki.jit
 def select_reduce_dtype_k(x, pred):

@@ -292,16 +292,6 @@ def test_affine_select_on_psum_fails(rng, rejects):
         nki.simulate_kernel(affine_select_k, x, in_psum=True)
 
 
-@pytest.fixture
-def sdk_2_26():
-    """nisa.select_reduce is a Neuron SDK 2.26 API: simulate that release (no-op on a real toolchain)."""
-    import nki_sim
-    if nki_sim.is_installed():
-        with nki_sim.configure(sdk="2.26"):
-            yield
-    else:
-        yield
-
 
 @nki.jit
 def select_reduce_k(x, pred, *, reverse):
