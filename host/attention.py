@@ -27,19 +27,22 @@ from host.gqa_packing import (choose_gqa_packing, pack_kv, pack_query, packed_at
                               unpack_output)
 from host.masks import build_attention_mask
 from host.plan import make_plan
+from host.scheduled import run_scheduled
 from host.validation import check_float_array, check_integer_array, check_shape, fail
 
-__all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS", "GQA_PACKING"]
+__all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS", "GQA_PACKING", "KERNELS"]
 
 BACKENDS = ("auto", "sim", "neuron")
 GQA_PACKING = ("auto", True, False)
+KERNELS = ("scheduled", "dense")
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
                     query_lens: Any, context_lens: Any, *, softmax_scale: float | None = None,
                     mixed_precision: bool = True, large_tile_size: int = 2048,
-                    backend: str = "auto", gqa_packing: Any = "auto") -> Any:
+                    backend: str = "auto", gqa_packing: Any = "auto",
+                    kernel: str = "scheduled") -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``.
@@ -55,7 +58,13 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: context tokens per KV tile, a power of two in [512, 8192].
         backend: "auto" | "sim" | "neuron" (module docstring).
-        gqa_packing: "auto" | True | False. True runs the kernel with each KV head's G query
+        kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
+            schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
+            masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
+            query rows. "dense" runs the vLLM-interface kernel ``flash_paged_attention`` (every
+            128-row query tile against every context tile, a dense host-built mask).
+        gqa_packing: "auto" | True | False (dense kernel only; the scheduled kernel always packs
+            the heads of a KV head as rows). True runs the dense kernel with each KV head's G query
             heads packed as extra query rows (``host.gqa_packing``, docs/layouts.md §11): fewer
             Q-tile passes for decode-heavy batches. "auto" packs when
             ``host.gqa_packing.choose_gqa_packing`` says it does less work (never when G == 1,
@@ -69,7 +78,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         RuntimeError: backend="neuron" without the real Neuron toolchain.
 
     Pseudocode:
-        plan = make_plan(query_lens, context_lens, B, large_tile_size)
+        plan = make_plan(query_lens, context_lens, B, large_tile_size)    # validation
+        scheduled: sched = make_schedule(...); overlay = build_overlay(...)
+                   for each class (decode / prefill): launch scheduled_paged_attention[1, Hkv]
+                   on pack_queries(...); unpack_output(...)          (host/scheduled.py)
+        dense:
         bt = active_block_table(plan, block_tables); mask = build_attention_mask(plan)
         Q/K/V -> zero-padded to Qpad tokens and transposed to the kernel layouts
         out = flash_paged_attention[1, Hkv](Q, K, V, kv_cache, bt, mask, ...)   (1, H, Qpad, d)
@@ -93,6 +106,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
     _check_common(H, Hkv, d, N, mixed_precision, backend)
     scale = _check_scale(softmax_scale, d)
+    if not isinstance(kernel, str) or kernel not in KERNELS:
+        fail("kernel", f"be one of {KERNELS}", repr(kernel))
     if not (isinstance(gqa_packing, (bool, np.bool_))
             or (isinstance(gqa_packing, str) and gqa_packing == "auto")):
         fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
@@ -102,6 +117,13 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_queries}")
     bt_np, _ = to_numpy(block_tables, "block_tables")
     active = active_block_table(plan, bt_np, num_blocks=N)
+    if kernel == "scheduled":
+        bt_checked = check_integer_array("block_tables", bt_np, ndim=2)
+        out = run_scheduled(q, k, v, np.ascontiguousarray(cache), bt_checked, plan.query_lens,
+                            plan.context_lens, scale=scale, mixed_precision=bool(mixed_precision),
+                            large_tile_size=large_tile_size,
+                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend))
+        return from_numpy_like(out, was_torch, like=query)
     G = H // Hkv
     if gqa_packing == "auto":
         gqa_packing = choose_gqa_packing(plan.query_lens, H, Hkv, context_lens=plan.context_lens,
@@ -215,17 +237,22 @@ def _check_scale(softmax_scale: Any, d: int) -> float:
 
 
 def _launch(q, k, v, kv_cache, block_table, mask, scale, mixed_precision, large_tile, Hkv, backend):
-    """Run the kernel on grid [1, Hkv]; returns the (1, H, Qpad, d) output as NumPy."""
-    from nki_kernels import _nki
+    """Run the dense kernel on grid [1, Hkv]; returns the (1, H, Qpad, d) output as NumPy."""
     from nki_kernels.flash_paged_attention import flash_paged_attention
 
     kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision, LARGE_TILE_SZ=large_tile)
+    return _run(flash_paged_attention, (q, k, v, kv_cache, block_table, mask), kwargs, Hkv, backend)
+
+
+def _run(kernel, args, kwargs, Hkv, backend):
+    """Run ``kernel`` on grid [1, Hkv] on the chosen backend; returns its output as NumPy."""
+    from nki_kernels import _nki
+
     on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
     if on_device:
         if _nki.SIMULATED:
             raise RuntimeError("backend='neuron' needs the real Neuron toolchain (neuronx-cc) and a "
                                "Trainium device, but nki_sim is active (NKI_PA_BACKEND="
                                f"{_nki.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
-        return flash_paged_attention[1, Hkv](q, k, v, kv_cache, block_table, mask, **kwargs)
-    return _nki.nki.simulate_kernel(flash_paged_attention[1, Hkv], q, k, v, kv_cache, block_table,
-                                    mask, **kwargs)
+        return np.asarray(kernel[1, Hkv](*args, **kwargs))
+    return np.asarray(_nki.nki.simulate_kernel(kernel[1, Hkv], *args, **kwargs))

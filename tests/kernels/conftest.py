@@ -69,20 +69,36 @@ def max_abs_err(out, ref) -> float:
     return float(np.max(np.abs(np.asarray(out, dtype=np.float64) - np.asarray(ref, dtype=np.float64))))
 
 
-def assert_matches_reference(batch: Batch, *, mixed_precision=True, large_tile_size=2048,
-                             softmax_scale=None, gqa_packing=False):
-    """Run host.paged_attention on nki_sim and compare with the float64 reference using the
-    project tolerance table; the message reports the worst sequence and head.
+KERNELS = ("dense", "scheduled")
 
-    ``gqa_packing`` defaults to False so the kernel matrix exercises the kernel's own GQA path
-    (G query heads per KV head); the host-side packing has its own tests (test_gqa_packing.py)."""
-    from host.attention import paged_attention
+
+def assert_matches_reference(batch: Batch, *, mixed_precision=True, large_tile_size=2048,
+                             softmax_scale=None, gqa_packing=False, kernels=KERNELS, **options):
+    """Run host.paged_attention on nki_sim with every kernel in ``kernels`` (both by default:
+    every numerical test holds for the dense and the scheduled kernel) and compare with the
+    float64 reference using the project tolerance table; the message reports the kernel and the
+    worst sequence and head. ``options`` (variant keywords) go to both calls.
+
+    ``gqa_packing`` defaults to False so the kernel matrix exercises the dense kernel's own GQA
+    path (G query heads per KV head); the host-side packing has its own tests
+    (test_gqa_packing.py). Returns ``(out, ref)`` of the last kernel."""
     from host.reference import paged_attention_ref
+
+    ref = paged_attention_ref(*batch.args(), softmax_scale=softmax_scale, **options)
+    out = None
+    for kernel in kernels:
+        out = _check_one(batch, ref, kernel, mixed_precision, large_tile_size, softmax_scale,
+                         gqa_packing, options)
+    return out, ref
+
+
+def _check_one(batch, ref, kernel, mixed_precision, large_tile_size, softmax_scale, gqa_packing,
+               options):
+    from host.attention import paged_attention
 
     out = paged_attention(*batch.args(), softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, large_tile_size=large_tile_size,
-                          backend="sim", gqa_packing=gqa_packing)
-    ref = paged_attention_ref(*batch.args(), softmax_scale=softmax_scale)
+                          backend="sim", gqa_packing=gqa_packing, kernel=kernel, **options)
     assert out.shape == ref.shape and out.dtype == batch.query.dtype
     atol, rtol = tolerance("mixed" if mixed_precision else "fp32", batch.query.dtype)
     err = np.abs(out.astype(np.float64) - ref)
@@ -90,10 +106,10 @@ def assert_matches_reference(batch: Batch, *, mixed_precision=True, large_tile_s
     if not np.all(err <= bound):
         tok, head, _ = np.unravel_index(int(np.argmax(err - bound)), err.shape)
         seq = int(np.searchsorted(np.cumsum(batch.query_lens), tok, side="right"))
-        pytest.fail(f"max |err| {err.max():.3e} > atol {atol} at token {tok} (sequence {seq}, "
-                    f"context {int(batch.context_lens[seq])}, query {int(batch.query_lens[seq])}), "
-                    f"head {head}")
-    return out, ref
+        pytest.fail(f"{kernel} kernel: max |err| {err.max():.3e} > atol {atol} at token {tok} "
+                    f"(sequence {seq}, context {int(batch.context_lens[seq])}, query "
+                    f"{int(batch.query_lens[seq])}), head {head}")
+    return out
 
 
 def kernel_inputs(batch: Batch, *, large_tile_size, pad_blocks_to=None, pad_queries_to=None):

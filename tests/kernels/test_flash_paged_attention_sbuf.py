@@ -56,7 +56,8 @@ def test_measured_peak_sbuf_within_capacity(target, dtype, mixed, block_size, ti
     with warnings.catch_warnings():
         warnings.simplefilter("error", SbufBudgetWarning)
         with nki_sim.use_target(target), nki_sim.tracing() as trace:
-            paged_attention(*batch.args(), mixed_precision=mixed, large_tile_size=tile, backend="sim")
+            paged_attention(*batch.args(), mixed_precision=mixed, large_tile_size=tile, backend="sim",
+                            kernel="dense")
     s = trace.summary()
     assert not s["sbuf_over_capacity"], s["peak_sbuf_bytes_per_partition"]
     assert s["peak_sbuf_bytes_per_partition"] <= SBUF_USABLE["gen2" if target == "trn1" else "gen3"]

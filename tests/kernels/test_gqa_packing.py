@@ -100,7 +100,7 @@ def test_packed_and_unpacked_match_reference(case, target, batch_factory, tol):
     outs = {}
     with nki_sim.use_target(target):
         for packed in (False, True):
-            out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing=packed)
+            out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", kernel="dense", gqa_packing=packed)
             assert out.shape == ref.shape and out.dtype == np.float32
             np.testing.assert_allclose(out, ref, atol=atol, rtol=rtol, err_msg=f"packed={packed}")
             outs[packed] = out
@@ -110,7 +110,7 @@ def test_packed_and_unpacked_match_reference(case, target, batch_factory, tol):
 def test_packed_fp32_mode_matches_reference(batch_factory, tol):
     batch = batch_factory(3, [1, 2, 1], [200, 50, 0], H=4, Hkv=2, d=16, block_size=8)
     out = paged_attention(*batch.args(), large_tile_size=512, mixed_precision=False, backend="sim",
-                          gqa_packing=True)
+                          kernel="dense", gqa_packing=True)
     atol, rtol = tol("fp32", np.float32)
     np.testing.assert_allclose(out, paged_attention_ref(*batch.args()), atol=atol, rtol=rtol)
 
@@ -118,7 +118,7 @@ def test_packed_fp32_mode_matches_reference(batch_factory, tol):
 def test_packed_bf16_inputs_match_reference(batch_factory, tol):
     BF16 = np.dtype(ml_dtypes.bfloat16)
     batch = batch_factory(4, [1, 1, 3], [90, 260, 17], H=6, Hkv=2, d=32, block_size=16, dtype=BF16)
-    out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing=True)
+    out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", kernel="dense", gqa_packing=True)
     assert out.dtype == BF16
     atol, rtol = tol("mixed", BF16)
     np.testing.assert_allclose(out.astype(np.float64), paged_attention_ref(*batch.args()),
@@ -141,7 +141,7 @@ def test_gqa_packing_argument_is_validated(batch_factory):
     batch = batch_factory(1, [1], [10], H=2, Hkv=1, d=8, block_size=8)
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match="gqa_packing"):
-            paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing=bad)
+            paged_attention(*batch.args(), large_tile_size=512, backend="sim", kernel="dense", gqa_packing=bad)
 
 
 # ---------------------------------------------------------------- the auto rule
@@ -189,7 +189,7 @@ def test_decode_batch_packed_has_fewer_flash_steps(batch_factory):
     counts = {}
     for mode in (False, True, "auto"):
         with nki_sim.tracing() as trace:
-            paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing=mode)
+            paged_attention(*batch.args(), large_tile_size=512, backend="sim", kernel="dense", gqa_packing=mode)
         counts[mode] = trace.summary()["engine_instructions"]
     # G = 4 passes over the same single Q tile become one: TensorE work drops by well over half
     assert counts[True]["tensor"] * 2 < counts[False]["tensor"]

@@ -1,0 +1,343 @@
+"""Host schedule for the scheduled (block-sparse) paged-attention kernel.
+
+Layouts and every formula here are specified in ``docs/layouts.md`` ("Scheduled kernel").
+
+The kernel (``nki_kernels/scheduled_attention.py``) reads every key of a sequence -- its cached
+context and its new tokens -- through indirect DMA gathers of *rows* of ``b'`` consecutive
+tokens, and keeps the queries of one KV head as *query rows* ``(token, g)`` (the G query heads of
+a KV head packed as rows). Work is a list of *items*: (Q group, KV tile) pairs, where
+
+* a **Q group** is ``blocks`` blocks of ``rows`` query rows of ONE sequence (decode class:
+  ``rows`` = a power of two >= G*q_len, one block; prefill class: 128-row blocks, up to 16 per
+  group), and
+* a **KV tile** is ``L = nL*128`` consecutive key rows (``W = L*b'`` keys) of the same sequence.
+
+Only pairs that share a sequence are scheduled (block-sparse), and only tiles that some row of
+the group can see (sliding windows prune whole tiles). An item is FULL when every real row of
+the group sees every key of the tile and every key row comes from the cache (no mask work,
+no memset in the kernel); otherwise it is PARTIAL (masked with per-row bounds).
+
+Dimensions
+    S  sequences;  H / Hkv query / KV heads, G = H // Hkv;  d head size;  B block size
+    b' tokens per gathered row;  T tiling factor (rows per block) = B // b';  nL loads per tile
+    R_i = q_i * G query rows of sequence i;  K_i = c_i + q_i keys of sequence i
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from host._arrays import readonly
+from host.validation import check_lens, check_power_of_two, fail
+
+__all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
+           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry"]
+
+P = 128
+DECODE_MAX_ROWS = 64        # sequences with G * q_len <= this many rows use the decode class
+MAX_GROUP_BLOCKS = 16       # 128-row Q blocks sharing one KV-tile load (prefill class)
+MAX_CHUNK = 64              # items whose metadata one DMA preloads
+
+
+def bucket(n: int) -> int:
+    """Smallest ``m * 2**e >= n`` with ``m`` in {4, 5, 6, 7} (or n itself below 4): static item
+    counts come from a geometric series (at most 25 % padding), so a serving engine compiles a
+    bounded number of shapes. ``bucket(0) == 0``."""
+    n = int(n)
+    if n <= 4:
+        return n
+    e = max(0, (n - 1).bit_length() - 3)
+    for m in (4, 5, 6, 7, 8):
+        if m << e >= n:
+            return m << e
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def chunk_size(items: int) -> int:
+    """Items per metadata chunk: the largest power of two <= MAX_CHUNK dividing ``items``."""
+    if items == 0:
+        return 1
+    c = items & -items
+    return min(c, MAX_CHUNK)
+
+
+def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
+    """``(T, b', L, nL)`` for a block size and tile size (both powers of two): T rows per block,
+    b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128 loads."""
+    M = large_tile_size // block_size
+    T = P // M if M < P else 1
+    L = M * T
+    return T, block_size // T, L, L // P
+
+
+@dataclass(frozen=True, eq=False)
+class PhaseArrays:
+    """Runtime inputs of one kernel phase (a sequential loop over ``items`` items).
+
+    meta_i: (Hkv, 128, items * ki) int32, item-major: item t's columns ``[t*ki, (t+1)*ki)`` are
+        (per partition p)  kv[l] for l < nL          main-cache row (flat view) or OOB
+                           ov[l] for l < nL          overlay row or OOB            (masked only)
+                           q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry)
+                           st[j]                     state row: store (masked) / load (full)
+                           out[j]                    output row or OOB
+    meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
+        phases c[j], r[j]: query row p of block j sees tile-local key index t iff |t - c| < r.
+    """
+
+    items: int
+    real_items: int
+    masked: bool
+    meta_i: np.ndarray = field(repr=False)
+    meta_f: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class ClassSchedule:
+    """One kernel launch: a class of sequences (decode or prefill) and its two phases.
+
+    rows: query rows per Q block (partitions); blocks: Q blocks per group; num_blocks: Q blocks
+    of the class; seqs: (n,) sequence ids of the class; row_token / row_head: (num_blocks*rows,)
+    flat token index and head-in-group g of every query row (-1 = padding row).
+    """
+
+    kind: str
+    rows: int
+    blocks: int
+    num_blocks: int
+    seqs: np.ndarray = field(repr=False)
+    row_token: np.ndarray = field(repr=False)
+    row_head: np.ndarray = field(repr=False)
+    partial: PhaseArrays = field(repr=False)
+    full: PhaseArrays = field(repr=False)
+    ov_rows: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionSchedule:
+    """The whole batch: geometry, the overlay row map and one :class:`ClassSchedule` per class.
+
+    overlay_seq / overlay_pos0: (R_ov,) sequence id and first position of every overlay row
+        (the row holds positions pos0 .. pos0 + b' - 1 of that sequence; positions >= K_i are
+        zero padding). Overlay rows are the key rows that are not whole rows of cached context:
+        a sequence's partly filled last context row and its new tokens.
+    """
+
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    large_tile_size: int
+    tiling_factor: int
+    tiled_block_size: int
+    loads: int
+    query_lens: np.ndarray = field(repr=False)
+    context_lens: np.ndarray = field(repr=False)
+    overlay_seq: np.ndarray = field(repr=False)
+    overlay_pos0: np.ndarray = field(repr=False)
+    classes: tuple = ()
+
+    @property
+    def keys_per_tile(self) -> int:
+        return self.loads * P * self.tiled_block_size
+
+
+def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, *, num_heads: int,
+                  num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
+                  large_tile_size: int = 2048, sliding_window: int | None = None) -> AttentionSchedule:
+    """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
+
+    Args:
+        query_lens (S,) >= 1 and context_lens (S,) >= 0: new tokens and cached tokens.
+        block_tables: (S, >= ceil(max context / B)) int, ids in [0, num_blocks) where used.
+        num_heads, num_kv_heads, head_size, block_size, num_blocks: the attention geometry.
+        large_tile_size: LT, keys per KV tile (power of two in [512, 8192]).
+        sliding_window: W (query at position p sees keys p-W+1 .. p) or None.
+    """
+    q = check_lens("query_lens", query_lens, min_value=1)
+    c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
+                   length_arg="query_lens")
+    if q.shape[0] == 0:
+        fail("query_lens", "have at least one entry (one per sequence)", "0 entries")
+    B = check_power_of_two("block_size", block_size, lo=1, hi=256)
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    G = num_heads // num_kv_heads
+    T, bp, L, nL = item_geometry(B, LT)
+    W = L * bp
+    nd = -(-head_size // P)
+    Hkv = num_kv_heads
+    S = q.shape[0]
+    keys = c + q
+    n_main = c // bp                                  # key rows read from the cache
+    n_rows = -(-keys // bp)                           # key rows in all
+    ov_count = n_rows - n_main
+    ov_off = np.concatenate(([0], np.cumsum(ov_count)[:-1])).astype(np.int64)
+    R_ov = int(ov_count.sum())
+    overlay_seq = np.repeat(np.arange(S), ov_count)
+    overlay_pos0 = (np.concatenate([np.arange(n_main[i], n_rows[i]) for i in range(S)]) * bp
+                    if R_ov else np.zeros(0, np.int64)).astype(np.int64)
+    tok_off = np.concatenate(([0], np.cumsum(q)[:-1])).astype(np.int64)
+    # Flat-view sizes (OOB sentinels: an index >= the first-axis size of the whole tensor).
+    main_rows_total = num_blocks * Hkv * T
+    ov_rows_total = max(R_ov, 1) * Hkv
+
+    decode = [i for i in range(S) if q[i] * G <= DECODE_MAX_ROWS]
+    prefill = [i for i in range(S) if q[i] * G > DECODE_MAX_ROWS]
+    classes = []
+    for kind, seqs in (("decode", decode), ("prefill", prefill)):
+        if not seqs:
+            continue
+        if kind == "decode":
+            rows = 1 << max(0, int(max(q[i] * G for i in seqs) - 1).bit_length())
+            blocks = 1
+        else:
+            rows = P
+            blocks = min(MAX_GROUP_BLOCKS, max(-(-int(q[i] * G) // P) for i in seqs))
+        classes.append(_class_schedule(
+            kind, np.array(seqs), rows, blocks, q=q, c=c, G=G, Hkv=Hkv, d=head_size, nd=nd, T=T,
+            bp=bp, L=L, nL=nL, W=W, n_main=n_main, n_rows=n_rows, ov_off=ov_off,
+            block_tables=block_tables, tok_off=tok_off, main_sentinel=2 * main_rows_total,
+            ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1), window=sliding_window))
+    return AttentionSchedule(
+        num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT, tiling_factor=T,
+        tiled_block_size=bp, loads=nL, query_lens=readonly(q.astype(np.int64)),
+        context_lens=readonly(c.astype(np.int64)), overlay_seq=readonly(overlay_seq),
+        overlay_pos0=readonly(overlay_pos0), classes=tuple(classes))
+
+
+def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, nL, W, n_main,
+                    n_rows, ov_off, block_tables, tok_off, main_sentinel, ov_sentinel,
+                    ov_rows_per_head, window):
+    """Q blocks, groups and items of one class; see :class:`PhaseArrays` for the columns."""
+    # Step 1: Q blocks (query rows of one sequence, `rows` per block) and groups of them.
+    blk_seq, blk_row0 = [], []
+    for i in seqs:
+        R = int(q[i]) * G
+        for r0 in range(0, R, rows):
+            blk_seq.append(i)
+            blk_row0.append(r0)
+    nblk = len(blk_seq)
+    blk_seq = np.array(blk_seq, np.int64)
+    blk_row0 = np.array(blk_row0, np.int64)
+    row_token = np.full(nblk * rows, -1, np.int64)
+    row_head = np.full(nblk * rows, -1, np.int64)
+    row_pos = np.zeros((nblk, rows), np.int64)       # absolute query position of each row
+    row_real = np.zeros((nblk, rows), bool)
+    for b in range(nblk):
+        i = blk_seq[b]
+        r = blk_row0[b] + np.arange(rows)
+        real = r < q[i] * G
+        row_real[b] = real
+        row_pos[b] = c[i] + r // G
+        row_token[b * rows:(b + 1) * rows] = np.where(real, tok_off[i] + r // G, -1)
+        row_head[b * rows:(b + 1) * rows] = np.where(real, r % G, -1)
+    groups = []                                       # (seq, [block ids])
+    b = 0
+    while b < nblk:
+        e = b
+        while e < nblk and e - b < blocks and blk_seq[e] == blk_seq[b]:
+            e += 1
+        groups.append((int(blk_seq[b]), list(range(b, e))))
+        b = e
+
+    # Step 2: items per group, classified FULL / PARTIAL, pruned by visibility.
+    part_items, full_items = [], []                   # (group index, tile index k)
+    for gi, (i, blist) in enumerate(groups):
+        pos = row_pos[blist][row_real[blist]]
+        lo_min = 0 if window is None else max(0, int(pos.min()) - window + 1)
+        lo_max = 0 if window is None else max(0, int(pos.max()) - window + 1)
+        hi_min, hi_max = int(pos.min()) + 1, int(pos.max()) + 1
+        n_tiles = -(-int(n_rows[i]) // L)
+        for k in range(n_tiles):
+            t0, t1 = k * W, min((k + 1) * W, int(n_rows[i]) * bp)
+            if t1 <= lo_min or t0 >= hi_max:
+                continue                              # no row of the group sees this tile
+            all_main = (k + 1) * L <= n_main[i]
+            full = all_main and lo_max <= t0 and hi_min >= (k + 1) * W
+            (full_items if full else part_items).append((gi, k))
+
+    part_groups = {g for g, _ in part_items}
+    full_groups = {g for g, _ in full_items}
+
+    def phase(items_list, masked):
+        n_real = len(items_list)
+        n_items = bucket(n_real)
+        ki = (2 * nL if masked else nL) + blocks * nd + 2 * blocks
+        kf = 1 + (2 * blocks if masked else 0)
+        mi = np.empty((Hkv, P, n_items, ki), np.int32)
+        mf = np.zeros((P, n_items, kf), np.float32)
+        p = np.arange(P)
+        # defaults: every DMA skipped, reset on (padding items do nothing visible)
+        mi[:, :, :, :nL] = main_sentinel
+        col = nL
+        if masked:
+            mi[:, :, :, nL:2 * nL] = ov_sentinel
+            col = 2 * nL
+        q_col, st_col, out_col = col, col + blocks * nd, col + blocks * nd + blocks
+        mi[:, :, :, q_col:st_col] = Hkv * nblk * d        # Q^T sentinel (first-axis size)
+        mi[:, :, :, st_col:out_col] = nblk * rows         # state rows (per program)
+        mi[:, :, :, out_col:] = Hkv * nblk * rows         # output rows
+        mf[:, :, 0] = 1.0
+        prev_group = None
+        for t, (gi, k) in enumerate(items_list):
+            i, blist = groups[gi]
+            first = gi != prev_group
+            last = t + 1 == n_real or items_list[t + 1][0] != gi
+            prev_group = gi
+            mf[:, t, 0] = 1.0 if first else 0.0
+            # KV rows of this tile: key row j = k*L + l*128 + p of sequence i
+            j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
+            in_seq = j < n_rows[i]
+            main = j < n_main[i]
+            blk = np.where(main, block_tables[i, np.minimum(j // T, block_tables.shape[1] - 1)], 0)
+            sub = (j % T)
+            for h in range(Hkv):
+                rows_main = (blk.astype(np.int64) * Hkv + h) * T + sub
+                mi[h, :, t, :nL] = np.where(main, rows_main, main_sentinel).T
+                if masked:
+                    ovr = h * ov_rows_per_head + ov_off[i] + (j - n_main[i])
+                    mi[h, :, t, nL:2 * nL] = np.where(in_seq & ~main, ovr, ov_sentinel).T
+            if not masked and not main.all():  # pragma: no cover - guarded by the classifier
+                raise AssertionError("internal: a FULL item has rows outside the cache")
+            for jj, b in enumerate(blist):
+                if first:
+                    for kk in range(nd):
+                        dk = min(P, d - kk * P)
+                        for h in range(Hkv):
+                            v = (h * nblk + b) * d + kk * P + p
+                            mi[h, :, t, q_col + jj * nd + kk] = np.where(p < dk, v, Hkv * nblk * d)
+                real = row_real[b]
+                st_here = (masked and last and gi in full_groups) or (not masked and first)
+                if st_here:
+                    v = np.where(real, b * rows + np.arange(rows), nblk * rows)
+                    mi[:, :, t, st_col + jj] = _pad_rows(v, nblk * rows)[None, :]
+                out_here = last and (not masked or gi not in full_groups)
+                if out_here:
+                    for h in range(Hkv):
+                        v = np.where(real, (h * nblk + b) * rows + np.arange(rows), Hkv * nblk * rows)
+                        mi[h, :, t, out_col + jj] = _pad_rows(v, Hkv * nblk * rows)
+                if masked:
+                    pos = row_pos[b]
+                    lo = pos - window + 1 if window is not None else np.zeros_like(pos)
+                    lo = np.maximum(lo, 0) - k * W
+                    hi = pos + 1 - k * W
+                    lo = np.where(real, lo, 0)
+                    hi = np.where(real, hi, 0)
+                    mf[:rows, t, 1 + 2 * jj] = (lo + hi - 1) / 2.0
+                    mf[:rows, t, 2 + 2 * jj] = (hi - lo) / 2.0
+        return PhaseArrays(items=n_items, real_items=n_real, masked=masked,
+                           meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
+                           meta_f=readonly(mf.reshape(P, n_items * kf)))
+
+    return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
+                         seqs=readonly(seqs), row_token=readonly(row_token),
+                         row_head=readonly(row_head), partial=phase(part_items, True),
+                         full=phase(full_items, False))
+
+
+def _pad_rows(v: np.ndarray, sentinel: int) -> np.ndarray:
+    """A (rows,) column padded with ``sentinel`` to 128 partitions."""
+    out = np.full(P, sentinel, np.int64)
+    out[:v.shape[0]] = v
+    return out

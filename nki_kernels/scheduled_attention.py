@@ -1,0 +1,305 @@
+"""Scheduled (block-sparse) flash paged attention: work proportional to what the batch needs.
+
+Legacy-NKI kernel (``from nki_kernels._nki import nki, nl, nisa``), grid ``[1, Hkv]`` (one
+program per KV head). The host (``host/schedule.py``, layouts in ``docs/layouts.md``
+"Scheduled kernel") turns a batch into *items*: (Q group, KV tile) pairs of the same sequence,
+in two static phases:
+
+* **partial** items (masked): tiles a row of the group sees only in part (the causal diagonal,
+  a sequence's last key rows, sliding-window edges). The mask is built in-kernel from two fp32
+  numbers per query row (``|t - c| < r`` over the tile-local key index t), so mask traffic is
+  O(query rows), never O(queries x context). The KV tile is zeroed before the gathers, so key
+  rows no DMA writes are exact zeros.
+* **full** items (no mask work at all): every real row of the group sees every key of the tile
+  and every key row comes from the cache.
+
+Each phase is ONE ``nl.sequential_range`` over its items (static counts, padded to a geometric
+bucket by the host); everything that varies at run time is data: gather rows, Q rows, state /
+output rows and a reset flag. A DMA whose row index is out of bounds is skipped
+(``oob_mode.skip``), which is how padding items, padding rows and unchanged Q / state move no
+bytes: the online-softmax state of the current Q group and its scaled Q stay in SBUF from one
+item to the next and are (re)initialised when the reset flag says a new group starts. The
+partial phase runs first and leaves each group's state in a private HBM scratch (rows of
+``d + 2`` fp32: o, -m, l) when the group also has full items; the full phase starts the group
+from that state and writes the output. Nothing else goes through HBM.
+
+Dimensions (static, from the shapes): Hkv KV heads; d head size (1..512, nd = ceil(d/128)
+slices of <= 128 channels); rows query rows per Q block (<= 128); blocks Q blocks per group;
+nblk Q blocks of this launch; B block size; T, b', nL from ``LARGE_TILE_SZ`` and B
+(``nki_kernels.constants.tile_geometry``); W = nL * 128 * b' keys per item.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nki_kernels._assert import kernel_check, kernel_unsupported
+from nki_kernels._nki import nki, nl, nisa
+from nki_kernels.constants import B_P_SIZE, L_FLOOR, M_FLOOR, tile_geometry
+from nki_kernels.row_tiles import require_oob_skip
+from nki_kernels.sched_core import flash_step, key_index_tile
+from nki_kernels.tile_ops import pe_transpose_blocks
+
+KERNEL = "scheduled_paged_attention"
+MAX_D = 512
+_FLOAT = ("float32", "bfloat16", "float16")
+
+
+def meta_columns(*, loads, blocks, head_size, masked):
+    """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``)."""
+    nd = -(-head_size // B_P_SIZE)
+    ki = (2 * loads if masked else loads) + blocks * nd + 2 * blocks
+    kf = 1 + (2 * blocks if masked else 0)
+    return ki, kf
+
+
+@nki.jit
+def scheduled_paged_attention(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff,
+                              rows, blocks, softmax_scale=None, mixed_precision=True,
+                              LARGE_TILE_SZ=2048, logits_soft_cap=None):
+    """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
+
+    Args:
+        query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
+            holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T blocks).
+        kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V, same float dtype as query_t (read only).
+        overlay: (2, Hkv * R_ov, b' * d): key rows that are not whole cached-context rows (the
+            host copies a sequence's partly filled last context row and its new tokens here),
+            same dtype as kv_cache; row ``h * R_ov + r``.
+        meta_pi, meta_pf: partial-phase metadata, (Hkv, 128, Ip * ki) int32 and (128, Ip * kf)
+            float32 (``host.schedule.PhaseArrays``; Ip items, may be 0).
+        meta_fi, meta_ff: full-phase metadata, (Hkv, 128, If * ki') int32, (128, If * kf') fp32.
+        rows, blocks: query rows per Q block (1..128) and Q blocks per group (static ints).
+        softmax_scale: default 1/sqrt(d).
+        mixed_precision: True: bf16 matmul inputs and probabilities; False: the input dtype.
+            Scores, statistics and the output accumulator are fp32 either way.
+        LARGE_TILE_SZ: keys per KV tile before block-size tiling (power of two, 512..8192).
+        logits_soft_cap: None or c > 0: scores become c * tanh(s / c) before masking.
+
+    Returns:
+        (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of query
+        row r of Q block b of KV head h (rows no item stores are left unwritten; the host never
+        reads them).
+    """
+    Hkv, d = kv_cache.shape[2], kv_cache.shape[4]
+    kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0,
+                 KERNEL, "query_t.shape", f"be (Hkv*nblk*d, rows) with Hkv*d = {Hkv * d}",
+                 tuple(query_t.shape))
+    nblk = query_t.shape[0] // (Hkv * d)
+    out = nl.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=nl.shared_hbm)
+    state = nl.ndarray((max(nblk * rows, 1), d + 2), dtype=nl.float32, buffer=nl.hbm)
+    return scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
+                          blocks, softmax_scale=softmax_scale, mixed_precision=mixed_precision,
+                          LARGE_TILE_SZ=LARGE_TILE_SZ, logits_soft_cap=logits_soft_cap, out=out,
+                          state=state)
+
+
+def scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, *,
+                   softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, out, state):
+    """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
+
+    Pseudocode (per program = KV head h; per phase, masked phase first):
+        for item t in sequential_range(items):            # chunks of metadata preloaded
+            if reset[t]: st = (o=0, -m=-M_FLOOR, l=0) for every row   (select, NaN-safe)
+            Q^T <- query_t rows q[t]          (skipped unless the group starts here)
+            [full] st <- state rows st[t]     (skipped unless the group starts here)
+            K, V <- kv rows kv[t] (+ overlay rows ov[t], masked phase; tile zeroed first)
+            K^T by PE transposes (per 128-channel slice)
+            for each block j, each <= 2048-key step: flash_step(Q^T_j, K^T, V, st_j [, mask])
+            [masked] state rows st[t] <- st   (skipped unless the group continues in the
+                                               full phase and this is its last partial item)
+            out rows out[t] <- o / max(l, L_FLOOR)   (skipped unless the group ends here)
+    """
+    require_oob_skip(KERNEL)
+    cfg = _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
+                 softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap)
+    head = nl.program_id(axis=1)
+    d, nd, W, kd = cfg["d"], cfg["nd"], cfg["W"], cfg["kd"]
+    kv_flat = kv_cache.reshape((2, cfg["main_rows"], cfg["bp"] * d))
+    sw = d + 2
+    # Persistent SBUF state of the current Q group: per block j, columns [j*sw, (j+1)*sw) hold
+    # o (d), -m, l; and the raw Q^T slices (channels on partitions, rows on the free axis).
+    st = nl.ndarray((rows, blocks * sw), dtype=nl.float32, buffer=nl.sbuf)
+    init = nl.ndarray((rows, blocks * sw), dtype=nl.float32, buffer=nl.sbuf)
+    for j in nl.affine_range(blocks):
+        init[:, nl.ds(j * sw, d)] = nisa.memset((rows, d), 0.0, dtype=nl.float32)
+        init[:, nl.ds(j * sw + d, 1)] = nisa.memset((rows, 1), -M_FLOOR, dtype=nl.float32)
+        init[:, nl.ds(j * sw + d + 1, 1)] = nisa.memset((rows, 1), 0.0, dtype=nl.float32)
+    st[...] = nl.copy(init, dtype=nl.float32)
+    q_raw = []
+    for k in nl.static_range(nd):
+        dk = min(B_P_SIZE, d - k * B_P_SIZE)
+        qr = nl.ndarray((dk, blocks * rows), dtype=query_t.dtype, buffer=nl.sbuf)
+        qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
+        q_raw.append(qr)
+    kidx = key_index_tile(rows, cfg["loads"], cfg["bp"]) if cfg["items_p"] > 0 else None
+
+    for masked, mi_all, mf_all, n_items in ((True, meta_pi, meta_pf, cfg["items_p"]),
+                                            (False, meta_fi, meta_ff, cfg["items_f"])):
+        if n_items == 0:
+            continue
+        ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked)
+        chunk = _chunk(n_items)
+        for ch in nl.sequential_range(n_items // chunk):
+            mi = nl.load(mi_all[head, :, nl.ds(ch * chunk * ki, chunk * ki)])
+            mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
+            for it in nl.sequential_range(chunk):
+                _item(cfg, masked, mi, mf, it * ki, it * kf, query_t, kv_flat, overlay, out,
+                      state, st, init, q_raw, kidx, rows, blocks, kd, logits_soft_cap)
+    return out
+
+
+def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st, init, q_raw,
+          kidx, rows, blocks, kd, soft_cap):
+    """One item: reset / carry the group state, gather Q and KV, fold the tile, store."""
+    P = B_P_SIZE
+    d, nd, bp, nL = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"]
+    sw = d + 2
+    rw = bp * d
+    i_r = nl.arange(rows)[:, None]
+    # Step 1: a new group starts -> reset every row's state (a select: stale NaN cannot leak).
+    reset = mf[0:rows, nl.ds(cf, 1)]
+    st[...] = nl.where(reset, init, st, dtype=nl.float32)
+    # Step 2: Q^T of every block (skipped rows keep the group's Q), scaled into the kernel dtype.
+    q_col = ci + (2 * nL if masked else nL)
+    st_col = q_col + blocks * nd
+    out_col = st_col + blocks
+    qs = []
+    for k in nl.static_range(nd):
+        dk = min(P, d - k * P)
+        i_c = nl.arange(dk)[:, None]
+        i_q = nl.arange(rows)[None, :]
+        for j in nl.static_range(blocks):
+            nisa.dma_copy(dst=q_raw[k][i_c, j * rows + i_q],
+                          src=query_t[mi[i_c, q_col + j * nd + k], i_q],
+                          oob_mode=nisa.oob_mode.skip)
+        qs.append(nisa.tensor_scalar(q_raw[k], np.multiply, cfg["scale"], dtype=kd))
+    # Step 3 (full phase): the group's state left by the partial phase.
+    if not masked:
+        i_s = nl.arange(sw)[None, :]
+        for j in nl.static_range(blocks):
+            nisa.dma_copy(dst=st[i_r, j * sw + i_s], src=state[mi[i_r, st_col + j], i_s],
+                          oob_mode=nisa.oob_mode.skip)
+    # Step 4: gather the KV tile (nL loads of 128 rows of b' tokens, K and V), cache dtype.
+    cdt = kv_flat.dtype
+    if masked:      # zeroed first: rows no DMA writes must be exact zeros (no stale NaN)
+        k_rows = nl.zeros((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+        v_rows = nl.zeros((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+    else:
+        k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+        v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+    i_p = nl.arange(P)[:, None]
+    i_f = nl.arange(rw)[None, :]
+    for l in nl.static_range(nL):
+        nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=kv_flat[0, mi[i_p, ci + l], i_f],
+                      oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=kv_flat[1, mi[i_p, ci + l], i_f],
+                      oob_mode=nisa.oob_mode.skip)
+        if masked:
+            nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=overlay[0, mi[i_p, ci + nL + l], i_f],
+                          oob_mode=nisa.oob_mode.skip)
+            nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=overlay[1, mi[i_p, ci + nL + l], i_f],
+                          oob_mode=nisa.oob_mode.skip)
+    if np.dtype(cdt) != np.dtype(kd):
+        k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
+        v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
+    # K^T per channel slice: column l*128*b' + s*128 + p = key (l*128 + p)*b' + s of the tile.
+    k_t = []
+    for k in nl.static_range(nd):
+        dk = min(P, d - k * P)
+        kt = nl.ndarray((dk, cfg["W"]), dtype=kd, buffer=nl.sbuf)
+        for l in nl.static_range(nL):
+            if nd == 1:
+                pe_transpose_blocks(kt, l * P * bp, k_rows, l * rw, d, bp,
+                                    evac_engine=nisa.scalar_engine)
+            else:
+                for s in nl.static_range(bp):
+                    pe_transpose_blocks(kt, l * P * bp + s * P, k_rows, l * rw + s * d + k * P,
+                                        dk, 1, evac_engine=nisa.scalar_engine)
+        k_t.append(kt)
+    # Step 5: fold the tile into every block's state, step by step (<= 2048 keys per step).
+    step = min(cfg["W"], 2048)
+    for j in nl.static_range(blocks):
+        for s0 in nl.static_range(cfg["W"] // step):
+            bounds = None
+            if masked:
+                bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
+            flash_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
+                       k0=s0 * step, width=step, kidx=kidx, bounds=bounds, kernel_dtype=kd,
+                       soft_cap=soft_cap)
+    # Step 6: stores (row indices out of bounds -> skipped).
+    for j in nl.static_range(blocks):
+        if masked:
+            i_s = nl.arange(sw)[None, :]
+            nisa.dma_copy(dst=state[mi[i_r, st_col + j], i_s], src=st[i_r, j * sw + i_s],
+                          oob_mode=nisa.oob_mode.skip)
+        l_safe = nl.maximum(st[:, nl.ds(j * sw + d + 1, 1)], L_FLOOR, dtype=nl.float32)
+        o_tile = nl.divide(st[:, nl.ds(j * sw, d)], l_safe, dtype=out.dtype)
+        i_d = nl.arange(d)[None, :]
+        nisa.dma_copy(dst=out[mi[i_r, out_col + j], i_d], src=o_tile[i_r, i_d],
+                      oob_mode=nisa.oob_mode.skip)
+
+
+def _chunk(n_items):
+    c = n_items & -n_items
+    return min(c, 64)
+
+
+def _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
+           softmax_scale, mixed_precision, LT, soft_cap):
+    """Validate every input; return the static geometry."""
+    ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
+    ck(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2, "kv_cache.shape",
+       "be (2, num_blocks, Hkv, block_size, d)", tuple(kv_cache.shape))
+    _, N, Hkv, B, d = kv_cache.shape
+    ck(1 <= d <= MAX_D, "kv_cache.shape[4] (head size d)", f"be in [1, {MAX_D}]", d)
+    ck(np.dtype(query_t.dtype).name in _FLOAT, "query_t.dtype", f"be one of {_FLOAT}",
+       np.dtype(query_t.dtype).name)
+    kernel_unsupported(np.dtype(kv_cache.dtype) == np.dtype(query_t.dtype), KERNEL,
+                       f"a kv_cache of dtype {np.dtype(kv_cache.dtype).name} with "
+                       f"{np.dtype(query_t.dtype).name} queries", "cast the cache or the queries")
+    ck(isinstance(rows, int) and 1 <= rows <= B_P_SIZE, "rows", "be an int in [1, 128]", rows)
+    ck(isinstance(blocks, int) and 1 <= blocks <= 64, "blocks", "be an int in [1, 64]", blocks)
+    ck(B >= 1 and (B & (B - 1)) == 0 and B <= 256, "kv_cache.shape[3] (block_size)",
+       "be a power of two in [1, 256]", B)
+    ck(isinstance(LT, int) and LT >= 512 and LT <= 8192 and (LT & (LT - 1)) == 0, "LARGE_TILE_SZ",
+       "be a power of two in [512, 8192]", LT)
+    M, T, bp, L, nL = tile_geometry(B, LT)
+    ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
+       tuple(query_t.shape))
+    ck(len(overlay.shape) == 3 and overlay.shape[0] == 2 and overlay.shape[2] == bp * d
+       and overlay.shape[1] % Hkv == 0, "overlay.shape",
+       f"be (2, Hkv*R_ov, b'*d) = (2, {Hkv}*R_ov, {bp * d})", tuple(overlay.shape))
+    ck(np.dtype(overlay.dtype) == np.dtype(kv_cache.dtype), "overlay.dtype",
+       f"equal kv_cache.dtype ({np.dtype(kv_cache.dtype).name})", np.dtype(overlay.dtype).name)
+    items = []
+    for name_i, name_f, mi, mf, masked in (("meta_pi", "meta_pf", meta_pi, meta_pf, True),
+                                           ("meta_fi", "meta_ff", meta_fi, meta_ff, False)):
+        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked)
+        ck(len(mi.shape) == 3 and mi.shape[0] == Hkv and mi.shape[1] == B_P_SIZE
+           and mi.shape[2] % ki == 0, f"{name_i}.shape", f"be (Hkv, 128, items*{ki})",
+           tuple(mi.shape))
+        ck(np.dtype(mi.dtype) == np.dtype(np.int32), f"{name_i}.dtype", "be int32",
+           np.dtype(mi.dtype).name)
+        n = mi.shape[2] // ki
+        ck(tuple(mf.shape) == (B_P_SIZE, n * kf), f"{name_f}.shape",
+           f"be (128, items*{kf}) = {(B_P_SIZE, n * kf)}", tuple(mf.shape))
+        ck(np.dtype(mf.dtype) == np.dtype(np.float32), f"{name_f}.dtype", "be float32",
+           np.dtype(mf.dtype).name)
+        items.append(n)
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(d)
+    else:
+        ck(isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+           and math.isfinite(float(softmax_scale)), "softmax_scale", "be a finite real number or None",
+           softmax_scale)
+        scale = float(softmax_scale)
+    ck(isinstance(mixed_precision, bool), "mixed_precision", "be a bool", mixed_precision)
+    ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)
+                            and math.isfinite(float(soft_cap)) and soft_cap > 0),
+       "logits_soft_cap", "be None or a finite number > 0", soft_cap)
+    kd = nl.bfloat16 if mixed_precision else query_t.dtype
+    return dict(d=d, nd=-(-d // B_P_SIZE), bp=bp, loads=nL, W=nL * B_P_SIZE * bp, kd=kd,
+                scale=scale, items_p=items[0], items_f=items[1], main_rows=N * Hkv * T)
