@@ -8,7 +8,7 @@ tokens, and keeps the queries of one KV head as *query rows* ``(token, g)`` (the
 a KV head packed as rows). Work is a list of *items*: (Q group, KV tile) pairs, where
 
 * a **Q group** is ``blocks`` blocks of ``rows`` query rows of ONE sequence (decode class:
-  ``rows`` = a power of two >= G*q_len, one block; prefill class: 128-row blocks, up to 16 per
+  ``rows`` = a power of two >= G*q_len, one block; prefill class: 128-row blocks, up to 64 per
   group), and
 * a **KV tile** is ``L = nL*128`` consecutive key rows (``W = L*b'`` keys) of the same sequence.
 
@@ -38,7 +38,7 @@ __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule",
 
 P = 128
 DECODE_MAX_ROWS = 64        # sequences with G * q_len <= this many rows use the decode class
-MAX_GROUP_BLOCKS = 16       # 128-row Q blocks sharing one KV-tile load (prefill class)
+MAX_GROUP_BLOCKS = 64       # 128-row Q blocks sharing one KV-tile load (prefill class)
 MAX_CHUNK = 64              # items whose metadata one DMA preloads
 
 

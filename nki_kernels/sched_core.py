@@ -38,7 +38,7 @@ def key_index_tile(rows, loads, tiled_block_size):
 
 
 def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, bounds,
-               kernel_dtype, soft_cap=None):
+               kernel_dtype, soft_cap=None, p_evac=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -53,6 +53,7 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         bounds: None (no mask) or ``(c, r)``, two ``(rows, 1)`` fp32 tiles: row i sees tile-local
             key t iff ``|t - c_i| < r_i``.
         kernel_dtype: matmul-input / probability dtype.  soft_cap: None or c > 0.
+        p_evac: engine(s) of the P^T PSUM -> SBUF copies (``pe_transpose_blocks``).
 
     Pseudocode:
         S = q^T k  (PSUM, 512 columns per chunk; summed over channel slices)
@@ -69,9 +70,13 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
     # Step 1: scores per 512-column chunk in PSUM (fp32).
     src = []
     for c in nl.static_range(n_c):
-        ps = nl.zeros((rows, B_F_SIZE), dtype=nl.float32, buffer=nl.psum)
-        for k in nl.static_range(nd):
-            ps += nisa.nc_matmul(q_slices[k], k_slices[k][:, nl.ds(k0 + c * B_F_SIZE, B_F_SIZE)])
+        ps = nl.ndarray((rows, B_F_SIZE), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.static_range(nd):      # the first slice starts the PSUM accumulation
+            prod = nisa.nc_matmul(q_slices[k], k_slices[k][:, nl.ds(k0 + c * B_F_SIZE, B_F_SIZE)])
+            if k == 0:
+                ps[...] = prod
+            else:
+                ps += prod
         src.append(ps)
     # Step 2: optional soft-cap (one ScalarE pass) and mask (ScalarE |t - c| + 2 VectorE passes).
     if soft_cap is not None or bounds is not None:
@@ -112,11 +117,15 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
     # P V accumulated over the chunks in one PSUM tile.
     n_k = width // B_P_SIZE
     probs_t = nl.ndarray((B_P_SIZE, n_k * rows), dtype=kernel_dtype, buffer=nl.sbuf)
-    pe_transpose_blocks(probs_t, 0, probs, 0, B_P_SIZE, n_k)
-    pv = nl.zeros((rows, d), dtype=nl.float32, buffer=nl.psum)
+    pe_transpose_blocks(probs_t, 0, probs, 0, B_P_SIZE, n_k, evac_engine=p_evac)
+    pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
     u0 = k0 // B_P_SIZE
-    for u in nl.static_range(n_k):
-        pv += nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], v_rows[:, nl.ds((u0 + u) * d, d)])
+    for u in nl.static_range(n_k):     # the first chunk starts the PSUM accumulation
+        prod = nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], v_rows[:, nl.ds((u0 + u) * d, d)])
+        if u == 0:
+            pv[...] = prod
+        else:
+            pv += prod
     # Step 6: state update.
     l_col = st[:, nl.ds(col0 + d + 1, 1)]
     st[:, nl.ds(col0 + d + 1, 1)] = nisa.tensor_scalar(l_col, np.multiply, alpha, op1=np.add,

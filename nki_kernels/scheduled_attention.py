@@ -142,17 +142,24 @@ def scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
             continue
         ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked)
         chunk = _chunk(n_items)
+        kv_bufs = None
+        if not masked:
+            # Full items write every row; padding items (all DMAs skipped) then read the last
+            # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
+            rw_all = cfg["loads"] * cfg["bp"] * d
+            kv_bufs = (nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf),
+                       nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf))
         for ch in nl.sequential_range(n_items // chunk):
             mi = nl.load(mi_all[head, :, nl.ds(ch * chunk * ki, chunk * ki)])
             mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
             for it in nl.sequential_range(chunk):
                 _item(cfg, masked, mi, mf, it * ki, it * kf, query_t, kv_flat, overlay, out,
-                      state, st, init, q_raw, kidx, rows, blocks, kd, logits_soft_cap)
+                      state, st, init, q_raw, kidx, kv_bufs, rows, blocks, kd, logits_soft_cap)
     return out
 
 
 def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st, init, q_raw,
-          kidx, rows, blocks, kd, soft_cap):
+          kidx, kv_bufs, rows, blocks, kd, soft_cap):
     """One item: reset / carry the group state, gather Q and KV, fold the tile, store."""
     P = B_P_SIZE
     d, nd, bp, nL = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"]
@@ -184,12 +191,13 @@ def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st
                           oob_mode=nisa.oob_mode.skip)
     # Step 4: gather the KV tile (nL loads of 128 rows of b' tokens, K and V), cache dtype.
     cdt = kv_flat.dtype
-    if masked:      # zeroed first: rows no DMA writes must be exact zeros (no stale NaN)
-        k_rows = nl.zeros((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        v_rows = nl.zeros((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-    else:
+    if masked:      # zeroed first (on GpSimd): rows no DMA writes are exact zeros, no stale NaN
         k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
         v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+        k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
+        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
+    else:
+        k_rows, v_rows = kv_bufs
     i_p = nl.arange(P)[:, None]
     i_f = nl.arange(rw)[None, :]
     for l in nl.static_range(nL):
@@ -221,6 +229,9 @@ def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st
         k_t.append(kt)
     # Step 5: fold the tile into every block's state, step by step (<= 2048 keys per step).
     step = min(cfg["W"], 2048)
+    # P^T copies: decode blocks (few rows) are cheap anywhere; full 128-row blocks split them
+    # 2:1 between ScalarE and VectorE, which also carry the exp and the row max.
+    p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P else None
     for j in nl.static_range(blocks):
         for s0 in nl.static_range(cfg["W"] // step):
             bounds = None
@@ -228,7 +239,7 @@ def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st
                 bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
             flash_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
                        k0=s0 * step, width=step, kidx=kidx, bounds=bounds, kernel_dtype=kd,
-                       soft_cap=soft_cap)
+                       soft_cap=soft_cap, p_evac=p_evac)
     # Step 6: stores (row indices out of bounds -> skipped).
     for j in nl.static_range(blocks):
         if masked:

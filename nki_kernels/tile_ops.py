@@ -27,7 +27,8 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_e
         n_blocks: number of blocks (Python int).
         evac_engine: engine of the PSUM -> SBUF copies (``nisa.tensor_copy(engine=...)``), e.g.
             ``nisa.scalar_engine`` to keep VectorE free; default ``nl.copy`` (compiler's choice,
-            VectorE). Float data only on ScalarE (it copies through fp32).
+            VectorE). Float data only on ScalarE (it copies through fp32). A tuple of engines is
+            cycled over the copies (copy u uses ``evac_engine[u % len]``) to balance two engines.
 
     Effect:
         ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*block_w : +block_w].T`` for u < n_blocks.
@@ -38,12 +39,20 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_e
     Ps = src.shape[0]
     per_bank = max(1, B_F_SIZE // Ps)
     n_full, rem = divmod(n_blocks, per_bank)
-    for g in nl.affine_range(n_full):
-        _transpose_group(dst, dst_col + g * per_bank * Ps, src, src_col + g * per_bank * block_w,
-                         block_w, per_bank, evac_engine)
+    engines = evac_engine if isinstance(evac_engine, tuple) else (evac_engine,)
+    if len(engines) == 1:
+        for g in nl.affine_range(n_full):
+            _transpose_group(dst, dst_col + g * per_bank * Ps, src,
+                             src_col + g * per_bank * block_w, block_w, per_bank, engines[0])
+    else:               # static loop: the engine of copy g is chosen in Python
+        for g in nl.static_range(n_full):
+            _transpose_group(dst, dst_col + g * per_bank * Ps, src,
+                             src_col + g * per_bank * block_w, block_w, per_bank,
+                             engines[g % len(engines)])
     if rem:
         _transpose_group(dst, dst_col + n_full * per_bank * Ps, src,
-                         src_col + n_full * per_bank * block_w, block_w, rem, evac_engine)
+                         src_col + n_full * per_bank * block_w, block_w, rem,
+                         engines[n_full % len(engines)])
 
 
 def _transpose_group(dst, dst_col, src, src_col, block_w, n, evac_engine):
