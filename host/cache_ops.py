@@ -29,7 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from host._arrays import is_torch_tensor, to_numpy
-from host.validation import check_float_array, check_index_range, check_integer_array, fail
+from host.validation import (check_float_array, check_index_range, check_integer_array,
+                             check_slot_mapping, fail)
 
 __all__ = [
     "reshape_and_cache",
@@ -137,22 +138,10 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any) ->
         fail("key", f"have shape (T, {n_heads}, {head_size}) to match kv_cache", f"shape {k.shape}")
     if v.shape != k.shape:
         fail("value", f"have the shape of key {k.shape}", f"shape {v.shape}")
-    slots = check_integer_array("slot_mapping", slot_mapping, ndim=1)
-    if slots.shape[0] != k.shape[0]:
-        fail("slot_mapping", f"have {k.shape[0]} entries (one per token of key)", f"{slots.shape[0]} entries")
     n_slots = n_blocks * block_size
-    raw, _ = to_numpy(slot_mapping, "slot_mapping")  # range-check the raw values: a uint64 >= 2**63
-    bad = np.flatnonzero(raw >= n_slots)               # would wrap to a negative (= skip) int64
-    if bad.size:
-        fail("slot_mapping", f"hold slots < num_blocks * block_size = {n_slots} (negative = skip)",
-             f"slot_mapping[{bad[0]}] = {raw[bad[0]]}")
-    valid = slots[slots >= 0]
-    uniq, counts = np.unique(valid, return_counts=True)
-    if (counts > 1).any():
-        fail("slot_mapping", "not repeat a non-negative slot (a DMA scatter to one slot twice has no "
-             "defined order)", f"repeated slots {uniq[counts > 1][:8].tolist()}")
+    slots = check_slot_mapping(slot_mapping, num_tokens=k.shape[0], num_slots=n_slots, tokens_arg="key")
     _check_int32("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
-    if valid.size == 0:
+    if not (slots >= 0).any():
         return kv_cache  # nothing to write (also covers T == 0)
 
     from nki_kernels.kv_cache_update import kv_cache_update

@@ -24,6 +24,7 @@ __all__ = [
     "check_integer_array",
     "check_float_array",
     "check_index_range",
+    "check_slot_mapping",
     "is_float_dtype",
     "summarize",
 ]
@@ -138,3 +139,24 @@ def check_index_range(arg: str, ids: np.ndarray, *, upper: int, what: str) -> No
     if bad.any():
         pos = np.unravel_index(int(np.argmax(bad)), ids.shape)
         fail(arg, f"hold {what} in [0, {upper})", f"{arg}[{', '.join(map(str, pos))}] = {int(ids[pos])}")
+
+
+def check_slot_mapping(slot_mapping: Any, *, num_tokens: int, num_slots: int,
+                       tokens_arg: str) -> np.ndarray:
+    """A cache write's ``slot_mapping``: (num_tokens,) integers, negative = padding (skipped), every
+    other slot < ``num_slots`` and not repeated. Returns int64. ``tokens_arg`` names the array
+    whose rows are the tokens, for the message."""
+    slots = check_integer_array("slot_mapping", slot_mapping, ndim=1)
+    if slots.shape[0] != num_tokens:
+        fail("slot_mapping", f"have {num_tokens} entries (one per token of {tokens_arg})",
+             f"{slots.shape[0]} entries")
+    raw, _ = to_numpy(slot_mapping, "slot_mapping")  # range-check the raw values: a uint64 >= 2**63
+    bad = np.flatnonzero(raw >= num_slots)             # would wrap to a negative (= skip) int64
+    if bad.size:
+        fail("slot_mapping", f"hold slots < num_blocks * block_size = {num_slots} (negative = skip)",
+             f"slot_mapping[{bad[0]}] = {raw[bad[0]]}")
+    uniq, counts = np.unique(slots[slots >= 0], return_counts=True)
+    if (counts > 1).any():
+        fail("slot_mapping", "not repeat a non-negative slot (a DMA scatter to one slot twice has no "
+             "defined order)", f"repeated slots {uniq[counts > 1][:8].tolist()}")
+    return slots
