@@ -33,6 +33,7 @@ from host.masks import (
     query_seq_ids,
     reorder_context_mask,
 )
+from host.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_size
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
 
@@ -44,6 +45,7 @@ _LAZY = {
     "copy_blocks": "host.cache_ops",
     "swap_blocks": "host.cache_ops",
     "allocate_kv_caches": "host.cache_ops",
+    "concat_and_cache_mla": "host.mla_cache",
 }
 
 
@@ -69,5 +71,6 @@ __all__ = [
     "build_attention_mask", "context_token_order", "context_row_ranges", "query_seq_ids",
     "context_seq_ids",
     "paged_attention_ref",
+    "allocate_mla_cache", "mla_entry_size", "gather_mla_entries",
     *_LAZY,
 ]
