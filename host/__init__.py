@@ -33,7 +33,9 @@ from host.masks import (
     query_seq_ids,
     reorder_context_mask,
 )
+from host.mla import MLAPlan, check_mla_inputs
 from host.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_size
+from host.mla_reference import mla_paged_attention_ref
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
 
@@ -71,6 +73,7 @@ __all__ = [
     "build_attention_mask", "context_token_order", "context_row_ranges", "query_seq_ids",
     "context_seq_ids",
     "paged_attention_ref",
-    "allocate_mla_cache", "mla_entry_size", "gather_mla_entries",
+    "allocate_mla_cache", "mla_entry_size", "gather_mla_entries", "check_mla_inputs", "MLAPlan",
+    "mla_paged_attention_ref",
     *_LAZY,
 ]

@@ -8,6 +8,7 @@ the normalised NumPy value so callers validate and convert in one step.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "check_float_array",
     "check_index_range",
     "check_slot_mapping",
+    "check_softmax_scale",
     "is_float_dtype",
     "summarize",
 ]
@@ -160,3 +162,14 @@ def check_slot_mapping(slot_mapping: Any, *, num_tokens: int, num_slots: int,
         fail("slot_mapping", "not repeat a non-negative slot (a DMA scatter to one slot twice has no "
              "defined order)", f"repeated slots {uniq[counts > 1][:8].tolist()}")
     return slots
+
+
+def check_softmax_scale(softmax_scale: Any, default: float) -> float:
+    """``softmax_scale`` as a float: ``default`` when None, else a finite real number (not bool)."""
+    if softmax_scale is None:
+        return float(default)
+    if isinstance(softmax_scale, (bool, np.bool_)) or \
+            not isinstance(softmax_scale, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(float(softmax_scale)):
+        fail("softmax_scale", "be a finite real number or None", repr(softmax_scale))
+    return float(softmax_scale)
