@@ -76,3 +76,39 @@ def test_needs_oob_skip_support(rng, monkeypatch):
     with pytest.raises(NotImplementedError, match="SDK >= 2.23"):
         mla_cache_update(args["kv_c"], args["k_pe"], args["kv_cache"], args["row_index"])
     assert args["kv_cache"].tobytes() == before
+
+
+def test_block_copy_kernels_take_one_half_mla_views(rng):
+    """copy_cache_blocks / swap_cache_blocks accept the (.., 1, N, 1, B, E) view of MLA caches (must
+    pass) and still reject other K/V axis sizes and mismatched halves (must fail, untouched)."""
+    from host.cache_ops import block_copy_row_pairs
+    from nki_kernels.block_copy import copy_cache_blocks, swap_cache_blocks
+
+    caches = rng.standard_normal((2, 1, 5, 1, 4, 6)).astype(np.float32)        # 2 MLA layers
+    pairs = block_copy_row_pairs(np.array([0]), np.array([3]), num_layers=2, src_num_blocks=5,
+                                 dst_num_blocks=5, n_sub=1, halves=1)
+    assert pairs.tolist() == [[0, 3], [5, 8]]                                    # (layer * N + block)
+    expected = caches.copy()
+    expected[:, :, 3] = expected[:, :, 0]
+    copy_cache_blocks(caches, pairs, row_elems=24)
+    assert caches.tobytes() == expected.tobytes()
+
+    three = rng.standard_normal((1, 3, 5, 1, 4, 6)).astype(np.float32)
+    before = three.tobytes()
+    with pytest.raises(ValueError, match=r"kv_caches.shape"):
+        copy_cache_blocks(three, pairs[:1], row_elems=24)
+    assert three.tobytes() == before
+
+    src = rng.standard_normal((1, 5, 1, 4, 6)).astype(np.float32)
+    dst = rng.standard_normal((1, 3, 1, 4, 6)).astype(np.float32)
+    swap_pairs = block_copy_row_pairs(np.array([4]), np.array([1]), num_layers=1, src_num_blocks=5,
+                                      dst_num_blocks=3, n_sub=1, halves=1)
+    expected = dst.copy()
+    expected[:, 1] = src[:, 4]
+    swap_cache_blocks(src, dst, swap_pairs, row_elems=24)
+    assert dst.tobytes() == expected.tobytes()
+    paged = rng.standard_normal((2, 3, 1, 4, 6)).astype(np.float32)
+    before = paged.tobytes()
+    with pytest.raises(ValueError, match=r"dst_cache.shape\[0\]"):
+        swap_cache_blocks(src, paged, swap_pairs, row_elems=24)
+    assert paged.tobytes() == before
