@@ -30,7 +30,7 @@ import numpy as np
 
 from host._arrays import readonly, to_numpy
 from host.mla_layout import check_mla_cache
-from host.validation import (check_float_array, check_index_range, check_int, check_integer_array,
+from host.validation import (check_block_tables, check_float_array, check_int, check_integer_array,
                              check_lens, check_softmax_scale, fail)
 
 __all__ = ["MLAPlan", "check_mla_inputs", "MAX_MLA_HEADS"]
@@ -121,15 +121,7 @@ def check_mla_inputs(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any, 
              "kv_cache)", f"context_lens[{i}] = {int(clens[i])} < query_lens[{i}] = {int(qlens[i])}")
 
     bt = check_integer_array("block_tables", block_tables, ndim=2)
-    if bt.shape[0] != S:
-        fail("block_tables", f"have {S} rows (one per sequence, as query_lens)", f"shape {bt.shape}")
-    nblk = -(-clens // B)
-    if int(nblk.max()) > bt.shape[1]:
-        i = int(np.argmax(nblk))
-        fail("block_tables", f"have >= ceil(context_lens[{i}] / block_size) = {int(nblk[i])} columns",
-             f"shape {bt.shape}")
-    used = np.arange(bt.shape[1])[None, :] < nblk[:, None]
-    check_index_range("block_tables", np.where(used, bt, 0), upper=N, what="block ids (inside kv_cache)")
+    nblk = check_block_tables(bt, clens, block_size=B, num_blocks=N)
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(R + P))
 
     offsets = np.concatenate([[0], np.cumsum(qlens)[:-1]]).astype(np.int64)

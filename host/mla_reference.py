@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, to_numpy
-from host.validation import (check_float_array, check_index_range, check_int, check_integer_array,
+from host.validation import (check_block_tables, check_float_array, check_int, check_integer_array,
                              check_lens, check_shape, check_softmax_scale, fail)
 
 __all__ = ["mla_paged_attention_ref"]
@@ -79,14 +79,7 @@ def mla_paged_attention_ref(q: Any, kv_cache: Any, block_tables: Any, query_lens
         fail("context_lens", "be >= query_lens (they include the new tokens)",
              f"context_lens[{i}] = {int(clens[i])} < query_lens[{i}] = {int(qlens[i])}")
     S = qlens.shape[0]
-    check_shape("block_tables", bt, (S, None), "(num_seqs, max_blocks)")
-    nblk = -(-clens // B)
-    if int(nblk.max()) > bt.shape[1]:
-        i = int(np.argmax(nblk))
-        fail("block_tables", f"have >= ceil(context_lens[{i}] / {B}) = {int(nblk[i])} columns",
-             f"shape {bt.shape}")
-    used = np.arange(bt.shape[1])[None, :] < nblk[:, None]
-    check_index_range("block_tables", np.where(used, bt, 0), upper=N, what="block ids (inside kv_cache)")
+    check_block_tables(bt, clens, block_size=B, num_blocks=N)
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(R + P))
 
     out = np.zeros((T, H, R), dtype=np.float64)

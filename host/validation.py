@@ -25,6 +25,7 @@ __all__ = [
     "check_integer_array",
     "check_float_array",
     "check_index_range",
+    "check_block_tables",
     "check_slot_mapping",
     "check_softmax_scale",
     "is_float_dtype",
@@ -173,3 +174,22 @@ def check_softmax_scale(softmax_scale: Any, default: float) -> float:
             not math.isfinite(float(softmax_scale)):
         fail("softmax_scale", "be a finite real number or None", repr(softmax_scale))
     return float(softmax_scale)
+
+
+def check_block_tables(bt: np.ndarray, context_lens: np.ndarray, *, block_size: int,
+                       num_blocks: int) -> np.ndarray:
+    """``block_tables`` (integer, already 2-D) for S = len(context_lens) sequences: S rows; row i's
+    first ceil(context_lens[i] / block_size) entries are block ids in [0, num_blocks), later entries
+    are ignored (e.g. -1). Returns those per-sequence block counts (S,) int64."""
+    S = context_lens.shape[0]
+    if bt.shape[0] != S:
+        fail("block_tables", f"have {S} rows (one per sequence)", f"shape {bt.shape}")
+    nblk = -(-context_lens.astype(np.int64) // block_size)
+    if S and int(nblk.max()) > bt.shape[1]:
+        i = int(np.argmax(nblk))
+        fail("block_tables", f"have >= ceil(context_lens[{i}] / block_size {block_size}) = {int(nblk[i])} "
+             "columns", f"shape {bt.shape}")
+    used = np.arange(bt.shape[1])[None, :] < nblk[:, None]
+    check_index_range("block_tables", np.where(used, bt, 0), upper=num_blocks,
+                      what="block ids (inside kv_cache)")
+    return nblk

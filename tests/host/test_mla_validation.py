@@ -116,3 +116,12 @@ def test_message_names_constraint_and_value():
     _, args = _case("too_many_heads")
     with pytest.raises(ValueError, match=r"H = 129"):
         check_mla_inputs(**args)
+
+
+@pytest.mark.parametrize("module", ["host.mla", "host.mla_layout"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
