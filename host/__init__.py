@@ -1,7 +1,8 @@
 """Host code: planning, block tables, masks, launch wrappers, and the float64 reference.
 
 Public names follow vLLM's Neuron backend where one exists (``flash_attn_varlen_nkifunc``,
-``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``).
+``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``), else vLLM's
+cache ops (``concat_and_cache_mla``).
 
 Pure-NumPy planning names are imported eagerly; the launch wrappers (which import the kernels
 and, without ``neuronx-cc``, the ``nki_sim`` simulator) load on first use.

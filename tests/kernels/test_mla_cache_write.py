@@ -197,6 +197,43 @@ def test_random_shapes_match_reference(data):
     assert_same_bits(cache, expected)
 
 
+def test_cache_written_by_the_kernel_feeds_the_reference(rng):
+    """End to end in the MLA convention: every token of every sequence (the new ones included) is
+    written with concat_and_cache_mla, then mla_paged_attention_ref on the cache equals causal
+    attention computed here directly on the token arrays (no cache, no block table)."""
+    from host import mla_paged_attention_ref
+
+    R, P, H, B = 512, 64, 4, 16
+    qlens, clens = [4, 1, 1], [20, 7, 33]
+    nblk = [-(-c // B) for c in clens]
+    n_blocks = sum(nblk) + 2
+    perm = rng.permutation(n_blocks)
+    bt = np.full((3, max(nblk)), -1, np.int64)
+    tokens, slots, off = [], [], 0
+    for i, c in enumerate(clens):
+        bt[i, :nblk[i]] = perm[off:off + nblk[i]]
+        off += nblk[i]
+        tokens.append((rng.standard_normal((c, R)).astype(BF16), rng.standard_normal((c, P)).astype(BF16)))
+        slots.append(bt[i, np.arange(c) // B] * B + np.arange(c) % B)
+    cache = allocate_mla_cache(n_blocks, B, entry_alignment_bytes=256)
+    concat_and_cache_mla(np.concatenate([t[0] for t in tokens] + [tokens[0][0][:3]]),
+                         np.concatenate([t[1] for t in tokens] + [tokens[0][1][:3]]), cache,
+                         np.concatenate(slots + [np.full(3, -1)]))              # + 3 padding tokens
+    q = rng.standard_normal((sum(qlens), H, R + P)).astype(BF16)
+    out = mla_paged_attention_ref(q, cache, bt, qlens, clens)
+
+    scale, t0 = 1 / math.sqrt(R + P), 0
+    for (kv_c, k_pe), n, c in zip(tokens, qlens, clens):
+        keys = np.concatenate([kv_c, k_pe], axis=1).astype(np.float64)
+        for a in range(n):
+            pos = c - n + a
+            s = scale * q[t0 + a].astype(np.float64) @ keys[:pos + 1].T       # (H, pos + 1)
+            w = np.exp(s - s.max(axis=1, keepdims=True))
+            want = (w / w.sum(axis=1, keepdims=True)) @ kv_c[:pos + 1].astype(np.float64)
+            np.testing.assert_allclose(out[t0 + a], want, rtol=1e-10, atol=1e-12)
+        t0 += n
+
+
 # ----------------------------------------------------------------------------- must-fail (host)
 
 
