@@ -1,7 +1,8 @@
 """Host code: planning, block tables, masks, launch wrappers, and the float64 reference.
 
 Public names follow vLLM's Neuron backend where one exists (``flash_attn_varlen_nkifunc``,
-``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``).
+``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``), else vLLM's
+cache ops (``concat_and_cache_mla``).
 
 Pure-NumPy planning names are imported eagerly; the launch wrappers (which import the kernels
 and, without ``neuronx-cc``, the ``nki_sim`` simulator) load on first use.
@@ -33,6 +34,9 @@ from host.masks import (
     query_seq_ids,
     reorder_context_mask,
 )
+from host.mla import MLAPlan, check_mla_inputs
+from host.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_size
+from host.mla_reference import mla_paged_attention_ref
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
 
@@ -44,6 +48,7 @@ _LAZY = {
     "copy_blocks": "host.cache_ops",
     "swap_blocks": "host.cache_ops",
     "allocate_kv_caches": "host.cache_ops",
+    "concat_and_cache_mla": "host.mla_cache",
 }
 
 
@@ -69,5 +74,7 @@ __all__ = [
     "build_attention_mask", "context_token_order", "context_row_ranges", "query_seq_ids",
     "context_seq_ids",
     "paged_attention_ref",
+    "allocate_mla_cache", "mla_entry_size", "gather_mla_entries", "check_mla_inputs", "MLAPlan",
+    "mla_paged_attention_ref",
     *_LAZY,
 ]

@@ -16,6 +16,8 @@ Layouts (C order):
     kv_cache row view  (2, N*Hkv*B, d)     row(block, head, offset) = (block*Hkv + head)*B + offset
     block row view     (L*2*N*n_sub, F)    one (layer, kv, block) slab of S = Hkv*B*d elements is
                                            n_sub = S // F rows of F elements (F | S, F*itemsize <= max_row_bytes)
+    MLA latent cache   (N, B, E)           copy_blocks / swap_blocks also take these (docs/layouts.md §12):
+                                           viewed as (1, N, 1, B, E), one K/V "half" (no separate V)
 
 Arrays: NumPy arrays are updated in place. CPU torch tensors are accepted too and updated in
 place through a shared-memory NumPy view (bf16 via an int16 view); other torch devices raise
@@ -29,7 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from host._arrays import is_torch_tensor, to_numpy
-from host.validation import check_float_array, check_index_range, check_integer_array, fail
+from host.mla_layout import check_mla_cache
+from host.validation import (check_float_array, check_index_range, check_integer_array,
+                             check_slot_mapping, fail)
 
 __all__ = [
     "reshape_and_cache",
@@ -87,6 +91,16 @@ def _check_cache(name: str, cache: np.ndarray) -> None:
         fail(name, "have no zero-sized dimension", f"shape {cache.shape}")
 
 
+def _block_layout(name: str, cache: np.ndarray) -> np.ndarray:
+    """``cache`` in the (halves, N, Hkv, B, d) layout of the block-copy kernels: a paged KV cache
+    (2, N, Hkv, B, d) as it is, an MLA cache (N, B, E) as the view (1, N, 1, B, E)."""
+    if cache.ndim == 3:
+        N, B, E = check_mla_cache(name, cache)
+        return cache.reshape(1, N, 1, B, E)
+    _check_cache(name, cache)
+    return cache
+
+
 def _check_int32(what: str, value: int) -> None:
     if value > _INT32_MAX:
         raise NotImplementedError(f"{what} = {value} exceeds the int32 DMA index range; "
@@ -137,22 +151,10 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any) ->
         fail("key", f"have shape (T, {n_heads}, {head_size}) to match kv_cache", f"shape {k.shape}")
     if v.shape != k.shape:
         fail("value", f"have the shape of key {k.shape}", f"shape {v.shape}")
-    slots = check_integer_array("slot_mapping", slot_mapping, ndim=1)
-    if slots.shape[0] != k.shape[0]:
-        fail("slot_mapping", f"have {k.shape[0]} entries (one per token of key)", f"{slots.shape[0]} entries")
     n_slots = n_blocks * block_size
-    raw, _ = to_numpy(slot_mapping, "slot_mapping")  # range-check the raw values: a uint64 >= 2**63
-    bad = np.flatnonzero(raw >= n_slots)               # would wrap to a negative (= skip) int64
-    if bad.size:
-        fail("slot_mapping", f"hold slots < num_blocks * block_size = {n_slots} (negative = skip)",
-             f"slot_mapping[{bad[0]}] = {raw[bad[0]]}")
-    valid = slots[slots >= 0]
-    uniq, counts = np.unique(valid, return_counts=True)
-    if (counts > 1).any():
-        fail("slot_mapping", "not repeat a non-negative slot (a DMA scatter to one slot twice has no "
-             "defined order)", f"repeated slots {uniq[counts > 1][:8].tolist()}")
+    slots = check_slot_mapping(slot_mapping, num_tokens=k.shape[0], num_slots=n_slots, tokens_arg="key")
     _check_int32("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
-    if valid.size == 0:
+    if not (slots >= 0).any():
         return kv_cache  # nothing to write (also covers T == 0)
 
     from nki_kernels.kv_cache_update import kv_cache_update
@@ -179,12 +181,14 @@ def block_row_len(slab_elems: int, itemsize: int, max_row_bytes: int = DEFAULT_M
 
 
 def block_copy_row_pairs(src_blocks: np.ndarray, dst_blocks: np.ndarray, *, num_layers: int,
-                         src_num_blocks: int, dst_num_blocks: int, n_sub: int) -> np.ndarray:
-    """[source row, destination row] pairs (int32 (num_layers * 2 * n * n_sub, 2)) for block copies.
+                         src_num_blocks: int, dst_num_blocks: int, n_sub: int,
+                         halves: int = 2) -> np.ndarray:
+    """[source row, destination row] pairs (int32 (num_layers * halves * n * n_sub, 2)) for block copies.
 
-    Row (layer, kv, block, j) of an (L*2*N*n_sub, F) row view is ((layer*2 + kv)*N + block)*n_sub + j.
+    Row (layer, kv, block, j) of an (L*halves*N*n_sub, F) row view is
+    ((layer*halves + kv)*N + block)*n_sub + j; halves = 2 (K, V), or 1 for an MLA cache.
     """
-    lkv = np.arange(2 * num_layers, dtype=np.int64)[:, None, None]
+    lkv = np.arange(halves * num_layers, dtype=np.int64)[:, None, None]
     j = np.arange(n_sub, dtype=np.int64)[None, None, :]
     src = (lkv * src_num_blocks + np.asarray(src_blocks, np.int64)[None, :, None]) * n_sub + j
     dst = (lkv * dst_num_blocks + np.asarray(dst_blocks, np.int64)[None, :, None]) * n_sub + j
@@ -272,8 +276,9 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
     """
     if isinstance(kv_caches, np.ndarray) or is_torch_tensor(kv_caches):
         whole = _writable(kv_caches, "kv_caches")
-        if whole.ndim != 6:
-            fail("kv_caches", "be a list of (2, N, Hkv, B, d) caches or one (L, 2, N, Hkv, B, d) array",
+        if whole.ndim not in (6, 4):
+            fail("kv_caches", "be a list of (2, N, Hkv, B, d) or MLA (N, B, E) caches, or one "
+                 "(L, 2, N, Hkv, B, d) or (L, N, B, E) array",
                  f"an array of shape {whole.shape}")
         layers = [whole[i] for i in range(whole.shape[0])]
     else:
@@ -282,8 +287,8 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         layers = [_writable(c, f"kv_caches[{i}]") for i, c in enumerate(kv_caches)]
     if not layers:
         fail("kv_caches", "hold at least one layer", "0 layers")
+    layers = [_block_layout(f"kv_caches[{i}]", c) for i, c in enumerate(layers)]
     for i, c in enumerate(layers):
-        _check_cache(f"kv_caches[{i}]", c)
         if c.shape != layers[0].shape or c.dtype != layers[0].dtype:
             fail(f"kv_caches[{i}]", f"have the shape {layers[0].shape} and dtype {layers[0].dtype} of "
                  "kv_caches[0]", f"shape {c.shape}, dtype {c.dtype}")
@@ -298,10 +303,10 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
     n_layers, slab = len(layers), int(np.prod(layers[0].shape[2:]))
     f = block_row_len(slab, layers[0].itemsize, max_row_bytes)
     n_sub = slab // f
-    n_rows = n_layers * 2 * n_blocks * n_sub
-    _check_int32("rows of the block row view", n_rows)
+    halves = layers[0].shape[0]
+    _check_int32("rows of the block row view", n_layers * halves * n_blocks * n_sub)
     pairs = block_copy_row_pairs(src, dst, num_layers=n_layers, src_num_blocks=n_blocks,
-                                 dst_num_blocks=n_blocks, n_sub=n_sub)
+                                 dst_num_blocks=n_blocks, n_sub=n_sub, halves=halves)
 
     from nki_kernels.block_copy import copy_cache_blocks
 
@@ -331,16 +336,16 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     Raises:
         ValueError: anything invalid, before anything is written.
     """
-    dst = _writable(dst_cache, "dst_cache")
-    src, _ = to_numpy(src_cache, "src_cache")
-    _check_cache("src_cache", src)
-    _check_cache("dst_cache", dst)
-    if src.shape[2:] != dst.shape[2:] or src.dtype != dst.dtype:
-        fail("dst_cache", f"match src_cache in (num_kv_heads, block_size, head_size) {src.shape[2:]} and "
-             f"dtype {src.dtype}", f"shape {dst.shape}, dtype {dst.dtype}")
+    dst_given = _writable(dst_cache, "dst_cache")
+    src_given, _ = to_numpy(src_cache, "src_cache")
+    src = _block_layout("src_cache", src_given)
+    dst = _block_layout("dst_cache", dst_given)
+    if src.shape[2:] != dst.shape[2:] or src.shape[0] != dst.shape[0] or src.dtype != dst.dtype:
+        fail("dst_cache", f"match src_cache in layout, (num_kv_heads, block_size, head_size) "
+             f"{src.shape[2:]} and dtype {src.dtype}", f"shape {dst_given.shape}, dtype {dst.dtype}")
     if np.may_share_memory(src, dst):
         if src.shape == dst.shape and src.strides == dst.strides and _addr(src) == _addr(dst):
-            copy_blocks([dst], block_mapping, max_row_bytes=max_row_bytes)
+            copy_blocks([dst_given], block_mapping, max_row_bytes=max_row_bytes)
             return
         fail("src_cache", "not partially overlap dst_cache in memory", "overlapping arrays")
     s_ids, d_ids = _check_mapping(block_mapping, src.shape[1], dst.shape[1], same_cache=False)
@@ -350,9 +355,9 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     slab = int(np.prod(dst.shape[2:]))
     f = block_row_len(slab, dst.itemsize, max_row_bytes)
     n_sub = slab // f
-    _check_int32("rows of the block row view", 2 * max(src.shape[1], dst.shape[1]) * n_sub)
+    _check_int32("rows of the block row view", dst.shape[0] * max(src.shape[1], dst.shape[1]) * n_sub)
     pairs = block_copy_row_pairs(s_ids, d_ids, num_layers=1, src_num_blocks=src.shape[1],
-                                 dst_num_blocks=dst.shape[1], n_sub=n_sub)
+                                 dst_num_blocks=dst.shape[1], n_sub=n_sub, halves=dst.shape[0])
 
     from nki_kernels.block_copy import swap_cache_blocks
 

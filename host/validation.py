@@ -8,6 +8,7 @@ the normalised NumPy value so callers validate and convert in one step.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,6 +25,9 @@ __all__ = [
     "check_integer_array",
     "check_float_array",
     "check_index_range",
+    "check_block_tables",
+    "check_slot_mapping",
+    "check_softmax_scale",
     "is_float_dtype",
     "summarize",
 ]
@@ -138,3 +142,54 @@ def check_index_range(arg: str, ids: np.ndarray, *, upper: int, what: str) -> No
     if bad.any():
         pos = np.unravel_index(int(np.argmax(bad)), ids.shape)
         fail(arg, f"hold {what} in [0, {upper})", f"{arg}[{', '.join(map(str, pos))}] = {int(ids[pos])}")
+
+
+def check_slot_mapping(slot_mapping: Any, *, num_tokens: int, num_slots: int,
+                       tokens_arg: str) -> np.ndarray:
+    """A cache write's ``slot_mapping``: (num_tokens,) integers, negative = padding (skipped), every
+    other slot < ``num_slots`` and not repeated. Returns int64. ``tokens_arg`` names the array
+    whose rows are the tokens, for the message."""
+    slots = check_integer_array("slot_mapping", slot_mapping, ndim=1)
+    if slots.shape[0] != num_tokens:
+        fail("slot_mapping", f"have {num_tokens} entries (one per token of {tokens_arg})",
+             f"{slots.shape[0]} entries")
+    raw, _ = to_numpy(slot_mapping, "slot_mapping")  # range-check the raw values: a uint64 >= 2**63
+    bad = np.flatnonzero(raw >= num_slots)             # would wrap to a negative (= skip) int64
+    if bad.size:
+        fail("slot_mapping", f"hold slots < num_blocks * block_size = {num_slots} (negative = skip)",
+             f"slot_mapping[{bad[0]}] = {raw[bad[0]]}")
+    uniq, counts = np.unique(slots[slots >= 0], return_counts=True)
+    if (counts > 1).any():
+        fail("slot_mapping", "not repeat a non-negative slot (a DMA scatter to one slot twice has no "
+             "defined order)", f"repeated slots {uniq[counts > 1][:8].tolist()}")
+    return slots
+
+
+def check_softmax_scale(softmax_scale: Any, default: float) -> float:
+    """``softmax_scale`` as a float: ``default`` when None, else a finite real number (not bool)."""
+    if softmax_scale is None:
+        return float(default)
+    if isinstance(softmax_scale, (bool, np.bool_)) or \
+            not isinstance(softmax_scale, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(float(softmax_scale)):
+        fail("softmax_scale", "be a finite real number or None", repr(softmax_scale))
+    return float(softmax_scale)
+
+
+def check_block_tables(bt: np.ndarray, context_lens: np.ndarray, *, block_size: int,
+                       num_blocks: int) -> np.ndarray:
+    """``block_tables`` (integer, already 2-D) for S = len(context_lens) sequences: S rows; row i's
+    first ceil(context_lens[i] / block_size) entries are block ids in [0, num_blocks), later entries
+    are ignored (e.g. -1). Returns those per-sequence block counts (S,) int64."""
+    S = context_lens.shape[0]
+    if bt.shape[0] != S:
+        fail("block_tables", f"have {S} rows (one per sequence)", f"shape {bt.shape}")
+    nblk = -(-context_lens.astype(np.int64) // block_size)
+    if S and int(nblk.max()) > bt.shape[1]:
+        i = int(np.argmax(nblk))
+        fail("block_tables", f"have >= ceil(context_lens[{i}] / block_size {block_size}) = {int(nblk[i])} "
+             "columns", f"shape {bt.shape}")
+    used = np.arange(bt.shape[1])[None, :] < nblk[:, None]
+    check_index_range("block_tables", np.where(used, bt, 0), upper=num_blocks,
+                      what="block ids (inside kv_cache)")
+    return nblk

@@ -3,6 +3,7 @@
 Dimensions:
     L   layers;  N  blocks per layer (Ns / Nd for the source / destination cache of a swap)
     S   = Hkv * B * d elements of one (layer, kv, block) slab, contiguous in (2, N, Hkv, B, d)
+        (an MLA latent cache (N, B, E) arrives as (1, N, 1, B, E): one "half", S = B * E)
     F   row length: S is split into n_sub = S // F contiguous rows of F elements so that one
         row fits a partition budget (the host picks F, a divisor of S, F * itemsize <= 16 KiB)
     M   rows to copy = L * 2 * n_blocks_copied * n_sub
@@ -57,7 +58,8 @@ def copy_cache_blocks(kv_caches: nt.mutable_tensor, row_pairs, row_elems=0):
 
     Args:
         kv_caches: (L, 2, N, Hkv, B, d) HBM, mutable, float32 / bfloat16 / float16: every layer's
-            cache in one tensor. Viewed as (L*2*N*n_sub, F) rows, F = row_elems, n_sub = Hkv*B*d // F.
+            cache in one tensor; or (L, 1, N, 1, B, E), MLA latent caches (N, B, E) (one "half").
+            Viewed as (L*halves*N*n_sub, F) rows, F = row_elems, n_sub = Hkv*B*d // F.
         row_pairs: (M, 2) int32 HBM, [source row, destination row] of that view; all rows in range,
             destinations unique, no source row is also a destination (host-validated).
         row_elems: F (compile-time int), a divisor of Hkv*B*d.
@@ -66,8 +68,8 @@ def copy_cache_blocks(kv_caches: nt.mutable_tensor, row_pairs, row_elems=0):
         kv_caches, written in place.
     """
     name = "copy_cache_blocks"
-    kernel_check(len(kv_caches.shape) == 6 and kv_caches.shape[1] == 2, name, "kv_caches.shape",
-                 "be (L, 2, N, Hkv, B, d)", tuple(kv_caches.shape))
+    kernel_check(len(kv_caches.shape) == 6 and kv_caches.shape[1] in (1, 2), name, "kv_caches.shape",
+                 "be (L, 2, N, Hkv, B, d) or (L, 1, N, 1, B, E)", tuple(kv_caches.shape))
     rows = _row_view(name, kv_caches, row_elems)
     _check(name, rows, rows, row_pairs)
     _copy_rows(rows, rows, row_pairs)
@@ -79,9 +81,10 @@ def swap_cache_blocks(src_cache, dst_cache: nt.mutable_tensor, row_pairs, row_el
     """Copy rows between two caches: dst rows[dst] = src rows[src]; returns ``dst_cache``.
 
     Args:
-        src_cache: (2, Ns, Hkv, B, d) HBM, the source cache (read only).
-        dst_cache: (2, Nd, Hkv, B, d) HBM, mutable, same (Hkv, B, d) and dtype.
-        row_pairs: (M, 2) int32 HBM, [row of src view, row of dst view] of the (2*N*n_sub, F)
+        src_cache: (2, Ns, Hkv, B, d) HBM, the source cache (read only); or (1, Ns, 1, B, E), an
+            MLA latent cache (Ns, B, E).
+        dst_cache: (2 or 1, Nd, Hkv, B, d) HBM, mutable, same halves, (Hkv, B, d) and dtype.
+        row_pairs: (M, 2) int32 HBM, [row of src view, row of dst view] of the (halves*N*n_sub, F)
             row views; destinations unique (host-validated).
         row_elems: F (compile-time int), a divisor of Hkv*B*d.
 
@@ -90,8 +93,10 @@ def swap_cache_blocks(src_cache, dst_cache: nt.mutable_tensor, row_pairs, row_el
     """
     name = "swap_cache_blocks"
     for arg, t in (("src_cache", src_cache), ("dst_cache", dst_cache)):
-        kernel_check(len(t.shape) == 5 and t.shape[0] == 2, name, f"{arg}.shape",
-                     "be (2, N, Hkv, B, d)", tuple(t.shape))
+        kernel_check(len(t.shape) == 5 and t.shape[0] in (1, 2), name, f"{arg}.shape",
+                     "be (2, N, Hkv, B, d) or (1, N, 1, B, E)", tuple(t.shape))
+    kernel_check(src_cache.shape[0] == dst_cache.shape[0], name, "dst_cache.shape[0]",
+                 f"equal src_cache.shape[0] {src_cache.shape[0]}", dst_cache.shape[0])
     kernel_check(tuple(src_cache.shape[2:]) == tuple(dst_cache.shape[2:]), name, "dst_cache.shape[2:]",
                  f"equal src_cache.shape[2:] {tuple(src_cache.shape[2:])}", tuple(dst_cache.shape[2:]))
     src_rows = _row_view(name, src_cache, row_elems)
