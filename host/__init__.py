@@ -35,6 +35,7 @@ from host.masks import (
 )
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
+from host.variants import AttentionVariants, alibi_slopes, make_variants
 
 # name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
 _LAZY = {
@@ -69,5 +70,6 @@ __all__ = [
     "build_attention_mask", "context_token_order", "context_row_ranges", "query_seq_ids",
     "context_seq_ids",
     "paged_attention_ref",
+    "AttentionVariants", "make_variants", "alibi_slopes",
     *_LAZY,
 ]
