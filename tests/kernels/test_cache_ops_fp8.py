@@ -330,3 +330,23 @@ def test_fp8_write_instruction_counts(rng, n_tok, n_heads):
     assert [e.op for e in vector] == ["tensor_scalar"] * 2 * tiles
     assert all(e.out_dtype == "float8_e5m2" for e in vector)
     assert sum(e.bytes for e in dma if e.dma_kind == "indirect") == 2 * n_tok * n_heads * d   # 1 byte each
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_fp8_write_on_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target):
+    """kv_cache_update_fp8 uses nothing newer than SDK 2.23 (dma_copy oob_mode), runs on both
+    targets, and has no Python control flow on traced loop variables; several chunks + a tail."""
+    import warnings
+
+    import nki_sim
+    import nki_kernels.kv_cache_update as mod
+
+    monkeypatch.setattr(mod, "CHUNK_BUDGET_BYTES", 2 * (2 * 8 * 4 + 12))      # 2 tiles per chunk
+    key, value, cache, slots = make_case(rng, n_tok=300, n_heads=2, d=8, n_blocks=80, block_size=4,
+                                         fp8=E4M3FN, n_negative=7)             # 600 rows
+    expected = reference_write(key, value, cache, slots, 0.3, 0.6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with nki_sim.configure(sdk="2.23", traced_loops="error"), nki_sim.use_target(target):
+            reshape_and_cache(key, value, cache, slots, k_scale=0.3, v_scale=0.6)
+    assert_same_bytes(cache, expected)
