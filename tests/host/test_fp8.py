@@ -60,6 +60,7 @@ def test_kernel_view_is_zero_copy_and_writes_through():
     cache = ALL_BYTES.view(E4M3FN).reshape(2, 2, 2, 4, 8).copy()
     view = kernel_cache_view(cache)
     assert view.dtype == E4M3 and np.shares_memory(view, cache) and view.shape == cache.shape
+    assert view.view(E4M3FN).tobytes() == cache.tobytes()               # inverse: view back
     view[0, 0, 0, 0, 0] = np.float32(-3.5)                           # a shared pattern
     assert cache[0, 0, 0, 0, 0] == np.float32(-3.5).astype(E4M3FN)
     other = np.zeros((2, 1, 1, 1, 4), E5M2)
