@@ -39,6 +39,7 @@ from host.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_si
 from host.mla_reference import mla_paged_attention_ref
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
+from host.variants import AttentionVariants, alibi_slopes, make_variants
 
 # name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
 _LAZY = {
@@ -76,5 +77,6 @@ __all__ = [
     "paged_attention_ref",
     "allocate_mla_cache", "mla_entry_size", "gather_mla_entries", "check_mla_inputs", "MLAPlan",
     "mla_paged_attention_ref",
+    "AttentionVariants", "make_variants", "alibi_slopes",
     *_LAZY,
 ]

@@ -27,8 +27,8 @@ def is_torch_tensor(x: Any) -> bool:
 def to_numpy(x: Any, name: str) -> tuple[np.ndarray, bool]:
     """Convert ``x`` to a NumPy array; return ``(array, was_torch)``.
 
-    torch tensors are detached and moved to the CPU; torch.bfloat16 becomes ml_dtypes.bfloat16
-    (bit-exact, via an int16 view). Lists, tuples and scalars go through ``np.asarray``.
+    torch tensors are detached and moved to the CPU; torch.bfloat16 / float8_e4m3fn / float8_e5m2
+    become the ml_dtypes types (bit-exact, via an integer view). Lists, tuples and scalars go through ``np.asarray``.
     ``name`` is the argument name used in the error message if the conversion fails.
     """
     if is_torch_tensor(x):
@@ -41,6 +41,11 @@ def to_numpy(x: Any, name: str) -> tuple[np.ndarray, bool]:
             import ml_dtypes
 
             return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16), True
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):    # bit-exact, via a uint8 view
+            import ml_dtypes
+
+            fp8 = getattr(ml_dtypes, str(t.dtype).removeprefix("torch."))
+            return t.contiguous().view(torch.uint8).numpy().view(fp8), True
         return t.numpy(), True
     if isinstance(x, np.ndarray):
         return x, False

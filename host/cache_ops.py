@@ -6,6 +6,11 @@ vLLM names and argument orders:
     copy_blocks(kv_caches, block_mapping)                   # kernel nki_kernels.block_copy.copy_cache_blocks
     swap_blocks(src_cache, dst_cache, block_mapping)        # kernel nki_kernels.block_copy.swap_cache_blocks
 
+FP8 caches (float8_e4m3fn / float8_e5m2, vLLM's formats): ``reshape_and_cache`` quantizes in the
+kernel with ``k_scale`` / ``v_scale`` (required; per tensor or per KV head); the block copies move
+the bytes unchanged. The kernels see a float8_e4m3fn cache through its float8_e4m3 byte view
+(host/fp8.py, docs/attention-variants.md).
+
 All three update the destination cache IN PLACE and validate everything (shapes, dtypes, every
 slot / block id, duplicates, overlaps) before the kernel runs, so a rejected call leaves the
 cache byte-identical. The host builds one int32 row index per moved row (cheap O(rows) NumPy);
@@ -31,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from host._arrays import is_torch_tensor, to_numpy
+from host.fp8 import cache_write_row_scales, is_fp8_cache_dtype, kernel_cache_view, normalize_kv_scales
 from host.mla_layout import check_mla_cache
 from host.validation import (check_float_array, check_index_range, check_integer_array,
                              check_slot_mapping, fail)
@@ -69,6 +75,10 @@ def _writable(x: Any, name: str) -> np.ndarray:
             import ml_dtypes
 
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            import ml_dtypes
+
+            return t.view(torch.uint8).numpy().view(getattr(ml_dtypes, str(t.dtype).removeprefix("torch.")))
         return t.numpy()
     if not isinstance(x, np.ndarray):
         fail(name, "be a NumPy array or a CPU torch tensor (it is updated in place)", type(x).__name__)
@@ -82,11 +92,11 @@ def _writable(x: Any, name: str) -> np.ndarray:
 def _check_cache(name: str, cache: np.ndarray) -> None:
     if cache.ndim != 5 or cache.shape[0] != 2:
         fail(name, "have shape (2, num_blocks, num_kv_heads, block_size, head_size)", f"shape {cache.shape}")
-    if cache.dtype.name not in _CACHE_DTYPES:
+    if cache.dtype.name not in _CACHE_DTYPES and not is_fp8_cache_dtype(cache.dtype):
         if cache.dtype.name.startswith("float8"):
             raise NotImplementedError(f"{name}: a {cache.dtype.name} KV cache is not supported; "
-                                      "use a float32, bfloat16 or float16 cache")
-        fail(name, f"have dtype in {_CACHE_DTYPES}", f"dtype {cache.dtype}")
+                                      "use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2")
+        fail(name, f"have dtype in {_CACHE_DTYPES} or float8_e4m3fn / float8_e5m2", f"dtype {cache.dtype}")
     if min(cache.shape) == 0:
         fail(name, "have no zero-sized dimension", f"shape {cache.shape}")
 
@@ -126,25 +136,33 @@ def cache_write_row_index(slot_mapping: np.ndarray, *, num_blocks: int, num_kv_h
     return rows.reshape(-1, 1).astype(np.int32)
 
 
-def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> Any:
+def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
+                      k_scale: Any = None, v_scale: Any = None) -> Any:
     """Write new tokens' K and V into the paged cache in place (vLLM ``reshape_and_cache``).
 
     Args:
         key, value: (T, Hkv, d), floating (cast to the cache dtype, RNE).
-        kv_cache: (2, N, Hkv, B, d) float32 / bfloat16 / float16, C-contiguous, updated in place.
+        kv_cache: (2, N, Hkv, B, d) float32 / bfloat16 / float16 / float8_e4m3fn / float8_e5m2,
+            C-contiguous, updated in place.
         slot_mapping: (T,) integer; slot = block * B + offset. Negative slots (padding) are skipped
             and touch nothing; every other slot must be < N * B and appear at most once.
+        k_scale, v_scale: fp8 caches only (then both required): a positive float or float32
+            (Hkv,) per KV head. The cache receives fp8(clamp(float32(x) * float32(1 / scale), -S, S)),
+            round to nearest even, S = 240 for float8_e4m3fn (not 448: host/fp8.py) and 57344 for
+            float8_e5m2.
 
     Returns:
         ``kv_cache`` (the same object).
 
     Raises:
         ValueError: bad shapes / dtypes, a slot >= N * B, duplicate non-negative slots, a
-            non-contiguous or read-only cache -- all before anything is written.
+            non-contiguous or read-only cache, missing scales for an fp8 cache or scales for a
+            non-fp8 cache -- all before anything is written.
     """
     cache = _writable(kv_cache, "kv_cache")
     _check_cache("kv_cache", cache)
     _, n_blocks, n_heads, block_size, head_size = cache.shape
+    k_sc, v_sc = normalize_kv_scales(cache.dtype, n_heads, k_scale, v_scale)
     k = check_float_array("key", key, ndim=3)
     v = check_float_array("value", value, ndim=3)
     if k.shape[1:] != (n_heads, head_size):
@@ -157,12 +175,18 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any) ->
     if not (slots >= 0).any():
         return kv_cache  # nothing to write (also covers T == 0)
 
-    from nki_kernels.kv_cache_update import kv_cache_update
+    from nki_kernels.kv_cache_update import kv_cache_update, kv_cache_update_fp8
 
-    key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
-    value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
     row_index = cache_write_row_index(slots, num_blocks=n_blocks, num_kv_heads=n_heads,
                                       block_size=block_size)
+    if k_sc is not None:      # fp8: the kernel quantizes float32 / bf16 / fp16 rows (exact upcasts)
+        in_dtype = k.dtype if k.dtype == v.dtype and k.dtype.name in _CACHE_DTYPES else np.float32
+        kv_cache_update_fp8(np.ascontiguousarray(k, dtype=in_dtype), np.ascontiguousarray(v, dtype=in_dtype),
+                            kernel_cache_view(cache), row_index,
+                            cache_write_row_scales(k_sc, v_sc, k.shape[0]))
+        return kv_cache
+    key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
+    value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
     kv_cache_update(key_c, value_c, cache, row_index)
     return kv_cache
 
@@ -311,13 +335,14 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
     from nki_kernels.block_copy import copy_cache_blocks
 
     if kv_caches_share_buffer(layers):
-        whole = np.lib.stride_tricks.as_strided(
-            layers[0], shape=(n_layers, *layers[0].shape),
-            strides=(layers[0].nbytes, *layers[0].strides))  # zero-copy view of all layers
-        copy_cache_blocks(whole, pairs, row_elems=f)
+        # zero-copy view of all layers, built on bytes (as_strided cannot carry every ml_dtypes type)
+        first = kernel_cache_view(layers[0])
+        raw = np.lib.stride_tricks.as_strided(first.reshape(-1).view(np.uint8),
+                                              shape=(n_layers, first.nbytes), strides=(first.nbytes, 1))
+        copy_cache_blocks(raw.view(first.dtype).reshape(n_layers, *first.shape), pairs, row_elems=f)
         return
     stacked = np.stack(layers)  # host copy of all layers: see the docstring
-    copy_cache_blocks(stacked, pairs, row_elems=f)
+    copy_cache_blocks(kernel_cache_view(stacked), pairs, row_elems=f)
     for layer, new in zip(layers, stacked):
         layer[:, dst] = new[:, dst]
 
@@ -362,4 +387,5 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     from nki_kernels.block_copy import swap_cache_blocks
 
     # np.ascontiguousarray copies only a non-contiguous source (the source is read, never written)
-    swap_cache_blocks(np.ascontiguousarray(src), dst, pairs, row_elems=f)
+    swap_cache_blocks(kernel_cache_view(np.ascontiguousarray(src)), kernel_cache_view(dst), pairs,
+                      row_elems=f)

@@ -10,6 +10,17 @@ For each sequence i (tokens contiguous and in order in ``query``/``key``/``value
     query a (0 <= a < q_i) sees keys k <= ctx_i + a     (causal, bottom-right aligned)
     query head h uses KV head h // (H // Hkv)           (GQA; MQA when Hkv = 1)
     out = softmax(scale * q k^T) v                      in float64, scale = 1/sqrt(d) by default
+
+Attention variants (docs/attention-variants.md; validated by host.variants.make_variants), for
+query a of sequence i at absolute position p = ctx_i + a and key position k (0 <= k <= p), in
+this order:
+    fp8 cache      context K = k_fp8 * k_scale[kv head], V = v_fp8 * v_scale[kv head]
+                   (the new tokens' key / value are used as given)
+    s = scale * q . k
+    alibi_slopes   s += slope_h * (k - p)
+    soft cap c     s = c * tanh(s / c)
+    mask           keys k <= p, and k > p - W with a sliding window W
+    sinks          out = sum_k e^(s_k - m) v_k / (e^(sink_h - m) + sum_k e^(s_k - m))
 """
 
 from __future__ import annotations
@@ -22,22 +33,28 @@ import numpy as np
 from host._arrays import from_numpy_like, to_numpy
 from host.validation import (check_float_array, check_index_range, check_integer_array,
                              check_lens, check_shape, fail)
+from host.variants import make_variants
 
 __all__ = ["paged_attention_ref"]
 
 
 def paged_attention_ref(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
                         query_lens: Any, context_lens: Any, *,
-                        softmax_scale: float | None = None) -> Any:
+                        softmax_scale: float | None = None, sliding_window: int | None = None,
+                        logits_soft_cap: float | None = None, alibi_slopes: Any = None,
+                        sinks: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
     """float64 paged attention from the definition.
 
     Args:
         query: (T, H, d) float, T = sum(query_lens), sequences contiguous and in order.
         key, value: (T, Hkv, d) float, the new tokens' K/V.
-        kv_cache: (2, N, Hkv, B, d) float; [0] = K, [1] = V.
+        kv_cache: (2, N, Hkv, B, d) float; [0] = K, [1] = V. float8_e4m3fn / float8_e5m2 caches
+            are dequantized with k_scale / v_scale.
         block_tables: (S, max_blocks) integer; row i's first ceil(ctx_i / B) entries are used.
         query_lens: (S,) integer >= 1. context_lens: (S,) integer >= 0.
         softmax_scale: float, default 1/sqrt(d).
+        sliding_window, logits_soft_cap, alibi_slopes, sinks, k_scale, v_scale: the attention
+            variants of host.variants.make_variants (all off by default).
     Returns:
         (T, H, d) float64 (a torch float64 tensor if ``query`` was torch).
     """
@@ -52,6 +69,8 @@ def paged_attention_ref(query: Any, key: Any, value: Any, kv_cache: Any, block_t
                        length_arg="query_lens")
 
     T, H, d = q_all.shape
+    if d < 1:
+        fail("query", "have head size d = query.shape[2] >= 1", f"shape {q_all.shape}")
     check_shape("kv_cache", cache, (2, None, None, None, d), "(2, num_blocks, Hkv, block_size, d)")
     _, N, Hkv, B, _ = cache.shape
     if Hkv < 1 or B < 1:
@@ -71,33 +90,55 @@ def paged_attention_ref(query: Any, key: Any, value: Any, kv_cache: Any, block_t
              f"shape {bt.shape}")
     used = np.arange(bt.shape[1])[None, :] < nblk[:, None]       # entries the reference reads
     check_index_range("block_tables", np.where(used, bt, 0), upper=N, what="block ids (inside kv_cache)")
+    variants = make_variants(H, Hkv, cache.dtype, sliding_window=sliding_window,
+                             logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes, sinks=sinks,
+                             k_scale=k_scale, v_scale=v_scale)
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d)
     else:
-        if not isinstance(softmax_scale, (int, float, np.floating, np.integer)) or \
+        if isinstance(softmax_scale, (bool, np.bool_)) or \
+                not isinstance(softmax_scale, (int, float, np.floating, np.integer)) or \
                 not math.isfinite(float(softmax_scale)):
             fail("softmax_scale", "be a finite real number or None", repr(softmax_scale))
         scale = float(softmax_scale)
 
     kv_head_of = np.arange(H) // (H // Hkv)                      # GQA group mapping
+    k_scale64 = None if variants.k_scale is None else variants.k_scale.astype(np.float64)[:, None]
+    v_scale64 = None if variants.v_scale is None else variants.v_scale.astype(np.float64)[:, None]
     out = np.zeros((T, H, d), dtype=np.float64)
     start = 0
     for i in range(S):                                            # naive per-sequence loop
         qn, cn = int(qlens[i]), int(clens[i])
         j = np.arange(cn)
         blocks = bt[i, j // B]
-        k_ctx = cache[0, blocks, :, j % B, :]                     # (cn, Hkv, d)
-        v_ctx = cache[1, blocks, :, j % B, :]
-        keys = np.concatenate([k_ctx, k_new[start:start + qn]]).astype(np.float64)
-        vals = np.concatenate([v_ctx, v_new[start:start + qn]]).astype(np.float64)
+        k_ctx = cache[0, blocks, :, j % B, :].astype(np.float64)  # (cn, Hkv, d)
+        v_ctx = cache[1, blocks, :, j % B, :].astype(np.float64)
+        if k_scale64 is not None:                                 # fp8 cache: dequantize
+            k_ctx, v_ctx = k_ctx * k_scale64, v_ctx * v_scale64
+        keys = np.concatenate([k_ctx, k_new[start:start + qn].astype(np.float64)])
+        vals = np.concatenate([v_ctx, v_new[start:start + qn].astype(np.float64)])
         qs = q_all[start:start + qn].astype(np.float64)           # (qn, H, d)
         keys, vals = keys[:, kv_head_of, :], vals[:, kv_head_of, :]   # (cn+qn, H, d)
         scores = np.einsum("ahd,khd->hak", qs, keys) * scale      # (H, qn, cn+qn)
-        visible = np.arange(cn + qn)[None, :] <= cn + np.arange(qn)[:, None]
+        q_pos = cn + np.arange(qn)[:, None]                       # absolute positions
+        k_pos = np.arange(cn + qn)[None, :]
+        if variants.alibi_slopes is not None:
+            scores = scores + variants.alibi_slopes.astype(np.float64)[:, None, None] * (k_pos - q_pos)
+        if variants.logits_soft_cap is not None:
+            cap = variants.logits_soft_cap
+            scores = cap * np.tanh(scores / cap)
+        visible = k_pos <= q_pos
+        if variants.sliding_window is not None:
+            visible &= k_pos > q_pos - variants.sliding_window
         scores = np.where(visible[None], scores, -np.inf)
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
-        out[start:start + qn] = np.einsum("hak,khd->ahd", p, vals)
+        m = scores.max(axis=-1, keepdims=True)                    # finite: key p is always visible
+        if variants.sinks is not None:
+            sink = variants.sinks.astype(np.float64)[:, None, None]
+            m = np.maximum(m, sink)
+        p = np.exp(scores - m)
+        denom = p.sum(axis=-1, keepdims=True)
+        if variants.sinks is not None:
+            denom = denom + np.exp(sink - m)
+        out[start:start + qn] = np.einsum("hak,khd->ahd", p / denom, vals)
         start += qn
     return from_numpy_like(out, was_torch, like=query)

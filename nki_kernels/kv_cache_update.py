@@ -48,6 +48,17 @@ Pseudocode:
             cache_rows[0, idx[p, t], :] = k[p, t, :]  (skip OOB)   # 1 indirect DMA, 128 rows
             cache_rows[1, idx[p, t], :] = v[p, t, :]  (skip OOB)   # 1 indirect DMA, 128 rows
     tail tile (rem rows): the same with rows 128 * n_tiles + p
+
+FP8 caches (``kv_cache_update_fp8``). The cache is float8_e4m3 or float8_e5m2 (the host passes a
+float8_e4m3fn cache as its float8_e4m3 byte view, see docs/attention-variants.md); key / value
+stay in their float dtype and every row carries its inverse scales ``row_scale[q] = [1/k_scale,
+1/v_scale]`` of its KV head (float32 (R, 2), loaded per chunk like the indices). Per tile and per
+K / V, before the store:
+    y = x * inv_scale[p]                 ScalarE activation (copy) with a [128, 1] fp32 scale
+    y8 = max(min(y, S), -S) -> fp8       VectorE tensor_scalar, written in the cache dtype (RNE)
+with S the largest finite value of the cache dtype (float8_e4m3: 240, float8_e5m2: 57344), so no
+value overflows to inf / NaN. Four compute instructions per tile; DMA counts as above, plus one
+row_scale load per chunk (and one for the tail tile).
 """
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
@@ -61,6 +72,14 @@ KERNEL = "kv_cache_update"
 CHUNK_BUDGET_BYTES = 32 * 1024
 # Largest row (d * itemsize) we put in one partition; head sizes are <= 512 in practice.
 MAX_ROW_BYTES = 16 * 1024
+
+
+def _fp8_saturation(dtype):
+    """Largest finite value of an NKI fp8 cache dtype, or None for any other dtype."""
+    for known, bound in ((nl.float8_e4m3, 240.0), (nl.float8_e5m2, 57344.0)):
+        if dtype == known:
+            return bound
+    return None
 
 
 @nki.jit
@@ -83,49 +102,112 @@ def kv_cache_update(key, value, kv_cache: nt.mutable_tensor, row_index):
         NotImplementedError: unsupported cache dtype, d * itemsize > 16 KiB, or an NKI
             toolchain older than Neuron SDK 2.23 (no ``nisa.oob_mode``).
     """
-    kernel_check(len(key.shape) == 3, KERNEL, "key", "be 3-D (T, Hkv, d)", tuple(key.shape))
-    n_tok, n_heads, d = key.shape
-    kernel_check(tuple(value.shape) == (n_tok, n_heads, d), KERNEL, "value.shape",
-                 f"equal key.shape {(n_tok, n_heads, d)}", tuple(value.shape))
-    kernel_check(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[2] == n_heads
-                 and kv_cache.shape[4] == d, KERNEL, "kv_cache.shape", f"be (2, N, {n_heads}, B, {d})",
-                 tuple(kv_cache.shape))
-    rows = n_tok * n_heads
-    kernel_check(tuple(row_index.shape) == (rows, 1), KERNEL, "row_index.shape",
-                 f"be ({rows}, 1)", tuple(row_index.shape))
+    _check_shapes(KERNEL, key, value, kv_cache, row_index)
+    d = key.shape[2]
     kernel_check(key.dtype == kv_cache.dtype and value.dtype == kv_cache.dtype, KERNEL,
                  "key.dtype / value.dtype", f"equal kv_cache.dtype {kv_cache.dtype}",
                  (str(key.dtype), str(value.dtype)))
-    kernel_check(row_index.dtype == nl.int32 or row_index.dtype == nl.uint32, KERNEL,
-                 "row_index.dtype", "be int32 or uint32", str(row_index.dtype))
     row_bytes = d * cache_itemsize(kv_cache.dtype, KERNEL)
-    kernel_unsupported(row_bytes <= MAX_ROW_BYTES, KERNEL, f"a head size of {d} elements "
+    kernel_unsupported(_fp8_saturation(kv_cache.dtype) is None, KERNEL,
+                       f"an unscaled write into a {kv_cache.dtype} cache",
+                       "write fp8 caches with kv_cache_update_fp8 (quantizes with per-row scales)")
+    _write_rows(key, value, kv_cache, row_index, None, 2 * row_bytes + 4, row_bytes)
+    return kv_cache
+
+
+@nki.jit
+def kv_cache_update_fp8(key, value, kv_cache: nt.mutable_tensor, row_index, row_scale):
+    """Quantize new K / V rows to fp8 and scatter them into the paged cache; returns ``kv_cache``.
+
+    Args:
+        key, value: (T, Hkv, d) HBM, float32 / bfloat16 / float16 (both the same dtype).
+        kv_cache: (2, N, Hkv, B, d) HBM, mutable, float8_e4m3 or float8_e5m2. Written in place.
+        row_index: (T * Hkv, 1) int32 / uint32, as in :func:`kv_cache_update`.
+        row_scale: (T * Hkv, 2) float32; row q = t * Hkv + h holds [1 / k_scale, 1 / v_scale]
+            of KV head h. The cache receives fp8(clamp(x * row_scale[q, kv], -S, S)).
+
+    Returns:
+        kv_cache (the mutable input).
+
+    Raises:
+        ValueError: shapes / dtypes inconsistent.
+        NotImplementedError: a non-fp8 cache (use kv_cache_update), d * itemsize > 16 KiB, or an
+            NKI toolchain older than Neuron SDK 2.23.
+    """
+    name = "kv_cache_update_fp8"
+    rows = _check_shapes(name, key, value, kv_cache, row_index)
+    kernel_unsupported(_fp8_saturation(kv_cache.dtype) is not None, name,
+                       f"kv_cache dtype {kv_cache.dtype} (an fp8 write needs float8_e4m3 or float8_e5m2)",
+                       "use kv_cache_update for float32 / bfloat16 / float16 caches")
+    kernel_check(tuple(row_scale.shape) == (rows, 2), name, "row_scale.shape", f"be ({rows}, 2)",
+                 tuple(row_scale.shape))
+    kernel_check(row_scale.dtype == nl.float32, name, "row_scale.dtype", "be float32", str(row_scale.dtype))
+    kernel_check(key.dtype == nl.float32 or key.dtype == nl.bfloat16 or key.dtype == nl.float16, name,
+                 "key.dtype", "be float32, bfloat16 or float16", str(key.dtype))
+    kernel_check(value.dtype == key.dtype, name, "value.dtype", f"equal key.dtype {key.dtype}",
+                 str(value.dtype))
+    row_bytes = key.shape[2] * (4 if key.dtype == nl.float32 else 2)
+    _write_rows(key, value, kv_cache, row_index, row_scale, 2 * row_bytes + 12, row_bytes, name)
+    return kv_cache
+
+
+def _check_shapes(name, key, value, kv_cache, row_index):
+    """Shape / index checks shared by both kernels; returns R = T * Hkv."""
+    kernel_check(len(key.shape) == 3, name, "key", "be 3-D (T, Hkv, d)", tuple(key.shape))
+    n_tok, n_heads, d = key.shape
+    kernel_check(tuple(value.shape) == (n_tok, n_heads, d), name, "value.shape",
+                 f"equal key.shape {(n_tok, n_heads, d)}", tuple(value.shape))
+    kernel_check(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[2] == n_heads
+                 and kv_cache.shape[4] == d, name, "kv_cache.shape", f"be (2, N, {n_heads}, B, {d})",
+                 tuple(kv_cache.shape))
+    rows = n_tok * n_heads
+    kernel_check(tuple(row_index.shape) == (rows, 1), name, "row_index.shape",
+                 f"be ({rows}, 1)", tuple(row_index.shape))
+    kernel_check(row_index.dtype == nl.int32 or row_index.dtype == nl.uint32, name,
+                 "row_index.dtype", "be int32 or uint32", str(row_index.dtype))
+    return rows
+
+
+def _write_rows(key, value, kv_cache, row_index, row_scale, bytes_per_tile, row_bytes, name=KERNEL):
+    """Chunk loop over the (token, head) rows; ``row_scale`` None = plain copy, else fp8 quantize."""
+    d = key.shape[2]
+    kernel_unsupported(row_bytes <= MAX_ROW_BYTES, name, f"a head size of {d} elements "
                        f"({row_bytes} bytes per row)", f"keep d * itemsize <= {MAX_ROW_BYTES}")
-    require_oob_skip(KERNEL)
+    require_oob_skip(name)
 
     # Free views: (token, head) rows of the inputs, and the cache with (N, Hkv, B) flattened.
-    _, n_blocks, _, block_size, _ = kv_cache.shape
+    _, n_blocks, n_heads, block_size, _ = kv_cache.shape
+    rows = key.shape[0] * n_heads
     key_rows = key.reshape((rows, d))
     value_rows = value.reshape((rows, d))
     cache_rows = kv_cache.reshape((2, n_blocks * n_heads * block_size, d))
+    bound = _fp8_saturation(kv_cache.dtype)
 
-    plan = plan_rows(rows, 2 * row_bytes + 4, CHUNK_BUDGET_BYTES)
+    plan = plan_rows(rows, bytes_per_tile, CHUNK_BUDGET_BYTES)
     # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
     # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
     # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
     # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
     for c in nl.sequential_range(plan.n_full_chunks):
-        _write_chunk(key_rows, value_rows, cache_rows, row_index, plan.n_tiles,
+        _write_chunk(key_rows, value_rows, cache_rows, row_index, row_scale, bound, plan.n_tiles,
                      c * plan.chunk, plan.chunk, d)
     if plan.last_chunk > 0:
-        _write_chunk(key_rows, value_rows, cache_rows, row_index, plan.n_tiles,
+        _write_chunk(key_rows, value_rows, cache_rows, row_index, row_scale, bound, plan.n_tiles,
                      plan.n_full_chunks * plan.chunk, plan.last_chunk, d)
     if plan.rem > 0:
-        _write_tail(key_rows, value_rows, cache_rows, row_index, plan.n_tiles * PMAX, plan.rem, d)
-    return kv_cache
+        _write_tail(key_rows, value_rows, cache_rows, row_index, row_scale, bound,
+                    plan.n_tiles * PMAX, plan.rem, d)
 
 
-def _write_chunk(key_rows, value_rows, cache_rows, row_index, n_tiles, first, n_chunk, d):
+def _quantize(x, inv_scale, bound, dtype):
+    """fp8(clamp(x * inv_scale, -bound, bound)): ScalarE scale, VectorE clamp + cast."""
+    y = nisa.activation(op=nl.copy, data=x, scale=inv_scale, dtype=nl.float32)
+    return nisa.tensor_scalar(y, op0=nl.minimum, operand0=bound, op1=nl.maximum, operand1=-bound,
+                              dtype=dtype)
+
+
+def _write_chunk(key_rows, value_rows, cache_rows, row_index, row_scale, bound, n_tiles, first,
+                 n_chunk, d):
     """Tiles first .. first + n_chunk - 1 of the bulk rows (row p * n_tiles + t on partition p)."""
     i_p = nl.arange(PMAX)[:, None, None]
     i_t = nl.arange(n_chunk)[None, :, None]
@@ -135,17 +217,23 @@ def _write_chunk(key_rows, value_rows, cache_rows, row_index, n_tiles, first, n_
     idx = nl.load(row_index[src_row, i_0])          # (128, n_chunk, 1) int32
     k = nl.load(key_rows[src_row, i_f])             # (128, n_chunk, d)
     v = nl.load(value_rows[src_row, i_f])
+    if row_scale is not None:
+        i_2 = nl.arange(2)[None, None, :]
+        inv = nl.load(row_scale[src_row, i_2])      # (128, n_chunk, 2) fp32
 
     j_p = nl.arange(PMAX)[:, None]
     j_f = nl.arange(d)[None, :]
+    j_0 = nl.arange(1)[None, :]
     for t in nl.affine_range(n_chunk):
-        nisa.dma_copy(dst=cache_rows[0, idx[j_p, t, 0], j_f], src=k[j_p, t, j_f],
-                      oob_mode=nisa.oob_mode.skip)
-        nisa.dma_copy(dst=cache_rows[1, idx[j_p, t, 0], j_f], src=v[j_p, t, j_f],
-                      oob_mode=nisa.oob_mode.skip)
+        k_out, v_out = k[j_p, t, j_f], v[j_p, t, j_f]
+        if row_scale is not None:
+            k_out = _quantize(k_out, inv[j_p, t, j_0], bound, cache_rows.dtype)
+            v_out = _quantize(v_out, inv[j_p, t, j_0 + 1], bound, cache_rows.dtype)
+        nisa.dma_copy(dst=cache_rows[0, idx[j_p, t, 0], j_f], src=k_out, oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=cache_rows[1, idx[j_p, t, 0], j_f], src=v_out, oob_mode=nisa.oob_mode.skip)
 
 
-def _write_tail(key_rows, value_rows, cache_rows, row_index, start, n, d):
+def _write_tail(key_rows, value_rows, cache_rows, row_index, row_scale, bound, start, n, d):
     """The last R % 128 rows, start + p on partition p."""
     i_p = nl.arange(n)[:, None]
     i_f = nl.arange(d)[None, :]
@@ -153,5 +241,9 @@ def _write_tail(key_rows, value_rows, cache_rows, row_index, start, n, d):
     idx = nl.load(row_index[start + i_p, i_0])      # (n, 1) int32
     k = nl.load(key_rows[start + i_p, i_f])
     v = nl.load(value_rows[start + i_p, i_f])
+    if row_scale is not None:
+        inv = nl.load(row_scale[start + i_p, nl.arange(2)[None, :]])     # (n, 2) fp32
+        k = _quantize(k, inv[i_p, i_0], bound, cache_rows.dtype)
+        v = _quantize(v, inv[i_p, i_0 + 1], bound, cache_rows.dtype)
     nisa.dma_copy(dst=cache_rows[0, idx[i_p, 0], i_f], src=k[i_p, i_f], oob_mode=nisa.oob_mode.skip)
     nisa.dma_copy(dst=cache_rows[1, idx[i_p, 0], i_f], src=v[i_p, i_f], oob_mode=nisa.oob_mode.skip)

@@ -73,15 +73,21 @@ def plan_rows(rows: int, bytes_per_row_per_tile: int, budget_bytes: int) -> RowT
 
 
 def cache_itemsize(dtype, kernel: str) -> int:
-    """Bytes per element of a supported KV-cache dtype (fp32, bf16, fp16), checked at trace time."""
+    """Bytes per element of a supported KV-cache dtype, checked at trace time.
+
+    float32, bfloat16, float16, and the NKI fp8 types float8_e4m3 / float8_e5m2 (a vLLM
+    float8_e4m3fn cache is passed as its float8_e4m3 byte view; docs/attention-variants.md).
+    """
     from nki_kernels._assert import kernel_unsupported
     from nki_kernels._nki import nl
 
-    sizes = ((nl.float32, 4), (nl.bfloat16, 2), (nl.float16, 2))
+    sizes = ((nl.float32, 4), (nl.bfloat16, 2), (nl.float16, 2), (nl.float8_e4m3, 1), (nl.float8_e5m2, 1))
     for known, size in sizes:
         if dtype == known:
             return size
-    kernel_unsupported(False, kernel, f"cache dtype {dtype}", "use a float32, bfloat16 or float16 cache")
+    kernel_unsupported(False, kernel, f"cache dtype {dtype}",
+                       "use a float32, bfloat16, float16, float8_e4m3 or float8_e5m2 cache (pass a "
+                       "float8_e4m3fn cache as its float8_e4m3 byte view)")
     return 0  # unreachable
 
 

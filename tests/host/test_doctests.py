@@ -8,9 +8,11 @@ import host.block_tables
 import host.masks
 import host.plan
 import host.reference
+import host.variants
 
 
-@pytest.mark.parametrize("module", [host.plan, host.block_tables, host.masks, host.reference],
+@pytest.mark.parametrize("module", [host.plan, host.block_tables, host.masks, host.reference,
+                                    host.variants],
                          ids=lambda m: m.__name__)
 def test_doctests(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)

@@ -194,11 +194,14 @@ def test_bad_inputs_rejected_before_writing(rng):
         assert c.tobytes() == before
 
 
-def test_fp8_cache_not_supported(rng):
-    cache = np.zeros((2, 2, 1, 4, 4), ml_dtypes.float8_e4m3fn)
-    with pytest.raises(NotImplementedError, match="float8"):
-        reshape_and_cache(np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32), cache,
-                          np.array([0]))
+def test_fp8_cache_needs_scales_other_fp8_flavours_not_supported(rng):
+    """fp8 writes have their own tests (test_cache_ops_fp8.py); here only the entry checks."""
+    for dtype, exc, match in ((ml_dtypes.float8_e4m3fn, ValueError, "k_scale must be given"),
+                              (ml_dtypes.float8_e4m3fnuz, NotImplementedError, "float8_e4m3fnuz")):
+        cache = np.zeros((2, 2, 1, 4, 4), dtype)
+        with pytest.raises(exc, match=match):
+            reshape_and_cache(np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32), cache,
+                              np.array([0]))
 
 
 # ----------------------------------------------------------------------------- host index builder
