@@ -38,22 +38,25 @@ def key_index_tile(rows, loads, tiled_block_size):
 
 
 def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, bounds,
-               kernel_dtype, soft_cap=None, p_evac=None):
+               kernel_dtype, soft_cap=None, p_evac=None, v_stride=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
         q_slices: nd SBUF tiles ``(dk, rows)`` kernel_dtype: Q^T of the block, pre-scaled by the
             softmax scale (channel slice k holds channels [128k, 128k + dk)).
         k_slices: nd SBUF tiles ``(dk, W)``: K^T of the tile (column order of ``key_index_tile``).
-        v_rows: SBUF ``(128, W/128 * d)``: V chunk u (keys ``u*128 + p`` in column order) at
-            columns ``[u*d, (u+1)*d)``.
+        v_rows: SBUF ``(128, ...)``: V chunk u (keys ``u*128 + p`` in column order) at columns
+            ``[u*v_stride, u*v_stride + d)``.
         st: SBUF ``(rows, ...)`` fp32 state tile; this block's columns start at ``col0``.
-        d: head size.  k0, width: first key column and width (multiples of 512, width <= 2048).
+        d: value head size (columns of o; the key head size is that of q / k slices).
+        k0, width: first key column and width (multiples of 512, width <= 2048).
         kidx: ``key_index_tile`` (masked steps) or None.
         bounds: None (no mask) or ``(c, r)``, two ``(rows, 1)`` fp32 tiles: row i sees tile-local
             key t iff ``|t - c_i| < r_i``.
         kernel_dtype: matmul-input / probability dtype.  soft_cap: None or c > 0.
         p_evac: engine(s) of the P^T PSUM -> SBUF copies (``pe_transpose_blocks``).
+        v_stride: columns between V chunks (default d; e.g. an MLA entry size when K and V are
+            the same gathered rows).
 
     Pseudocode:
         S = q^T k  (PSUM, 512 columns per chunk; summed over channel slices)
@@ -120,8 +123,9 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
     pe_transpose_blocks(probs_t, 0, probs, 0, B_P_SIZE, n_k, evac_engine=p_evac)
     pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
     u0 = k0 // B_P_SIZE
+    vs = d if v_stride is None else v_stride
     for u in nl.static_range(n_k):     # the first chunk starts the PSUM accumulation
-        prod = nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], v_rows[:, nl.ds((u0 + u) * d, d)])
+        prod = nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], v_rows[:, nl.ds((u0 + u) * vs, d)])
         if u == 0:
             pv[...] = prod
         else:
