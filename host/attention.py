@@ -28,13 +28,16 @@ from host.gqa_packing import (choose_gqa_packing, pack_kv, pack_query, packed_at
 from host.masks import build_attention_mask
 from host.plan import make_plan
 from host.scheduled import run_scheduled
-from host.validation import check_float_array, check_integer_array, check_shape, fail
+from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
+from host.validation import check_float_array, check_integer_array, check_ndim, check_shape, fail
+from host.variants import make_variants
 
 __all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS", "GQA_PACKING", "KERNELS"]
 
 BACKENDS = ("auto", "sim", "neuron")
 GQA_PACKING = ("auto", True, False)
 KERNELS = ("scheduled", "dense")
+MAX_HEAD_SIZE_SCHEDULED = 512
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -42,7 +45,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     query_lens: Any, context_lens: Any, *, softmax_scale: float | None = None,
                     mixed_precision: bool = True, large_tile_size: int = 2048,
                     backend: str = "auto", gqa_packing: Any = "auto",
-                    kernel: str = "scheduled") -> Any:
+                    kernel: str = "scheduled", sliding_window: int | None = None,
+                    logits_soft_cap: float | None = None, alibi_slopes: Any = None,
+                    sinks: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``.
@@ -50,7 +55,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     Args:
         query: (T, H, d) float32/bfloat16/float16; sequences contiguous and in order.
         key, value: (T, Hkv, d), the new tokens' K/V, same dtype as query.
-        kv_cache: (2, N, Hkv, B, d), same dtype; [0] = K, [1] = V (not modified).
+        kv_cache: (2, N, Hkv, B, d), same dtype, or an fp8 cache (float8_e4m3fn / float8_e5m2,
+            scheduled kernel, with k_scale / v_scale); [0] = K, [1] = V (not modified).
         block_tables: (S, max_blocks) integer; row i's first ceil(context_lens[i] / B) entries
             are sequence i's context blocks (ids in [0, N)); later entries are ignored.
         query_lens: (S,) integers >= 1 summing to T.  context_lens: (S,) integers >= 0.
@@ -63,6 +69,12 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
             query rows. "dense" runs the vLLM-interface kernel ``flash_paged_attention`` (every
             128-row query tile against every context tile, a dense host-built mask).
+        sliding_window, logits_soft_cap, alibi_slopes, sinks, k_scale, v_scale: attention
+            variants (scheduled kernel only; definitions in docs/attention-variants.md, checked by
+            ``host.variants.make_variants``): a query at position p sees keys p-W+1 .. p; scores
+            s -> c * tanh(s / c); s += slope_h * (key_pos - query_pos); one extra logit sink_h per
+            head in the softmax denominator; an fp8 cache holds K / k_scale and V / v_scale
+            (per tensor or per KV head).
         gqa_packing: "auto" | True | False (dense kernel only; the scheduled kernel always packs
             the heads of a KV head as rows). True runs the dense kernel with each KV head's G query
             heads packed as extra query rows (``host.gqa_packing``, docs/layouts.md §11): fewer
@@ -94,20 +106,32 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     q = check_float_array("query", q_np, ndim=3)
     k = check_float_array("key", key, ndim=3)
     v = check_float_array("value", value, ndim=3)
-    cache = check_float_array("kv_cache", kv_cache, ndim=5)
+    cache_np, _ = to_numpy(kv_cache, "kv_cache")
+    fp8_cache = is_fp8_cache_dtype(cache_np.dtype)
+    cache = cache_np if fp8_cache else check_float_array("kv_cache", cache_np, ndim=5)
+    check_ndim("kv_cache", cache, 5)
     T, H, d = q.shape
     _check_dtype("query", q)
-    for name, arr in (("key", k), ("value", v), ("kv_cache", cache)):
+    for name, arr in (("key", k), ("value", v)) + (() if fp8_cache else (("kv_cache", cache),)):
         if arr.dtype != q.dtype:
             fail(f"{name}.dtype", f"equal query.dtype ({q.dtype.name})", arr.dtype.name)
     check_shape("kv_cache", cache, (2, None, None, None, d), "(2, num_blocks, Hkv, block_size, d)")
     _, N, Hkv, B, _ = cache.shape
     check_shape("key", k, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
     check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
-    _check_common(H, Hkv, d, N, mixed_precision, backend)
-    scale = _check_scale(softmax_scale, d)
     if not isinstance(kernel, str) or kernel not in KERNELS:
         fail("kernel", f"be one of {KERNELS}", repr(kernel))
+    _check_common(H, Hkv, d, N, mixed_precision, backend,
+                  max_head_size=MAX_HEAD_SIZE_SCHEDULED if kernel == "scheduled" else 128)
+    scale = _check_scale(softmax_scale, d)
+    variants = make_variants(H, Hkv, cache.dtype, sliding_window=sliding_window,
+                             logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes,
+                             sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+    if kernel == "dense" and not variants.is_default:
+        raise NotImplementedError(
+            "paged_attention: attention variants (sliding_window, logits_soft_cap, alibi_slopes, "
+            "sinks, fp8 caches with k_scale / v_scale) are not supported by the dense kernel; use "
+            "kernel='scheduled'")
     if not (isinstance(gqa_packing, (bool, np.bool_))
             or (isinstance(gqa_packing, str) and gqa_packing == "auto")):
         fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
@@ -119,10 +143,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     active = active_block_table(plan, bt_np, num_blocks=N)
     if kernel == "scheduled":
         bt_checked = check_integer_array("block_tables", bt_np, ndim=2)
-        out = run_scheduled(q, k, v, np.ascontiguousarray(cache), bt_checked, plan.query_lens,
-                            plan.context_lens, scale=scale, mixed_precision=bool(mixed_precision),
-                            large_tile_size=large_tile_size,
-                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend))
+        out = run_scheduled(q, k, v, kernel_cache_view(np.ascontiguousarray(cache)), bt_checked,
+                            plan.query_lens, plan.context_lens, scale=scale,
+                            mixed_precision=bool(mixed_precision), large_tile_size=large_tile_size,
+                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend),
+                            variants=None if variants.is_default else variants)
         return from_numpy_like(out, was_torch, like=query)
     G = H // Hkv
     if gqa_packing == "auto":
@@ -214,13 +239,16 @@ def _check_dtype(name: str, arr: np.ndarray) -> None:
         fail(f"{name}.dtype", f"be one of {_DTYPES}", arr.dtype.name)
 
 
-def _check_common(H: int, Hkv: int, d: int, N: int, mixed_precision: Any, backend: Any) -> None:
+def _check_common(H: int, Hkv: int, d: int, N: int, mixed_precision: Any, backend: Any, *,
+                  max_head_size: int = 128) -> None:
     if Hkv < 1 or N < 1:
         fail("kv_cache", "have num_blocks >= 1 and Hkv >= 1", f"N={N}, Hkv={Hkv}")
     if H % Hkv:
         fail("query", f"have a head count divisible by num_kv_heads={Hkv}", f"H = {H}")
-    if not 1 <= d <= 128:
-        fail("head size d", "be in [1, 128] (kernel limit: one SBUF partition per channel)", d)
+    if not 1 <= d <= max_head_size:
+        what = ("the dense kernel keeps one SBUF partition per channel" if max_head_size == 128
+                else "the scheduled kernel accumulates QK^T over 128-channel slices")
+        fail("head size d", f"be in [1, {max_head_size}] ({what})", d)
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
     if backend not in BACKENDS:

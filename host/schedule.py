@@ -34,7 +34,7 @@ from host._arrays import readonly
 from host.validation import check_lens, check_power_of_two, fail
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
-           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry"]
+           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry", "meta_columns"]
 
 P = 128
 DECODE_MAX_ROWS = 64        # sequences with G * q_len <= this many rows use the decode class
@@ -64,6 +64,15 @@ def chunk_size(items: int) -> int:
     return min(c, MAX_CHUNK)
 
 
+def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
+                 alibi: bool = False) -> tuple[int, int]:
+    """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`)."""
+    nd = -(-head_size // P)
+    ki = (2 * loads if masked else loads) + blocks * nd + 3 * blocks
+    kf = 1 + (2 * blocks if masked else 0) + (1 if alibi else 0)
+    return ki, kf
+
+
 def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
     """``(T, b', L, nL)`` for a block size and tile size (both powers of two): T rows per block,
     b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128 loads."""
@@ -83,8 +92,10 @@ class PhaseArrays:
                            q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry)
                            st[j]                     state row: store (masked) / load (full)
                            out[j]                    output row or OOB
+                           ini[j]                    q_init row (row init values) or OOB
     meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
-        phases c[j], r[j]: query row p of block j sees tile-local key index t iff |t - c| < r.
+        phases c[j], r[j]: query row p of block j sees tile-local key index t iff |t - c| < r;
+        with ALiBi a last column k0 = first key position of the tile (k * W).
     """
 
     items: int
@@ -110,6 +121,7 @@ class ClassSchedule:
     seqs: np.ndarray = field(repr=False)
     row_token: np.ndarray = field(repr=False)
     row_head: np.ndarray = field(repr=False)
+    row_pos: np.ndarray = field(repr=False)
     partial: PhaseArrays = field(repr=False)
     full: PhaseArrays = field(repr=False)
     ov_rows: int = 0
@@ -145,7 +157,8 @@ class AttentionSchedule:
 
 def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, *, num_heads: int,
                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
-                  large_tile_size: int = 2048, sliding_window: int | None = None) -> AttentionSchedule:
+                  large_tile_size: int = 2048, sliding_window: int | None = None,
+                  alibi: bool = False) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -154,6 +167,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         num_heads, num_kv_heads, head_size, block_size, num_blocks: the attention geometry.
         large_tile_size: LT, keys per KV tile (power of two in [512, 8192]).
         sliding_window: W (query at position p sees keys p-W+1 .. p) or None.
+        alibi: add the per-item tile start (fp32 column ``k0``) that ALiBi biases need.
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -198,7 +212,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             kind, np.array(seqs), rows, blocks, q=q, c=c, G=G, Hkv=Hkv, d=head_size, nd=nd, T=T,
             bp=bp, L=L, nL=nL, W=W, n_main=n_main, n_rows=n_rows, ov_off=ov_off,
             block_tables=block_tables, tok_off=tok_off, main_sentinel=2 * main_rows_total,
-            ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1), window=sliding_window))
+            ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1), window=sliding_window,
+            alibi=alibi))
     return AttentionSchedule(
         num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT, tiling_factor=T,
         tiled_block_size=bp, loads=nL, query_lens=readonly(q.astype(np.int64)),
@@ -208,7 +223,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
 
 def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, nL, W, n_main,
                     n_rows, ov_off, block_tables, tok_off, main_sentinel, ov_sentinel,
-                    ov_rows_per_head, window):
+                    ov_rows_per_head, window, alibi):
     """Q blocks, groups and items of one class; see :class:`PhaseArrays` for the columns."""
     # Step 1: Q blocks (query rows of one sequence, `rows` per block) and groups of them.
     blk_seq, blk_row0 = [], []
@@ -263,8 +278,7 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
     def phase(items_list, masked):
         n_real = len(items_list)
         n_items = bucket(n_real)
-        ki = (2 * nL if masked else nL) + blocks * nd + 2 * blocks
-        kf = 1 + (2 * blocks if masked else 0)
+        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi)
         mi = np.empty((Hkv, P, n_items, ki), np.int32)
         mf = np.zeros((P, n_items, kf), np.float32)
         p = np.arange(P)
@@ -275,9 +289,10 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             mi[:, :, :, nL:2 * nL] = ov_sentinel
             col = 2 * nL
         q_col, st_col, out_col = col, col + blocks * nd, col + blocks * nd + blocks
+        ini_col = out_col + blocks
         mi[:, :, :, q_col:st_col] = Hkv * nblk * d        # Q^T sentinel (first-axis size)
         mi[:, :, :, st_col:out_col] = nblk * rows         # state rows (per program)
-        mi[:, :, :, out_col:] = Hkv * nblk * rows         # output rows
+        mi[:, :, :, out_col:] = Hkv * nblk * rows         # output rows and init rows
         mf[:, :, 0] = 1.0
         prev_group = None
         for t, (gi, k) in enumerate(items_list):
@@ -300,7 +315,13 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                     mi[h, :, t, nL:2 * nL] = np.where(in_seq & ~main, ovr, ov_sentinel).T
             if not masked and not main.all():  # pragma: no cover - guarded by the classifier
                 raise AssertionError("internal: a FULL item has rows outside the cache")
+            if alibi:
+                mf[:, t, kf - 1] = k * W
             for jj, b in enumerate(blist):
+                if first:
+                    for h in range(Hkv):
+                        v = (h * nblk + b) * rows + np.arange(rows)
+                        mi[h, :, t, ini_col + jj] = _pad_rows(v, Hkv * nblk * rows)
                 if first:
                     for kk in range(nd):
                         dk = min(P, d - kk * P)
@@ -332,7 +353,9 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
 
     return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
                          seqs=readonly(seqs), row_token=readonly(row_token),
-                         row_head=readonly(row_head), partial=phase(part_items, True),
+                         row_head=readonly(row_head),
+                         row_pos=readonly(np.where(row_real, row_pos, -1).reshape(-1)),
+                         partial=phase(part_items, True),
                          full=phase(full_items, False))
 
 

@@ -14,19 +14,27 @@ import numpy as np
 
 from host.schedule import AttentionSchedule, ClassSchedule, make_schedule
 
-__all__ = ["run_scheduled", "build_overlay", "pack_queries", "unpack_output", "kernel_inputs"]
+__all__ = ["run_scheduled", "build_overlay", "pack_queries", "unpack_output", "kernel_inputs",
+           "row_init"]
 
 
 def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarray,
-                  value: np.ndarray, block_tables: np.ndarray) -> np.ndarray:
-    """``(2, Hkv * R_ov, b' * d)`` in the cache dtype: overlay row ``h * R_ov + r`` holds key row
-    r of ``sched`` (b' consecutive positions of one sequence) for KV head h: cached positions are
-    copied from ``kv_cache``, new-token positions from ``key`` / ``value`` (cast to the cache
-    dtype), positions past the sequence end are 0. At least one (zero) row per head."""
+                  value: np.ndarray, block_tables: np.ndarray, *, dtype=None,
+                  kv_scale: tuple | None = None) -> np.ndarray:
+    """``(2, Hkv * R_ov, b' * d)``: overlay row ``h * R_ov + r`` holds key row r of ``sched``
+    (b' consecutive positions of one sequence) for KV head h: cached positions are copied from
+    ``kv_cache``, new-token positions from ``key`` / ``value``, positions past the sequence end
+    are 0. At least one (zero) row per head.
+
+    ``dtype``: the overlay dtype (default the cache dtype). ``kv_scale``: for an fp8 cache,
+    ``(k_scale, v_scale)`` (Hkv,) -- cached values are dequantized (times the scale) and every
+    value is then divided by the scale, i.e. the overlay holds K / k_scale and V / v_scale like
+    the cache does, in ``dtype`` (the host multiplies the scales back into q and the output)."""
     _, _, Hkv, B, d = kv_cache.shape
     bp = sched.tiled_block_size
     R = sched.overlay_seq.shape[0]
-    out = np.zeros((2, Hkv, max(R, 1), bp, d), dtype=kv_cache.dtype)
+    dt = kv_cache.dtype if dtype is None else np.dtype(dtype)
+    out = np.zeros((2, Hkv, max(R, 1), bp, d), dtype=dt)
     if R:
         seq = sched.overlay_seq[:, None]
         pos = sched.overlay_pos0[:, None] + np.arange(bp)[None, :]          # (R, b')
@@ -38,64 +46,115 @@ def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarra
         blk = block_tables[seq, np.where(cached, pos // B, 0)]
         cs = np.nonzero(cached)
         src = kv_cache[:, blk[cs], :, (pos % B)[cs], :]                     # (n, 2, Hkv, d)
-        out[:, :, cs[0], cs[1], :] = np.moveaxis(src, 0, 2)
+        out[:, :, cs[0], cs[1], :] = np.moveaxis(src, 0, 2).astype(dt)
         ns = np.nonzero(new)
         tok = (tok_off + pos - c)[ns]
-        out[0][:, ns[0], ns[1], :] = key[tok].astype(kv_cache.dtype).transpose(1, 0, 2)
-        out[1][:, ns[0], ns[1], :] = value[tok].astype(kv_cache.dtype).transpose(1, 0, 2)
+        kn = key[tok].astype(np.float32).transpose(1, 0, 2)                  # (Hkv, n, d)
+        vn = value[tok].astype(np.float32).transpose(1, 0, 2)
+        if kv_scale is not None:
+            kn = kn / kv_scale[0][:, None, None]
+            vn = vn / kv_scale[1][:, None, None]
+        out[0][:, ns[0], ns[1], :] = kn.astype(dt)
+        out[1][:, ns[0], ns[1], :] = vn.astype(dt)
     return np.ascontiguousarray(out.reshape(2, Hkv * max(R, 1), bp * d))
 
 
-def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int) -> np.ndarray:
+def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int,
+                 k_scale: np.ndarray | None = None) -> np.ndarray:
     """``(Hkv * nblk * d, rows)``: row ``(h*nblk + b)*d + ch``, column p = channel ch of query
-    row p of Q block b for KV head h, i.e. ``query[token, h*G + g, ch]`` (0 for padding rows)."""
+    row p of Q block b for KV head h, i.e. ``query[token, h*G + g, ch]`` (0 for padding rows);
+    times ``k_scale[h]`` when given (fp8 caches: q . (k8 * s) = (q * s) . k8)."""
     T, H, d = query.shape
     G = H // num_kv_heads
     tok, g = cls.row_token, cls.row_head
     real = tok >= 0
     packed = np.zeros((num_kv_heads, tok.shape[0], d), dtype=query.dtype)
     for h in range(num_kv_heads):
-        packed[h, real] = query[tok[real], h * G + g[real]]
+        rows = query[tok[real], h * G + g[real]]
+        if k_scale is not None:
+            rows = (rows.astype(np.float32) * k_scale[h]).astype(query.dtype)
+        packed[h, real] = rows
     packed = packed.reshape(num_kv_heads, cls.num_blocks, cls.rows, d).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(packed.reshape(num_kv_heads * cls.num_blocks * d, cls.rows))
 
 
-def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray) -> None:
-    """Scatter the kernel output ``(Hkv * nblk * rows, d)`` into ``result (T, H, d)`` in place."""
+def row_init(cls: ClassSchedule, num_heads: int, num_kv_heads: int, *, sinks=None,
+             alibi_slopes=None) -> np.ndarray:
+    """``(Hkv * nblk * rows, 4)`` float32 per query row: initial -m and l (``-M_FLOOR, 0``; with
+    an attention sink ``-sink, 1``: the sink's exp(sink - m) is the starting sum), ALiBi slope
+    and slope * query position (0 without ALiBi)."""
+    from nki_kernels.constants import M_FLOOR
+
+    G = num_heads // num_kv_heads
+    n = cls.row_token.shape[0]
+    init = np.zeros((num_kv_heads, n, 4), np.float32)
+    init[:, :, 0] = -M_FLOOR
+    real = cls.row_token >= 0
+    for h in range(num_kv_heads):
+        heads = h * G + cls.row_head[real]
+        if sinks is not None:
+            init[h, real, 0] = -sinks[heads]
+            init[h, real, 1] = 1.0
+        if alibi_slopes is not None:
+            init[h, real, 2] = alibi_slopes[heads]
+            init[h, real, 3] = alibi_slopes[heads] * cls.row_pos[real]
+    return init.reshape(num_kv_heads * n, 4)
+
+
+def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray,
+                  v_scale: np.ndarray | None = None) -> None:
+    """Scatter the kernel output ``(Hkv * nblk * rows, d)`` into ``result (T, H, d)`` in place
+    (times ``v_scale[h]`` when given: fp8 caches hold V / v_scale)."""
     Hkv = out.shape[0] // (cls.num_blocks * cls.rows)
     G = result.shape[1] // Hkv
     o = np.asarray(out).reshape(Hkv, cls.num_blocks * cls.rows, -1)
     tok, g = cls.row_token, cls.row_head
     real = tok >= 0
     for h in range(Hkv):
-        result[tok[real], h * G + g[real]] = o[h, real]
+        rows = o[h, real]
+        if v_scale is not None:
+            rows = (rows.astype(np.float32) * v_scale[h]).astype(result.dtype)
+        result[tok[real], h * G + g[real]] = rows
 
 
-def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, kv_cache: np.ndarray,
-                  overlay: np.ndarray) -> tuple:
+def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
+                  kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
     """Positional kernel arguments of one class launch."""
-    return (query_t, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
-            cls.full.meta_f, cls.rows, cls.blocks)
+    return (query_t, q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
+            cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
 
 
 def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context_lens, *, scale,
-                  mixed_precision, large_tile_size, launch, sliding_window=None,
-                  logits_soft_cap=None) -> np.ndarray:
+                  mixed_precision, large_tile_size, launch, variants=None) -> np.ndarray:
     """Validated NumPy inputs in, ``(T, H, d)`` out (query dtype). ``launch(kernel, args,
-    kwargs, grid_heads)`` runs a kernel and returns its output as NumPy."""
+    kwargs, grid_heads)`` runs a kernel and returns its output as NumPy. ``variants``: a
+    validated ``host.variants.AttentionVariants`` or None (plain attention); an fp8 cache comes
+    with its scales there, and ``kv_cache`` is then the kernel view (``host.fp8``)."""
     from nki_kernels.scheduled_attention import scheduled_paged_attention
 
     T, H, d = query.shape
     _, N, Hkv, B, _ = kv_cache.shape
+    v = variants
+    window = v.sliding_window if v is not None else None
+    alibi = v.alibi_slopes if v is not None else None
     sched = make_schedule(query_lens, context_lens, block_tables, num_heads=H, num_kv_heads=Hkv,
                           head_size=d, block_size=B, num_blocks=N,
-                          large_tile_size=large_tile_size, sliding_window=sliding_window)
-    overlay = build_overlay(sched, kv_cache, key, value, block_tables)
+                          large_tile_size=large_tile_size, sliding_window=window,
+                          alibi=alibi is not None)
+    fp8 = v is not None and v.is_fp8
+    kd = np.dtype("bfloat16") if mixed_precision else query.dtype
+    scales = (v.k_scale, v.v_scale) if fp8 else None
+    overlay = build_overlay(sched, kv_cache, key, value, block_tables,
+                            dtype=kd if fp8 else None, kv_scale=scales)
     result = np.zeros((T, H, d), dtype=query.dtype)
     kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision,
-                  LARGE_TILE_SZ=large_tile_size, logits_soft_cap=logits_soft_cap)
+                  LARGE_TILE_SZ=large_tile_size,
+                  logits_soft_cap=v.logits_soft_cap if v is not None else None,
+                  alibi=alibi is not None)
     for cls in sched.classes:
-        qt = pack_queries(cls, query, Hkv)
-        out = launch(scheduled_paged_attention, kernel_inputs(cls, qt, kv_cache, overlay), kwargs, Hkv)
-        unpack_output(cls, out, result)
+        qt = pack_queries(cls, query, Hkv, k_scale=scales[0] if fp8 else None)
+        init = row_init(cls, H, Hkv, sinks=v.sinks if v is not None else None, alibi_slopes=alibi)
+        out = launch(scheduled_paged_attention, kernel_inputs(cls, qt, init, kv_cache, overlay),
+                     kwargs, Hkv)
+        unpack_output(cls, out, result, v_scale=scales[1] if fp8 else None)
     return result

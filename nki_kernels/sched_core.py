@@ -38,7 +38,7 @@ def key_index_tile(rows, loads, tiled_block_size):
 
 
 def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, bounds,
-               kernel_dtype, soft_cap=None, p_evac=None, v_stride=None):
+               kernel_dtype, soft_cap=None, p_evac=None, v_stride=None, alibi=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -57,9 +57,12 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         p_evac: engine(s) of the P^T PSUM -> SBUF copies (``pe_transpose_blocks``).
         v_stride: columns between V chunks (default d; e.g. an MLA entry size when K and V are
             the same gathered rows).
+        alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
+            ``slope * t + off`` added (t = tile-local key index from ``kidx``), before the soft-cap.
 
     Pseudocode:
         S = q^T k  (PSUM, 512 columns per chunk; summed over channel slices)
+        S = S + slope * kidx + off                                    (ALiBi only)
         U = tanh(S / cap) if soft_cap else S;  mult = cap or 1        (score = mult * U)
         U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only)
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
@@ -81,7 +84,13 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
             else:
                 ps += prod
         src.append(ps)
-    # Step 2: optional soft-cap (one ScalarE pass) and mask (ScalarE |t - c| + 2 VectorE passes).
+    # Step 2: optional ALiBi bias (ScalarE + VectorE pass), soft-cap (one ScalarE pass) and mask
+    # (ScalarE |t - c| + 2 VectorE passes).
+    if alibi is not None:
+        bias = nisa.activation(np.copy, kidx[:, nl.ds(k0, width)], scale=alibi[0], bias=alibi[1],
+                               dtype=nl.float32)
+        src = [nl.add(src[c], bias[:, nl.ds(c * B_F_SIZE, B_F_SIZE)], dtype=nl.float32)
+               for c in range(n_c)]
     if soft_cap is not None or bounds is not None:
         if bounds is not None:
             neg_c = nisa.tensor_scalar(bounds[0], np.multiply, -1.0, dtype=nl.float32)

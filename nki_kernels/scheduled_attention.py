@@ -45,29 +45,34 @@ from nki_kernels.tile_ops import pe_transpose_blocks
 KERNEL = "scheduled_paged_attention"
 MAX_D = 512
 _FLOAT = ("float32", "bfloat16", "float16")
+_FP8 = ("float8_e4m3", "float8_e5m2")
 
 
-def meta_columns(*, loads, blocks, head_size, masked):
+def meta_columns(*, loads, blocks, head_size, masked, alibi=False):
     """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``)."""
     nd = -(-head_size // B_P_SIZE)
-    ki = (2 * loads if masked else loads) + blocks * nd + 2 * blocks
-    kf = 1 + (2 * blocks if masked else 0)
+    ki = (2 * loads if masked else loads) + blocks * nd + 3 * blocks
+    kf = 1 + (2 * blocks if masked else 0) + (1 if alibi else 0)
     return ki, kf
 
 
 @nki.jit
-def scheduled_paged_attention(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff,
-                              rows, blocks, softmax_scale=None, mixed_precision=True,
-                              LARGE_TILE_SZ=2048, logits_soft_cap=None):
+def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
+                              meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
+                              LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False):
     """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
 
     Args:
         query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
             holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T blocks).
-        kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V, same float dtype as query_t (read only).
+        q_init: (Hkv * nblk * rows, 4) float32, per query row: initial -m and l of the online
+            softmax (-M_FLOOR, 0 normally; -sink, 1 with an attention sink), the ALiBi slope and
+            slope * query position (0 without ALiBi).
+        kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
+            (float8_e4m3 / float8_e5m2, converted on chip; scales are folded in by the host).
         overlay: (2, Hkv * R_ov, b' * d): key rows that are not whole cached-context rows (the
-            host copies a sequence's partly filled last context row and its new tokens here),
-            same dtype as kv_cache; row ``h * R_ov + r``.
+            host copies a sequence's partly filled last context row and its new tokens here);
+            row ``h * R_ov + r``. The kv_cache dtype, or for an fp8 cache the kernel dtype.
         meta_pi, meta_pf: partial-phase metadata, (Hkv, 128, Ip * ki) int32 and (128, Ip * kf)
             float32 (``host.schedule.PhaseArrays``; Ip items, may be 0).
         meta_fi, meta_ff: full-phase metadata, (Hkv, 128, If * ki') int32, (128, If * kf') fp32.
@@ -77,6 +82,7 @@ def scheduled_paged_attention(query_t, kv_cache, overlay, meta_pi, meta_pf, meta
             Scores, statistics and the output accumulator are fp32 either way.
         LARGE_TILE_SZ: keys per KV tile before block-size tiling (power of two, 512..8192).
         logits_soft_cap: None or c > 0: scores become c * tanh(s / c) before masking.
+        alibi: add ``slope * (key position - query position)`` to the scores before the soft-cap.
 
     Returns:
         (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of query
@@ -90,20 +96,21 @@ def scheduled_paged_attention(query_t, kv_cache, overlay, meta_pi, meta_pf, meta
     nblk = query_t.shape[0] // (Hkv * d)
     out = nl.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=nl.shared_hbm)
     state = nl.ndarray((max(nblk * rows, 1), d + 2), dtype=nl.float32, buffer=nl.hbm)
-    return scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
-                          blocks, softmax_scale=softmax_scale, mixed_precision=mixed_precision,
-                          LARGE_TILE_SZ=LARGE_TILE_SZ, logits_soft_cap=logits_soft_cap, out=out,
-                          state=state)
+    return scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff,
+                          rows, blocks, softmax_scale=softmax_scale,
+                          mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
+                          logits_soft_cap=logits_soft_cap, alibi=alibi, out=out, state=state)
 
 
-def scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, *,
-                   softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, out, state):
+def scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
+                   blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
+                   alibi, out, state):
     """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
 
     Pseudocode (per program = KV head h; per phase, masked phase first):
         for item t in sequential_range(items):            # chunks of metadata preloaded
-            if reset[t]: st = (o=0, -m=-M_FLOOR, l=0) for every row   (select, NaN-safe)
-            Q^T <- query_t rows q[t]          (skipped unless the group starts here)
+            Q^T <- query_t rows q[t]; init <- q_init rows ini[t]   (skipped unless a group starts)
+            if reset[t]: st = init for every row                   (select, NaN-safe)
             [full] st <- state rows st[t]     (skipped unless the group starts here)
             K, V <- kv rows kv[t] (+ overlay rows ov[t], masked phase; tile zeroed first)
             K^T by PE transposes (per 128-channel slice)
@@ -113,20 +120,24 @@ def scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
             out rows out[t] <- o / max(l, L_FLOOR)   (skipped unless the group ends here)
     """
     require_oob_skip(KERNEL)
-    cfg = _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
-                 softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap)
+    cfg = _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
+                 blocks, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, alibi)
+    cfg.update(rows=rows, blocks=blocks, soft_cap=logits_soft_cap, alibi=alibi)
     head = nl.program_id(axis=1)
-    d, nd, W, kd = cfg["d"], cfg["nd"], cfg["W"], cfg["kd"]
+    d, nd = cfg["d"], cfg["nd"]
     kv_flat = kv_cache.reshape((2, cfg["main_rows"], cfg["bp"] * d))
     sw = d + 2
     # Persistent SBUF state of the current Q group: per block j, columns [j*sw, (j+1)*sw) hold
-    # o (d), -m, l; and the raw Q^T slices (channels on partitions, rows on the free axis).
+    # o (d), -m, l; `init` the same for a group start (o = 0; -m, l from q_init); `al` the ALiBi
+    # slope and slope * query position per block; the raw Q^T slices (channels on partitions).
     st = nl.ndarray((rows, blocks * sw), dtype=nl.float32, buffer=nl.sbuf)
     init = nl.ndarray((rows, blocks * sw), dtype=nl.float32, buffer=nl.sbuf)
+    al = nl.ndarray((rows, blocks * 2), dtype=nl.float32, buffer=nl.sbuf)
     for j in nl.affine_range(blocks):
         init[:, nl.ds(j * sw, d)] = nisa.memset((rows, d), 0.0, dtype=nl.float32)
         init[:, nl.ds(j * sw + d, 1)] = nisa.memset((rows, 1), -M_FLOOR, dtype=nl.float32)
         init[:, nl.ds(j * sw + d + 1, 1)] = nisa.memset((rows, 1), 0.0, dtype=nl.float32)
+    al[...] = nisa.memset((rows, blocks * 2), 0.0, dtype=nl.float32)
     st[...] = nl.copy(init, dtype=nl.float32)
     q_raw = []
     for k in nl.static_range(nd):
@@ -134,45 +145,58 @@ def scheduled_body(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
         qr = nl.ndarray((dk, blocks * rows), dtype=query_t.dtype, buffer=nl.sbuf)
         qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
         q_raw.append(qr)
-    kidx = key_index_tile(rows, cfg["loads"], cfg["bp"]) if cfg["items_p"] > 0 else None
+    need_kidx = cfg["items_p"] > 0 or alibi
+    kidx = key_index_tile(rows, cfg["loads"], cfg["bp"]) if need_kidx else None
+    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx)
+    hbm = dict(query_t=query_t, q_init=q_init, kv_flat=kv_flat, overlay=overlay, out=out,
+               state=state)
 
     for masked, mi_all, mf_all, n_items in ((True, meta_pi, meta_pf, cfg["items_p"]),
                                             (False, meta_fi, meta_ff, cfg["items_f"])):
         if n_items == 0:
             continue
-        ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked)
+        ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked,
+                              alibi=alibi)
         chunk = _chunk(n_items)
-        kv_bufs = None
+        bufs["kv"] = None
         if not masked:
             # Full items write every row; padding items (all DMAs skipped) then read the last
             # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
             rw_all = cfg["loads"] * cfg["bp"] * d
-            kv_bufs = (nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf),
-                       nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf))
+            bufs["kv"] = (nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf),
+                          nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf))
         for ch in nl.sequential_range(n_items // chunk):
             mi = nl.load(mi_all[head, :, nl.ds(ch * chunk * ki, chunk * ki)])
             mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
             for it in nl.sequential_range(chunk):
-                _item(cfg, masked, mi, mf, it * ki, it * kf, query_t, kv_flat, overlay, out,
-                      state, st, init, q_raw, kidx, kv_bufs, rows, blocks, kd, logits_soft_cap)
+                _item(cfg, masked, mi, mf, it * ki, it * kf, kf, hbm, bufs)
     return out
 
 
-def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st, init, q_raw,
-          kidx, kv_bufs, rows, blocks, kd, soft_cap):
-    """One item: reset / carry the group state, gather Q and KV, fold the tile, store."""
+def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
+    """One item: load / reset / carry the group state, gather Q and KV, fold the tile, store."""
     P = B_P_SIZE
-    d, nd, bp, nL = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"]
+    d, nd, bp, nL, kd = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"], cfg["kd"]
+    rows, blocks = cfg["rows"], cfg["blocks"]
+    st, init, al, q_raw = bufs["st"], bufs["init"], bufs["al"], bufs["q_raw"]
     sw = d + 2
     rw = bp * d
     i_r = nl.arange(rows)[:, None]
-    # Step 1: a new group starts -> reset every row's state (a select: stale NaN cannot leak).
-    reset = mf[0:rows, nl.ds(cf, 1)]
-    st[...] = nl.where(reset, init, st, dtype=nl.float32)
-    # Step 2: Q^T of every block (skipped rows keep the group's Q), scaled into the kernel dtype.
     q_col = ci + (2 * nL if masked else nL)
     st_col = q_col + blocks * nd
     out_col = st_col + blocks
+    ini_col = out_col + blocks
+    # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
+    # keep the group's values), then every row's state is reset (a select: stale NaN cannot leak).
+    i_2 = nl.arange(2)[None, :]
+    for j in nl.static_range(blocks):
+        nisa.dma_copy(dst=init[i_r, j * sw + d + i_2], src=hbm["q_init"][mi[i_r, ini_col + j], i_2],
+                      oob_mode=nisa.oob_mode.skip)
+        if cfg["alibi"]:
+            nisa.dma_copy(dst=al[i_r, j * 2 + i_2], src=hbm["q_init"][mi[i_r, ini_col + j], 2 + i_2],
+                          oob_mode=nisa.oob_mode.skip)
+    reset = mf[0:rows, nl.ds(cf, 1)]
+    st[...] = nl.where(reset, init, st, dtype=nl.float32)
     qs = []
     for k in nl.static_range(nd):
         dk = min(P, d - k * P)
@@ -180,40 +204,17 @@ def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st
         i_q = nl.arange(rows)[None, :]
         for j in nl.static_range(blocks):
             nisa.dma_copy(dst=q_raw[k][i_c, j * rows + i_q],
-                          src=query_t[mi[i_c, q_col + j * nd + k], i_q],
+                          src=hbm["query_t"][mi[i_c, q_col + j * nd + k], i_q],
                           oob_mode=nisa.oob_mode.skip)
         qs.append(nisa.tensor_scalar(q_raw[k], np.multiply, cfg["scale"], dtype=kd))
-    # Step 3 (full phase): the group's state left by the partial phase.
+    # Step 2 (full phase): the group's state left by the partial phase.
     if not masked:
         i_s = nl.arange(sw)[None, :]
         for j in nl.static_range(blocks):
-            nisa.dma_copy(dst=st[i_r, j * sw + i_s], src=state[mi[i_r, st_col + j], i_s],
+            nisa.dma_copy(dst=st[i_r, j * sw + i_s], src=hbm["state"][mi[i_r, st_col + j], i_s],
                           oob_mode=nisa.oob_mode.skip)
-    # Step 4: gather the KV tile (nL loads of 128 rows of b' tokens, K and V), cache dtype.
-    cdt = kv_flat.dtype
-    if masked:      # zeroed first (on GpSimd): rows no DMA writes are exact zeros, no stale NaN
-        k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
-        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
-    else:
-        k_rows, v_rows = kv_bufs
-    i_p = nl.arange(P)[:, None]
-    i_f = nl.arange(rw)[None, :]
-    for l in nl.static_range(nL):
-        nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=kv_flat[0, mi[i_p, ci + l], i_f],
-                      oob_mode=nisa.oob_mode.skip)
-        nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=kv_flat[1, mi[i_p, ci + l], i_f],
-                      oob_mode=nisa.oob_mode.skip)
-        if masked:
-            nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=overlay[0, mi[i_p, ci + nL + l], i_f],
-                          oob_mode=nisa.oob_mode.skip)
-            nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=overlay[1, mi[i_p, ci + nL + l], i_f],
-                          oob_mode=nisa.oob_mode.skip)
-    if np.dtype(cdt) != np.dtype(kd):
-        k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
-        v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
-    # K^T per channel slice: column l*128*b' + s*128 + p = key (l*128 + p)*b' + s of the tile.
+    # Step 3: the KV tile in the kernel dtype, K^T per channel slice.
+    k_rows, v_rows = _gather_kv(cfg, masked, mi, ci, hbm, bufs)
     k_t = []
     for k in nl.static_range(nd):
         dk = min(P, d - k * P)
@@ -227,30 +228,88 @@ def _item(cfg, masked, mi, mf, ci, cf, query_t, kv_flat, overlay, out, state, st
                     pe_transpose_blocks(kt, l * P * bp + s * P, k_rows, l * rw + s * d + k * P,
                                         dk, 1, evac_engine=nisa.scalar_engine)
         k_t.append(kt)
-    # Step 5: fold the tile into every block's state, step by step (<= 2048 keys per step).
+    # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step).
     step = min(cfg["W"], 2048)
     # P^T copies: decode blocks (few rows) are cheap anywhere; full 128-row blocks split them
     # 2:1 between ScalarE and VectorE, which also carry the exp and the row max.
     p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P else None
     for j in nl.static_range(blocks):
+        bounds = None
+        if masked:
+            bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
+        alibi = None
+        if cfg["alibi"]:
+            # bias = slope * (k0 + t) - slope * qpos  ->  scale slope, offset slope*k0 - slope*qpos
+            slope = al[:, nl.ds(j * 2, 1)]
+            off = nisa.tensor_scalar(slope, np.multiply, mf[0:rows, nl.ds(cf + kf - 1, 1)],
+                                     op1=np.subtract, operand1=al[:, nl.ds(j * 2 + 1, 1)],
+                                     dtype=nl.float32)
+            alibi = (slope, off)
         for s0 in nl.static_range(cfg["W"] // step):
-            bounds = None
-            if masked:
-                bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
             flash_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
-                       k0=s0 * step, width=step, kidx=kidx, bounds=bounds, kernel_dtype=kd,
-                       soft_cap=soft_cap, p_evac=p_evac)
-    # Step 6: stores (row indices out of bounds -> skipped).
+                       k0=s0 * step, width=step, kidx=bufs["kidx"], bounds=bounds,
+                       kernel_dtype=kd, soft_cap=cfg["soft_cap"], p_evac=p_evac, alibi=alibi)
+    # Step 5: stores (row indices out of bounds -> skipped).
     for j in nl.static_range(blocks):
         if masked:
             i_s = nl.arange(sw)[None, :]
-            nisa.dma_copy(dst=state[mi[i_r, st_col + j], i_s], src=st[i_r, j * sw + i_s],
+            nisa.dma_copy(dst=hbm["state"][mi[i_r, st_col + j], i_s], src=st[i_r, j * sw + i_s],
                           oob_mode=nisa.oob_mode.skip)
         l_safe = nl.maximum(st[:, nl.ds(j * sw + d + 1, 1)], L_FLOOR, dtype=nl.float32)
-        o_tile = nl.divide(st[:, nl.ds(j * sw, d)], l_safe, dtype=out.dtype)
+        o_tile = nl.divide(st[:, nl.ds(j * sw, d)], l_safe, dtype=hbm["out"].dtype)
         i_d = nl.arange(d)[None, :]
-        nisa.dma_copy(dst=out[mi[i_r, out_col + j], i_d], src=o_tile[i_r, i_d],
+        nisa.dma_copy(dst=hbm["out"][mi[i_r, out_col + j], i_d], src=o_tile[i_r, i_d],
                       oob_mode=nisa.oob_mode.skip)
+
+
+def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
+    """K and V rows of the item's tile, ``(128, nL * b' * d)`` each, in the kernel dtype.
+
+    Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
+    zeroed tile (masked items: rows no DMA writes must be exact zeros) or the phase's persistent
+    tile (full items write every row), then converted on ScalarE if the dtypes differ. Overlay
+    rows (masked items) are gathered in their own dtype: the cache dtype, or for fp8 caches the
+    kernel dtype, after the conversion.
+    """
+    P = B_P_SIZE
+    nL, kd = cfg["loads"], cfg["kd"]
+    rw = cfg["bp"] * cfg["d"]
+    kv_flat, overlay = hbm["kv_flat"], hbm["overlay"]
+    cdt = kv_flat.dtype
+    if masked:
+        k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+        v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
+        k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
+        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
+    else:
+        k_rows, v_rows = bufs["kv"]
+    i_p = nl.arange(P)[:, None]
+    i_f = nl.arange(rw)[None, :]
+    ov_late = np.dtype(overlay.dtype) != np.dtype(cdt)
+    for l in nl.static_range(nL):
+        nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=kv_flat[0, mi[i_p, ci + l], i_f],
+                      oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=kv_flat[1, mi[i_p, ci + l], i_f],
+                      oob_mode=nisa.oob_mode.skip)
+        if masked and not ov_late:
+            _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
+    if np.dtype(cdt) != np.dtype(kd):
+        k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
+        v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
+    if masked and ov_late:
+        for l in nl.static_range(nL):
+            _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
+    return k_rows, v_rows
+
+
+def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
+    """Overlay rows of one load into columns ``[c0, c0 + rw)`` (rows not listed are skipped)."""
+    i_p = nl.arange(B_P_SIZE)[:, None]
+    i_f = nl.arange(rw)[None, :]
+    nisa.dma_copy(dst=k_rows[i_p, c0 + i_f], src=overlay[0, mi[i_p, col], i_f],
+                  oob_mode=nisa.oob_mode.skip)
+    nisa.dma_copy(dst=v_rows[i_p, c0 + i_f], src=overlay[1, mi[i_p, col], i_f],
+                  oob_mode=nisa.oob_mode.skip)
 
 
 def _chunk(n_items):
@@ -258,8 +317,8 @@ def _chunk(n_items):
     return min(c, 64)
 
 
-def _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
-           softmax_scale, mixed_precision, LT, soft_cap):
+def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
+           softmax_scale, mixed_precision, LT, soft_cap, alibi):
     """Validate every input; return the static geometry."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
     ck(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2, "kv_cache.shape",
@@ -268,9 +327,11 @@ def _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
     ck(1 <= d <= MAX_D, "kv_cache.shape[4] (head size d)", f"be in [1, {MAX_D}]", d)
     ck(np.dtype(query_t.dtype).name in _FLOAT, "query_t.dtype", f"be one of {_FLOAT}",
        np.dtype(query_t.dtype).name)
-    kernel_unsupported(np.dtype(kv_cache.dtype) == np.dtype(query_t.dtype), KERNEL,
-                       f"a kv_cache of dtype {np.dtype(kv_cache.dtype).name} with "
-                       f"{np.dtype(query_t.dtype).name} queries", "cast the cache or the queries")
+    cache_dt = np.dtype(kv_cache.dtype).name
+    fp8 = cache_dt in _FP8
+    kernel_unsupported(fp8 or np.dtype(kv_cache.dtype) == np.dtype(query_t.dtype), KERNEL,
+                       f"a kv_cache of dtype {cache_dt} with {np.dtype(query_t.dtype).name} "
+                       f"queries", f"use the query dtype or an fp8 cache ({_FP8})")
     ck(isinstance(rows, int) and 1 <= rows <= B_P_SIZE, "rows", "be an int in [1, 128]", rows)
     ck(isinstance(blocks, int) and 1 <= blocks <= 64, "blocks", "be an int in [1, 64]", blocks)
     ck(B >= 1 and (B & (B - 1)) == 0 and B <= 256, "kv_cache.shape[3] (block_size)",
@@ -283,12 +344,21 @@ def _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
     ck(len(overlay.shape) == 3 and overlay.shape[0] == 2 and overlay.shape[2] == bp * d
        and overlay.shape[1] % Hkv == 0, "overlay.shape",
        f"be (2, Hkv*R_ov, b'*d) = (2, {Hkv}*R_ov, {bp * d})", tuple(overlay.shape))
-    ck(np.dtype(overlay.dtype) == np.dtype(kv_cache.dtype), "overlay.dtype",
-       f"equal kv_cache.dtype ({np.dtype(kv_cache.dtype).name})", np.dtype(overlay.dtype).name)
+    kd = nl.bfloat16 if mixed_precision is True else query_t.dtype
+    ov_dt = np.dtype(kd) if fp8 else np.dtype(kv_cache.dtype)
+    ck(np.dtype(overlay.dtype) == ov_dt, "overlay.dtype",
+       f"equal {ov_dt.name} (the kv_cache dtype; the kernel dtype for an fp8 cache)",
+       np.dtype(overlay.dtype).name)
+    nblk = query_t.shape[0] // (Hkv * d)
+    ck(tuple(q_init.shape) == (Hkv * nblk * rows, 4) and np.dtype(q_init.dtype) == np.float32,
+       "q_init", f"be a float32 array of shape (Hkv*nblk*rows, 4) = {(Hkv * nblk * rows, 4)}",
+       (tuple(q_init.shape), np.dtype(q_init.dtype).name))
+    ck(isinstance(alibi, bool), "alibi", "be a bool", alibi)
     items = []
     for name_i, name_f, mi, mf, masked in (("meta_pi", "meta_pf", meta_pi, meta_pf, True),
                                            ("meta_fi", "meta_ff", meta_fi, meta_ff, False)):
-        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked)
+        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
+                              alibi=alibi is True)
         ck(len(mi.shape) == 3 and mi.shape[0] == Hkv and mi.shape[1] == B_P_SIZE
            and mi.shape[2] % ki == 0, f"{name_i}.shape", f"be (Hkv, 128, items*{ki})",
            tuple(mi.shape))
@@ -311,6 +381,5 @@ def _check(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
     ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)
                             and math.isfinite(float(soft_cap)) and soft_cap > 0),
        "logits_soft_cap", "be None or a finite number > 0", soft_cap)
-    kd = nl.bfloat16 if mixed_precision else query_t.dtype
     return dict(d=d, nd=-(-d // B_P_SIZE), bp=bp, loads=nL, W=nL * B_P_SIZE * bp, kd=kd,
                 scale=scale, items_p=items[0], items_f=items[1], main_rows=N * Hkv * T)

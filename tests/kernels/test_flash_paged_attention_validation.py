@@ -121,15 +121,31 @@ HOST_BAD = [
     ("softmax_scale", dict(softmax_scale="0.5")),
     ("head size d", dict(query=np.zeros((5, H, 130), np.float32), key=np.zeros((5, HKV, 130), np.float32),
                          value=np.zeros((5, HKV, 130), np.float32),
-                         kv_cache=np.zeros((2, N, HKV, B, 130), np.float32))),
+                         kv_cache=np.zeros((2, N, HKV, B, 130), np.float32), kernel="dense")),
+    ("head size d", dict(query=np.zeros((5, H, 513), np.float32), key=np.zeros((5, HKV, 513), np.float32),
+                         value=np.zeros((5, HKV, 513), np.float32),
+                         kv_cache=np.zeros((2, N, HKV, B, 513), np.float32))),
+    ("kernel", dict(kernel="sparse")),
+    ("sliding_window", dict(sliding_window=0)),
+    ("logits_soft_cap", dict(logits_soft_cap=-1.0)),
 ]
 
 
-@pytest.mark.parametrize("arg, bad", HOST_BAD, ids=[a for a, _ in HOST_BAD])
+@pytest.mark.parametrize("arg, bad", HOST_BAD, ids=[f"{a}-{i}" for i, (a, _) in enumerate(HOST_BAD)])
 def test_paged_attention_rejects(arg, bad):
     a = _host_args(**bad)
     with pytest.raises(ValueError, match=__import__("re").escape(arg) + " must "):
         paged_attention(**a)
+
+
+def test_dense_kernel_rejects_variants_and_fp8_caches():
+    import ml_dtypes
+
+    with pytest.raises(NotImplementedError, match="kernel='scheduled'"):
+        paged_attention(**_host_args(kernel="dense", sliding_window=4))
+    fp8 = _host_args()["kv_cache"].astype(ml_dtypes.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="kernel='scheduled'"):
+        paged_attention(**_host_args(kv_cache=fp8, kernel="dense", k_scale=1.0, v_scale=1.0))
 
 
 def test_paged_attention_neuron_backend_needs_the_toolchain():
