@@ -42,3 +42,9 @@ def pytest_collection_modifyitems(config, items):
 def rng():
     """A fresh, seeded NumPy generator per test (seed 0)."""
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def tol():
+    """The project tolerance table lookup ``tolerance(mode, dtype) -> (atol, rtol)``."""
+    return tolerance
