@@ -58,7 +58,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     if not args.no_png:
         from nki_pa_cli.plot import matplotlib_missing
 
-        missing = matplotlib_missing()
+        missing = matplotlib_missing(instead="pass --no-png")
         if missing:
             return _usage(missing)
     try:

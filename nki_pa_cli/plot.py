@@ -6,13 +6,14 @@ from pathlib import Path
 from nki_sim.cost import ENGINES
 
 
-def matplotlib_missing() -> str | None:
-    """None when matplotlib imports, else the message to show (checked before any long run)."""
+def matplotlib_missing(instead: str) -> str | None:
+    """None when matplotlib imports, else the message to show (checked before any long run);
+    ``instead`` says how to run without a plot, e.g. "pass --no-png"."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         return ("matplotlib is not installed; install the plotting extra "
-                "(python -m pip install 'nki-paged-attention[bench]') or pass --no-png")
+                f"(python -m pip install 'nki-paged-attention[bench]') or {instead}")
     return None
 
 

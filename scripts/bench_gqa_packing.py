@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
 
 D, BLOCK, TILE = 128, 32, 2048
 SMALL_HKV = 2            # --quick and --sweep
@@ -180,10 +181,9 @@ def sweep_table(rows) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small workloads (< 1 min)")
+    add_common_args(ap, quick_help=f"small workloads, Hkv={SMALL_HKV} (seconds)")
     ap.add_argument("--sweep", action="store_true", help="rule calibration sweep instead")
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args(argv)
+    a = parse_args(ap, argv)
     t0 = time.perf_counter()
     if a.sweep:
         rows = [r for t in TARGETS for r in sweep(a.quick, t)]
@@ -196,8 +196,7 @@ def main(argv=None) -> int:
               f"LT={TILE}, fp32 inputs, mixed precision. Speedup = unpacked / packed modeled time.")
         print(table(rows))
     print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    if a.json:
-        a.json.write_text(json.dumps(rows, indent=2))
+    write_json(a, __file__, rows, mode="sweep" if a.sweep else "bench", times="MODELED")
     return 0
 
 
