@@ -2,7 +2,7 @@
 
 This checks the benchmark's plumbing and JSON schema, not performance: the comparison itself is
 the benchmark's output (MODELED figures, never asserted as timings here beyond the sign of the
-effect the issue's acceptance names).
+effect the benchmark's acceptance line names).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_bench_quick_slice_json(tmp_path, capsys, sim_only):
     assert "MODELED" in text and "| decode |" in text
 
 
-def test_workloads_follow_the_issue():
+def test_workloads_have_the_documented_sizes():
     bench = _load("bench_paged_attention")
     full = {w.name: w for w in bench.make_workloads(quick=False)}
     dec = full["decode"]
