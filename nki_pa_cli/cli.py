@@ -14,7 +14,8 @@ Run a mixed batch (a prefill chunk plus decodes, GQA) through the flash paged-at
 on the embedded NKI simulator (nki_sim) for trn1 and trn2, check it against the float64
 reference, print the max error, PASS/FAIL and the MODELED figures (nki_sim.cost: modeled us,
 per-engine us, DMA instructions and bytes), and write into --out: one Perfetto trace per run
-(trace-<target>.json, open in https://ui.perfetto.dev), summary.json and modeled-engines.png.
+(trace-<kernel>-<target>.json, open in https://ui.perfetto.dev), summary.json and
+modeled-engines.png. Every kernel of host.paged_attention(kernel=...) runs, the default first.
 Exit code 0 = PASS, 1 = FAIL, 2 = bad usage or matplotlib missing (use --no-png)."""
 
 

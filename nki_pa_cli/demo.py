@@ -88,22 +88,19 @@ def make_inputs(batch: DemoBatch, seed: int = 0) -> tuple:
 
 
 def kernel_choices() -> tuple:
-    """Kernels to run: ``(None,)`` (the default, unnamed) unless ``host.paged_attention`` takes
-    ``kernel=``, then every name it accepts (``host.attention.KERNELS``), default first."""
+    """Every kernel ``host.paged_attention(kernel=...)`` accepts (``host.attention.KERNELS``),
+    its default first."""
     from host import attention
 
-    param = inspect.signature(attention.paged_attention).parameters.get("kernel")
-    if param is None:
-        return (None,)
-    names = tuple(getattr(attention, "KERNELS", ()) or (param.default,))
-    return tuple(sorted(names, key=lambda k: k != param.default))
+    default = inspect.signature(attention.paged_attention).parameters["kernel"].default
+    return tuple(sorted(attention.KERNELS, key=lambda k: k != default))
 
 
 @dataclasses.dataclass
 class RunResult:
     """One (kernel, target) run: numerics vs the reference and the MODELED cost of its trace."""
 
-    kernel: str | None
+    kernel: str
     target: str
     max_abs_error: float
     passed: bool
@@ -112,7 +109,7 @@ class RunResult:
 
     @property
     def label(self) -> str:
-        return self.target if self.kernel is None else f"{self.kernel} {self.target}"
+        return f"{self.kernel} {self.target}"
 
     def as_dict(self) -> dict:
         r = self.report
@@ -137,11 +134,10 @@ def run_demo(batch: DemoBatch, *, tolerance: float = TOLERANCE, seed: int = 0,
     step("float64 reference")
     results = []
     for kernel in kernel_choices() if kernels is None else kernels:
-        extra = {} if kernel is None else {"kernel": kernel}
         for target in targets:
             with nki_sim.use_target(target), nki_sim.tracing() as trace:
                 out = paged_attention(*inputs, large_tile_size=batch.large_tile_size,
-                                      backend="sim", **extra)
+                                      backend="sim", kernel=kernel)
             if not trace.events:
                 raise RuntimeError("the kernel did not run on nki_sim (empty trace); "
                                    "run with NKI_PA_BACKEND=sim")
@@ -176,7 +172,7 @@ def format_report(batch: DemoBatch, results: list[RunResult], tolerance: float) 
 
 
 def trace_name(r: RunResult) -> str:
-    return f"trace-{r.target}.json" if r.kernel is None else f"trace-{r.kernel}-{r.target}.json"
+    return f"trace-{r.kernel}-{r.target}.json"
 
 
 def write_outputs(out_dir: Path, batch: DemoBatch, results: list[RunResult], tolerance: float,

@@ -36,16 +36,15 @@ def plot_engine_bars(results, path: Path, title: str = "") -> None:
         for k, kernel in enumerate(kernels):
             (r,) = [r for r in results if r.target == target and r.kernel == kernel]
             xs = [i + (k - (len(kernels) - 1) / 2) * width for i in range(len(ENGINES))]
-            label = "busy time" if kernel is None else kernel
-            bars = ax.bar(xs, [r.report.per_engine_us[e] for e in ENGINES], width, label=label)
+            bars = ax.bar(xs, [r.report.per_engine_us[e] for e in ENGINES], width, label=kernel)
             ax.axhline(r.report.modeled_us, ls="--", lw=1, color=bars.patches[0].get_facecolor(),
-                       label=f"modeled total {r.report.modeled_us:.1f} us"
-                             + ("" if kernel is None else f" ({kernel})"))
+                       label=f"{kernel}: modeled total {r.report.modeled_us:.1f} us")
         ax.set_xticks(range(len(ENGINES)), ENGINES)
         ax.set_title(target)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("MODELED busy time per engine (us)")
+    axes[0][0].set_ylim(0, 1.35 * max(r.report.modeled_us for r in results))   # room for the legend
     fig.suptitle("MODELED (nki_sim.cost, not measured)" + (f"\n{title}" if title else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

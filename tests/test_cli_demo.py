@@ -1,6 +1,7 @@
 """``nki-pa demo --quick`` end to end: files, exit codes, early failures (about a second)."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from host.attention import paged_attention
 from nki_pa_cli import demo
 from nki_pa_cli.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, main
 
@@ -29,7 +31,11 @@ def test_quick_demo_writes_traces_summary_and_png(tmp_path, capsys, sim_env):
     assert "MODELED" in text and text.rstrip().splitlines()[-1].startswith("PASS")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["passed"] is True
-    assert {r["target"] for r in summary["runs"]} == {"trn1", "trn2"}
+    kernels = demo.kernel_choices()
+    assert [(r["kernel"], r["target"]) for r in summary["runs"]] == [
+        (k, t) for k in kernels for t in ("trn1", "trn2")]
+    default = inspect.signature(paged_attention).parameters["kernel"].default
+    assert len(kernels) >= 2 and kernels[0] == default                       # the default first
     for run in summary["runs"]:
         assert run["max_abs_error"] <= summary["tolerance"]
         assert f"{run['max_abs_error']:.2e}" in text
@@ -86,6 +92,7 @@ def test_demo_batches_are_mixed_gqa_and_match_their_inputs():
     for batch in (demo.QUICK, demo.FULL):
         assert sum(q > 1 for q in batch.query_lens) >= 1 and sum(q == 1 for q in batch.query_lens) >= 2
         assert batch.num_heads // batch.num_kv_heads > 1
+    for batch in (demo.QUICK,):                       # (the full batch's cache is ~130 MB)
         q, k, v, cache, tables, qlens, clens = demo.make_inputs(batch)
         assert q.shape == (sum(batch.query_lens), batch.num_heads, batch.head_size)
         assert k.shape == v.shape == (q.shape[0], batch.num_kv_heads, batch.head_size)
