@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """MODELED benchmark: GQA query packing (host/gqa_packing.py) vs the unpacked launch.
 
-For each workload and target (trn1, trn2), host.paged_attention runs on nki_sim under tracing
-with gqa_packing=False and True; nki_sim.cost.estimate turns each trace into a modeled time.
+For each workload and target (trn1, trn2), host.paged_attention(kernel="dense") runs on nki_sim
+under tracing with gqa_packing=False and True (packing is an option of the dense kernel; the
+scheduled kernel always packs the heads of a KV head as rows); nki_sim.cost.estimate turns each trace into a modeled time.
 Nothing is measured on hardware: every time printed here is MODELED (docs/cost-model.md).
 Also reported: TensorE / VectorE / ScalarE instruction counts, DMA instructions and bytes, the
 max |error| against the float64 reference (host.paged_attention_ref), what the "auto" rule
@@ -93,7 +94,7 @@ def run(w: Workload, target: str, packed: bool, args, ref) -> dict:
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         t0 = time.perf_counter()
         out = paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim",
-                              gqa_packing=packed)
+                              kernel="dense", gqa_packing=packed)
         wall = time.perf_counter() - t0
     s = trace.summary()
     rep = estimate(trace, target=target)

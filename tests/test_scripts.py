@@ -5,43 +5,34 @@ tests/kernels/test_cache_ops_bench.py; bench_paged_attention has its own tests).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from nki_pa_cli import script_args
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
        "bench_sim_speed", "time_flash_sim")
 
 
-def load(name):
-    key = f"_scripts_test_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, SCRIPTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-def run_quick(name, tmp_path, *extra):
-    out = tmp_path / f"{name}.json"
-    assert load(name).main(["--quick", "--json", str(out), *extra]) == 0
-    doc = json.loads(out.read_text())
-    assert doc["script"] == f"{name}.py" and doc["quick"] is True and doc["rows"]
-    return doc
+@pytest.fixture
+def run_quick(load_script, tmp_path):
+    """Run a script with --quick --json; returns the JSON object after checking its envelope."""
+    def run(name, *extra):
+        out = tmp_path / f"{name}.json"
+        assert load_script(name).main(["--quick", "--json", str(out), *extra]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["script"] == f"{name}.py" and doc["quick"] is True and doc["rows"]
+        return doc
+    return run
 
 
 @pytest.mark.parametrize("name", OWN)
-def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys):
+def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_script):
     with pytest.raises(SystemExit) as e:
-        load(name).main(["--quick", "--json", str(tmp_path / "missing" / "x.json")])
+        load_script(name).main(["--quick", "--json", str(tmp_path / "missing" / "x.json")])
     assert e.value.code == 2
     assert "--json folder must exist" in capsys.readouterr().err
 
@@ -52,9 +43,9 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys):
     ("bench_host_prep", ["--decode", "0", "--prefill", "0"]), ("bench_host_prep", ["--tile", "0"]),
     ("bench_sim_speed", ["--iters", "0"]), ("time_flash_sim", ["--ctx", "100"]),
     ("time_flash_sim", ["--workload", "prefill"])])
-def test_bad_arguments_exit_2_before_the_run(name, bad, capsys):
+def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
-        load(name).main(["--quick", *bad])
+        load_script(name).main(["--quick", *bad])
     assert e.value.code == 2
     assert capsys.readouterr().out == ""          # nothing ran, nothing printed
 
@@ -84,8 +75,8 @@ def test_plot_and_json_accepted_when_possible(tmp_path, capsys):
 
 
 @pytest.mark.simulation
-def test_bench_block_copy_quick(tmp_path, capsys):
-    rows = run_quick("bench_block_copy", tmp_path)["rows"]
+def test_bench_block_copy_quick(run_quick, capsys):
+    rows = run_quick("bench_block_copy")["rows"]
     assert "| coalesced |" in capsys.readouterr().out
     for g in {r["groups"] for r in rows}:
         group = {r["variant"]: r for r in rows if r["groups"] == g}
@@ -94,8 +85,8 @@ def test_bench_block_copy_quick(tmp_path, capsys):
             r["gather_scatter_dmas"] for r in group.values())
 
 
-def test_bench_host_prep_quick(tmp_path, capsys):
-    doc = run_quick("bench_host_prep", tmp_path)
+def test_bench_host_prep_quick(run_quick, capsys):
+    doc = run_quick("bench_host_prep")
     mixed, decode = doc["rows"]
     assert mixed["num_seqs"] == decode["num_seqs"] == 32
     assert decode["num_queries"] == 32 and mixed["num_queries"] == 28 + 4 * 64
@@ -107,17 +98,17 @@ def test_bench_host_prep_quick(tmp_path, capsys):
 
 
 @pytest.mark.simulation
-def test_bench_sim_speed_quick_counts_every_instruction(tmp_path, capsys):
-    untraced, traced = run_quick("bench_sim_speed", tmp_path)["rows"]
+def test_bench_sim_speed_quick_counts_every_instruction(run_quick, capsys):
+    untraced, traced = run_quick("bench_sim_speed")["rows"]
     assert traced["traced"] and not untraced["traced"]
     assert traced["instructions"] == untraced["instructions"] == 4 * 250 + 4
 
 
 @pytest.mark.simulation
-def test_time_flash_sim_quick(tmp_path, capsys, tol):
-    doc = run_quick("time_flash_sim", tmp_path)
+def test_time_flash_sim_quick(run_quick, capsys, tol):
+    doc = run_quick("time_flash_sim")
     (row,) = doc["rows"]
-    assert doc["ctx"] == 512 and row["workload"] == "decode"
+    assert (doc["sequences"], doc["ctx"], row["workload"]) == (4, 512, "decode")
     assert row["max_abs_err"] <= tol("mixed", np.float32)[0]
     assert row["dma_indirect_instructions"] > 0 and row["modeled_us"] > 0
     assert "MODELED" in capsys.readouterr().out
