@@ -268,9 +268,30 @@ def allocate_kv_caches(num_layers: int, num_blocks: int, num_kv_heads: int, bloc
     """Zero-filled per-layer caches (2, N, Hkv, B, d) that are views of ONE contiguous buffer.
 
     ``copy_blocks`` on such a list is zero-copy on the host (one row view of all layers).
+
+    Args:
+        num_layers, num_blocks, num_kv_heads, block_size, head_size: integers >= 1 (Python or
+            NumPy ints; bool and float are rejected).
+        dtype: a cache dtype every cache operation accepts (float32, bfloat16, float16,
+            float8_e4m3fn, float8_e5m2).
+
+    Raises:
+        ValueError: a bad size or dtype (names the argument), before anything is allocated.
+        NotImplementedError: another float8 format.
     """
-    buf = np.zeros((num_layers, 2, num_blocks, num_kv_heads, block_size, head_size), dtype=dtype)
-    return [buf[i] for i in range(num_layers)]
+    from host.validation import check_int
+
+    sizes = [check_int(name, value, min_value=1) for name, value in (
+        ("num_layers", num_layers), ("num_blocks", num_blocks), ("num_kv_heads", num_kv_heads),
+        ("block_size", block_size), ("head_size", head_size))]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        fail("dtype", f"be a NumPy / ml_dtypes cache dtype ({', '.join(_CACHE_DTYPES)}, float8_e4m3fn "
+             "or float8_e5m2)", repr(dtype))
+    _check_cache("dtype", np.empty((2, 1, 1, 1, 1), dt))   # the dtype rule of every cache operation
+    buf = np.zeros((sizes[0], 2, *sizes[1:]), dtype=dt)
+    return [buf[i] for i in range(sizes[0])]
 
 
 def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:

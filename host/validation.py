@@ -36,11 +36,19 @@ __all__ = [
 def summarize(value: Any, limit: int = 8) -> str:
     """Short printable form of ``value`` for error messages (arrays are truncated)."""
     if isinstance(value, np.ndarray):
-        flat = value.ravel()
-        body = ", ".join(str(v) for v in flat[:limit].tolist())
-        more = ", ..." if flat.size > limit else ""
-        return f"array(shape={value.shape}, dtype={value.dtype}, values=[{body}{more}])"
+        return f"array(shape={value.shape}, dtype={value.dtype}, values=[{_first_values(value, limit)}])"
     return repr(value)
+
+
+def _first_values(arr: np.ndarray, limit: int = 8) -> str:
+    flat = arr.ravel()
+    return ", ".join(str(v) for v in flat[:limit].tolist()) + (", ..." if flat.size > limit else "")
+
+
+def _first_offender(arg: str, arr: np.ndarray, bad: np.ndarray) -> str:
+    """``arg[i, j] = value`` for the first True entry of ``bad`` (same shape as ``arr``)."""
+    pos = np.unravel_index(int(np.argmax(bad)), arr.shape)
+    return f"{arg}[{', '.join(map(str, pos))}] = {arr[pos]}"
 
 
 def fail(arg: str, constraint: str, got: Any) -> None:
@@ -96,14 +104,31 @@ def check_shape(arg: str, arr: np.ndarray, expected: Sequence[int | None], what:
         fail(arg, f"have shape {want}{' ' + what if what else ''}", f"shape {arr.shape}")
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
 def check_integer_array(arg: str, x: Any, *, ndim: int | None = None) -> np.ndarray:
-    """Array of an integer dtype (bool rejected); returns it as int64."""
+    """Array of an integer dtype with values in the int64 range; returns it as int64.
+
+    Rejected with a ValueError naming ``arg``: bool, float (also whole-valued, e.g. a Python
+    list ``[1.0, 2.0]``: integers are never guessed from floats), object and string data, and
+    unsigned values >= 2**63 (shown with their true value, not wrapped to a negative int64).
+    """
     arr, _ = to_numpy(x, arg)
+    if arr.dtype == object and arr.size and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in arr.flat):
+        # Python ints outside the int64 range (NumPy keeps them as objects)
+        bad = np.array([abs(v) > _INT64_MAX for v in arr.flat]).reshape(arr.shape)
+        fail(arg, "hold values in the int64 range", _first_offender(arg, arr, bad))
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
         # (an empty Python list becomes float64; let the size checks report it instead)
-        fail(arg, "have an integer dtype", f"dtype {arr.dtype}")
+        hint = " (floats are not converted to integers, even whole ones)" if arr.dtype.kind == "f" else ""
+        fail(arg, "have an integer dtype", f"dtype {arr.dtype} with values [{_first_values(arr)}]{hint}")
     if ndim is not None:
         check_ndim(arg, arr, ndim)
+    if arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and arr.size and arr.max() > _INT64_MAX:
+        fail(arg, "hold values below 2**63 (the int64 range)",
+             f"{_first_offender(arg, arr, arr > _INT64_MAX)} (dtype {arr.dtype})")
     return arr.astype(np.int64, copy=False)
 
 
@@ -140,8 +165,7 @@ def check_index_range(arg: str, ids: np.ndarray, *, upper: int, what: str) -> No
         return
     bad = (ids < 0) | (ids >= upper)
     if bad.any():
-        pos = np.unravel_index(int(np.argmax(bad)), ids.shape)
-        fail(arg, f"hold {what} in [0, {upper})", f"{arg}[{', '.join(map(str, pos))}] = {int(ids[pos])}")
+        fail(arg, f"hold {what} in [0, {upper})", _first_offender(arg, ids, bad))
 
 
 def check_slot_mapping(slot_mapping: Any, *, num_tokens: int, num_slots: int,

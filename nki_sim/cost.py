@@ -1,7 +1,7 @@
 """Analytical cost model for one NeuronCore (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3).
 
-Input: the simulator trace (``nki_sim.tracing()``; INTERFACES §3 ``Event`` fields), or any iterable
-of objects with the same attribute names. Output: a frozen :class:`CostReport` of MODELED figures.
+Input: the simulator trace (``nki_sim.tracing()``; the fields of ``nki_sim.trace.Event``), or any
+iterable of objects with the same attribute names. Output: a frozen :class:`CostReport` of MODELED figures.
 Nothing here is a measurement; docs/cost-model.md explains the model and prints the constants table
 (:func:`constants_table`). Every constant lives in one frozen dataclass per target
 (:data:`TRN1`, :data:`TRN2`), each field carrying its unit, its source and whether it is

@@ -24,13 +24,14 @@ script asserts it) and the MODELED trn2 time of the trace (``nki_sim.cost.estima
 not measured; "-" if the cost module is missing). Results of all variants are checked identical.
 
     python scripts/bench_block_copy.py [--layers 4] [--blocks 24] [--kv-heads 8] [--block-size 16]
-                                       [--head-size 128] [--json out.json]
+                                       [--head-size 128] [--quick] [--json out.json]
+
+--quick: 2 layers, 6 blocks, Hkv 2, block size 8, head size 64 (the same four variants).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -40,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nki_sim  # noqa: E402
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
 from host.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_len,  # noqa: E402
                             copy_blocks)
 from nki_kernels.baselines.block_copy_batched import copy_rows_batched  # noqa: E402
@@ -149,22 +151,30 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + note
 
 
+QUICK = {"layers": 2, "blocks": 6, "kv_heads": 2, "block_size": 8, "head_size": 64}
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--blocks", type=int, default=24, help="blocks copied (divisible by 6)")
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--head-size", type=int, default=128)
-    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    args = ap.parse_args(argv)
-    if args.blocks % 6 or args.blocks <= 0 or 4 * args.blocks > 2 * N_BLOCKS:
-        ap.error(f"--blocks must be a positive multiple of 6 and <= {N_BLOCKS // 2}; got {args.blocks}")
-    rows = bench(args.layers, args.blocks, args.kv_heads, args.block_size, args.head_size)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=None, help="layers (default 4)")
+    ap.add_argument("--blocks", type=int, default=None, help="blocks copied (divisible by 6; default 24)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="default 8")
+    ap.add_argument("--block-size", type=int, default=None, help="default 16")
+    ap.add_argument("--head-size", type=int, default=None, help="default 128")
+    add_common_args(ap, quick_help="small shapes: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    args = parse_args(ap, argv)
+    defaults = QUICK if args.quick else {"layers": 4, "blocks": 24, "kv_heads": 8, "block_size": 16,
+                                         "head_size": 128}
+    shape = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in defaults}
+    for k in ("layers", "kv_heads", "block_size", "head_size"):
+        if shape[k] < 1:
+            ap.error(f"--{k.replace('_', '-')} must be >= 1; got {shape[k]}")
+    if shape["blocks"] % 6 or shape["blocks"] <= 0 or 4 * shape["blocks"] > 2 * N_BLOCKS:
+        ap.error(f"--blocks must be a positive multiple of 6 and <= {N_BLOCKS // 2}; got {shape['blocks']}")
+    rows = bench(shape["layers"], shape["blocks"], shape["kv_heads"], shape["block_size"],
+                 shape["head_size"])
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "cost_model": estimate is not None}, fh, indent=2)
+    write_json(args, __file__, rows, cost_model=estimate is not None)
     return 0
 
 

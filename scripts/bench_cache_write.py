@@ -27,7 +27,6 @@ kernels, and use the CPU figure only as the host-side alternative's cost.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nki_sim  # noqa: E402
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
 from host.cache_ops import cache_write_row_index, reshape_and_cache  # noqa: E402
 from nki_kernels.baselines.kv_write_per_token import kv_write_per_token  # noqa: E402
 
@@ -159,18 +159,16 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7, help="CPU timing repeats (median)")
-    ap.add_argument("--quick", action="store_true", help="only the two decode workloads (smoke test)")
-    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    args = ap.parse_args(argv)
+    add_common_args(ap, quick_help="only the two decode workloads (smoke test)")
+    args = parse_args(ap, argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1; got {args.repeats}")
     rows = bench(args.repeats, WORKLOADS[:2] if args.quick else WORKLOADS)
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "cost_model": estimate is not None, "dtype": "bfloat16"}, fh, indent=2)
+    write_json(args, __file__, rows, cost_model=estimate is not None, dtype="bfloat16")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """MODELED benchmark: GQA query packing (host/gqa_packing.py) vs the unpacked launch.
 
-For each workload and target (trn1, trn2), host.paged_attention runs on nki_sim under tracing
-with gqa_packing=False and True; nki_sim.cost.estimate turns each trace into a modeled time.
+For each workload and target (trn1, trn2), host.paged_attention(kernel="dense") runs on nki_sim
+under tracing with gqa_packing=False and True (packing is an option of the dense kernel; the
+scheduled kernel always packs the heads of a KV head as rows); nki_sim.cost.estimate turns each trace into a modeled time.
 Nothing is measured on hardware: every time printed here is MODELED (docs/cost-model.md).
 Also reported: TensorE / VectorE / ScalarE instruction counts, DMA instructions and bytes, the
 max |error| against the float64 reference (host.paged_attention_ref), what the "auto" rule
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
 
 D, BLOCK, TILE = 128, 32, 2048
 SMALL_HKV = 2            # --quick and --sweep
@@ -92,7 +94,7 @@ def run(w: Workload, target: str, packed: bool, args, ref) -> dict:
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         t0 = time.perf_counter()
         out = paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim",
-                              gqa_packing=packed)
+                              kernel="dense", gqa_packing=packed)
         wall = time.perf_counter() - t0
     s = trace.summary()
     rep = estimate(trace, target=target)
@@ -180,10 +182,9 @@ def sweep_table(rows) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small workloads (< 1 min)")
+    add_common_args(ap, quick_help=f"small workloads, Hkv={SMALL_HKV} (seconds)")
     ap.add_argument("--sweep", action="store_true", help="rule calibration sweep instead")
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args(argv)
+    a = parse_args(ap, argv)
     t0 = time.perf_counter()
     if a.sweep:
         rows = [r for t in TARGETS for r in sweep(a.quick, t)]
@@ -196,8 +197,7 @@ def main(argv=None) -> int:
               f"LT={TILE}, fp32 inputs, mixed precision. Speedup = unpacked / packed modeled time.")
         print(table(rows))
     print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    if a.json:
-        a.json.write_text(json.dumps(rows, indent=2))
+    write_json(a, __file__, rows, mode="sweep" if a.sweep else "bench", times="MODELED")
     return 0
 
 

@@ -2,7 +2,7 @@
 """Time host preparation for one flat batch: plan, active block table, transformed block tables
 (all KV heads) and the kernel mask; report mask memory and what a compact mask form would save.
 
-Default batch (issue 3): 256 sequences with ~4K-token contexts (uniform in [3584, 4608], seeded),
+Default batch: 256 sequences with ~4K-token contexts (uniform in [3584, 4608], seeded),
 block 32, LARGE_TILE_SZ 2048, Hkv 8; query lens = 240 decode sequences (q=1) + 16 chunked-prefill
 sequences (q=64), shuffled. Also runs an all-decode batch (256 x q=1) for comparison.
 
@@ -12,13 +12,15 @@ NumPy maps large arrays with transparent huge pages, so the band writes fault in
 zero-fills) most of the buffer: this is the real cost of a new dense mask. "out= reuse" writes
 into a preallocated buffer (one memset + the bands), what a runner reusing a shape bucket pays.
 
-    python scripts/bench_host_prep.py [--repeats 15] [--json out.json]
+    python scripts/bench_host_prep.py [--repeats 15] [--quick] [--json out.json]
+
+--quick: 28 decode + 4 prefill sequences, 3 repeats (a smoke run; the figures are not the
+README's).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
 from host.block_tables import active_block_table, transform_block_tables_all_heads  # noqa: E402
 from host.masks import (build_attention_mask, context_row_ranges, query_seq_ids)  # noqa: E402
 from host.plan import make_plan  # noqa: E402
@@ -127,16 +130,25 @@ def growth_table() -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=None, help="timing repeats (default 15; 3 with --quick)")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--tile", type=int, default=2048)
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--decode", type=int, default=240)
-    ap.add_argument("--prefill", type=int, default=16)
+    ap.add_argument("--decode", type=int, default=None, help="decode sequences (default 240; 28 with --quick)")
+    ap.add_argument("--prefill", type=int, default=None, help="prefill sequences (default 16; 4 with --quick)")
     ap.add_argument("--prefill-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
-    a = ap.parse_args(argv)
+    add_common_args(ap, quick_help="a small batch (28 decode + 4 prefill), 3 repeats")
+    a = parse_args(ap, argv)
+    small = {"repeats": 3, "decode": 28, "prefill": 4} if a.quick else {"repeats": 15, "decode": 240, "prefill": 16}
+    for k, v in small.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    for k in ("repeats", "block_size", "tile", "kv_heads", "prefill_len"):
+        if getattr(a, k) < 1:
+            ap.error(f"--{k.replace('_', '-')} must be >= 1; got {getattr(a, k)}")
+    if a.decode < 0 or a.prefill < 0 or a.decode + a.prefill < 1:
+        ap.error(f"--decode and --prefill must be >= 0 with at least one sequence; got {a.decode}, {a.prefill}")
 
     kw = dict(block_size=a.block_size, tile=a.tile, hkv=a.kv_heads, repeats=a.repeats, seed=a.seed)
     results = []
@@ -149,12 +161,8 @@ def main(argv=None) -> int:
     for r in results:
         print_case(r)
     growth = growth_table()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(cases=results, mask_growth=growth), f, indent=2)
-        print(f"\nwrote {a.json}")
+    write_json(a, __file__, results, mask_growth=growth)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Simulation wall time of host.paged_attention on nki_sim for the mid-size case of issue 4.
+"""Simulation wall time of host.paged_attention on nki_sim for a mid-size case.
 
 16 sequences, H=32, Hkv=8, d=128, block_size 32, 8192 context tokens per sequence,
 LARGE_TILE_SZ=2048, mixed precision, fp32 inputs, trn2. Workloads:
@@ -9,8 +9,10 @@ Reports the wall time of the simulation (a MEASURED CPU time of the simulator, n
 time), the max error against the float64 reference, and trace counts; the modeled device time
 comes from nki_sim.cost (MODELED).
 
-    python scripts/time_flash_sim.py [--workload decode|mixed|both] [--json out.json]
-    python scripts/time_flash_sim.py --compare-p-transpose [--ctx 2048]
+    python scripts/time_flash_sim.py [--workload decode|mixed|both] [--quick] [--json out.json]
+    python scripts/time_flash_sim.py --compare-p-transpose [--ctx 2048] [--quick] [--json out.json]
+
+--quick: 4 sequences of 512 context tokens instead of 16 of 8192 (same heads; seconds).
 
 --compare-p-transpose runs the kernel body with p_transpose="auto" (gen3: nisa.dma_transpose of
 P, vLLM's choice) and "pe" (TensorE transposes through PSUM) on trn2 and prints MODELED per-engine
@@ -19,7 +21,6 @@ times for both (no wall-time claim).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,12 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
+
 S, H, HKV, D, BLOCK, CTX, TILE = 16, 32, 8, 128, 32, 8192, 2048
 
 
 def make_inputs(workload: str, seed: int = 0):
     rng = np.random.default_rng(seed)
-    qlens = np.ones(S, np.int64) if workload == "decode" else np.array([128] * 4 + [1] * 12)
+    # mixed: a quarter of the sequences schedule 128-token prefill chunks, the rest 1 token
+    qlens = np.ones(S, np.int64) if workload == "decode" else np.array([128] * (S // 4) + [1] * (S - S // 4))
     clens = np.full(S, CTX, np.int64)
     T = int(qlens.sum())
     nblk = CTX // BLOCK
@@ -107,35 +111,39 @@ def compare_p_transpose(workload: str) -> list[dict]:
     return rows
 
 
+QUICK_S, QUICK_CTX = 4, 512
+
+
 def main(argv=None) -> int:
-    global CTX
+    global S, CTX
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=("decode", "mixed", "both"), default="decode")
-    ap.add_argument("--json", type=Path)
     ap.add_argument("--compare-p-transpose", action="store_true")
-    ap.add_argument("--ctx", type=int, default=CTX, help="context tokens per sequence")
-    a = ap.parse_args(argv)
-    CTX = a.ctx
+    ap.add_argument("--ctx", type=int, default=None,
+                    help=f"context tokens per sequence (default {CTX}; {QUICK_CTX} with --quick)")
+    add_common_args(ap, quick_help=f"{QUICK_S} sequences, {QUICK_CTX} context tokens each")
+    a = parse_args(ap, argv)
+    CTX = (QUICK_CTX if a.quick else CTX) if a.ctx is None else a.ctx
+    S = QUICK_S if a.quick else S
+    if CTX < BLOCK or CTX % BLOCK:
+        ap.error(f"--ctx must be a positive multiple of the block size {BLOCK}; got {CTX}")
+    workloads = ("decode", "mixed") if a.workload == "both" else (a.workload,)
     if a.compare_p_transpose:
-        rows = [r for w in (("decode", "mixed") if a.workload == "both" else (a.workload,))
-                for r in compare_p_transpose(w)]
+        rows = [r for w in workloads for r in compare_p_transpose(w)]
         print(f"MODELED trn2, S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq LT={TILE}")
         for r in rows:
             print(r)
-        if a.json:
-            a.json.write_text(json.dumps(rows, indent=2))
+        write_json(a, __file__, rows, mode="compare-p-transpose", sequences=S, ctx=CTX, times="MODELED")
         return 0
-    rows = [run(w) for w in (("decode", "mixed") if a.workload == "both" else (a.workload,))]
+    rows = [run(w) for w in workloads]
     print(f"S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq LARGE_TILE_SZ={TILE} trn2 mixed-precision")
     print(f"{'workload':8} {'sim wall s':>10} {'max err':>9} {'instr':>8} {'DMA':>7} {'indirect':>8} "
           f"{'modeled us (MODELED)':>21}")
     for r in rows:
         print(f"{r['workload']:8} {r['sim_wall_s']:>10} {r['max_abs_err']:>9.2e} {r['instructions']:>8} "
               f"{r['dma_instructions']:>7} {r['dma_indirect_instructions']:>8} {r['modeled_us']:>21}")
-    if a.json:
-        a.json.write_text(json.dumps(rows, indent=2))
+    write_json(a, __file__, rows, mode="wall-time", sequences=S, ctx=CTX)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

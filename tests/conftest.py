@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 # One tolerance table for every numerical comparison against the float64 reference.
 # Keys: (kernel compute mode, input dtype name) -> (atol, rtol).
@@ -42,3 +48,26 @@ def pytest_collection_modifyitems(config, items):
 def rng():
     """A fresh, seeded NumPy generator per test (seed 0)."""
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def tol():
+    """The project tolerance table lookup ``tolerance(mode, dtype) -> (atol, rtol)``."""
+    return tolerance
+
+
+def _load_script(name: str):
+    """scripts/<name>.py imported as a module, once per process (scripts/ is not a package)."""
+    key = f"_nki_pa_script_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@pytest.fixture
+def load_script():
+    """``load_script("bench_block_copy")`` -> the script's module (call its ``main(argv)``)."""
+    return _load_script

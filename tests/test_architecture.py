@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nki_kernels", "host", "nki_sim")
+CLI = "nki_pa_cli"          # the command line: an application on top of host (it may print)
 MAX_MODULE_LINES = 500
 
 
@@ -26,7 +27,7 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("path", _py_files(*PACKAGES), ids=_rel)
+@pytest.mark.parametrize("path", _py_files(*PACKAGES, CLI), ids=_rel)
 def test_module_size_budget(path):
     n = len(path.read_text().splitlines())
     assert n <= MAX_MODULE_LINES, f"{_rel(path)} has {n} lines (> {MAX_MODULE_LINES}); split it by concern"
@@ -52,7 +53,7 @@ def test_simulator_is_independent_of_the_product(path):
     assert not bad, f"{_rel(path)} imports {bad}; nki_sim must not depend on the product code"
 
 
-@pytest.mark.parametrize("path", _py_files("host"), ids=_rel)
+@pytest.mark.parametrize("path", _py_files("host", CLI), ids=_rel)
 def test_host_never_reaches_into_simulator_internals(path):
     # host may launch kernels through nki_kernels (which picks the backend) and read traces /
     # cost reports through nki_sim's public top level, never through private modules.
@@ -73,7 +74,7 @@ def test_library_code_does_not_print(path):
     assert not lines, f"{_rel(path)} prints at lines {lines}; raise, warn or return instead"
 
 
-@pytest.mark.parametrize("path", _py_files("tests", "scripts", "host", "nki_sim"), ids=_rel)
+@pytest.mark.parametrize("path", _py_files("tests", "scripts", "host", "nki_sim", CLI), ids=_rel)
 def test_all_randomness_is_seeded(path):
     text = path.read_text()
     unseeded = re.findall(r"default_rng\(\s*\)", text)
@@ -81,6 +82,15 @@ def test_all_randomness_is_seeded(path):
     assert not unseeded and not legacy, (
         f"{_rel(path)} uses unseeded / global-state randomness: {unseeded + legacy}; "
         "use np.random.default_rng(seed)")
+
+
+@pytest.mark.parametrize("path", _py_files(CLI), ids=_rel)
+def test_cli_uses_only_public_product_modules(path):
+    # the command line is a client of the library: no private modules, no device code directly
+    bad = [m for m in _imports(path)
+           if m.split(".")[0] in ("nki_kernels", "neuronxcc")
+           or (m.split(".")[0] in ("host", "nki_sim") and any(p.startswith("_") for p in m.split(".")[1:]))]
+    assert not bad, f"{_rel(path)} imports {bad}; use host's and nki_sim's public modules"
 
 
 def test_budget_checks_can_fail(tmp_path):

@@ -153,9 +153,3 @@ def batch_factory():
 def check_reference():
     """``assert_matches_reference(batch, *, mixed_precision, large_tile_size, softmax_scale)``."""
     return assert_matches_reference
-
-
-@pytest.fixture
-def tol():
-    """The project tolerance table lookup ``tolerance(mode, dtype) -> (atol, rtol)``."""
-    return tolerance

@@ -3,27 +3,16 @@ and their own invariants hold (equal payload bytes across variants, fewer DMA in
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
 pytestmark = pytest.mark.simulation
 
-SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_cache_write_quick(tmp_path, capsys):
+def test_bench_cache_write_quick(tmp_path, capsys, load_script):
     out = tmp_path / "cw.json"
-    assert load("bench_cache_write").main(["--quick", "--repeats", "1", "--json", str(out)]) == 0
+    assert load_script("bench_cache_write").main(["--quick", "--repeats", "1", "--json", str(out)]) == 0
     assert "| per-token DMA |" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
     by = {(r["workload"], r["variant"]): r for r in rows}
@@ -34,11 +23,11 @@ def test_bench_cache_write_quick(tmp_path, capsys):
             assert ours["dma_instructions"] * 10 < r["dma_instructions"]
 
 
-def test_bench_block_copy_small(tmp_path, capsys):
+def test_bench_block_copy_small(tmp_path, capsys, load_script):
     out = tmp_path / "bc.json"
     args = ["--layers", "2", "--blocks", "6", "--kv-heads", "1", "--block-size", "4",
             "--head-size", "8", "--json", str(out)]
-    assert load("bench_block_copy").main(args) == 0
+    assert load_script("bench_block_copy").main(args) == 0
     assert "| coalesced |" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
     for g in (1, 2, 3, 6):

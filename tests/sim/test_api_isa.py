@@ -1,4 +1,4 @@
-"""nki.isa ops (issue 2 item 5): each op against a NumPy reference, plus a near-identical
+"""nki.isa ops: each op against a NumPy reference, plus a near-identical
 call that must be rejected (shape, memory, dtype or target violation)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Event trace of kernel runs (nki_sim.tracing, INTERFACES section 3).
+"""Event trace of kernel runs (nki_sim.tracing; the fields of nki_sim.trace.Event).
 
 DMA expectations are derived here from the descriptor rule: one descriptor per
 (partition, maximal contiguous run in HBM) of the transfer, sized by the run; masked-out
@@ -295,7 +295,7 @@ def test_engines_of_documented_instructions(rng):
 
 
 def test_hbm_contiguous_attr_on_dma_events(indirect, rng):
-    # INTERFACES Changes [cost 17:05]: True iff the HBM side is one contiguous byte range in
+    # attrs["hbm_contiguous"]: True iff the HBM side is one contiguous byte range in
     # (partition, free) order; False for indirect DMAs and strided views
     x = rng.standard_normal((128, 4, 64)).astype(np.float32)
     with nki_sim.tracing() as trace:

@@ -1,5 +1,5 @@
 """Cost model (nki_sim/cost.py): calibration against AWS's published DMA profiles, formula checks,
-monotonicity and sanity. All events here are synthetic and use the INTERFACES §3 field names;
+monotonicity and sanity. All events here are synthetic and use the field names of nki_sim.trace.Event;
 tests/sim/test_cost_traced.py repeats the calibration on events produced by the simulator.
 
 Published anchors (AWS "Introduction to DMA with NKI", trn2 / NeuronCore-v3 profiles):

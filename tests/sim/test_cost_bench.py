@@ -2,38 +2,24 @@
 
 This checks the benchmark's plumbing and JSON schema, not performance: the comparison itself is
 the benchmark's output (MODELED figures, never asserted as timings here beyond the sign of the
-effect the issue's acceptance names).
+effect the benchmark's acceptance line names).
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.simulation
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _load(name):
-    key = f"_cost_bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, SCRIPTS / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
 
 
 REQUIRED = {"workload", "target", "variant", "dma_instructions", "dma_bytes", "modeled_us",
             "block_size", "context", "descriptors", "fraction_of_roofline"}
 
 
-def test_bench_quick_slice_json(tmp_path, capsys, sim_only):
-    bench = _load("bench_paged_attention")
+def test_bench_quick_slice_json(tmp_path, capsys, sim_only, load_script):
+    bench = load_script("bench_paged_attention")
     out = tmp_path / "rows.json"
     assert bench.main(["--quick", "--workloads", "decode", "--block-sizes", "16",
                        "--targets", "trn1", "--json", str(out), "--no-progress"]) == 0
@@ -51,8 +37,8 @@ def test_bench_quick_slice_json(tmp_path, capsys, sim_only):
     assert "MODELED" in text and "| decode |" in text
 
 
-def test_workloads_follow_the_issue():
-    bench = _load("bench_paged_attention")
+def test_workloads_have_the_documented_sizes(load_script):
+    bench = load_script("bench_paged_attention")
     full = {w.name: w for w in bench.make_workloads(quick=False)}
     dec = full["decode"]
     assert len(dec.query_lens) == 64 and set(dec.query_lens) == {1}
@@ -63,8 +49,8 @@ def test_workloads_follow_the_issue():
     assert bench.make_workloads(quick=False) == bench.make_workloads(quick=False)   # seeded
 
 
-def test_progress_bar_renders_and_validates():
-    prog = _load("_progress")
+def test_progress_bar_renders_and_validates(load_script):
+    prog = load_script("_progress")
     buf = io.StringIO()
     with prog.Progress(4, label="x", width=8, stream=buf, enabled=True) as bar:
         bar.advance(note="a")

@@ -1,0 +1,114 @@
+"""scripts/: the shared --quick / --json / --plot conventions (nki_pa_cli.script_args), each
+script's argument validation, and the quick mode of the scripts whose quick run takes about a
+second (bench_gqa_packing's takes several: validation only; bench_cache_write's quick run is in
+tests/kernels/test_cache_ops_bench.py; bench_paged_attention has its own tests)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from nki_pa_cli import script_args
+
+OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
+       "bench_sim_speed", "time_flash_sim")
+
+
+@pytest.fixture
+def run_quick(load_script, tmp_path):
+    """Run a script with --quick --json; returns the JSON object after checking its envelope."""
+    def run(name, *extra):
+        out = tmp_path / f"{name}.json"
+        assert load_script(name).main(["--quick", "--json", str(out), *extra]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["script"] == f"{name}.py" and doc["quick"] is True and doc["rows"]
+        return doc
+    return run
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_script):
+    with pytest.raises(SystemExit) as e:
+        load_script(name).main(["--quick", "--json", str(tmp_path / "missing" / "x.json")])
+    assert e.value.code == 2
+    assert "--json folder must exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, bad", [
+    ("bench_block_copy", ["--blocks", "5"]), ("bench_block_copy", ["--layers", "0"]),
+    ("bench_cache_write", ["--repeats", "0"]), ("bench_gqa_packing", ["--bogus"]),
+    ("bench_host_prep", ["--decode", "0", "--prefill", "0"]), ("bench_host_prep", ["--tile", "0"]),
+    ("bench_sim_speed", ["--iters", "0"]), ("time_flash_sim", ["--ctx", "100"]),
+    ("time_flash_sim", ["--workload", "prefill"])])
+def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
+    with pytest.raises(SystemExit) as e:
+        load_script(name).main(["--quick", *bad])
+    assert e.value.code == 2
+    assert capsys.readouterr().out == ""          # nothing ran, nothing printed
+
+
+def _toy_parser():
+    ap = argparse.ArgumentParser(prog="toy")
+    script_args.add_common_args(ap, quick_help="q", plot_help="a plot")
+    return ap
+
+
+def test_plot_without_matplotlib_fails_at_parse_time(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)         # import matplotlib -> ImportError
+    with pytest.raises(SystemExit) as e:
+        script_args.parse_args(_toy_parser(), ["--plot", str(tmp_path / "p.png")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "matplotlib is not installed" in err and "drop --plot" in err
+
+
+def test_plot_and_json_accepted_when_possible(tmp_path, capsys):
+    args = script_args.parse_args(_toy_parser(), ["--quick", "--json", str(tmp_path / "r.json"),
+                                                  "--plot", str(tmp_path / "p.png")])
+    script_args.write_json(args, "toy.py", [{"a": 1}], extra=2)
+    assert json.loads((tmp_path / "r.json").read_text()) == {
+        "script": "toy.py", "quick": True, "rows": [{"a": 1}], "extra": 2}
+    assert f"json: {tmp_path / 'r.json'}" in capsys.readouterr().out
+
+
+@pytest.mark.simulation
+def test_bench_block_copy_quick(run_quick, capsys):
+    rows = run_quick("bench_block_copy")["rows"]
+    assert "| coalesced |" in capsys.readouterr().out
+    for g in {r["groups"] for r in rows}:
+        group = {r["variant"]: r for r in rows if r["groups"] == g}
+        assert len({r["kv_bytes"] for r in group.values()}) == 1
+        assert group["coalesced"]["gather_scatter_dmas"] == min(
+            r["gather_scatter_dmas"] for r in group.values())
+
+
+def test_bench_host_prep_quick(run_quick, capsys):
+    doc = run_quick("bench_host_prep")
+    mixed, decode = doc["rows"]
+    assert mixed["num_seqs"] == decode["num_seqs"] == 32
+    assert decode["num_queries"] == 32 and mixed["num_queries"] == 28 + 4 * 64
+    for r in doc["rows"]:
+        Q, ctx = r["padded_queries"], r["context_kv_len"]
+        assert Q % 128 == 0 and Q >= r["num_queries"]
+        assert r["bytes"]["dense_mask"] == Q * (ctx + Q)
+    assert "measured wall-clock" in capsys.readouterr().out
+
+
+@pytest.mark.simulation
+def test_bench_sim_speed_quick_counts_every_instruction(run_quick, capsys):
+    untraced, traced = run_quick("bench_sim_speed")["rows"]
+    assert traced["traced"] and not untraced["traced"]
+    assert traced["instructions"] == untraced["instructions"] == 4 * 250 + 4
+
+
+@pytest.mark.simulation
+def test_time_flash_sim_quick(run_quick, capsys, tol):
+    doc = run_quick("time_flash_sim")
+    (row,) = doc["rows"]
+    assert (doc["sequences"], doc["ctx"], row["workload"]) == (4, 512, "decode")
+    assert row["max_abs_err"] <= tol("mixed", np.float32)[0]
+    assert row["dma_indirect_instructions"] > 0 and row["modeled_us"] > 0
+    assert "MODELED" in capsys.readouterr().out
