@@ -124,6 +124,10 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     _check_common(H, Hkv, d, N, mixed_precision, backend,
                   max_head_size=MAX_HEAD_SIZE_SCHEDULED if kernel == "scheduled" else 128)
     scale = _check_scale(softmax_scale, d)
+    if kernel == "scheduled" and gqa_packing is False:
+        raise NotImplementedError("paged_attention: the scheduled kernel always packs the G query "
+                                  "heads of a KV head as query rows; gqa_packing=False applies to "
+                                  "kernel='dense' only")
     variants = make_variants(H, Hkv, cache.dtype, sliding_window=sliding_window,
                              logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes,
                              sinks=sinks, k_scale=k_scale, v_scale=v_scale)

@@ -96,9 +96,10 @@ def _check_one(batch, ref, kernel, mixed_precision, large_tile_size, softmax_sca
                options):
     from host.attention import paged_attention
 
+    packing = dict(gqa_packing=gqa_packing) if kernel == "dense" else {}
     out = paged_attention(*batch.args(), softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, large_tile_size=large_tile_size,
-                          backend="sim", gqa_packing=gqa_packing, kernel=kernel, **options)
+                          backend="sim", kernel=kernel, **packing, **options)
     assert out.shape == ref.shape and out.dtype == batch.query.dtype
     atol, rtol = tolerance("mixed" if mixed_precision else "fp32", batch.query.dtype)
     err = np.abs(out.astype(np.float64) - ref)
