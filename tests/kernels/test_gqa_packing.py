@@ -131,10 +131,16 @@ def test_packing_is_a_no_op_for_mha(batch_factory):
     for packed in (False, True):
         with nki_sim.tracing() as trace:
             outs.append(paged_attention(*batch.args(), large_tile_size=512, backend="sim",
-                                        gqa_packing=packed))
+                                        kernel="dense", gqa_packing=packed))
         counts.append(trace.summary()["engine_instructions"])
     assert counts[0] == counts[1]
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_scheduled_kernel_refuses_unpacked_heads(batch_factory):
+    batch = batch_factory(1, [1, 2], [100, 40], H=4, Hkv=2, d=16, block_size=8)
+    with pytest.raises(NotImplementedError, match="kernel='dense' only"):
+        paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing=False)
 
 
 def test_gqa_packing_argument_is_validated(batch_factory):
