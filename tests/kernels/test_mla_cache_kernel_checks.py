@@ -51,7 +51,7 @@ def test_row_index_is_the_slot_and_negative_is_out_of_bounds():
     (lambda a: a.update(row_index=a["row_index"].astype(np.int16)), ValueError, "row_index.dtype"),
     (lambda a: a.update(kv_c=a["kv_c"].astype(ml_dtypes.bfloat16)), ValueError, "dtype"),
     (lambda a: a.update(**write_args(np.random.default_rng(1), dtype=ml_dtypes.float8_e4m3fn)),
-     NotImplementedError, "float32, bfloat16 or float16"),
+     NotImplementedError, "float8_e4m3fn is not supported"),
     (lambda a: a.update(**write_args(np.random.default_rng(2), R=4096, E=4100)), NotImplementedError,
      "written elements"),
 ], ids=["kv_c_rank", "k_pe_shape", "cache_rank", "entry_too_small", "index_shape", "index_dtype",
