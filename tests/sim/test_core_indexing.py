@@ -169,11 +169,17 @@ def _block_dims(x):
     return out
 
 
-def test_block_dimensions_error_by_default_and_allowed_for_legacy():
-    with pytest.raises(E.BlockDimensionError, match="err_leading_dimension_of_tensor_must_be_partition"):
-        run(_block_dims, np.zeros((1, 1), np.int32))
-    with nki_sim.configure(block_dims="allow"):
-        assert np.all(run(_block_dims, np.zeros((1, 1), np.int32)) == 0)
+def test_block_dimensions_follow_the_simulated_sdk():
+    x = np.zeros((1, 1), np.int32)
+    with nki_sim.configure(sdk="2.25"):
+        with pytest.raises(E.BlockDimensionError, match="err_leading_dimension_of_tensor_must_be_partition"):
+            run(_block_dims, x)
+        with nki_sim.configure(block_dims="allow"):
+            assert np.all(run(_block_dims, x) == 0)
+    with pytest.warns(E.BlockDimensionWarning, match="error in Neuron SDK 2.25"):
+        assert np.all(run(_block_dims, x) == 0)           # default SDK 2.24: deprecated
+    with nki_sim.configure(block_dims="error"), pytest.raises(E.BlockDimensionError):
+        run(_block_dims, x)
 
 
 def _mask_compute(x):
