@@ -17,8 +17,9 @@ class Config:
     # Tensors created inside an affine / sequential loop body may not be used after the loop
     # (err_local_variable_used_out_of_scope).
     check_scope: bool = True
-    # Block dimensions (dims before par_dim): "error" (SDK >= 2.25 behaviour) or "allow".
-    block_dims: str = "error"
+    # Block dimensions (dims before par_dim): "auto" follows the simulated SDK (accepted up to
+    # 2.22, warning in 2.23-2.24, error from 2.25); "error" / "warn" / "allow" override it.
+    block_dims: str = "auto"
     # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only: below that,
     # False rejects it (copy to SBUF first with nl.copy / nisa.tensor_copy).
     allow_psum_store: bool = False
@@ -45,7 +46,7 @@ class Config:
 config = Config()
 if os.environ.get("NKI_SIM_SDK", "").strip():
     config.sdk = os.environ["NKI_SIM_SDK"]
-_CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("error", "allow"),
+_CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("auto", "error", "warn", "allow"),
             "traced_loops": ("off", "warn", "error")}
 
 

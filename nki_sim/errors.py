@@ -57,6 +57,14 @@ class BlockDimensionError(NkiCompileError):
     code = "err_leading_dimension_of_tensor_must_be_partition"
 
 
+class NkiFrontEndWarning(UserWarning):
+    """A construct the NKI front end accepts with a warning (or that nki_sim cannot classify)."""
+
+
+class BlockDimensionWarning(NkiFrontEndWarning, FutureWarning):
+    """Block dimensions on a Neuron SDK that still accepts them (deprecated in 2.23 / 2.24)."""
+
+
 class ImmutableParameterError(NkiCompileError):
     code = "err_cannot_update_immutable_parameter"
 

@@ -52,7 +52,7 @@ def subscript(t: Tensor, key) -> Tensor:
 
 def _basic(t: Tensor, key) -> Tensor:
     onchip = t.onchip
-    out = []
+    out: list = []
     pax = t.pax
     new_pax = pax
     for ax, k in enumerate(key):
@@ -83,10 +83,28 @@ def _basic(t: Tensor, key) -> Tensor:
             raise IndexError("None / np.newaxis is not a valid NKI index; use .expand_dims")
         else:
             raise TypeError(f"unsupported index {k!r} of type {type(k).__name__} for tensor {t.name}")
+    if onchip:
+        _keep_tile_rank(t, out, new_pax)
     arr = t.arr[tuple(out)]
     if arr.ndim == 0:               # HBM scalar element: keep as a (1,) view
         arr = t.arr[tuple(slice(k, k + 1) if isinstance(k, int) else k for k in out)].reshape(1)
     return Tensor(t.alloc, arr, pax=max(new_pax, 0))
+
+
+def _keep_tile_rank(t: Tensor, out: list, new_pax: int) -> None:
+    """On-chip views stay tiles (partition + at least one free dimension).
+
+    An int on a free axis drops that axis unless the view would fall below 2-D; then the last
+    int-indexed free axis is kept with size 1 (``buf[:, i]`` of a (128, n) tile is (128, 1)),
+    the rule the NKI language guide states for on-chip tensors.  AWS's legacy kernels rely
+    on it: flash_fwd passes ``l_buffer[:, i]`` to a helper that reads ``[:, 0]``."""
+    ints = [ax for ax, k in enumerate(out) if isinstance(k, int) and ax > t.pax]
+    if not ints:
+        return
+    rank = t.ndim - sum(isinstance(k, int) for k in out) - new_pax
+    if rank < 2:
+        ax = ints[-1]
+        out[ax] = slice(out[ax], out[ax] + 1)
 
 
 def _advanced(t: Tensor, key) -> Tensor:

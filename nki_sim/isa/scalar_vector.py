@@ -7,6 +7,7 @@ import numpy as np
 from .. import dtypes as D
 from .. import errors as E
 from .. import sdk
+from .. import trace
 from ..access import write
 from ..alu import ALU, act_name, alu_name, apply_act, reduce_values
 from ..compute import check_same_partitions, free_size, operand, require_kernel, result_tile
@@ -39,6 +40,18 @@ def _no_psum_on_gpsimd(op, eng, *tiles):
             raise E.MemorySpaceError(
                 f"'{op}' on the GpSimd engine cannot access PSUM (operand {t.name}); GpSimd reads "
                 "and writes SBUF only")
+
+
+def _emit_psum_staging(a, m, op):
+    """Trace the PSUM -> SBUF copy a GpSimd instruction reading PSUM needs (Vector engine)."""
+    if not state.traces:
+        return
+    n = int(np.count_nonzero(m)) if m is not None else int(np.prod(a.shape, dtype=np.int64))
+    rows = a.shape[0] if a.shape else 1
+    trace.emit("vector", "copy", in_shapes=(a.shape,), out_shape=a.shape, in_dtypes=(a.dtype.name,),
+               out_dtype=a.dtype.name, partitions=rows, free_elems=free_size(a.shape),
+               nbytes=n * a.dtype.itemsize, src_buffer="psum", dst_buffer="sbuf",
+               attrs={"implicit": True, "psum_input": True, "staging_for": op})
 
 
 def warn_accumulator_chain(api: str):
@@ -335,7 +348,13 @@ def memset(shape, value, dtype, *, mask=None, engine=None, name="", **kw):
 
 
 def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, name="", **kw):
-    """``pred ? on_true_tile : on_false_value`` with an affine predicate on index grids (GpSimd)."""
+    """``pred ? on_true_tile : on_false_value`` with an affine predicate on index grids (GpSimd).
+
+    ``on_true_tile`` may be in PSUM: the legacy front end accepts it (AWS's SD-attention
+    tutorial, flash_fwd and flash_attn_bwd mask their PSUM scores this way under
+    ``simulate_kernel``; only the NKI 0.2+ API demands SBUF).  GpSimd has no PSUM port, so the
+    trace records the PSUM read as an implicit Vector-engine staging copy to SBUF before the
+    GpSimd instruction (``attrs`` implicit / staging_for); the result must go to SBUF."""
     require_kernel("nisa.affine_select")
     if not isinstance(pred, MaskExpr):
         raise TypeError("nisa.affine_select: pred must be an affine predicate on nl.arange / nl.mgrid "
@@ -347,10 +366,11 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
             code="err_unsupported_expression_in_mask")
     if not isinstance(on_true_tile, Tensor):
         raise TypeError("nisa.affine_select: on_true_tile must be a tile")
-    _no_psum_on_gpsimd("affine_select", "gpsimd", on_true_tile)
     shape = on_true_tile.shape
     m = mask_array(mask, shape) if mask is not None else None
     a = operand(on_true_tile, "on_true_tile", "affine_select", m)
+    if a.buffer == "psum":
+        _emit_psum_staging(a, m, "affine_select")
     p = broadcast_left(pred.v, shape)
     r = np.where(p, np.asarray(a.v, np.float32), np.float32(on_false_value))
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype

@@ -10,8 +10,9 @@ from .. import trace
 from ..compute import check_partitions, require_kernel
 from ..config import config
 from ..indexing import ParDim
-from ..kernel_scope import outside_kernel_level
+from ..kernel_scope import outside_kernel_level, warn_at_kernel_line
 from ..memory import HBM_BUFFERS, Alloc, new_alloc
+from ..sdk import fmt as sdk_fmt
 from ..state import state
 from ..target import get_target
 from ..tensor import Tensor
@@ -62,20 +63,45 @@ def _shape_and_par(shape, buf: str):
     pars = [i for i, s in enumerate(shape) if isinstance(s, ParDim)]
     par_axis = pars[0] if pars else 0
     if buf in ("sbuf", "psum"):
-        if par_axis > 0 and config.block_dims == "error":
-            raise E.BlockDimensionError(
-                f"Leading dimension of tensor must be partition: shape {list(dims)} puts "
-                f"{par_axis} block dimension(s) before par_dim "
-                "(err_leading_dimension_of_tensor_must_be_partition; block dimensions are an error "
-                "from Neuron SDK 2.25). Put the partition dimension first, e.g. "
-                f"{[dims[par_axis]] + [d for i, d in enumerate(dims) if i != par_axis]}, or "
-                "nki_sim.configure(block_dims='allow') for legacy kernels.")
+        if par_axis > 0:
+            _check_block_dims(dims, par_axis)
         if len(dims) - par_axis < 2:
             raise E.NkiCompileError(
                 f"Insufficient rank for on-chip tensor of shape {list(dims)}: SBUF/PSUM tensors need a "
                 "partition and at least one free dimension, e.g. (128, 1)")
         check_partitions(dims[par_axis:], f"allocation of {buf} tensor {list(dims)}")
     return dims, par_axis
+
+
+# Block dimensions: the NKI 2.23 release notes add a warning, the end-of-support announcement
+# (Neuron 2.24) says 2.24 is the last release that accepts them and 2.25 turns them into errors.
+BLOCK_DIMS_WARN_FROM, BLOCK_DIMS_ERROR_FROM = (2, 23), (2, 25)
+
+
+def block_dims_rule() -> str:
+    """What the simulated front end does with block dimensions: "allow", "warn" or "error"."""
+    if config.block_dims != "auto":
+        return config.block_dims
+    sdk = tuple(config.sdk)
+    return "error" if sdk >= BLOCK_DIMS_ERROR_FROM else "warn" if sdk >= BLOCK_DIMS_WARN_FROM else "allow"
+
+
+def _check_block_dims(dims, par_axis):
+    rule = block_dims_rule()
+    if rule == "allow":
+        return
+    fixed = [dims[par_axis]] + [d for i, d in enumerate(dims) if i != par_axis]
+    what = (f"shape {list(dims)} puts {par_axis} block dimension(s) before par_dim "
+            "(err_leading_dimension_of_tensor_must_be_partition)")
+    if rule == "error":
+        raise E.BlockDimensionError(
+            f"Leading dimension of tensor must be partition: {what}; block dimensions are an error "
+            f"from Neuron SDK 2.25 (nki_sim simulates SDK {sdk_fmt(config.sdk)}). Put the partition "
+            f"dimension first, e.g. {fixed}, or simulate an older SDK / "
+            "nki_sim.configure(block_dims='allow').")
+    warn_at_kernel_line(
+        f"block dimensions are deprecated and become an error in Neuron SDK 2.25: {what}; put the "
+        f"partition dimension first, e.g. {fixed}", E.BlockDimensionWarning)
 
 
 def _check_psum(dims, par_axis, d):

@@ -154,3 +154,13 @@ def batch_factory():
 def check_reference():
     """``assert_matches_reference(batch, *, mixed_precision, large_tile_size, softmax_scale)``."""
     return assert_matches_reference
+
+
+@pytest.fixture(autouse=True)
+def _block_dimensions_are_errors():
+    """The project's kernels must compile on Neuron SDK >= 2.25, where block dimensions are an
+    error: make them an error whatever SDK a test simulates (nki_sim's default follows the
+    simulated SDK, which only warns up to 2.24)."""
+    import nki_sim
+    with nki_sim.configure(block_dims="error"):
+        yield

@@ -95,9 +95,17 @@ def attention():
     return load_kernels("attention_kernels")
 
 
+@pytest.fixture(scope="session")
+def aws_patterns():
+    """Kernels using the constructs of AWS's legacy attention kernels (block dims, column
+    views, affine_select on PSUM, outputs under a trace-time if)."""
+    return load_kernels("aws_pattern_kernels")
+
+
 @pytest.fixture
 def sdk_2_26():
-    """nisa.select_reduce is a Neuron SDK 2.26 API: simulate that release (no-op on a real toolchain)."""
+    """Simulate Neuron SDK 2.26 (it has nisa.select_reduce; block dimensions are errors);
+    a no-op on a real toolchain."""
     import nki_sim
     if nki_sim.is_installed():
         with nki_sim.configure(sdk="2.26"):

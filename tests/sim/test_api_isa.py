@@ -263,7 +263,7 @@ def test_reciprocal_of_hbm_tensor_fails(rng, rejects):
 
 # --------------------------------------------------------------------------- selects
 @nki.jit
-def affine_select_k(x, *, in_psum):
+def affine_select_k(x, *, in_psum, out_psum=False):
     n = x.shape[0]
     out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
     i_p = nl.arange(n)[:, None]
@@ -274,22 +274,27 @@ def affine_select_k(x, *, in_psum):
         src[...] = nl.copy(tile)
     else:
         src = tile
-    nl.store(out, value=nisa.affine_select(pred=(i_f <= i_p), on_true_tile=src,
-                                           on_false_value=-9984.0))
+    dst = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.psum if out_psum else nl.sbuf)
+    dst[...] = nisa.affine_select(pred=(i_f <= i_p), on_true_tile=src, on_false_value=-9984.0)
+    nl.store(out, value=nl.copy(dst))
     return out
 
 
-def test_affine_select_causal(rng):
+@pytest.mark.parametrize("in_psum", [False, True], ids=["sbuf", "psum"])
+def test_affine_select_causal(rng, in_psum):
+    # a PSUM on_true_tile is legal in the legacy API (AWS's SD-attention tutorial and flash
+    # attention kernels mask their PSUM scores this way)
     x = rng.standard_normal((128, 128)).astype(np.float32)
-    out = nki.simulate_kernel(affine_select_k, x, in_psum=False)
+    out = nki.simulate_kernel(affine_select_k, x, in_psum=in_psum)
     keep = np.arange(128)[None, :] <= np.arange(128)[:, None]
     np.testing.assert_array_equal(out, np.where(keep, x, np.float32(-9984.0)))
 
 
-def test_affine_select_on_psum_fails(rng, rejects):
+def test_affine_select_result_into_psum_fails(rng, rejects):
+    # GpSimd writes SBUF only: the selected tile cannot be assigned to a PSUM tensor
     x = rng.standard_normal((128, 128)).astype(np.float32)
     with rejects(Exception, match=r"(?i)gpsimd|psum"):
-        nki.simulate_kernel(affine_select_k, x, in_psum=True)
+        nki.simulate_kernel(affine_select_k, x, in_psum=True, out_psum=True)
 
 
 

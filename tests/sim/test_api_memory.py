@@ -72,7 +72,7 @@ def test_sbuf_tile_with_256_partitions_fails(rejects):
         nki.simulate_kernel(sbuf_tile_of, parts=256, use_par_dim_first=True)
 
 
-def test_block_dimension_before_partition_is_rejected(rejects):
+def test_block_dimension_before_partition_is_rejected(rejects, sdk_2_26):
     # block dimensions (leading dims before par_dim) are an error from SDK 2.25 on
     with rejects(Exception, match=r"(?i)partition|block|leading"):
         nki.simulate_kernel(sbuf_tile_of, parts=128, use_par_dim_first=False)

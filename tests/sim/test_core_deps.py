@@ -200,7 +200,14 @@ def _out_top(x):
 
 
 def _out_in_if(x):
-    if x.shape[0] > 0:
+    if nl.program_id(0) >= 0:
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out
+
+
+def _out_in_const_if(x, *, flag):
+    if flag and x.shape[0] > 0:              # decided by Python before the front end sees it
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
     nl.store(out, nl.load(x))
     return out
@@ -222,7 +229,8 @@ def _out_in_loop(x):
 def test_shared_hbm_only_at_kernel_top_level(rng):
     x = f32(rng, 4, 4)
     assert np.array_equal(run(_out_top, x), x)
-    for k, where in ((_out_in_if, "inside a block"), (_out_in_helper, "inside function '_make_out'"),
+    assert np.array_equal(run(_out_in_const_if, x, flag=True), x)
+    for k, where in ((_out_in_if, "inside an if on the SPMD program id"), (_out_in_helper, "inside function '_make_out'"),
                      (_out_in_loop, "inside an NKI loop")):
         with pytest.raises(E.NkiCompileError, match=f"err_shared_hbm_must_in_kernel_level|{where}") as info:
             run(k, x)

@@ -15,7 +15,8 @@ def _shapes(x):
     t = nl.load(x[0])                                  # HBM int index drops the axis
     assert t.shape == (4, 8)
     s = nl.zeros((128, 4), nl.float32)
-    assert s[:, 0].shape == (128,)                     # int on a free axis drops it
+    assert s[:, 0].shape == (128, 1)                   # an on-chip view stays >= 2-D
+    assert nl.zeros((128, 4, 2), nl.float32)[:, 0].shape == (128, 2)   # int on a free axis drops it
     assert s[3, :].shape == (1, 4)                     # int on the partition axis keeps size 1
     assert s[nl.ds(8, 16), 1:3].shape == (16, 2)
     i_p, i_f = nl.mgrid[0:128, 0:2]
@@ -168,11 +169,17 @@ def _block_dims(x):
     return out
 
 
-def test_block_dimensions_error_by_default_and_allowed_for_legacy():
-    with pytest.raises(E.BlockDimensionError, match="err_leading_dimension_of_tensor_must_be_partition"):
-        run(_block_dims, np.zeros((1, 1), np.int32))
-    with nki_sim.configure(block_dims="allow"):
-        assert np.all(run(_block_dims, np.zeros((1, 1), np.int32)) == 0)
+def test_block_dimensions_follow_the_simulated_sdk():
+    x = np.zeros((1, 1), np.int32)
+    with nki_sim.configure(sdk="2.25"):
+        with pytest.raises(E.BlockDimensionError, match="err_leading_dimension_of_tensor_must_be_partition"):
+            run(_block_dims, x)
+        with nki_sim.configure(block_dims="allow"):
+            assert np.all(run(_block_dims, x) == 0)
+    with pytest.warns(E.BlockDimensionWarning, match="error in Neuron SDK 2.25"):
+        assert np.all(run(_block_dims, x) == 0)           # default SDK 2.24: deprecated
+    with nki_sim.configure(block_dims="error"), pytest.raises(E.BlockDimensionError):
+        run(_block_dims, x)
 
 
 def _mask_compute(x):
@@ -274,7 +281,8 @@ def _tile_key(x, *, key):
 
 
 def test_basic_onchip_indexing_keeps_the_partition_axis():
-    """On-chip subscripts: NumPy semantics except an int on the partition axis keeps size 1."""
+    """On-chip subscripts: NumPy semantics except that the view stays a tile (an int on the
+    partition axis keeps size 1; ints on every free axis keep the last one at size 1)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -291,8 +299,8 @@ def test_basic_onchip_indexing_keeps_the_partition_axis():
     def check(key):
         k0 = key[0] % 8 if isinstance(key[0], int) else key[0]
         ref = x[(slice(k0, k0 + 1) if isinstance(key[0], int) else k0,) + key[1:]]
-        if ref.ndim == 1:          # every free axis dropped: the (P,) tile is (P, 1)-compatible
-            ref = ref.reshape(ref.shape[0])
+        if ref.ndim == 1:          # every free axis int-indexed: the last one is kept at size 1
+            ref = ref.reshape(ref.shape[0], 1)
         out = run(_tile_key, x, key=key)
         assert out.shape == ref.shape and np.array_equal(out, ref)
     check()
