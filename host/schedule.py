@@ -32,6 +32,7 @@ import numpy as np
 
 from host._arrays import readonly
 from host.validation import check_lens, check_power_of_two, fail
+from nki_kernels.constants import keys_on_partitions
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
            "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry", "meta_columns"]
@@ -65,11 +66,16 @@ def chunk_size(items: int) -> int:
 
 
 def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
-                 alibi: bool = False) -> tuple[int, int]:
-    """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`)."""
+                 alibi: bool = False, row_init: bool = False,
+                 rows: int | None = None) -> tuple[int, int]:
+    """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`); with keys
+    on partitions (``nki_kernels.constants.keys_on_partitions``) the bounds take 2 * rows
+    columns (c_q then r_q, the same on every partition)."""
     nd = -(-head_size // P)
-    ki = (2 * loads if masked else loads) + blocks * nd + 3 * blocks
-    kf = 1 + (2 * blocks if masked else 0) + (1 if alibi else 0)
+    ki = ((2 * loads if masked else loads) + blocks * nd + blocks + (blocks if masked else 0)
+          + (blocks if row_init else 0))
+    kop = rows is not None and keys_on_partitions(rows, blocks, alibi)
+    kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
     return ki, kf
 
 
@@ -90,9 +96,9 @@ class PhaseArrays:
         (per partition p)  kv[l] for l < nL          main-cache row (flat view) or OOB
                            ov[l] for l < nL          overlay row or OOB            (masked only)
                            q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry)
-                           st[j]                     state row: store (masked) / load (full)
-                           out[j]                    output row or OOB
-                           ini[j]                    q_init row (row init values) or OOB
+                           st[j]                     state row: store (full) / load (masked)
+                           out[j]                    output row or OOB             (masked only)
+                           ini[j]                    q_init row or OOB       (with row_init only)
     meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
         phases c[j], r[j]: query row p of block j sees tile-local key index t iff |t - c| < r;
         with ALiBi a last column k0 = first key position of the tile (k * W).
@@ -158,7 +164,7 @@ class AttentionSchedule:
 def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, *, num_heads: int,
                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
                   large_tile_size: int = 2048, sliding_window: int | None = None,
-                  alibi: bool = False) -> AttentionSchedule:
+                  alibi: bool = False, row_init: bool = False) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -168,6 +174,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         large_tile_size: LT, keys per KV tile (power of two in [512, 8192]).
         sliding_window: W (query at position p sees keys p-W+1 .. p) or None.
         alibi: add the per-item tile start (fp32 column ``k0``) that ALiBi biases need.
+        row_init: add the ``ini`` columns (per-row initial values: attention sinks, ALiBi).
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -213,7 +220,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             bp=bp, L=L, nL=nL, W=W, n_main=n_main, n_rows=n_rows, ov_off=ov_off,
             block_tables=block_tables, tok_off=tok_off, main_sentinel=2 * main_rows_total,
             ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1), window=sliding_window,
-            alibi=alibi))
+            alibi=alibi, row_init=row_init))
     return AttentionSchedule(
         num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT, tiling_factor=T,
         tiled_block_size=bp, loads=nL, query_lens=readonly(q.astype(np.int64)),
@@ -223,7 +230,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
 
 def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, nL, W, n_main,
                     n_rows, ov_off, block_tables, tok_off, main_sentinel, ov_sentinel,
-                    ov_rows_per_head, window, alibi):
+                    ov_rows_per_head, window, alibi, row_init):
     """Q blocks, groups and items of one class; see :class:`PhaseArrays` for the columns."""
     # Step 1: Q blocks (query rows of one sequence, `rows` per block) and groups of them.
     blk_seq, blk_row0 = [], []
@@ -272,13 +279,17 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             full = all_main and lo_max <= t0 and hi_min >= (k + 1) * W
             (full_items if full else part_items).append((gi, k))
 
-    part_groups = {g for g, _ in part_items}
     full_groups = {g for g, _ in full_items}
+    # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
+    # which therefore writes every output.
+    assert {g for g, _ in part_items} == set(range(len(groups))), "internal: group without partial item"
 
     def phase(items_list, masked):
         n_real = len(items_list)
         n_items = bucket(n_real)
-        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi)
+        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi,
+                              row_init=row_init, rows=rows)
+        kop = keys_on_partitions(rows, blocks, alibi)
         mi = np.empty((Hkv, P, n_items, ki), np.int32)
         mf = np.zeros((P, n_items, kf), np.float32)
         p = np.arange(P)
@@ -288,8 +299,9 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
         if masked:
             mi[:, :, :, nL:2 * nL] = ov_sentinel
             col = 2 * nL
-        q_col, st_col, out_col = col, col + blocks * nd, col + blocks * nd + blocks
-        ini_col = out_col + blocks
+        q_col, st_col = col, col + blocks * nd
+        out_col = st_col + blocks
+        ini_col = out_col + (blocks if masked else 0)
         mi[:, :, :, q_col:st_col] = Hkv * nblk * d        # Q^T sentinel (first-axis size)
         mi[:, :, :, st_col:out_col] = nblk * rows         # state rows (per program)
         mi[:, :, :, out_col:] = Hkv * nblk * rows         # output rows and init rows
@@ -318,7 +330,7 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             if alibi:
                 mf[:, t, kf - 1] = k * W
             for jj, b in enumerate(blist):
-                if first:
+                if first and row_init:
                     for h in range(Hkv):
                         v = (h * nblk + b) * rows + np.arange(rows)
                         mi[h, :, t, ini_col + jj] = _pad_rows(v, Hkv * nblk * rows)
@@ -329,12 +341,13 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                             v = (h * nblk + b) * d + kk * P + p
                             mi[h, :, t, q_col + jj * nd + kk] = np.where(p < dk, v, Hkv * nblk * d)
                 real = row_real[b]
-                st_here = (masked and last and gi in full_groups) or (not masked and first)
+                # full phase (first): the group's state goes to the scratch after its last full
+                # item; partial phase: loaded at its first partial item, output after its last.
+                st_here = (not masked and last) or (masked and first and gi in full_groups)
                 if st_here:
                     v = np.where(real, b * rows + np.arange(rows), nblk * rows)
                     mi[:, :, t, st_col + jj] = _pad_rows(v, nblk * rows)[None, :]
-                out_here = last and (not masked or gi not in full_groups)
-                if out_here:
+                if masked and last:
                     for h in range(Hkv):
                         v = np.where(real, (h * nblk + b) * rows + np.arange(rows), Hkv * nblk * rows)
                         mi[h, :, t, out_col + jj] = _pad_rows(v, Hkv * nblk * rows)
@@ -345,8 +358,12 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                     hi = pos + 1 - k * W
                     lo = np.where(real, lo, 0)
                     hi = np.where(real, hi, 0)
-                    mf[:rows, t, 1 + 2 * jj] = (lo + hi - 1) / 2.0
-                    mf[:rows, t, 2 + 2 * jj] = (hi - lo) / 2.0
+                    if kop:      # one block; row q's bounds in columns 1 + q and 1 + rows + q
+                        mf[:, t, 1:1 + rows] = ((lo + hi - 1) / 2.0)[None, :]
+                        mf[:, t, 1 + rows:1 + 2 * rows] = ((hi - lo) / 2.0)[None, :]
+                    else:
+                        mf[:rows, t, 1 + 2 * jj] = (lo + hi - 1) / 2.0
+                        mf[:rows, t, 2 + 2 * jj] = (hi - lo) / 2.0
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
                            meta_f=readonly(mf.reshape(P, n_items * kf)))

@@ -137,10 +137,12 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     v = variants
     window = v.sliding_window if v is not None else None
     alibi = v.alibi_slopes if v is not None else None
+    sinks = v.sinks if v is not None else None
+    row_inits = alibi is not None or sinks is not None
     sched = make_schedule(query_lens, context_lens, block_tables, num_heads=H, num_kv_heads=Hkv,
                           head_size=d, block_size=B, num_blocks=N,
                           large_tile_size=large_tile_size, sliding_window=window,
-                          alibi=alibi is not None)
+                          alibi=alibi is not None, row_init=row_inits)
     fp8 = v is not None and v.is_fp8
     kd = np.dtype("bfloat16") if mixed_precision else query.dtype
     scales = (v.k_scale, v.v_scale) if fp8 else None
@@ -150,10 +152,10 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision,
                   LARGE_TILE_SZ=large_tile_size,
                   logits_soft_cap=v.logits_soft_cap if v is not None else None,
-                  alibi=alibi is not None)
+                  alibi=alibi is not None, row_init=row_inits)
     for cls in sched.classes:
         qt = pack_queries(cls, query, Hkv, k_scale=scales[0] if fp8 else None)
-        init = row_init(cls, H, Hkv, sinks=v.sinks if v is not None else None, alibi_slopes=alibi)
+        init = row_init(cls, H, Hkv, sinks=sinks, alibi_slopes=alibi)
         out = launch(scheduled_paged_attention, kernel_inputs(cls, qt, init, kv_cache, overlay),
                      kwargs, Hkv)
         unpack_output(cls, out, result, v_scale=scales[1] if fp8 else None)

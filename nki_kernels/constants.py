@@ -61,3 +61,15 @@ def tile_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int,
     T = B_P_SIZE // M if M < B_P_SIZE else 1
     L = M * T
     return M, T, block_size // T, L, L // B_P_SIZE
+
+
+# Scheduled kernel: Q blocks of at most this many rows (decode: the G query heads x new tokens of
+# one sequence) are folded with keys on partitions (nki_kernels.sched_decode), larger ones with
+# query rows on partitions (nki_kernels.sched_core).
+KEYS_ON_PARTITIONS_MAX_ROWS = 64
+
+
+def keys_on_partitions(rows: int, blocks: int, alibi: bool) -> bool:
+    """Whether the scheduled kernel folds a class with keys on partitions (its masks then take
+    per-row bounds laid along the free axis; ALiBi uses the query-rows path)."""
+    return rows <= KEYS_ON_PARTITIONS_MAX_ROWS and blocks == 1 and not alibi

@@ -37,9 +37,11 @@ import numpy as np
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels._nki import nki, nl, nisa
-from nki_kernels.constants import B_P_SIZE, L_FLOOR, M_FLOOR, tile_geometry
+from nki_kernels.constants import (B_P_SIZE, L_FLOOR, M_FLOOR, keys_on_partitions,
+                                   tile_geometry)
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sched_core import flash_step, key_index_tile
+from nki_kernels.sched_decode import decode_step, key_index_columns
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 KERNEL = "scheduled_paged_attention"
@@ -48,18 +50,22 @@ _FLOAT = ("float32", "bfloat16", "float16")
 _FP8 = ("float8_e4m3", "float8_e5m2")
 
 
-def meta_columns(*, loads, blocks, head_size, masked, alibi=False):
-    """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``)."""
+def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
+    """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``);
+    with keys on partitions (``constants.keys_on_partitions``) the bounds take 2 * rows columns."""
     nd = -(-head_size // B_P_SIZE)
-    ki = (2 * loads if masked else loads) + blocks * nd + 3 * blocks
-    kf = 1 + (2 * blocks if masked else 0) + (1 if alibi else 0)
+    ki = ((2 * loads if masked else loads) + blocks * nd + blocks + (blocks if masked else 0)
+          + (blocks if row_init else 0))
+    kop = rows is not None and keys_on_partitions(rows, blocks, alibi)
+    kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
     return ki, kf
 
 
 @nki.jit
 def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
                               meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
-                              LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False):
+                              LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False,
+                              row_init=False):
     """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
 
     Args:
@@ -67,7 +73,7 @@ def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_
             holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T blocks).
         q_init: (Hkv * nblk * rows, 4) float32, per query row: initial -m and l of the online
             softmax (-M_FLOOR, 0 normally; -sink, 1 with an attention sink), the ALiBi slope and
-            slope * query position (0 without ALiBi).
+            slope * query position (0 without ALiBi). Read only with ``row_init``.
         kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
             (float8_e4m3 / float8_e5m2, converted on chip; scales are folded in by the host).
         overlay: (2, Hkv * R_ov, b' * d): key rows that are not whole cached-context rows (the
@@ -83,6 +89,8 @@ def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_
         LARGE_TILE_SZ: keys per KV tile before block-size tiling (power of two, 512..8192).
         logits_soft_cap: None or c > 0: scores become c * tanh(s / c) before masking.
         alibi: add ``slope * (key position - query position)`` to the scores before the soft-cap.
+        row_init: start each group's rows from ``q_init`` (sinks, ALiBi) instead of
+            (-M_FLOOR, 0); the metadata then carries the ``ini`` columns.
 
     Returns:
         (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of query
@@ -99,30 +107,33 @@ def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_
     return scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff,
                           rows, blocks, softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
-                          logits_soft_cap=logits_soft_cap, alibi=alibi, out=out, state=state)
+                          logits_soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
+                          out=out, state=state)
 
 
 def scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
                    blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
-                   alibi, out, state):
+                   alibi, row_init, out, state):
     """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
 
-    Pseudocode (per program = KV head h; per phase, masked phase first):
+    Pseudocode (per program = KV head h; full phase first, then the partial phase):
         for item t in sequential_range(items):            # chunks of metadata preloaded
-            Q^T <- query_t rows q[t]; init <- q_init rows ini[t]   (skipped unless a group starts)
-            if reset[t]: st = init for every row                   (select, NaN-safe)
-            [full] st <- state rows st[t]     (skipped unless the group starts here)
-            K, V <- kv rows kv[t] (+ overlay rows ov[t], masked phase; tile zeroed first)
+            Q^T <- query_t rows q[t]; [row_init] init <- q_init rows ini[t]
+                                                          (skipped unless a group starts here)
+            if reset[t]: st = init for every row          (select, NaN-safe)
+            [partial] st <- state rows st[t]  (skipped unless the group starts here and had
+                                               full items)
+            K, V <- kv rows kv[t] (+ overlay rows ov[t], partial phase; tile zeroed first)
             K^T by PE transposes (per 128-channel slice)
             for each block j, each <= 2048-key step: flash_step(Q^T_j, K^T, V, st_j [, mask])
-            [masked] state rows st[t] <- st   (skipped unless the group continues in the
-                                               full phase and this is its last partial item)
-            out rows out[t] <- o / max(l, L_FLOOR)   (skipped unless the group ends here)
+            [full] state rows st[t] <- st     (skipped unless this is the group's last full item)
+            [partial] out rows out[t] <- o / max(l, L_FLOOR)  (skipped unless the group ends)
     """
     require_oob_skip(KERNEL)
     cfg = _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
-                 blocks, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, alibi)
-    cfg.update(rows=rows, blocks=blocks, soft_cap=logits_soft_cap, alibi=alibi)
+                 blocks, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, alibi,
+                 row_init)
+    cfg.update(rows=rows, blocks=blocks, soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init)
     head = nl.program_id(axis=1)
     d, nd = cfg["d"], cfg["nd"]
     kv_flat = kv_cache.reshape((2, cfg["main_rows"], cfg["bp"] * d))
@@ -145,18 +156,22 @@ def scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi
         qr = nl.ndarray((dk, blocks * rows), dtype=query_t.dtype, buffer=nl.sbuf)
         qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
         q_raw.append(qr)
+    cfg["kop"] = keys_on_partitions(rows, blocks, alibi)
     need_kidx = cfg["items_p"] > 0 or alibi
-    kidx = key_index_tile(rows, cfg["loads"], cfg["bp"]) if need_kidx else None
+    kidx = None
+    if need_kidx:
+        kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["kop"]
+                else key_index_tile(rows, cfg["loads"], cfg["bp"]))
     bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx)
     hbm = dict(query_t=query_t, q_init=q_init, kv_flat=kv_flat, overlay=overlay, out=out,
                state=state)
 
-    for masked, mi_all, mf_all, n_items in ((True, meta_pi, meta_pf, cfg["items_p"]),
-                                            (False, meta_fi, meta_ff, cfg["items_f"])):
+    for masked, mi_all, mf_all, n_items in ((False, meta_fi, meta_ff, cfg["items_f"]),
+                                            (True, meta_pi, meta_pf, cfg["items_p"])):
         if n_items == 0:
             continue
         ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked,
-                              alibi=alibi)
+                              alibi=alibi, row_init=row_init, rows=rows)
         chunk = _chunk(n_items)
         bufs["kv"] = None
         if not masked:
@@ -185,16 +200,18 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
     q_col = ci + (2 * nL if masked else nL)
     st_col = q_col + blocks * nd
     out_col = st_col + blocks
-    ini_col = out_col + blocks
+    ini_col = out_col + (blocks if masked else 0)
     # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
     # keep the group's values), then every row's state is reset (a select: stale NaN cannot leak).
-    i_2 = nl.arange(2)[None, :]
-    for j in nl.static_range(blocks):
-        nisa.dma_copy(dst=init[i_r, j * sw + d + i_2], src=hbm["q_init"][mi[i_r, ini_col + j], i_2],
-                      oob_mode=nisa.oob_mode.skip)
-        if cfg["alibi"]:
-            nisa.dma_copy(dst=al[i_r, j * 2 + i_2], src=hbm["q_init"][mi[i_r, ini_col + j], 2 + i_2],
-                          oob_mode=nisa.oob_mode.skip)
+    if cfg["row_init"]:
+        i_2 = nl.arange(2)[None, :]
+        for j in nl.static_range(blocks):
+            nisa.dma_copy(dst=init[i_r, j * sw + d + i_2],
+                          src=hbm["q_init"][mi[i_r, ini_col + j], i_2], oob_mode=nisa.oob_mode.skip)
+            if cfg["alibi"]:
+                nisa.dma_copy(dst=al[i_r, j * 2 + i_2],
+                              src=hbm["q_init"][mi[i_r, ini_col + j], 2 + i_2],
+                              oob_mode=nisa.oob_mode.skip)
     reset = mf[0:rows, nl.ds(cf, 1)]
     st[...] = nl.where(reset, init, st, dtype=nl.float32)
     qs = []
@@ -207,8 +224,8 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
                           src=hbm["query_t"][mi[i_c, q_col + j * nd + k], i_q],
                           oob_mode=nisa.oob_mode.skip)
         qs.append(nisa.tensor_scalar(q_raw[k], np.multiply, cfg["scale"], dtype=kd))
-    # Step 2 (full phase): the group's state left by the partial phase.
-    if not masked:
+    # Step 2 (partial phase): the group's state left by the full phase.
+    if masked:
         i_s = nl.arange(sw)[None, :]
         for j in nl.static_range(blocks):
             nisa.dma_copy(dst=st[i_r, j * sw + i_s], src=hbm["state"][mi[i_r, st_col + j], i_s],
@@ -233,7 +250,16 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
     # P^T copies: decode blocks (few rows) are cheap anywhere; full 128-row blocks split them
     # 2:1 between ScalarE and VectorE, which also carry the exp and the row max.
     p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P else None
-    for j in nl.static_range(blocks):
+    if cfg["kop"]:       # decode class: keys on partitions, one block
+        bounds = None
+        if masked:
+            bounds = (nl.copy(mf[:, nl.ds(cf + 1, rows)], dtype=nl.float32),
+                      nl.copy(mf[:, nl.ds(cf + 1 + rows, rows)], dtype=nl.float32))
+        for s0 in nl.static_range(cfg["W"] // step):
+            decode_step(qs, k_t, v_rows, st, 0, d, k0=s0 * step, width=step,
+                        kidx_t=bufs["kidx"], bounds=bounds, kernel_dtype=kd,
+                        soft_cap=cfg["soft_cap"])
+    for j in nl.static_range(0 if cfg["kop"] else blocks):
         bounds = None
         if masked:
             bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
@@ -251,10 +277,11 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
                        kernel_dtype=kd, soft_cap=cfg["soft_cap"], p_evac=p_evac, alibi=alibi)
     # Step 5: stores (row indices out of bounds -> skipped).
     for j in nl.static_range(blocks):
-        if masked:
+        if not masked:
             i_s = nl.arange(sw)[None, :]
             nisa.dma_copy(dst=hbm["state"][mi[i_r, st_col + j], i_s], src=st[i_r, j * sw + i_s],
                           oob_mode=nisa.oob_mode.skip)
+            continue
         l_safe = nl.maximum(st[:, nl.ds(j * sw + d + 1, 1)], L_FLOOR, dtype=nl.float32)
         o_tile = nl.divide(st[:, nl.ds(j * sw, d)], l_safe, dtype=hbm["out"].dtype)
         i_d = nl.arange(d)[None, :]
@@ -318,7 +345,7 @@ def _chunk(n_items):
 
 
 def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
-           softmax_scale, mixed_precision, LT, soft_cap, alibi):
+           softmax_scale, mixed_precision, LT, soft_cap, alibi, row_init):
     """Validate every input; return the static geometry."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
     ck(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2, "kv_cache.shape",
@@ -354,11 +381,13 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
        "q_init", f"be a float32 array of shape (Hkv*nblk*rows, 4) = {(Hkv * nblk * rows, 4)}",
        (tuple(q_init.shape), np.dtype(q_init.dtype).name))
     ck(isinstance(alibi, bool), "alibi", "be a bool", alibi)
+    ck(isinstance(row_init, bool) and (row_init or not alibi), "row_init",
+       "be a bool, True when alibi is", row_init)
     items = []
     for name_i, name_f, mi, mf, masked in (("meta_pi", "meta_pf", meta_pi, meta_pf, True),
                                            ("meta_fi", "meta_ff", meta_fi, meta_ff, False)):
         ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
-                              alibi=alibi is True)
+                              alibi=alibi is True, row_init=row_init is True, rows=rows)
         ck(len(mi.shape) == 3 and mi.shape[0] == Hkv and mi.shape[1] == B_P_SIZE
            and mi.shape[2] % ki == 0, f"{name_i}.shape", f"be (Hkv, 128, items*{ki})",
            tuple(mi.shape))
