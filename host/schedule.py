@@ -72,9 +72,9 @@ def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
     on partitions (``nki_kernels.constants.keys_on_partitions``) the bounds take 2 * rows
     columns (c_q then r_q, the same on every partition)."""
     nd = -(-head_size // P)
-    ki = ((2 * loads if masked else loads) + blocks * nd + blocks + (blocks if masked else 0)
-          + (blocks if row_init else 0))
     kop = rows is not None and keys_on_partitions(rows, blocks, alibi)
+    ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
+          + (blocks if masked else 0) + (blocks if row_init else 0))
     kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
     return ki, kf
 
@@ -95,7 +95,9 @@ class PhaseArrays:
     meta_i: (Hkv, 128, items * ki) int32, item-major: item t's columns ``[t*ki, (t+1)*ki)`` are
         (per partition p)  kv[l] for l < nL          main-cache row (flat view) or OOB
                            ov[l] for l < nL          overlay row or OOB            (masked only)
-                           q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry)
+                           q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry;
+                                                     not with keys on partitions: the Q^T of
+                                                     every item is preloaded per chunk instead)
                            st[j]                     state row: store (full) / load (masked)
                            out[j]                    output row or OOB             (masked only)
                            ini[j]                    q_init row or OOB       (with row_init only)
@@ -109,6 +111,7 @@ class PhaseArrays:
     masked: bool
     meta_i: np.ndarray = field(repr=False)
     meta_f: np.ndarray = field(repr=False)
+    item_block: np.ndarray = field(repr=False, default=None)   # (items,) Q block (-1: padding)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +119,7 @@ class ClassSchedule:
     """One kernel launch: a class of sequences (decode or prefill) and its two phases.
 
     rows: query rows per Q block (partitions); blocks: Q blocks per group; num_blocks: Q blocks
-    of the class; seqs: (n,) sequence ids of the class; row_token / row_head: (num_blocks*rows,)
+    of the class; keys_on_partitions: the kernel folds this class with keys on partitions; seqs: (n,) sequence ids of the class; row_token / row_head: (num_blocks*rows,)
     flat token index and head-in-group g of every query row (-1 = padding row).
     """
 
@@ -124,6 +127,7 @@ class ClassSchedule:
     rows: int
     blocks: int
     num_blocks: int
+    keys_on_partitions: bool
     seqs: np.ndarray = field(repr=False)
     row_token: np.ndarray = field(repr=False)
     row_head: np.ndarray = field(repr=False)
@@ -287,11 +291,12 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
     def phase(items_list, masked):
         n_real = len(items_list)
         n_items = bucket(n_real)
+        kop = keys_on_partitions(rows, blocks, alibi)
         ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi,
                               row_init=row_init, rows=rows)
-        kop = keys_on_partitions(rows, blocks, alibi)
         mi = np.empty((Hkv, P, n_items, ki), np.int32)
         mf = np.zeros((P, n_items, kf), np.float32)
+        item_block = np.full(n_items, -1, np.int64)
         p = np.arange(P)
         # defaults: every DMA skipped, reset on (padding items do nothing visible)
         mi[:, :, :, :nL] = main_sentinel
@@ -299,7 +304,7 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
         if masked:
             mi[:, :, :, nL:2 * nL] = ov_sentinel
             col = 2 * nL
-        q_col, st_col = col, col + blocks * nd
+        q_col, st_col = col, col + (0 if kop else blocks * nd)
         out_col = st_col + blocks
         ini_col = out_col + (blocks if masked else 0)
         mi[:, :, :, q_col:st_col] = Hkv * nblk * d        # Q^T sentinel (first-axis size)
@@ -329,12 +334,13 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                 raise AssertionError("internal: a FULL item has rows outside the cache")
             if alibi:
                 mf[:, t, kf - 1] = k * W
+            item_block[t] = blist[0]
             for jj, b in enumerate(blist):
                 if first and row_init:
                     for h in range(Hkv):
                         v = (h * nblk + b) * rows + np.arange(rows)
                         mi[h, :, t, ini_col + jj] = _pad_rows(v, Hkv * nblk * rows)
-                if first:
+                if first and not kop:
                     for kk in range(nd):
                         dk = min(P, d - kk * P)
                         for h in range(Hkv):
@@ -366,9 +372,11 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                         mf[:rows, t, 2 + 2 * jj] = (hi - lo) / 2.0
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
-                           meta_f=readonly(mf.reshape(P, n_items * kf)))
+                           meta_f=readonly(mf.reshape(P, n_items * kf)),
+                           item_block=readonly(item_block))
 
     return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
+                         keys_on_partitions=keys_on_partitions(rows, blocks, alibi),
                          seqs=readonly(seqs), row_token=readonly(row_token),
                          row_head=readonly(row_head),
                          row_pos=readonly(np.where(row_real, row_pos, -1).reshape(-1)),

@@ -117,11 +117,28 @@ def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray,
         result[tok[real], h * G + g[real]] = rows
 
 
+def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase, num_kv_heads: int) -> np.ndarray:
+    """Keys-on-partitions classes: ``(Hkv * d, items * rows)``, column ``t*rows + r`` of row
+    ``h*d + ch`` = channel ch of row r of the Q^T block of item t of ``phase`` for KV head h
+    (zeros for padding items); otherwise a (1, 1) dummy the kernel does not read."""
+    if not cls.keys_on_partitions:
+        return np.zeros((1, 1), query_t.dtype)
+    rows, nblk = cls.rows, cls.num_blocks
+    d = query_t.shape[0] // (num_kv_heads * nblk)
+    q4 = query_t.reshape(num_kv_heads, nblk, d, rows)
+    blk = phase.item_block
+    sel = np.where(blk[None, :, None, None] >= 0, q4[:, np.maximum(blk, 0)], 0)
+    return np.ascontiguousarray(sel.astype(query_t.dtype).transpose(0, 2, 1, 3)
+                                .reshape(num_kv_heads * d, blk.shape[0] * rows))
+
+
 def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
                   kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
     """Positional kernel arguments of one class launch."""
-    return (query_t, q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
-            cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
+    Hkv = kv_cache.shape[2]
+    return (query_t, item_queries(cls, query_t, cls.full, Hkv),
+            item_queries(cls, query_t, cls.partial, Hkv), q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
+            cls.full.meta_f, cls.rows, cls.blocks)
 
 
 def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context_lens, *, scale,

@@ -23,8 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from nki_kernels._nki import nl, nisa
-from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK
-from nki_kernels.tile_ops import pe_transpose_blocks
+from nki_kernels.constants import B_P_SIZE, NEG_MASK
 
 
 def key_index_columns(loads, tiled_block_size):
@@ -41,8 +40,28 @@ def key_index_columns(loads, tiled_block_size):
     return kidx
 
 
+def decode_constants(rows, width, kernel_dtype):
+    """Static tiles of :func:`decode_step`, built once per kernel: ``ones_k`` (128, 1) kernel
+    dtype, ``ones_r`` (rows, 128) fp32 and ``eye_rep`` (rows, width/128 * rows) fp32 whose
+    column ``u*rows + q`` is 1 on partition q (the identity repeated per key chunk)."""
+    P = B_P_SIZE
+    nch = width // P
+    ones_k = nl.ndarray((P, 1), dtype=kernel_dtype, buffer=nl.sbuf)
+    ones_k[...] = nisa.memset((P, 1), 1.0, dtype=kernel_dtype)
+    ones_r = nl.ndarray((rows, P), dtype=nl.float32, buffer=nl.sbuf)
+    ones_r[...] = nisa.memset((rows, P), 1.0, dtype=nl.float32)
+    i_q = nl.arange(rows)[:, None]
+    i_c = nl.arange(rows)[None, :]
+    diff = nisa.iota(i_c - i_q, dtype=nl.float32)                        # c - q
+    eye = nl.equal(diff, 0.0, dtype=nl.float32)
+    eye_rep = nl.ndarray((rows, nch * rows), dtype=nl.float32, buffer=nl.sbuf)
+    for u in nl.static_range(nch):
+        eye_rep[:, nl.ds(u * rows, rows)] = nl.copy(eye, dtype=nl.float32)
+    return dict(ones_k=ones_k, ones_r=ones_r, eye_rep=eye_rep)
+
+
 def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, bounds,
-                kernel_dtype, soft_cap=None, v_stride=None):
+                kernel_dtype, consts, soft_cap=None, v_stride=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
@@ -50,19 +69,23 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         k_slices: nd SBUF tiles ``(dk, W)``: K^T of the tile.
         v_rows: SBUF ``(128, ...)``: V chunk u at columns ``[u*v_stride, u*v_stride + d)``.
         st: SBUF fp32 state tile (rows on partitions); this block's columns start at ``col0``.
-        d: value head size.  k0, width: first key column and width (multiples of 128).
+        d: value head size.  k0, width: first key column and width (multiples of 128,
+            width * rows / 128 <= 512: one PSUM bank of scores).
         kidx_t: ``key_index_columns`` (masked steps) or None.
         bounds: None (no mask) or ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring).
-        kernel_dtype: matmul-input / probability dtype.  soft_cap: None or c > 0.
+        kernel_dtype: matmul-input / probability dtype.  consts: :func:`decode_constants`.
+        soft_cap: None or c > 0.  v_stride: columns between V chunks (default d).
 
     Pseudocode:
         S^T[:, u*rows:(u+1)*rows] = K_u Q^T            (stationary K^T chunk, moving Q^T)
         U = tanh(S^T / cap) if soft_cap else S^T;  mult = cap or 1
         U = where(|kidx - c_q| < r_q, U, NEG / mult)   (masked steps; (128, nch, rows) views)
-        mx = max over chunks (halving tree) then over partitions (one PE transpose)
+        mx = max over chunks (one reduce over a (128, rows, nch) view), then over partitions
+             (one PE transpose and a free-axis max)
         -m' = min(-m, -mult * mx);  alpha = exp(m - m')
-        P^T = exp(mult * U - m'[q])   (-m' broadcast to every partition by a ones matmul)
-        l = alpha * l + sum_k P^T (ones matmul);  o = alpha * o + sum_u P^T_u^T V_u
+        NM = ones^T (eye_rep * -m')                    (-m'[q] on every partition and chunk)
+        P^T = exp(mult * U + NM)                       (unmasked: NM accumulated into S^T's PSUM)
+        l = alpha * l + sum_u P^T_u^T 1;  o = alpha * o + sum_u P^T_u^T V_u   (PSUM accumulation)
     """
     P = B_P_SIZE
     rows = q_slices[0].shape[1]
@@ -72,102 +95,67 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
     mult = float(soft_cap) if soft_cap is not None else 1.0
     vs = d if v_stride is None else v_stride
     c0 = k0 // P
-    # Step 1: S^T, up to 512 fp32 columns per PSUM tile.
-    per_ps = max(1, B_F_SIZE // rows)
-    src = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.sbuf)
-    for g0 in range(0, nch, per_ps):          # static (Python) loops: shapes differ
-        n = min(per_ps, nch - g0)
-        ps = nl.ndarray((P, n * rows), dtype=nl.float32, buffer=nl.psum)
-        for u in nl.static_range(n):
-            for k in nl.static_range(nd):
-                prod = nisa.nc_matmul(k_slices[k][:, nl.ds(k0 + (g0 + u) * P, P)], q_slices[k])
-                if k == 0:
-                    ps[:, nl.ds(u * rows, rows)] = prod
-                else:
-                    ps[:, nl.ds(u * rows, rows)] += prod
-        # Step 2: soft-cap and mask on the way out of PSUM (few columns: cheap).
-        u_t = ps
-        if soft_cap is not None:
-            u_t = nisa.activation(np.tanh, ps, scale=1.0 / mult, dtype=nl.float32)
-        if bounds is not None:
-            kk = nl.copy(kidx_t[:, nl.ds(c0 + g0, n)], dtype=nl.float32).reshape((P, n, 1))
-            cq = bounds[0].reshape((P, 1, rows))
-            rq = bounds[1].reshape((P, 1, rows))
-            dist = nl.abs(nl.subtract(kk, cq, dtype=nl.float32), dtype=nl.float32)
-            seen = nl.less(dist, rq)
-            src[:, nl.ds(g0 * rows, n * rows)] = nl.where(
-                seen.reshape((P, n * rows)), u_t, NEG_MASK / mult, dtype=nl.float32)
-        else:
-            src[:, nl.ds(g0 * rows, n * rows)] = nl.copy(u_t, dtype=nl.float32)
-    # Step 3: row max: halving tree over the chunks (contiguous halves), then a PE transpose
-    # (128, rows) -> (rows, 128) and a free-axis max.
-    red = src
-    n = nch
-    while n > 1:
-        h = n // 2
-        nxt = nl.ndarray((P, h * rows), dtype=nl.float32, buffer=nl.sbuf)
-        nxt[...] = nl.maximum(red[:, nl.ds(0, h * rows)], red[:, nl.ds(h * rows, h * rows)],
-                              dtype=nl.float32)
-        red = nxt
-        n = h
+    # Step 1: S^T in one PSUM tile (ncol <= 512 fp32 columns).
+    ps = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.psum)
+    for u in nl.static_range(nch):
+        for k in nl.static_range(nd):
+            prod = nisa.nc_matmul(k_slices[k][:, nl.ds(k0 + u * P, P)], q_slices[k])
+            if k == 0:
+                ps[:, nl.ds(u * rows, rows)] = prod
+            else:
+                ps[:, nl.ds(u * rows, rows)] += prod
+    # Step 2: soft-cap and mask on the way out of PSUM (few columns: cheap).
+    src = ps
+    if soft_cap is not None:
+        src = nisa.activation(np.tanh, ps, scale=1.0 / mult, dtype=nl.float32)
+    if bounds is not None:
+        kk = nl.copy(kidx_t[:, nl.ds(c0, nch)], dtype=nl.float32).reshape((P, nch, 1))
+        dist = nl.abs(nl.subtract(kk, bounds[0].reshape((P, 1, rows)), dtype=nl.float32),
+                      dtype=nl.float32)
+        seen = nl.less(dist, bounds[1].reshape((P, 1, rows)))
+        src = nl.where(seen.reshape((P, ncol)), src, NEG_MASK / mult, dtype=nl.float32)
+    # Step 3: row max over chunks (a (128, rows, nch) view), then over partitions.
+    i_p = nl.arange(P)[:, None, None]
+    i_q = nl.arange(rows)[None, :, None]
+    i_u = nl.arange(nch)[None, None, :]
+    red = nisa.tensor_reduce(np.max, src[i_p, i_u * rows + i_q], axis=(2,), dtype=nl.float32)
     red_t = nl.ndarray((rows, P), dtype=nl.float32, buffer=nl.psum)
-    red_t[...] = nisa.nc_transpose(red[:, nl.ds(0, rows)])
+    red_t[...] = nisa.nc_transpose(red)
     m_tile = nisa.tensor_reduce(np.max, red_t, axis=(1,), dtype=nl.float32, keepdims=True)
     nm_prev = st[:, nl.ds(col0 + d, 1)]
     nm_new = nisa.tensor_scalar(m_tile, np.multiply, -mult, op1=np.minimum, operand1=nm_prev,
                                 dtype=nl.float32)
     alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
-    # Step 4: -m' as a row (1, rows), repeated over the chunks (doubling copies), broadcast to
-    # all 128 partitions by a ones matmul; P^T = exp(mult * U - m') in the kernel dtype.
-    nm_row_ps = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.psum)
-    nm_row_ps[...] = nisa.nc_transpose(nm_new)
-    nm_rep = nl.ndarray((1, ncol), dtype=nl.float32, buffer=nl.sbuf)
-    nm_rep[:, nl.ds(0, rows)] = nl.copy(nm_row_ps, dtype=nl.float32)
-    n = 1
-    while n < nch:
-        c = min(n, nch - n)
-        nm_rep[:, nl.ds(n * rows, c * rows)] = nl.copy(nm_rep[:, nl.ds(0, c * rows)],
-                                                       dtype=nl.float32)
-        n += c
-    ones_row = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
-    ones_row[...] = nisa.memset((1, P), 1.0, dtype=nl.float32)
+    # Step 4: P^T = exp(mult * U - m'), -m' broadcast by a ones matmul.
+    nm_diag = nisa.tensor_scalar(consts["eye_rep"][:, nl.ds(0, ncol)], np.multiply, nm_new,
+                                 dtype=nl.float32)
     probs_t = nl.ndarray((P, ncol), dtype=kernel_dtype, buffer=nl.sbuf)
-    for g0 in range(0, ncol, B_F_SIZE):
-        w = min(B_F_SIZE, ncol - g0)
-        nm_bc = nl.ndarray((P, w), dtype=nl.float32, buffer=nl.psum)
-        nm_bc[...] = nisa.nc_matmul(ones_row, nm_rep[:, nl.ds(g0, w)])
-        z = nl.add(nl.multiply(src[:, nl.ds(g0, w)], mult, dtype=nl.float32), nm_bc,
-                   dtype=nl.float32) if mult != 1.0 else nl.add(src[:, nl.ds(g0, w)], nm_bc,
-                                                               dtype=nl.float32)
-        probs_t[:, nl.ds(g0, w)] = nisa.activation(np.exp, z, dtype=kernel_dtype)
-    # Step 5: row sums (ones matmul over the key partitions, then a tree over the chunks) and PV.
-    ones_col = nl.ndarray((P, 1), dtype=kernel_dtype, buffer=nl.sbuf)
-    ones_col[...] = nisa.memset((P, 1), 1.0, dtype=kernel_dtype)
-    sums = nl.ndarray((1, ncol), dtype=nl.float32, buffer=nl.sbuf)
-    for g0 in range(0, ncol, B_F_SIZE):
-        w = min(B_F_SIZE, ncol - g0)
-        s_ps = nl.ndarray((1, w), dtype=nl.float32, buffer=nl.psum)
-        s_ps[...] = nisa.nc_matmul(ones_col, probs_t[:, nl.ds(g0, w)])
-        sums[:, nl.ds(g0, w)] = nl.copy(s_ps, dtype=nl.float32)
-    n = nch
-    while n > 1:
-        h = n // 2
-        sums[:, nl.ds(0, h * rows)] = nl.add(sums[:, nl.ds(0, h * rows)],
-                                             sums[:, nl.ds(h * rows, h * rows)], dtype=nl.float32)
-        n = h
-    rs_ps = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.psum)
-    rs_ps[...] = nisa.nc_transpose(sums[:, nl.ds(0, rows)])
+    if bounds is None and soft_cap is None:
+        ps += nisa.nc_matmul(consts["ones_r"], nm_diag)
+        probs_t[...] = nisa.activation(np.exp, ps, dtype=kernel_dtype)
+    else:
+        nm_bc = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.psum)
+        nm_bc[...] = nisa.nc_matmul(consts["ones_r"], nm_diag)
+        z = nl.add(nl.multiply(src, mult, dtype=nl.float32) if mult != 1.0 else src, nm_bc,
+                   dtype=nl.float32)
+        probs_t[...] = nisa.activation(np.exp, z, dtype=kernel_dtype)
+    # Step 5: row sums and PV, accumulated over the chunks in PSUM.
+    rs = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.psum)
     pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
     for u in nl.static_range(nch):
-        prod = nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], v_rows[:, nl.ds((c0 + u) * vs, d)])
+        p_u = probs_t[:, nl.ds(u * rows, rows)]
+        s_prod = nisa.nc_matmul(p_u, consts["ones_k"])
+        prod = nisa.nc_matmul(p_u, v_rows[:, nl.ds((c0 + u) * vs, d)])
         if u == 0:
+            rs[...] = s_prod
             pv[...] = prod
         else:
+            rs += s_prod
             pv += prod
     # Step 6: state update.
     l_col = st[:, nl.ds(col0 + d + 1, 1)]
     st[:, nl.ds(col0 + d + 1, 1)] = nisa.tensor_scalar(l_col, np.multiply, alpha, op1=np.add,
-                                                       operand1=rs_ps, dtype=nl.float32)
+                                                       operand1=rs, dtype=nl.float32)
     st[:, nl.ds(col0 + d, 1)] = nl.copy(nm_new, dtype=nl.float32)
     o_view = st[:, nl.ds(col0, d)]
     st[:, nl.ds(col0, d)] = nl.add(nl.multiply(o_view, alpha, dtype=nl.float32), pv,

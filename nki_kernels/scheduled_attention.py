@@ -41,7 +41,7 @@ from nki_kernels.constants import (B_P_SIZE, L_FLOOR, M_FLOOR, keys_on_partition
                                    tile_geometry)
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sched_core import flash_step, key_index_tile
-from nki_kernels.sched_decode import decode_step, key_index_columns
+from nki_kernels.sched_decode import decode_constants, decode_step, key_index_columns
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 KERNEL = "scheduled_paged_attention"
@@ -54,23 +54,29 @@ def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=Fals
     """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``);
     with keys on partitions (``constants.keys_on_partitions``) the bounds take 2 * rows columns."""
     nd = -(-head_size // B_P_SIZE)
-    ki = ((2 * loads if masked else loads) + blocks * nd + blocks + (blocks if masked else 0)
-          + (blocks if row_init else 0))
     kop = rows is not None and keys_on_partitions(rows, blocks, alibi)
+    ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
+          + (blocks if masked else 0) + (blocks if row_init else 0))
     kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
     return ki, kf
 
 
 @nki.jit
-def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-                              meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
+def scheduled_paged_attention(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi,
+                              meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
                               LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False,
                               row_init=False):
     """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
 
     Args:
         query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
-            holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T blocks).
+            holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T blocks),
+            gathered when a group starts (query-rows classes).
+        q_full, q_part: keys-on-partitions classes (``constants.keys_on_partitions``): the Q^T of
+            every item of the full / partial phase, (Hkv * d, items * rows) in query_t's dtype,
+            column ``t*rows + r`` = row r of item t's block for KV head ``row // d``; preloaded
+            with each chunk's metadata (one DMA per chunk instead of a gather per item).
+            Otherwise any (1, 1) array (unused).
         q_init: (Hkv * nblk * rows, 4) float32, per query row: initial -m and l of the online
             softmax (-M_FLOOR, 0 normally; -sink, 1 with an attention sink), the ALiBi slope and
             slope * query position (0 without ALiBi). Read only with ``row_init``.
@@ -104,15 +110,15 @@ def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_
     nblk = query_t.shape[0] // (Hkv * d)
     out = nl.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=nl.shared_hbm)
     state = nl.ndarray((max(nblk * rows, 1), d + 2), dtype=nl.float32, buffer=nl.hbm)
-    return scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff,
-                          rows, blocks, softmax_scale=softmax_scale,
+    return scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, meta_pf,
+                          meta_fi, meta_ff, rows, blocks, softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
                           logits_soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
                           out=out, state=state)
 
 
-def scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
-                   blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
+def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
+                   meta_ff, rows, blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
                    alibi, row_init, out, state):
     """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
 
@@ -157,17 +163,27 @@ def scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi
         qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
         q_raw.append(qr)
     cfg["kop"] = keys_on_partitions(rows, blocks, alibi)
+    for name, qa, n in (("q_full", q_full, cfg["items_f"]), ("q_part", q_part, cfg["items_p"])):
+        want = (kv_cache.shape[2] * d, n * rows) if cfg["kop"] else None
+        kernel_check(want is None or (tuple(qa.shape) == want
+                                      and np.dtype(qa.dtype) == np.dtype(query_t.dtype)),
+                     KERNEL, name, f"be a {want} array of the query dtype (keys on partitions)",
+                     (tuple(qa.shape), np.dtype(qa.dtype).name))
     need_kidx = cfg["items_p"] > 0 or alibi
     kidx = None
     if need_kidx:
         kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["kop"]
                 else key_index_tile(rows, cfg["loads"], cfg["bp"]))
-    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx)
+    step = min(cfg["W"], _decode_step_keys(rows) if cfg["kop"] else 2048)
+    cfg["step"] = step
+    consts = decode_constants(rows, step, cfg["kd"]) if cfg["kop"] else None
+    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx, consts=consts)
     hbm = dict(query_t=query_t, q_init=q_init, kv_flat=kv_flat, overlay=overlay, out=out,
                state=state)
 
-    for masked, mi_all, mf_all, n_items in ((False, meta_fi, meta_ff, cfg["items_f"]),
-                                            (True, meta_pi, meta_pf, cfg["items_p"])):
+    for masked, mi_all, mf_all, q_all, n_items in (
+            (False, meta_fi, meta_ff, q_full, cfg["items_f"]),
+            (True, meta_pi, meta_pf, q_part, cfg["items_p"])):
         if n_items == 0:
             continue
         ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked,
@@ -183,13 +199,24 @@ def scheduled_body(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi
         for ch in nl.sequential_range(n_items // chunk):
             mi = nl.load(mi_all[head, :, nl.ds(ch * chunk * ki, chunk * ki)])
             mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
+            bufs["q_chunk"] = None
+            if cfg["kop"]:       # the chunk's Q^T, scaled once into the kernel dtype
+                bufs["q_chunk"] = []
+                for k in nl.static_range(nd):
+                    dk = min(B_P_SIZE, d - k * B_P_SIZE)
+                    q_ld = nl.load(q_all[nl.ds(head * d + k * B_P_SIZE, dk),
+                                         nl.ds(ch * chunk * rows, chunk * rows)])
+                    bufs["q_chunk"].append(nisa.tensor_scalar(q_ld, np.multiply, cfg["scale"],
+                                                              dtype=cfg["kd"]))
             for it in nl.sequential_range(chunk):
-                _item(cfg, masked, mi, mf, it * ki, it * kf, kf, hbm, bufs)
+                _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs)
     return out
 
 
-def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
-    """One item: load / reset / carry the group state, gather Q and KV, fold the tile, store."""
+def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
+    """Item ``it`` of the chunk: load / reset / carry the group state, gather Q and KV, fold the
+    tile, store."""
+    ci, cf = it * ki, it * kf
     P = B_P_SIZE
     d, nd, bp, nL, kd = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"], cfg["kd"]
     rows, blocks = cfg["rows"], cfg["blocks"]
@@ -198,7 +225,7 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
     rw = bp * d
     i_r = nl.arange(rows)[:, None]
     q_col = ci + (2 * nL if masked else nL)
-    st_col = q_col + blocks * nd
+    st_col = q_col + (0 if cfg["kop"] else blocks * nd)
     out_col = st_col + blocks
     ini_col = out_col + (blocks if masked else 0)
     # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
@@ -215,7 +242,7 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
     reset = mf[0:rows, nl.ds(cf, 1)]
     st[...] = nl.where(reset, init, st, dtype=nl.float32)
     qs = []
-    for k in nl.static_range(nd):
+    for k in nl.static_range(0 if cfg["kop"] else nd):
         dk = min(P, d - k * P)
         i_c = nl.arange(dk)[:, None]
         i_q = nl.arange(rows)[None, :]
@@ -245,12 +272,14 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
                     pe_transpose_blocks(kt, l * P * bp + s * P, k_rows, l * rw + s * d + k * P,
                                         dk, 1, evac_engine=nisa.scalar_engine)
         k_t.append(kt)
-    # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step).
-    step = min(cfg["W"], 2048)
+    # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
+    # keys on partitions, as many keys as fit one PSUM bank of scores).
+    step = cfg["step"]
     # P^T copies: decode blocks (few rows) are cheap anywhere; full 128-row blocks split them
     # 2:1 between ScalarE and VectorE, which also carry the exp and the row max.
     p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P else None
-    if cfg["kop"]:       # decode class: keys on partitions, one block
+    if cfg["kop"]:       # decode class: keys on partitions, one block, Q^T preloaded per chunk
+        qs = [q[:, nl.ds(it * rows, rows)] for q in bufs["q_chunk"]]
         bounds = None
         if masked:
             bounds = (nl.copy(mf[:, nl.ds(cf + 1, rows)], dtype=nl.float32),
@@ -258,7 +287,7 @@ def _item(cfg, masked, mi, mf, ci, cf, kf, hbm, bufs):
         for s0 in nl.static_range(cfg["W"] // step):
             decode_step(qs, k_t, v_rows, st, 0, d, k0=s0 * step, width=step,
                         kidx_t=bufs["kidx"], bounds=bounds, kernel_dtype=kd,
-                        soft_cap=cfg["soft_cap"])
+                        consts=bufs["consts"], soft_cap=cfg["soft_cap"])
     for j in nl.static_range(0 if cfg["kop"] else blocks):
         bounds = None
         if masked:
@@ -307,7 +336,7 @@ def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
         k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
         v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
         k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
-        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
+        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.vector_engine)
     else:
         k_rows, v_rows = bufs["kv"]
     i_p = nl.arange(P)[:, None]
@@ -337,6 +366,14 @@ def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
                   oob_mode=nisa.oob_mode.skip)
     nisa.dma_copy(dst=v_rows[i_p, c0 + i_f], src=overlay[1, mi[i_p, col], i_f],
                   oob_mode=nisa.oob_mode.skip)
+
+
+def _decode_step_keys(rows):
+    """Keys per keys-on-partitions step: S^T (128, keys/128 * rows) fits one 2 KiB PSUM bank."""
+    keys = B_P_SIZE
+    while (2 * keys // B_P_SIZE) * rows <= 512 and 2 * keys <= 2048:
+        keys *= 2
+    return keys
 
 
 def _chunk(n_items):
