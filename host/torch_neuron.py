@@ -16,7 +16,7 @@ back. CPU tensors never reach this module.
 Not verified on hardware (no device or neuronx-cc was available): the torch-side input
 preparation is tested on CPU with :func:`launch` replaced by a simulator launch
 (tests/integration/test_torch_ops.py); the torch-xla custom-call lowering itself is not.
-Limits of this path: the dense flash kernel only (no ``kernel=`` / attention variants, no GQA
+Limits of this path: the dense flash kernel only (no ``attention_kernel`` / variants, no GQA
 query packing); lengths, block tables and slot mappings are read on the host (a device sync).
 """
 
@@ -39,11 +39,12 @@ __all__ = ["toolchain_status", "require_toolchain", "launch", "register_device_k
            "device_paged_attention", "device_reshape_and_cache", "device_copy_blocks"]
 
 REQUIRED_MODULES = ("torch_neuronx", "torch_xla")
+_find_spec = importlib.util.find_spec  # module attribute so tests can stand in for installs
 
 
 def toolchain_status() -> tuple[bool, str]:
     """``(available, reason)``: can the ops run their kernels on a Neuron device here?"""
-    missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
+    missing = [m for m in REQUIRED_MODULES if _find_spec(m) is None]
     if missing:
         return False, f"{', '.join(missing)} not importable"
     from nki_kernels import _nki
@@ -79,16 +80,18 @@ def register_device_kernels(paged_attention_op: Any, reshape_and_cache_op: Any,
 
 def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, context_lens,
                          softmax_scale=None, mixed_precision=True, large_tile_size=2048,
-                         gqa_packing=None, kernel=None, sliding_window=None, logits_soft_cap=None,
-                         alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):
+                         gqa_packing=None, attention_kernel=None, sliding_window=None,
+                         logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
+                         v_scale=None):
     require_toolchain("paged_attention")
-    variants = dict(kernel=kernel, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                    alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+    variants = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                    alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                    attention_kernel=None if attention_kernel == "dense" else attention_kernel)
     unsupported = sorted(k for k, v in variants.items() if v is not None)
-    if unsupported or gqa_packing:
+    unsupported += ["gqa_packing=True"] if gqa_packing else []
+    if unsupported:
         raise NotImplementedError(f"the XLA device path runs the dense flash kernel only; "
-                                  f"{unsupported + (['gqa_packing=True'] if gqa_packing else [])} "
-                                  "need CPU tensors (the host API)")
+                                  f"{unsupported} need CPU tensors (the host API)")
     return device_paged_attention(query, key, value, kv_cache, block_tables, query_lens,
                                   context_lens, softmax_scale=softmax_scale,
                                   mixed_precision=mixed_precision, large_tile_size=large_tile_size)

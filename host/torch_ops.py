@@ -22,7 +22,7 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
     paged_attention(query (T,H,d), key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d),
                     block_tables (S,max_blocks) int, query_lens (S,) int, context_lens (S,) int,
                     softmax_scale=None, mixed_precision=True, large_tile_size=2048,
-                    gqa_packing=None (= "auto"), kernel=None, sliding_window=None,
+                    gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
                     logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
                     v_scale=None) -> (T,H,d)                       [pure]
     reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,))
@@ -30,8 +30,9 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
     copy_blocks(kv_caches (L,2,N,Hkv,B,d) or (2,N,Hkv,B,d), block_mapping (n,2) int)
                                                                      [mutates kv_caches]
 
-The keyword options ``kernel`` .. ``v_scale`` are handed to ``host.paged_attention`` only when
-set; a set option the installed host function does not accept raises NotImplementedError.
+The keyword options ``attention_kernel`` (host ``kernel=``; the name ``kernel`` is taken inside
+torch.compile's lowering) .. ``v_scale`` are handed to ``host.paged_attention`` only when set; a
+set option the installed host function does not accept raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -79,14 +80,14 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                     block_tables: Tensor, query_lens: Tensor, context_lens: Tensor,
                     softmax_scale: Optional[float] = None, mixed_precision: bool = True,
                     large_tile_size: int = 2048, gqa_packing: Optional[bool] = None,
-                    kernel: Optional[str] = None, sliding_window: Optional[int] = None,
+                    attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
                     logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
                     sinks: Optional[Tensor] = None, k_scale: Optional[float] = None,
                     v_scale: Optional[float] = None) -> Tensor:
     """CPU: ``host.paged_attention`` (module docstring for shapes); returns a new (T, H, d) tensor."""
     from host.attention import paged_attention as host_fn
 
-    extra = host_options(kernel=kernel, sliding_window=sliding_window,
+    extra = host_options(kernel=attention_kernel, sliding_window=sliding_window,
                          logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes, sinks=sinks,
                          k_scale=k_scale, v_scale=v_scale)
     return host_fn(query, key, value, kv_cache, block_tables, query_lens, context_lens,
@@ -98,7 +99,7 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
 @paged_attention.register_fake
 def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens, context_lens,
                           softmax_scale=None, mixed_precision=True, large_tile_size=2048,
-                          gqa_packing=None, kernel=None, sliding_window=None,
+                          gqa_packing=None, attention_kernel=None, sliding_window=None,
                           logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
                           v_scale=None):
     torch._check(query.dim() == 3, lambda: f"query must be (T, H, d); got {tuple(query.shape)}")
