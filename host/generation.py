@@ -72,14 +72,15 @@ class PagedGenerator:
         max_num_seqs: sequences running at once.  max_step_tokens: tokens per forward
             (>= max_num_seqs, so every decoding sequence advances every step).
         prefix_sharing: reuse cached full blocks of identical prompt prefixes.
-        mixed_precision, large_tile_size: ``paged_attention`` options.
+        mixed_precision, large_tile_size, kernel: ``paged_attention`` options (kernel None =
+            the host default).
         record_logits: keep the logits row of every generated token.
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_step_tokens: int = 256, prefix_sharing: bool = True,
                  mixed_precision: bool = True, large_tile_size: int = 2048,
-                 record_logits: bool = False) -> None:
+                 kernel: str | None = None, record_logits: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             fail("model", f"use attn_implementation={ATTN_IMPLEMENTATION!r}", repr(impl))
@@ -98,6 +99,7 @@ class PagedGenerator:
                                       prefix_sharing=prefix_sharing)
         self.mixed_precision = bool(mixed_precision)
         self.large_tile_size = large_tile_size
+        self.kernel = kernel
         self.record_logits = bool(record_logits)
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
@@ -157,7 +159,8 @@ class PagedGenerator:
             kv_caches=self.kv_caches, slot_mapping=torch.from_numpy(np.concatenate(slots)),
             block_tables=torch.from_numpy(mgr.block_tables([r.out.request_id for r, _ in batch])),
             query_lens=torch.tensor(qlens), context_lens=torch.tensor(clens),
-            mixed_precision=self.mixed_precision, large_tile_size=self.large_tile_size)
+            mixed_precision=self.mixed_precision, large_tile_size=self.large_tile_size,
+            kernel=self.kernel)
         last = torch.tensor(np.cumsum(qlens) - 1)
         with torch.no_grad():
             logits = self.model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]),

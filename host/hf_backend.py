@@ -57,7 +57,8 @@ class PagedBatch:
         block_tables: (S, max_blocks) int32, each row covering context and new tokens.
         query_lens: (S,) int64 new tokens per sequence (>= 1).
         context_lens: (S,) int64 tokens of each sequence already in the cache before this forward.
-        mixed_precision, large_tile_size: passed to ``paged_attention``.
+        mixed_precision, large_tile_size, kernel: passed to ``paged_attention`` (``kernel``
+            None = the host default).
     """
 
     kv_caches: torch.Tensor
@@ -67,6 +68,7 @@ class PagedBatch:
     context_lens: torch.Tensor
     mixed_precision: bool = True
     large_tile_size: int = 2048
+    kernel: str | None = None
     max_seq_len: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +132,7 @@ def paged_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor,
     out = torch.ops.nki_pa.paged_attention(
         q, k, v, cache, meta.block_tables, meta.query_lens, meta.context_lens,
         softmax_scale=scaling, mixed_precision=meta.mixed_precision,
-        large_tile_size=meta.large_tile_size, sliding_window=sliding_window,
+        large_tile_size=meta.large_tile_size, attention_kernel=meta.kernel,
+        sliding_window=sliding_window,
         logits_soft_cap=softcap, sinks=s_aux)
     return from_flat_tokens(out), None

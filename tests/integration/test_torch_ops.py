@@ -60,13 +60,36 @@ def test_paged_attention_op_matches_reference(dtype, mixed, mode, tol):
     np.testing.assert_allclose(out.float().numpy(), reference(b), atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("gqa_packing", [None, True, False])
-def test_paged_attention_op_passes_scale_and_packing(gqa_packing, tol):
+@pytest.mark.parametrize("attention_kernel, gqa_packing", [(None, None), ("scheduled", None),
+                                                          ("dense", True), ("dense", False)])
+def test_paged_attention_op_passes_kernel_scale_and_packing(attention_kernel, gqa_packing, tol):
     b = make_batch(2, query_lens=(1, 1), context_lens=(20, 9))
     out = torch.ops.nki_pa.paged_attention(*args(b), softmax_scale=0.3, mixed_precision=False,
-                                           large_tile_size=512, gqa_packing=gqa_packing)
+                                           large_tile_size=512, gqa_packing=gqa_packing,
+                                           attention_kernel=attention_kernel)
     np.testing.assert_allclose(out.numpy(), reference(b, softmax_scale=0.3),
                                atol=tol("fp32", "float32")[0])
+
+
+def test_paged_attention_op_selects_the_kernel(monkeypatch):
+    """attention_kernel reaches host.paged_attention as kernel= (None: the host default)."""
+    import functools
+
+    import host.attention
+
+    seen = []
+    real = host.attention.paged_attention
+
+    @functools.wraps(real)
+    def spy(*a, **kw):
+        seen.append(kw.get("kernel"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(host.attention, "paged_attention", spy)
+    b = make_batch(11)
+    torch.ops.nki_pa.paged_attention(*args(b), large_tile_size=512)
+    torch.ops.nki_pa.paged_attention(*args(b), large_tile_size=512, attention_kernel="dense")
+    assert seen == [None, "dense"]
 
 
 @pytest.mark.parametrize("option", ops.VARIANT_OPTIONS)
