@@ -5,7 +5,7 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="nki_paged")
     model(input_ids=(1, T), position_ids=(1, T), use_cache=False, nki_paged=PagedBatch(...))
 
-A forward runs on a FLAT batch (docs/layouts.md §13): the new tokens of S sequences concatenated
+A forward runs on a FLAT batch (docs/layouts.md §15): the new tokens of S sequences concatenated
 into one row, ``input_ids`` / ``position_ids`` of shape (1, T), positions absolute within each
 sequence (so rotary embeddings are right), and the transformers cache disabled
 (``use_cache=False``): the K/V history lives in this module's paged cache, described by the
@@ -95,7 +95,7 @@ def register(name: str = ATTN_IMPLEMENTATION) -> str:
 
 
 def to_flat_tokens(x: torch.Tensor) -> torch.Tensor:
-    """HF (1, heads, T, d) -> the host's (T, heads, d) (docs/layouts.md §13)."""
+    """HF (1, heads, T, d) -> the host's (T, heads, d) (docs/layouts.md §15)."""
     if x.dim() != 4 or x.shape[0] != 1:
         fail("query / key / value", "be (1, heads, T, d): a flat batch of one row",
              f"shape {tuple(x.shape)}")
@@ -103,7 +103,7 @@ def to_flat_tokens(x: torch.Tensor) -> torch.Tensor:
 
 
 def from_flat_tokens(x: torch.Tensor) -> torch.Tensor:
-    """Host (T, H, d) -> HF's attention output layout (1, T, H, d) (docs/layouts.md §13)."""
+    """Host (T, H, d) -> HF's attention output layout (1, T, H, d) (docs/layouts.md §15)."""
     return x.unsqueeze(0)
 
 

@@ -4,7 +4,7 @@ Pure NumPy bookkeeping (no kernels run here except the copy-on-write block copie
 through :func:`host.copy_blocks` when a cache is attached). One lock guards all state, so
 several threads may allocate, append, fork and free concurrently.
 
-Model (N blocks of B token slots each, docs/layouts.md §12):
+Model (N blocks of B token slots each, docs/layouts.md §14):
 
 * every sequence owns a block table: its i-th logical block holds token positions
   [i*B, (i+1)*B); ``slot(pos) = table[pos // B] * B + pos % B`` (the ``slot_mapping`` of
@@ -54,7 +54,7 @@ class KVCacheManager:
         num_blocks: N >= 1.  block_size: B >= 1.
         kv_caches: optional cache the blocks live in, anything :func:`host.copy_blocks` accepts
             (a list of (2, N, Hkv, B, d) per-layer caches or one (L, 2, N, Hkv, B, d) array or
-            CPU torch tensor). With it, copy-on-write copies run immediately through
+            CPU torch tensor; MLA caches (N, B, E) / (L, N, B, E) alike). With it, copy-on-write copies run immediately through
             ``host.copy_blocks``; without it they queue up for :meth:`pop_block_copies`.
         prefix_sharing: share full prompt blocks between sequences with the same prefix.
     """
@@ -297,11 +297,14 @@ def _token_list(token_ids: Iterable[int]) -> list[int]:
 
 
 def _check_cache_geometry(kv_caches: Any, num_blocks: int, block_size: int) -> None:
-    """The attached cache must have N blocks of B slots: (..., 2, N, Hkv, B, d)."""
-    layers = kv_caches if isinstance(kv_caches, (list, tuple)) else [kv_caches]
-    for i, c in enumerate(layers):
+    """The attached cache must have N blocks of B slots: paged (..., 2, N, Hkv, B, d) per layer
+    (5-D, or 6-D for all layers) or MLA (..., N, B, E) (3-D, or 4-D)."""
+    listed = isinstance(kv_caches, (list, tuple))
+    for i, c in enumerate(kv_caches if listed else [kv_caches]):
         shape = tuple(getattr(c, "shape", ()))
-        if len(shape) < 5 or shape[-5] != 2 or shape[-4] != num_blocks or shape[-2] != block_size:
-            fail(f"kv_caches[{i}]" if isinstance(kv_caches, (list, tuple)) else "kv_caches",
-                 f"have shape (..., 2, num_blocks={num_blocks}, Hkv, block_size={block_size}, d)",
-                 f"shape {shape}")
+        paged = len(shape) in (5, 6) and shape[-5] == 2
+        n = shape[-4] if paged else shape[-3] if len(shape) in (3, 4) else None
+        if n != num_blocks or shape[-2] != block_size:
+            fail(f"kv_caches[{i}]" if listed else "kv_caches",
+                 f"have shape (..., 2, num_blocks={num_blocks}, Hkv, block_size={block_size}, d) "
+                 f"or MLA (..., {num_blocks}, {block_size}, E)", f"shape {shape}")

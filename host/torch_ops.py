@@ -1,8 +1,7 @@
 """torch custom ops: ``torch.ops.nki_pa.paged_attention``, ``.reshape_and_cache``, ``.copy_blocks``.
 
 Registered with ``torch.library.custom_op`` (schemas below), each with a fake (meta)
-implementation, so the ops work under ``torch.compile``, ``torch.export`` and fake-tensor
-tracing; the real computation is opaque to the compiler (one graph node per call).
+implementation, so the ops work under ``torch.compile`` and fake-tensor tracing; the real computation is opaque to the compiler (one graph node per call).
 
 Implementations, chosen by the device of the tensors (torch dispatch, never by guessing):
 

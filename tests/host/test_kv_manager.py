@@ -126,6 +126,10 @@ def test_bad_arguments_raise_value_error_naming_them():
         KVCacheManager(0, 2)
     with pytest.raises(ValueError, match=r"kv_caches must have shape \(\.\.\., 2, num_blocks=4"):
         KVCacheManager(4, 2, kv_caches=np.zeros((2, 5, 1, 2, 8), np.float32))
+    with pytest.raises(ValueError, match=r"kv_caches\[1\] must have shape .* or MLA \(\.\.\., 4, 2, E\)"):
+        KVCacheManager(4, 2, kv_caches=[np.zeros((4, 2, 8)), np.zeros((4, 3, 8))])
+    KVCacheManager(4, 2, kv_caches=[np.zeros((4, 2, 8))] * 2)            # MLA layers
+    KVCacheManager(4, 2, kv_caches=np.zeros((3, 2, 4, 1, 2, 8)))           # (L, 2, N, Hkv, B, d)
     mgr.append_slots("a", 3)
     with pytest.raises(ValueError, match="width must be >= 2"):
         mgr.block_tables(["a"], width=1)

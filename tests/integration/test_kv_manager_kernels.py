@@ -76,3 +76,23 @@ def test_forked_sequences_diverge_through_copy_on_write(rng, tol):
                           causal_attention_f64(q[2:], *hist["b"][layer], 6)])
     atol, rtol = tol("fp32", np.float32)
     np.testing.assert_allclose(out, ref, atol=atol, rtol=rtol)
+
+
+def test_copy_on_write_of_an_mla_cache(rng):
+    """The same copy-on-write on a stack of MLA latent caches (L, N, B, E)."""
+    from host.mla_layout import allocate_mla_cache
+
+    caches = np.stack([allocate_mla_cache(6, 4, kv_lora_rank=8, qk_rope_head_dim=4,
+                                          dtype=np.float32) for _ in range(2)])
+    caches[...] = rng.uniform(-1, 1, caches.shape).astype(np.float32)
+    before = caches.copy()
+    mgr = KVCacheManager(6, 4, kv_caches=caches)
+    mgr.add_sequence("a")
+    mgr.append_slots("a", 5)
+    mgr.fork("a", "b")
+    mgr.append_slots("b", 1)
+    old, new = int(mgr.block_table("a")[1]), int(mgr.block_table("b")[1])
+    assert old != new
+    np.testing.assert_array_equal(caches[:, new], before[:, old])
+    untouched = [b for b in range(6) if b != new]
+    np.testing.assert_array_equal(caches[:, untouched], before[:, untouched])
