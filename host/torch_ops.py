@@ -22,8 +22,9 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
                     block_tables (S,max_blocks) int, query_lens (S,) int, context_lens (S,) int,
                     softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                     gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
-                    logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                    v_scale=None) -> (T,H,d)                       [pure]
+                    logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
+                    k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head))
+                    -> (T,H,d)                                     [pure]
     reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,))
                                                                      [mutates kv_cache]
     copy_blocks(kv_caches (L,2,N,Hkv,B,d) or (2,N,Hkv,B,d), block_mapping (n,2) int)
@@ -81,8 +82,8 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                     large_tile_size: int = 2048, gqa_packing: Optional[bool] = None,
                     attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
                     logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
-                    sinks: Optional[Tensor] = None, k_scale: Optional[float] = None,
-                    v_scale: Optional[float] = None) -> Tensor:
+                    sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                    v_scale: Optional[Tensor] = None) -> Tensor:
     """CPU: ``host.paged_attention`` (module docstring for shapes); returns a new (T, H, d) tensor."""
     from host.attention import paged_attention as host_fn
 
