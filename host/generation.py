@@ -74,13 +74,17 @@ class PagedGenerator:
         prefix_sharing: reuse cached full blocks of identical prompt prefixes.
         mixed_precision, large_tile_size, kernel: ``paged_attention`` options (kernel None =
             the host default).
+        kv_cache_dtype: cache dtype (default: the model's); ``torch.float8_e4m3fn`` /
+            ``torch.float8_e5m2`` store K and V quantized with ``k_scale`` / ``v_scale`` (floats or
+            (Hkv,) per KV head; required for fp8).
         record_logits: keep the logits row of every generated token.
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_step_tokens: int = 256, prefix_sharing: bool = True,
                  mixed_precision: bool = True, large_tile_size: int = 2048,
-                 kernel: str | None = None, record_logits: bool = False) -> None:
+                 kernel: str | None = None, kv_cache_dtype: torch.dtype | None = None,
+                 k_scale: Any = None, v_scale: Any = None, record_logits: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
         if impl != ATTN_IMPLEMENTATION:
             fail("model", f"use attn_implementation={ATTN_IMPLEMENTATION!r}", repr(impl))
@@ -91,7 +95,7 @@ class PagedGenerator:
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        dtype = next(model.parameters()).dtype
+        dtype = next(model.parameters()).dtype if kv_cache_dtype is None else kv_cache_dtype
         self.model = model
         self.kv_caches = torch.zeros((cfg.num_hidden_layers, 2, num_blocks, kv_heads, block_size,
                                       head_dim), dtype=dtype)
@@ -100,6 +104,8 @@ class PagedGenerator:
         self.mixed_precision = bool(mixed_precision)
         self.large_tile_size = large_tile_size
         self.kernel = kernel
+        self.k_scale, self.v_scale = (None if x is None else torch.as_tensor(x, dtype=torch.float32)
+                                      for x in (k_scale, v_scale))
         self.record_logits = bool(record_logits)
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
@@ -160,7 +166,7 @@ class PagedGenerator:
             block_tables=torch.from_numpy(mgr.block_tables([r.out.request_id for r, _ in batch])),
             query_lens=torch.tensor(qlens), context_lens=torch.tensor(clens),
             mixed_precision=self.mixed_precision, large_tile_size=self.large_tile_size,
-            kernel=self.kernel)
+            kernel=self.kernel, k_scale=self.k_scale, v_scale=self.v_scale)
         last = torch.tensor(np.cumsum(qlens) - 1)
         with torch.no_grad():
             logits = self.model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]),

@@ -59,6 +59,8 @@ class PagedBatch:
         context_lens: (S,) int64 tokens of each sequence already in the cache before this forward.
         mixed_precision, large_tile_size, kernel: passed to ``paged_attention`` (``kernel``
             None = the host default).
+        k_scale, v_scale: for an fp8 cache (float8_e4m3fn / float8_e5m2), its dequantization
+            scales (0-d or (Hkv,) float32 tensors), passed to both cache write and attention.
     """
 
     kv_caches: torch.Tensor
@@ -69,6 +71,8 @@ class PagedBatch:
     mixed_precision: bool = True
     large_tile_size: int = 2048
     kernel: str | None = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
     max_seq_len: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,11 +132,12 @@ def paged_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor,
     cache = meta.kv_caches[module.layer_idx]
     if sliding_window is not None and meta.max_seq_len <= sliding_window:
         sliding_window = None  # no query can see farther back than W tokens: the window is inert
-    torch.ops.nki_pa.reshape_and_cache(k, v, cache, meta.slot_mapping)
+    scales = dict(k_scale=meta.k_scale, v_scale=meta.v_scale)
+    torch.ops.nki_pa.reshape_and_cache(k, v, cache, meta.slot_mapping, **scales)
     out = torch.ops.nki_pa.paged_attention(
         q, k, v, cache, meta.block_tables, meta.query_lens, meta.context_lens,
         softmax_scale=scaling, mixed_precision=meta.mixed_precision,
         large_tile_size=meta.large_tile_size, attention_kernel=meta.kernel,
         sliding_window=sliding_window,
-        logits_soft_cap=softcap, sinks=s_aux)
+        logits_soft_cap=softcap, sinks=s_aux, **scales)
     return from_flat_tokens(out), None

@@ -97,8 +97,11 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                                   mixed_precision=mixed_precision, large_tile_size=large_tile_size)
 
 
-def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping):
+def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
     require_toolchain("reshape_and_cache")
+    if k_scale is not None or v_scale is not None:
+        raise NotImplementedError("the XLA device path writes float32 / bfloat16 / float16 caches "
+                                  "only; fp8 caches (k_scale / v_scale) need CPU tensors")
     device_reshape_and_cache(key, value, kv_cache, slot_mapping)
 
 

@@ -25,8 +25,8 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
                     logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
                     k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head))
                     -> (T,H,d)                                     [pure]
-    reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,))
-                                                                     [mutates kv_cache]
+    reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,),
+                      k_scale=None, v_scale=None)                   [mutates kv_cache]
     copy_blocks(kv_caches (L,2,N,Hkv,B,d) or (2,N,Hkv,B,d), block_mapping (n,2) int)
                                                                      [mutates kv_caches]
 
@@ -108,15 +108,18 @@ def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens,
 
 @torch.library.custom_op(f"{NAMESPACE}::reshape_and_cache", mutates_args=("kv_cache",),
                          device_types="cpu")
-def reshape_and_cache(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
-    """CPU: ``host.reshape_and_cache`` -- writes key/value rows into ``kv_cache`` in place."""
+def reshape_and_cache(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                      k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> None:
+    """CPU: ``host.reshape_and_cache`` -- writes key/value rows into ``kv_cache`` in place
+    (an fp8 cache quantizes with ``k_scale`` / ``v_scale``)."""
     from host.cache_ops import reshape_and_cache as host_fn
 
-    host_fn(key, value, kv_cache, slot_mapping)
+    scales = {k: v for k, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None}
+    host_fn(key, value, kv_cache, slot_mapping, **scales)
 
 
 @reshape_and_cache.register_fake
-def _reshape_and_cache_fake(key, value, kv_cache, slot_mapping):
+def _reshape_and_cache_fake(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
     return None
 
 

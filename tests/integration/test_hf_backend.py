@@ -2,11 +2,13 @@
 continuous-batching generator (host.generation), against the same weights with transformers'
 eager attention.
 
-Tiny random models (2 layers, 4 query / 2 KV heads, head size 16, vocabulary 128, seeded): six
-prompts of 2-33 tokens, 32-40 greedy tokens each, at most 3 running at once, 16 tokens per step
-(chunked prefill), block size 8, two prompts sharing a 16-token prefix. Llama runs the dense
-kernel, Qwen2 the default (scheduled) one. fp32 throughout (mixed_precision=False) so greedy
-tokens must match exactly; logits within the "hf-logits" tolerance of tests/conftest.py.
+Tiny random models (2 layers, 4 query / 2 KV heads, head size 16, vocabulary 128, seeded).
+Llama (dense kernel) and Qwen2 (default scheduled kernel): six prompts of 2-33 tokens, 32-40
+greedy tokens each, at most 3 running at once, 16 tokens per step (chunked prefill), block size
+8, two prompts sharing a 16-token prefix. Mistral, Gemma 2 and GPT-OSS: their attention variants
+(sliding window, soft-cap, sinks) through the scheduled kernel. fp32 throughout
+(mixed_precision=False) so greedy tokens must match exactly; logits within the "hf-logits"
+tolerance of tests/conftest.py.
 
 The eager reference is teacher-forced: one eager forward over prompt + generated tokens gives
 the logits after every prefix (causal attention). If their argmax equals the generated tokens
@@ -39,9 +41,9 @@ CONFIGS = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}
 MAX_NEW = [32, 36, 32, 40, 33, 34]
 
 
-def build_models(name, seed=0):
-    """(eager, paged) models with identical seeded weights."""
-    cfg = CONFIGS[name](**SMALL)
+def build_models(name, seed=0, cfg=None):
+    """(eager, paged) models with identical seeded weights (``cfg`` overrides CONFIGS[name])."""
+    cfg = CONFIGS[name](**SMALL) if cfg is None else cfg
     torch.manual_seed(seed)
     eager = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg),
                                                           attn_implementation="eager").eval()
@@ -124,6 +126,59 @@ def test_context_matters_in_these_models(run, tol):
     assert float((full - half).abs().max()) > 100 * tol("hf-logits", "float32")[0]
 
 
+# ----------------------------------------------------------------------------- variant models
+
+# model -> (config, {variant: config change that turns it off})
+VARIANTS = {
+    "mistral": (lambda: transformers.MistralConfig(**SMALL, sliding_window=8),
+                {"sliding_window": dict(sliding_window=None)}),
+    "gemma2": (lambda: transformers.Gemma2Config(**SMALL, sliding_window=8,
+                                                 attn_logit_softcapping=1.0,
+                                                 final_logit_softcapping=30.0,
+                                                 query_pre_attn_scalar=16),
+               {"sliding_window": dict(sliding_window=4096),
+                "logits_soft_cap": dict(attn_logit_softcapping=None)}),
+    "gpt_oss": (lambda: transformers.GptOssConfig(**SMALL, sliding_window=8, num_local_experts=2,
+                                                  num_experts_per_tok=1),
+                {"sliding_window": dict(sliding_window=4096), "sinks": None}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_models_match_eager_attention(name, tol):
+    """Mistral (sliding window on every layer), Gemma 2 (attention logit soft-cap, query scale,
+    sliding window on alternate layers) and GPT-OSS (attention sinks, sliding window on alternate
+    layers): 32 greedy tokens for a 5- and a 20-token prompt (windows of 8 are exceeded), chunked
+    prefill, block size 4. Controls: switching each variant off in the eager model moves its
+    logits by more than 100x the tolerance, so the backend must apply every one of them."""
+    make_cfg, switches = VARIANTS[name]
+    eager, paged = build_models(name, cfg=make_cfg())
+    rng = np.random.default_rng(5)
+    ps = [rng.integers(0, 128, n).tolist() for n in (5, 20)]
+    gen = PagedGenerator(paged, num_blocks=32, block_size=4, max_num_seqs=2, max_step_tokens=8,
+                         mixed_precision=False, large_tile_size=512, record_logits=True)
+    outs = [gen.run()[i] for i in [gen.add_request(p, 32) for p in ps]]
+    atol, rtol = tol("hf-logits", "float32")
+    rows = [eager_logits(eager, p, out.tokens) for p, out in zip(ps, outs)]
+    for out, ref in zip(outs, rows):
+        assert out.tokens == ref.argmax(-1).tolist() and len(out.tokens) == 32
+        np.testing.assert_allclose(np.stack(out.logits), ref, atol=atol, rtol=rtol)
+    for variant, change in switches.items():
+        if change is None:                                   # sinks: a no-op sink logit
+            off = copy.deepcopy(eager)
+            with torch.no_grad():
+                for layer in off.model.layers:
+                    layer.self_attn.sinks.fill_(-1e9)
+        else:
+            cfg = make_cfg()
+            for k, v in change.items():
+                setattr(cfg, k, v)
+            off = build_models(name, cfg=cfg)[0]
+            off.load_state_dict(eager.state_dict())
+        moved = np.abs(eager_logits(off, ps[1], outs[1].tokens) - rows[1]).max()
+        assert moved > 100 * atol, f"{name}: switching {variant} off changes nothing"
+
+
 # ----------------------------------------------------------------------------- backend pieces
 
 
@@ -143,8 +198,10 @@ class _Layer:
 def _one_sequence_batch(T=6, ctx=4):
     g = torch.Generator().manual_seed(3)
     caches = torch.rand((1, 2, 4, 2, 8, 16), generator=g)
-    meta = hf.PagedBatch(kv_caches=caches, slot_mapping=torch.arange(ctx, ctx + T),
-                         block_tables=torch.tensor([[2, 0]], dtype=torch.int32),
+    table = torch.tensor([[2, 0]], dtype=torch.int32)               # positions 0-7, 8-15
+    pos = torch.arange(ctx, ctx + T)
+    meta = hf.PagedBatch(kv_caches=caches, slot_mapping=table[0, pos // 8].long() * 8 + pos % 8,
+                         block_tables=table,
                          query_lens=torch.tensor([T]), context_lens=torch.tensor([ctx]),
                          mixed_precision=False, large_tile_size=512)
     q = torch.rand((1, 4, T, 16), generator=g)
@@ -152,25 +209,61 @@ def _one_sequence_batch(T=6, ctx=4):
     return meta, q, k, v
 
 
-def test_inert_sliding_window_is_dropped_and_others_reach_the_host():
+def test_variant_options_reach_the_host_and_an_inert_window_is_dropped(monkeypatch):
+    import functools
+
+    import host.attention
+
+    seen, real = [], host.attention.paged_attention
+
+    @functools.wraps(real)
+    def spy(*a, **kw):
+        seen.append({k: kw.get(k) for k in ("sliding_window", "logits_soft_cap", "sinks")})
+        return real(*a, **kw)
+
+    monkeypatch.setattr(host.attention, "paged_attention", spy)
     meta, q, k, v = _one_sequence_batch()
     assert meta.max_seq_len == 10
     plain, _ = hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta)
     inert, _ = hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta,
                                           sliding_window=10)
     assert torch.equal(plain, inert) and plain.shape == (1, 6, 4, 16)
-    import inspect
+    sinks = torch.zeros(4)
+    hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta, sliding_window=9,
+                               softcap=3.0, s_aux=sinks)
+    none = dict(sliding_window=None, logits_soft_cap=None, sinks=None)
+    assert seen[:2] == [none, none]
+    assert seen[2]["sliding_window"] == 9 and seen[2]["logits_soft_cap"] == 3.0
+    assert seen[2]["sinks"] is not None
 
-    from host.attention import paged_attention as host_fn
 
-    supported = inspect.signature(host_fn).parameters
-    for kw, host_kw in (("sliding_window", "sliding_window"), ("softcap", "logits_soft_cap"),
-                        ("s_aux", "sinks")):
-        if host_kw in supported:
-            continue      # numerics of supported variants are tested against eager models
-        value = torch.zeros(4) if kw == "s_aux" else 3
-        with pytest.raises(NotImplementedError, match=host_kw):
-            hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta, **{kw: value})
+def test_fp8_cache_is_written_and_read_with_its_scales(tol):
+    """A PagedBatch over a float8_e4m3fn cache: the layer's new K/V are quantized into the cache
+    with k_scale / v_scale, and attention reads the context through the same scales (float64
+    reference on the cache as written)."""
+    from host import paged_attention_ref
+    from host._arrays import to_numpy
+
+    meta, q, k, v = _one_sequence_batch()
+    k_scale, v_scale = torch.tensor([0.01, 0.02]), torch.tensor(0.015)
+    caches = (meta.kv_caches * 2 - 1).to(torch.float8_e4m3fn)     # context: arbitrary fp8 bytes
+    before = caches.clone()
+    meta = hf.PagedBatch(kv_caches=caches, slot_mapping=meta.slot_mapping,
+                         block_tables=meta.block_tables, query_lens=meta.query_lens,
+                         context_lens=meta.context_lens, mixed_precision=False,
+                         large_tile_size=512, k_scale=k_scale, v_scale=v_scale)
+    out, _ = hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta)
+    written = to_numpy(caches[0], "kv_cache")[0]
+    slots = meta.slot_mapping.numpy()
+    k_back = written[0, slots // 8, :, slots % 8].astype(np.float32) * k_scale.numpy()[:, None]
+    np.testing.assert_allclose(k_back, hf.to_flat_tokens(k).numpy(), rtol=2 ** -4, atol=1e-3)
+    ctx = meta.block_tables[0, 0].item()                       # context slots 0..3: block 2
+    assert torch.equal(caches[0, :, ctx, :, :4].view(torch.uint8),
+                       before[0, :, ctx, :, :4].view(torch.uint8))
+    ref = paged_attention_ref(hf.to_flat_tokens(q).numpy(), hf.to_flat_tokens(k).numpy(),
+                              hf.to_flat_tokens(v).numpy(), written, meta.block_tables.numpy(),
+                              [6], [4], k_scale=k_scale.numpy(), v_scale=v_scale.numpy())
+    np.testing.assert_allclose(out[0].numpy(), ref, atol=tol("fp32", "float32")[0])
 
 
 def test_backend_rejects_what_it_cannot_honour():

@@ -93,17 +93,20 @@ def test_paged_attention_op_selects_the_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("option", ops.VARIANT_OPTIONS)
-def test_variant_options_reach_the_host_function_or_raise(option):
-    import inspect
-
-    from host.attention import paged_attention as host_fn
+def test_variant_options_reach_the_host_function_or_raise(option, monkeypatch):
+    import host.attention
 
     assert ops.host_options(**{option: None}) == {}
-    if option in inspect.signature(host_fn).parameters:
-        assert ops.host_options(**{option: 3}) == {option: 3}
-    else:
-        with pytest.raises(NotImplementedError, match=f"does not support \\['{option}'\\]"):
-            ops.host_options(**{option: 3})
+    assert ops.host_options(**{option: 3}) == {option: 3}      # the installed host takes them all
+
+    def older_host(query, key, value, kv_cache, block_tables, query_lens, context_lens, *,
+                   softmax_scale=None, mixed_precision=True, large_tile_size=2048):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(host.attention, "paged_attention", older_host)
+    assert ops.host_options(**{option: None}) == {}
+    with pytest.raises(NotImplementedError, match=f"does not support \\['{option}'\\]"):
+        ops.host_options(**{option: 3})
 
 
 def test_reshape_and_cache_op_writes_the_slots():
@@ -132,12 +135,46 @@ def test_copy_blocks_op_copies_every_layer(layers):
     assert torch.equal(caches, expected)
 
 
+def test_fp8_cache_write_and_attention_through_the_ops(tol):
+    """reshape_and_cache into a float8_e4m3fn cache with a per-KV-head k_scale and a per-tensor
+    v_scale writes exactly what host.reshape_and_cache writes; paged_attention with the same
+    scales matches the float64 reference on that cache."""
+    from host import reshape_and_cache as host_write
+    from host._arrays import to_numpy
+
+    b = make_batch(12, query_lens=(3,), context_lens=(20,))
+    g = torch.Generator().manual_seed(12)
+    k_ctx, v_ctx = (torch.rand((20, HKV, D), generator=g) * 4 - 2 for _ in range(2))
+    k_scale, v_scale = torch.tensor([0.02, 0.03]), torch.tensor(0.05)
+    cache = torch.zeros((2, N, HKV, B, D), dtype=torch.float8_e4m3fn)
+    slots = b["block_tables"][0, :3].long().repeat_interleave(B) * B + torch.arange(24) % B
+    torch.ops.nki_pa.reshape_and_cache(k_ctx, v_ctx, cache, slots[:20], k_scale=k_scale,
+                                       v_scale=v_scale)
+    expected = torch.zeros_like(cache)
+    host_write(k_ctx, v_ctx, expected, slots[:20], k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    assert cache.view(torch.uint8).any()
+    out = torch.ops.nki_pa.paged_attention(b["query"], b["key"], b["value"], cache,
+                                           b["block_tables"], b["query_lens"], b["context_lens"],
+                                           mixed_precision=False, large_tile_size=512,
+                                           k_scale=k_scale, v_scale=v_scale)
+    ref = paged_attention_ref(b["query"].numpy(), b["key"].numpy(), b["value"].numpy(),
+                              to_numpy(cache, "kv_cache")[0], b["block_tables"].numpy(), [3], [20],
+                              k_scale=k_scale.numpy(), v_scale=v_scale.numpy())
+    np.testing.assert_allclose(out.numpy(), ref, atol=tol("fp32", "float32")[0])
+
+
 def test_opcheck_all_ops():
     b = make_batch(5)
     torch.library.opcheck(torch.ops.nki_pa.paged_attention.default, args(b),
                           dict(mixed_precision=False, large_tile_size=512, softmax_scale=0.5))
     torch.library.opcheck(torch.ops.nki_pa.reshape_and_cache.default,
                           (b["key"], b["value"], b["kv_cache"].clone(), torch.tensor([0, 9, 3, -1, 60])))
+    fp8 = torch.zeros((2, N, HKV, B, D), dtype=torch.float8_e5m2)
+    torch.library.opcheck(torch.ops.nki_pa.reshape_and_cache.default,
+                          (b["key"], b["value"], fp8, torch.tensor([0, 9, 3, -1, 60])),
+                          dict(k_scale=torch.tensor(0.5), v_scale=torch.tensor([0.25, 2.0])),
+                          test_utils=("test_faketensor",))   # torch has no fp8 arithmetic on CPU
     torch.library.opcheck(torch.ops.nki_pa.copy_blocks.default,
                           (torch.stack([b["kv_cache"]] * 2).clone(), torch.tensor([[2, 3], [5, 11]])))
 
@@ -246,6 +283,9 @@ def test_device_path_rejects_what_it_cannot_run(simulated_device):
         torch_neuron._paged_attention_xla(*args(b), sliding_window=4)
     with pytest.raises(NotImplementedError, match=r"gqa_packing=True"):
         torch_neuron._paged_attention_xla(*args(b), gqa_packing=True)
+    with pytest.raises(NotImplementedError, match=r"fp8 caches \(k_scale / v_scale\) need CPU"):
+        torch_neuron._reshape_and_cache_xla(b["key"], b["value"], b["kv_cache"], torch.arange(5),
+                                            k_scale=torch.tensor(1.0))
     with pytest.raises(ValueError, match="query_lens must sum to query.shape\\[0\\] = 5"):
         torch_neuron._paged_attention_xla(*args({**b, "query_lens": torch.tensor([1, 1, 1])}))
     assert simulated_device == []
