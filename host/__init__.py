@@ -4,8 +4,11 @@ Public names follow vLLM's Neuron backend where one exists (``flash_attn_varlen_
 ``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``), else vLLM's
 cache ops (``concat_and_cache_mla``).
 
-Pure-NumPy planning names are imported eagerly; the launch wrappers (which import the kernels
-and, without ``neuronx-cc``, the ``nki_sim`` simulator) load on first use.
+Pure-NumPy planning names (and the paged ``KVCacheManager``) are imported eagerly; the launch
+wrappers (which import the kernels and, without ``neuronx-cc``, the ``nki_sim`` simulator) load
+on first use. With the optional extras: ``host.torch_ops`` (torch custom ops ``nki_pa::*``),
+``host.hf_backend`` and ``host.generation`` (``host.generate``, ``host.PagedGenerator``: a
+transformers attention backend and continuous-batching generation); see docs/integration.md.
 Every layout these functions produce or consume is specified in ``docs/layouts.md``.
 """
 
@@ -23,6 +26,7 @@ from host.block_tables import (
     transform_block_tables,
     transform_block_tables_all_heads,
 )
+from host.kv_manager import KVCacheManager, OutOfBlocksError
 from host.masks import (
     active_mask,
     build_attention_mask,
@@ -51,10 +55,16 @@ _LAZY = {
     "allocate_kv_caches": "host.cache_ops",
     "concat_and_cache_mla": "host.mla_cache",
 }
+# name -> submodule that needs the optional torch (+ transformers) extras; kept out of __all__
+# so that ``from host import *`` works without them.
+_LAZY_OPTIONAL = {
+    "generate": "host.generation",
+    "PagedGenerator": "host.generation",
+}
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or _LAZY_OPTIONAL.get(name)
     if module is None:
         raise AttributeError(f"module 'host' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -63,7 +73,7 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_OPTIONAL))
 
 
 __all__ = [
@@ -78,5 +88,6 @@ __all__ = [
     "allocate_mla_cache", "mla_entry_size", "gather_mla_entries", "check_mla_inputs", "MLAPlan",
     "mla_paged_attention_ref",
     "AttentionVariants", "make_variants", "alibi_slopes",
+    "KVCacheManager", "OutOfBlocksError",
     *_LAZY,
 ]

@@ -50,6 +50,7 @@ __all__ = [
     "cache_write_row_index",
     "block_row_len",
     "block_copy_row_pairs",
+    "check_block_mapping",
 ]
 
 _CACHE_DTYPES = ("float32", "bfloat16", "float16")
@@ -219,7 +220,13 @@ def block_copy_row_pairs(src_blocks: np.ndarray, dst_blocks: np.ndarray, *, num_
     return np.stack([src.ravel(), dst.ravel()], axis=1).astype(np.int32)
 
 
-def _check_mapping(block_mapping: Any, n_src: int, n_dst: int, *, same_cache: bool) -> tuple[np.ndarray, np.ndarray]:
+def check_block_mapping(block_mapping: Any, n_src: int, n_dst: int, *,
+                        same_cache: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Validated (src, dst) int64 id vectors of an (n, 2) [src, dst] block mapping.
+
+    Ids in [0, n_src) / [0, n_dst); destinations unique; with ``same_cache`` no block is both a
+    source and a destination. Raises ``ValueError`` naming ``block_mapping``.
+    """
     bm = check_integer_array("block_mapping", block_mapping)
     if bm.size == 0:
         bm = bm.reshape(0, 2)
@@ -341,7 +348,7 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
             np.may_share_memory(a, b) for i, a in enumerate(layers) for b in layers[i + 1:]):
         fail("kv_caches", "hold distinct, non-overlapping layers", "two layers sharing memory")
     n_blocks = layers[0].shape[1]
-    src, dst = _check_mapping(block_mapping, n_blocks, n_blocks, same_cache=True)
+    src, dst = check_block_mapping(block_mapping, n_blocks, n_blocks, same_cache=True)
     if src.size == 0:
         return
 
@@ -394,7 +401,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
             copy_blocks([dst_given], block_mapping, max_row_bytes=max_row_bytes)
             return
         fail("src_cache", "not partially overlap dst_cache in memory", "overlapping arrays")
-    s_ids, d_ids = _check_mapping(block_mapping, src.shape[1], dst.shape[1], same_cache=False)
+    s_ids, d_ids = check_block_mapping(block_mapping, src.shape[1], dst.shape[1], same_cache=False)
     if s_ids.size == 0:
         return
 

@@ -1,0 +1,140 @@
+"""torch custom ops: ``torch.ops.nki_pa.paged_attention``, ``.reshape_and_cache``, ``.copy_blocks``.
+
+Registered with ``torch.library.custom_op`` (schemas below), each with a fake (meta)
+implementation, so the ops work under ``torch.compile`` and fake-tensor tracing; the real computation is opaque to the compiler (one graph node per call).
+
+Implementations, chosen by the device of the tensors (torch dispatch, never by guessing):
+
+* CPU tensors: the host functions (``host.paged_attention``, ``host.reshape_and_cache``,
+  ``host.copy_blocks``), which run the kernels on ``nki_sim`` here, or on a Trainium device
+  when the real toolchain is installed (``backend="auto"``).
+* XLA (Neuron) tensors: ``host.torch_neuron`` launches the ``@nki.jit`` kernels on the XLA
+  tensors (torch-neuronx's NKI integration). It runs only when torch-neuronx, torch-xla and the
+  real neuronx-cc are importable; otherwise the call raises ``NotImplementedError`` naming what
+  is missing -- it never falls back to the CPU.
+
+torch is an optional extra: importing this module without torch raises ImportError; nothing
+else in ``host`` imports it.
+
+Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block size, L layers):
+
+    paged_attention(query (T,H,d), key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d),
+                    block_tables (S,max_blocks) int, query_lens (S,) int, context_lens (S,) int,
+                    softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                    gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
+                    logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
+                    k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head))
+                    -> (T,H,d)                                     [pure]
+    reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,),
+                      k_scale=None, v_scale=None)                   [mutates kv_cache]
+    copy_blocks(kv_caches (L,2,N,Hkv,B,d) or (2,N,Hkv,B,d), block_mapping (n,2) int)
+                                                                     [mutates kv_caches]
+
+The keyword options ``attention_kernel`` (host ``kernel=``; the name ``kernel`` is taken inside
+torch.compile's lowering) .. ``v_scale`` are handed to ``host.paged_attention`` only when set; a
+set option the installed host function does not accept raises NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("host.torch_ops needs torch: pip install -e '.[torch]'") from e
+
+from torch import Tensor
+
+from host import torch_neuron
+
+__all__ = ["NAMESPACE", "paged_attention", "reshape_and_cache", "copy_blocks", "host_options",
+           "VARIANT_OPTIONS"]
+
+NAMESPACE = "nki_pa"
+VARIANT_OPTIONS = ("kernel", "sliding_window", "logits_soft_cap", "alibi_slopes", "sinks",
+                   "k_scale", "v_scale")
+
+
+def host_options(**options: Any) -> dict[str, Any]:
+    """The set (non-None) variant options, checked against ``host.paged_attention``'s signature.
+
+    Raises:
+        NotImplementedError: an option is set that the installed ``host.paged_attention`` does
+            not take (no silent dropping).
+    """
+    from host.attention import paged_attention as host_fn
+
+    params = inspect.signature(host_fn).parameters
+    chosen = {k: v for k, v in options.items() if v is not None}
+    missing = sorted(k for k in chosen if k not in params)
+    if missing:
+        raise NotImplementedError(f"host.paged_attention does not support {missing} in this "
+                                  "version; leave them unset (None) or update nki-paged-attention")
+    return chosen
+
+
+@torch.library.custom_op(f"{NAMESPACE}::paged_attention", mutates_args=(), device_types="cpu")
+def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
+                    block_tables: Tensor, query_lens: Tensor, context_lens: Tensor,
+                    softmax_scale: Optional[float] = None, mixed_precision: bool = True,
+                    large_tile_size: int = 2048, gqa_packing: Optional[bool] = None,
+                    attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
+                    logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
+                    sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                    v_scale: Optional[Tensor] = None) -> Tensor:
+    """CPU: ``host.paged_attention`` (module docstring for shapes); returns a new (T, H, d) tensor."""
+    from host.attention import paged_attention as host_fn
+
+    extra = host_options(kernel=attention_kernel, sliding_window=sliding_window,
+                         logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         k_scale=k_scale, v_scale=v_scale)
+    return host_fn(query, key, value, kv_cache, block_tables, query_lens, context_lens,
+                   softmax_scale=softmax_scale, mixed_precision=mixed_precision,
+                   large_tile_size=large_tile_size,
+                   gqa_packing="auto" if gqa_packing is None else gqa_packing, **extra)
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens, context_lens,
+                          softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                          gqa_packing=None, attention_kernel=None, sliding_window=None,
+                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
+                          v_scale=None):
+    torch._check(query.dim() == 3, lambda: f"query must be (T, H, d); got {tuple(query.shape)}")
+    return query.new_empty(query.shape)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::reshape_and_cache", mutates_args=("kv_cache",),
+                         device_types="cpu")
+def reshape_and_cache(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                      k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> None:
+    """CPU: ``host.reshape_and_cache`` -- writes key/value rows into ``kv_cache`` in place
+    (an fp8 cache quantizes with ``k_scale`` / ``v_scale``)."""
+    from host.cache_ops import reshape_and_cache as host_fn
+
+    scales = {k: v for k, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None}
+    host_fn(key, value, kv_cache, slot_mapping, **scales)
+
+
+@reshape_and_cache.register_fake
+def _reshape_and_cache_fake(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
+    return None
+
+
+@torch.library.custom_op(f"{NAMESPACE}::copy_blocks", mutates_args=("kv_caches",),
+                         device_types="cpu")
+def copy_blocks(kv_caches: Tensor, block_mapping: Tensor) -> None:
+    """CPU: ``host.copy_blocks`` on every layer of ``kv_caches`` (6-D) or on one layer (5-D)."""
+    from host.cache_ops import copy_blocks as host_fn
+
+    host_fn([kv_caches] if kv_caches.dim() == 5 else kv_caches, block_mapping)
+
+
+@copy_blocks.register_fake
+def _copy_blocks_fake(kv_caches, block_mapping):
+    return None
+
+
+torch_neuron.register_device_kernels(paged_attention, reshape_and_cache, copy_blocks)
