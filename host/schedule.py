@@ -32,7 +32,7 @@ import numpy as np
 
 from host._arrays import readonly
 from host.validation import check_lens, check_power_of_two, fail
-from nki_kernels.constants import keys_on_partitions
+from nki_kernels.constants import decode_layout
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
            "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry", "meta_columns"]
@@ -69,10 +69,10 @@ def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
                  alibi: bool = False, row_init: bool = False,
                  rows: int | None = None) -> tuple[int, int]:
     """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`); with keys
-    on partitions (``nki_kernels.constants.keys_on_partitions``) the bounds take 2 * rows
+    on partitions (``nki_kernels.constants.decode_layout``) the bounds take 2 * rows
     columns (c_q then r_q, the same on every partition)."""
     nd = -(-head_size // P)
-    kop = rows is not None and keys_on_partitions(rows, blocks, alibi)
+    kop = rows is not None and decode_layout(rows, blocks, alibi)
     ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
           + (blocks if masked else 0) + (blocks if row_init else 0))
     kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
@@ -119,7 +119,7 @@ class ClassSchedule:
     """One kernel launch: a class of sequences (decode or prefill) and its two phases.
 
     rows: query rows per Q block (partitions); blocks: Q blocks per group; num_blocks: Q blocks
-    of the class; keys_on_partitions: the kernel folds this class with keys on partitions; seqs: (n,) sequence ids of the class; row_token / row_head: (num_blocks*rows,)
+    of the class; decode_layout: the kernel folds this class with keys on partitions; seqs: (n,) sequence ids of the class; row_token / row_head: (num_blocks*rows,)
     flat token index and head-in-group g of every query row (-1 = padding row).
     """
 
@@ -127,7 +127,7 @@ class ClassSchedule:
     rows: int
     blocks: int
     num_blocks: int
-    keys_on_partitions: bool
+    decode_layout: bool
     seqs: np.ndarray = field(repr=False)
     row_token: np.ndarray = field(repr=False)
     row_head: np.ndarray = field(repr=False)
@@ -291,7 +291,7 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
     def phase(items_list, masked):
         n_real = len(items_list)
         n_items = bucket(n_real)
-        kop = keys_on_partitions(rows, blocks, alibi)
+        kop = decode_layout(rows, blocks, alibi)
         ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi,
                               row_init=row_init, rows=rows)
         mi = np.empty((Hkv, P, n_items, ki), np.int32)
@@ -376,7 +376,7 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                            item_block=readonly(item_block))
 
     return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
-                         keys_on_partitions=keys_on_partitions(rows, blocks, alibi),
+                         decode_layout=decode_layout(rows, blocks, alibi),
                          seqs=readonly(seqs), row_token=readonly(row_token),
                          row_head=readonly(row_head),
                          row_pos=readonly(np.where(row_real, row_pos, -1).reshape(-1)),

@@ -121,7 +121,7 @@ def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase, num_kv_heads: i
     """Keys-on-partitions classes: ``(Hkv * d, items * rows)``, column ``t*rows + r`` of row
     ``h*d + ch`` = channel ch of row r of the Q^T block of item t of ``phase`` for KV head h
     (zeros for padding items); otherwise a (1, 1) dummy the kernel does not read."""
-    if not cls.keys_on_partitions:
+    if not cls.decode_layout:
         return np.zeros((1, 1), query_t.dtype)
     rows, nblk = cls.rows, cls.num_blocks
     d = query_t.shape[0] // (num_kv_heads * nblk)

@@ -63,13 +63,12 @@ def tile_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int,
     return M, T, block_size // T, L, L // B_P_SIZE
 
 
-# Scheduled kernel: Q blocks of at most this many rows (decode: the G query heads x new tokens of
-# one sequence) are folded with keys on partitions (nki_kernels.sched_decode), larger ones with
-# query rows on partitions (nki_kernels.sched_core).
-KEYS_ON_PARTITIONS_MAX_ROWS = 64
+# Scheduled kernel: classes of single Q blocks of at most this many rows (decode: the G query
+# heads x new tokens of one sequence) use the decode layout: every item's Q^T is preloaded with
+# its chunk's metadata and the per-row mask bounds are laid along the free axis.
+DECODE_LAYOUT_MAX_ROWS = 64
 
 
-def keys_on_partitions(rows: int, blocks: int, alibi: bool) -> bool:
-    """Whether the scheduled kernel folds a class with keys on partitions (its masks then take
-    per-row bounds laid along the free axis; ALiBi uses the query-rows path)."""
-    return rows <= KEYS_ON_PARTITIONS_MAX_ROWS and blocks == 1 and not alibi
+def decode_layout(rows: int, blocks: int, alibi: bool) -> bool:
+    """Whether a scheduled-kernel class uses the decode layout (see DECODE_LAYOUT_MAX_ROWS)."""
+    return rows <= DECODE_LAYOUT_MAX_ROWS and blocks == 1 and not alibi

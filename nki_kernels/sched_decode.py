@@ -25,6 +25,9 @@ import numpy as np
 from nki_kernels._nki import nl, nisa
 from nki_kernels.constants import B_P_SIZE, NEG_MASK
 
+# Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
+SMALL_ROWS = 32
+
 
 def key_index_columns(loads, tiled_block_size):
     """SBUF fp32 ``(128, nL*b')``: column ``u = l*b' + s``, partition p holds the tile-local key
@@ -42,12 +45,17 @@ def key_index_columns(loads, tiled_block_size):
 
 def decode_constants(rows, width, kernel_dtype):
     """Static tiles of :func:`decode_step`, built once per kernel: ``ones_k`` (128, 1) kernel
-    dtype, ``ones_r`` (rows, 128) fp32 and ``eye_rep`` (rows, width/128 * rows) fp32 whose
-    column ``u*rows + q`` is 1 on partition q (the identity repeated per key chunk)."""
+    dtype; for blocks of at most SMALL_ROWS rows ``ones_r`` (rows, 128) fp32 and ``eye_rep``
+    (rows, width/128 * rows) fp32 whose column ``u*rows + q`` is 1 on partition q (the identity
+    repeated per key chunk); for larger blocks ``ones_1`` (1, 128) bf16."""
     P = B_P_SIZE
     nch = width // P
     ones_k = nl.ndarray((P, 1), dtype=kernel_dtype, buffer=nl.sbuf)
     ones_k[...] = nisa.memset((P, 1), 1.0, dtype=kernel_dtype)
+    if rows > SMALL_ROWS:
+        ones_1 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
+        ones_1[...] = nisa.memset((1, P), 1.0, dtype=nl.bfloat16)
+        return dict(ones_k=ones_k, ones_1=ones_1)
     ones_r = nl.ndarray((rows, P), dtype=nl.float32, buffer=nl.sbuf)
     ones_r[...] = nisa.memset((rows, P), 1.0, dtype=nl.float32)
     i_q = nl.arange(rows)[:, None]
@@ -70,7 +78,7 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         v_rows: SBUF ``(128, ...)``: V chunk u at columns ``[u*v_stride, u*v_stride + d)``.
         st: SBUF fp32 state tile (rows on partitions); this block's columns start at ``col0``.
         d: value head size.  k0, width: first key column and width (multiples of 128,
-            width * rows / 128 <= 512: one PSUM bank of scores).
+            width * rows / 128 <= 512: one PSUM bank of scores). rows <= 128.
         kidx_t: ``key_index_columns`` (masked steps) or None.
         bounds: None (no mask) or ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring).
         kernel_dtype: matmul-input / probability dtype.  consts: :func:`decode_constants`.
@@ -126,16 +134,43 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
     nm_new = nisa.tensor_scalar(m_tile, np.multiply, -mult, op1=np.minimum, operand1=nm_prev,
                                 dtype=nl.float32)
     alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
-    # Step 4: P^T = exp(mult * U - m'), -m' broadcast by a ones matmul.
-    nm_diag = nisa.tensor_scalar(consts["eye_rep"][:, nl.ds(0, ncol)], np.multiply, nm_new,
-                                 dtype=nl.float32)
-    probs_t = nl.ndarray((P, ncol), dtype=kernel_dtype, buffer=nl.sbuf)
-    if bounds is None and soft_cap is None:
-        ps += nisa.nc_matmul(consts["ones_r"], nm_diag)
-        probs_t[...] = nisa.activation(np.exp, ps, dtype=kernel_dtype)
+    # Step 4: P^T = exp(mult * U - m'), -m' on every partition by ones matmuls: small blocks
+    # multiply a repeated identity by -m' (one fp32 matmul); 128-row blocks transpose -m' to a
+    # row, split it into two bf16 parts (hi + lo, exact in the fp32 PSUM sum) and add both per
+    # chunk; -m' becomes hi + lo everywhere, so the shift stays consistent with alpha.
+    fused = bounds is None and soft_cap is None
+    if fused:
+        nm_bc = ps
     else:
         nm_bc = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.psum)
-        nm_bc[...] = nisa.nc_matmul(consts["ones_r"], nm_diag)
+    if "eye_rep" in consts:
+        nm_diag = nisa.tensor_scalar(consts["eye_rep"][:, nl.ds(0, ncol)], np.multiply, nm_new,
+                                     dtype=nl.float32)
+        if fused:
+            nm_bc += nisa.nc_matmul(consts["ones_r"], nm_diag)
+        else:
+            nm_bc[...] = nisa.nc_matmul(consts["ones_r"], nm_diag)
+    else:
+        nm_row = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.psum)
+        nm_row[...] = nisa.nc_transpose(nm_new)
+        hi = nl.copy(nm_row, dtype=nl.bfloat16)
+        lo = nl.subtract(nm_row, hi, dtype=nl.bfloat16)
+        nm_sum = nl.add(hi, lo, dtype=nl.float32)                        # (1, rows): -m' used
+        nm_col = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.psum)
+        nm_col[...] = nisa.nc_transpose(nm_sum)
+        nm_new = nl.copy(nm_col, dtype=nl.float32)
+        alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
+        for u in nl.static_range(nch):
+            cols = nl.ds(u * rows, rows)
+            if fused:
+                nm_bc[:, cols] += nisa.nc_matmul(consts["ones_1"], hi)
+            else:
+                nm_bc[:, cols] = nisa.nc_matmul(consts["ones_1"], hi)
+            nm_bc[:, cols] += nisa.nc_matmul(consts["ones_1"], lo)
+    probs_t = nl.ndarray((P, ncol), dtype=kernel_dtype, buffer=nl.sbuf)
+    if fused:
+        probs_t[...] = nisa.activation(np.exp, ps, dtype=kernel_dtype)
+    else:
         z = nl.add(nl.multiply(src, mult, dtype=nl.float32) if mult != 1.0 else src, nm_bc,
                    dtype=nl.float32)
         probs_t[...] = nisa.activation(np.exp, z, dtype=kernel_dtype)

@@ -37,7 +37,7 @@ import numpy as np
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels._nki import nki, nl, nisa
-from nki_kernels.constants import (B_P_SIZE, L_FLOOR, M_FLOOR, keys_on_partitions,
+from nki_kernels.constants import (B_P_SIZE, L_FLOOR, M_FLOOR, decode_layout,
                                    tile_geometry)
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sched_core import flash_step, key_index_tile
@@ -52,9 +52,9 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 
 def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
     """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``);
-    with keys on partitions (``constants.keys_on_partitions``) the bounds take 2 * rows columns."""
+    with keys on partitions (``constants.decode_layout``) the bounds take 2 * rows columns."""
     nd = -(-head_size // B_P_SIZE)
-    kop = rows is not None and keys_on_partitions(rows, blocks, alibi)
+    kop = rows is not None and decode_layout(rows, blocks, alibi)
     ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
           + (blocks if masked else 0) + (blocks if row_init else 0))
     kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
@@ -72,7 +72,7 @@ def scheduled_paged_attention(query_t, q_full, q_part, q_init, kv_cache, overlay
         query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
             holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T blocks),
             gathered when a group starts (query-rows classes).
-        q_full, q_part: keys-on-partitions classes (``constants.keys_on_partitions``): the Q^T of
+        q_full, q_part: keys-on-partitions classes (``constants.decode_layout``): the Q^T of
             every item of the full / partial phase, (Hkv * d, items * rows) in query_t's dtype,
             column ``t*rows + r`` = row r of item t's block for KV head ``row // d``; preloaded
             with each chunk's metadata (one DMA per chunk instead of a gather per item).
@@ -162,9 +162,15 @@ def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, 
         qr = nl.ndarray((dk, blocks * rows), dtype=query_t.dtype, buffer=nl.sbuf)
         qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
         q_raw.append(qr)
-    cfg["kop"] = keys_on_partitions(rows, blocks, alibi)
+    cfg["small"] = decode_layout(rows, blocks, alibi)
+    # Keys on partitions (sched_decode) for decode-layout classes; query rows on partitions
+    # (sched_core) for 128-row classes (per-step overheads amortize over 2048-key steps and
+    # their masks take one ScalarE pass) and for ALiBi. (Measured on the cost model: keys on
+    # partitions for the full items of 128-row blocks was slower, per-step small ops dominate.)
+    cfg["kop_full"] = cfg["small"]
+    cfg["kop_part"] = cfg["small"]
     for name, qa, n in (("q_full", q_full, cfg["items_f"]), ("q_part", q_part, cfg["items_p"])):
-        want = (kv_cache.shape[2] * d, n * rows) if cfg["kop"] else None
+        want = (kv_cache.shape[2] * d, n * rows) if cfg["small"] else None
         kernel_check(want is None or (tuple(qa.shape) == want
                                       and np.dtype(qa.dtype) == np.dtype(query_t.dtype)),
                      KERNEL, name, f"be a {want} array of the query dtype (keys on partitions)",
@@ -172,11 +178,11 @@ def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, 
     need_kidx = cfg["items_p"] > 0 or alibi
     kidx = None
     if need_kidx:
-        kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["kop"]
+        kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["kop_part"]
                 else key_index_tile(rows, cfg["loads"], cfg["bp"]))
-    step = min(cfg["W"], _decode_step_keys(rows) if cfg["kop"] else 2048)
-    cfg["step"] = step
-    consts = decode_constants(rows, step, cfg["kd"]) if cfg["kop"] else None
+    cfg["step_kop"] = min(cfg["W"], _decode_step_keys(rows))
+    cfg["step_rows"] = min(cfg["W"], 2048)
+    consts = decode_constants(rows, cfg["step_kop"], cfg["kd"]) if cfg["kop_full"] else None
     bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx, consts=consts)
     hbm = dict(query_t=query_t, q_init=q_init, kv_flat=kv_flat, overlay=overlay, out=out,
                state=state)
@@ -200,7 +206,7 @@ def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, 
             mi = nl.load(mi_all[head, :, nl.ds(ch * chunk * ki, chunk * ki)])
             mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
             bufs["q_chunk"] = None
-            if cfg["kop"]:       # the chunk's Q^T, scaled once into the kernel dtype
+            if cfg["small"]:       # the chunk's Q^T, scaled once into the kernel dtype
                 bufs["q_chunk"] = []
                 for k in nl.static_range(nd):
                     dk = min(B_P_SIZE, d - k * B_P_SIZE)
@@ -225,7 +231,7 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     rw = bp * d
     i_r = nl.arange(rows)[:, None]
     q_col = ci + (2 * nL if masked else nL)
-    st_col = q_col + (0 if cfg["kop"] else blocks * nd)
+    st_col = q_col + (0 if cfg["small"] else blocks * nd)
     out_col = st_col + blocks
     ini_col = out_col + (blocks if masked else 0)
     # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
@@ -242,7 +248,7 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     reset = mf[0:rows, nl.ds(cf, 1)]
     st[...] = nl.where(reset, init, st, dtype=nl.float32)
     qs = []
-    for k in nl.static_range(0 if cfg["kop"] else nd):
+    for k in nl.static_range(0 if cfg["small"] else nd):
         dk = min(P, d - k * P)
         i_c = nl.arange(dk)[:, None]
         i_q = nl.arange(rows)[None, :]
@@ -274,21 +280,23 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
         k_t.append(kt)
     # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
     # keys on partitions, as many keys as fit one PSUM bank of scores).
-    step = cfg["step"]
+    kop = cfg["kop_part"] if masked else cfg["kop_full"]
+    step = cfg["step_kop"] if kop else cfg["step_rows"]
     # P^T copies: decode blocks (few rows) are cheap anywhere; full 128-row blocks split them
     # 2:1 between ScalarE and VectorE, which also carry the exp and the row max.
     p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P else None
-    if cfg["kop"]:       # decode class: keys on partitions, one block, Q^T preloaded per chunk
+    if cfg["small"]:       # decode layout: one block, Q^T preloaded per chunk
         qs = [q[:, nl.ds(it * rows, rows)] for q in bufs["q_chunk"]]
+    for j in nl.static_range(blocks if kop else 0):     # keys on partitions
         bounds = None
-        if masked:
+        if masked:            # decode layout: bounds along the free axis, as the host laid them
             bounds = (nl.copy(mf[:, nl.ds(cf + 1, rows)], dtype=nl.float32),
                       nl.copy(mf[:, nl.ds(cf + 1 + rows, rows)], dtype=nl.float32))
         for s0 in nl.static_range(cfg["W"] // step):
-            decode_step(qs, k_t, v_rows, st, 0, d, k0=s0 * step, width=step,
-                        kidx_t=bufs["kidx"], bounds=bounds, kernel_dtype=kd,
-                        consts=bufs["consts"], soft_cap=cfg["soft_cap"])
-    for j in nl.static_range(0 if cfg["kop"] else blocks):
+            decode_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
+                        k0=s0 * step, width=step, kidx_t=bufs["kidx"], bounds=bounds,
+                        kernel_dtype=kd, consts=bufs["consts"], soft_cap=cfg["soft_cap"])
+    for j in nl.static_range(0 if kop else blocks):     # query rows
         bounds = None
         if masked:
             bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
