@@ -43,6 +43,7 @@ from host.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_si
 from host.mla_reference import mla_paged_attention_ref
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
+from host.schedule import AttentionSchedule, make_schedule
 from host.variants import AttentionVariants, alibi_slopes, make_variants
 
 # name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
@@ -84,7 +85,7 @@ __all__ = [
     "context_mask", "active_mask", "reorder_context_mask", "inverse_reorder_context_mask",
     "build_attention_mask", "context_token_order", "context_row_ranges", "query_seq_ids",
     "context_seq_ids",
-    "paged_attention_ref",
+    "paged_attention_ref", "AttentionSchedule", "make_schedule",
     "allocate_mla_cache", "mla_entry_size", "gather_mla_entries", "check_mla_inputs", "MLAPlan",
     "mla_paged_attention_ref",
     "AttentionVariants", "make_variants", "alibi_slopes",
