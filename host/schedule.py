@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.validation import check_lens, check_power_of_two, fail
+from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.constants import keys_on_partitions
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
@@ -187,6 +187,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         fail("query_lens", "have at least one entry (one per sequence)", "0 entries")
     B = check_power_of_two("block_size", block_size, lo=1, hi=256)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    if sliding_window is not None:
+        sliding_window = check_int("sliding_window", sliding_window, min_value=1)
     G = num_heads // num_kv_heads
     T, bp, L, nL = item_geometry(B, LT)
     W = L * bp

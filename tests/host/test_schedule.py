@@ -409,6 +409,12 @@ def test_sliding_window_prunes_tiles_hand_built():
         [("p", 9)] + [("f", k) for k in range(9)]
 
 
+@pytest.mark.parametrize("window", [0, -3, 2.5, True, "8"])
+def test_sliding_window_must_be_a_positive_integer(window):
+    with pytest.raises(ValueError, match="sliding_window"):
+        schedule([1], [50], H=1, Hkv=1, d=8, B=16, LT=512, window=window)
+
+
 def test_window_edge_inside_a_tile_makes_it_partial():
     # window 512 = W at position 5000: keys 4489..5000 -> tiles 8 (partly) and 9
     s, kw = schedule([1], [5000], H=1, Hkv=1, d=8, B=16, LT=512, window=512)
