@@ -93,6 +93,34 @@ def test_boundary_between_decode_and_prefill_classes(batch_factory, check_refere
     check_reference(batch, mixed_precision=False, large_tile_size=512, kernels=SCHED)
 
 
+def test_prefill_groups_with_full_items(batch_factory, check_reference):
+    # G=2, q=200: one group of 4 Q blocks; c=1500 at LT=512: tiles 0, 1 FULL (state carried
+    # from the partial phase into the full phase for all 4 blocks)
+    batch = batch_factory(4, [200, 1], [1500, 3], H=4, Hkv=2, d=16, block_size=16)
+    check_reference(batch, mixed_precision=True, large_tile_size=512, kernels=SCHED)
+
+
+def test_many_items_across_metadata_chunks(batch_factory, check_reference):
+    # 8 decode sequences x 16 tiles: 120 FULL items -> bucket 128 = two 64-item metadata chunks
+    batch = batch_factory(5, [1] * 8, [8000] * 8, H=2, Hkv=1, d=8, block_size=64)
+    check_reference(batch, mixed_precision=False, large_tile_size=512, kernels=SCHED)
+
+
+def test_a_sequence_split_into_two_q_groups(batch_factory, check_reference):
+    # MQA G=64, q=130: 8320 rows = 65 Q blocks -> groups of 64 and 1 blocks, both with FULL
+    # items (c=1024 at LT=512)
+    batch = batch_factory(6, [130], [1024], H=64, Hkv=1, d=4, block_size=16)
+    check_reference(batch, mixed_precision=True, large_tile_size=512, kernels=SCHED)
+
+
+@pytest.mark.slow
+def test_causally_pruned_second_q_group(batch_factory, check_reference):
+    # G=8, q=1100, c=1024: groups of positions 1024..2047 and 2048..2123; the first never
+    # loads tile 4 (keys >= 2048), host side: tests/host/test_schedule.py
+    batch = batch_factory(7, [1100], [1024], H=8, Hkv=1, d=4, block_size=16)
+    check_reference(batch, mixed_precision=True, large_tile_size=512, kernels=SCHED)
+
+
 # ------------------------------------------------------------------------- head sizes > 128
 def _launch(kernel, args, kwargs, grid_heads):
     return np.asarray(_nki.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))

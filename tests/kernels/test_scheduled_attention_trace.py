@@ -198,6 +198,9 @@ def test_mask_bytes_are_per_row_not_per_context(kind):
     assert meta_f < 1_000_000
     if kind == "decode":
         assert dense == 256 * (256 * 4096 + 256)                  # 268.5 MB (Qpad 256)
+        # per sequence (K = 4097, W = 2048): tiles 0, 1 FULL (512 B each), tile 2 PARTIAL
+        # (128 partitions x (reset, c, r) x 4 B)
+        assert meta_f == 256 * (2 * 512 + 128 * 3 * 4) == 655_360
     else:
         assert 1.35e9 < dense < 1.37e9                            # 1.36 GB (Qpad 1280)
     assert dense > 250 * meta_f
