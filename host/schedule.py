@@ -324,7 +324,8 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
             in_seq = j < n_rows[i]
             main = j < n_main[i]
-            blk = np.where(main, block_tables[i, np.minimum(j // T, block_tables.shape[1] - 1)], 0)
+            blk = np.zeros(j.shape, np.int64)          # block ids of main rows only (the table
+            blk[main] = block_tables[i, j[main] // T]  # may have no column at all)
             sub = (j % T)
             for h in range(Hkv):
                 rows_main = (blk.astype(np.int64) * Hkv + h) * T + sub

@@ -93,6 +93,13 @@ def test_boundary_between_decode_and_prefill_classes(batch_factory, check_refere
     check_reference(batch, mixed_precision=False, large_tile_size=512, kernels=SCHED)
 
 
+def test_block_table_without_columns_when_no_context(batch_factory, check_reference):
+    # no sequence has context: a (S, 0) block table is valid (the reference reads no entry)
+    batch = batch_factory(8, [3, 70, 1], [0, 0, 0], H=4, Hkv=2, d=8, block_size=16)
+    batch.block_tables = np.zeros((3, 0), np.int32)
+    check_reference(batch, mixed_precision=False, large_tile_size=512)
+
+
 def test_prefill_groups_with_full_items(batch_factory, check_reference):
     # G=2, q=200: one group of 4 Q blocks; c=1500 at LT=512: tiles 0, 1 FULL (state carried
     # from the partial phase into the full phase for all 4 blocks)
