@@ -1,6 +1,6 @@
-"""host/schedule.py against docs/layouts.md §13, read back through the documented layouts only.
+"""host/schedule.py against docs/layouts.md §14, read back through the documented layouts only.
 
-``run_symbolically`` below is a model of one class launch written from §13 (not from the
+``run_symbolically`` below is a model of one class launch written from §14 (not from the
 schedule code): it decodes every metadata column of every item (row ids -> (sequence, key
 row), Q / state / output ids -> Q block and row, bounds -> visible tile-local keys), follows the
 documented dataflow (reset, Q load at a group's first item, state store / load between the
@@ -26,7 +26,7 @@ from nki_kernels.constants import tile_geometry
 P = 128
 
 
-# ------------------------------------------------------------------------- definitions (§1, §13)
+# ------------------------------------------------------------------------- definitions (§1, §14)
 def geometry(B, LT):
     """(Tf, b', L, nL, W) from the §1 formulas."""
     M = LT // B
@@ -55,7 +55,7 @@ def visible(x, window):
 
 
 def expected_rows(q, G, seqs, rows):
-    """(row_token, row_head) of a class from §13.2: each sequence's q_i*G rows (token a = r // G,
+    """(row_token, row_head) of a class from §14.2: each sequence's q_i*G rows (token a = r // G,
     head g = r % G) cut into blocks of ``rows``, sequence after sequence, -1 for padding."""
     tok_off = np.concatenate(([0], np.cumsum(q)[:-1]))
     tok, head = [], []
@@ -67,7 +67,7 @@ def expected_rows(q, G, seqs, rows):
     return np.concatenate(tok), np.concatenate(head)
 
 
-# ------------------------------------------------------------------------- symbolic run (§13.4)
+# ------------------------------------------------------------------------- symbolic run (§14.4)
 @dataclass
 class Item:
     phase: str
@@ -84,7 +84,7 @@ class Item:
     pairs: int            # visible (real query row, key) pairs folded
 
 
-def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None):
+def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, alibi=False):
     """Decode one class launch for KV head ``head``; returns (items, counts, writes): counts[b]
     (rows, max K) = times each key position reached the stored output of query row p of Q block
     b; writes[b] (rows,) = output stores per row."""
@@ -92,7 +92,7 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None):
     G, nd = H // Hkv, -(-d // P)
     K = c + q
     m_main, n_rows = c // bp, -(-K // bp)
-    ov_map = [(i, j) for i in range(len(q)) for j in range(m_main[i], n_rows[i])]    # §13.1
+    ov_map = [(i, j) for i in range(len(q)) for j in range(m_main[i], n_rows[i])]    # §14.1
     R_ov = max(len(ov_map), 1)
     owner_seq, owner_jb = np.full(N, -1), np.full(N, -1)       # used block -> (sequence, entry)
     for i in range(len(q)):
@@ -116,15 +116,15 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None):
         + np.arange(bp)[None, None, :]                 # tile-local key of (l, p, s)
     for phase, arr in (("partial", cls.partial), ("full", cls.full)):
         masked = phase == "partial"
-        ki = (2 * nL if masked else nL) + blocks * nd + 2 * blocks
-        kf = 1 + (2 * blocks if masked else 0)
+        ki = (2 * nL if masked else nL) + blocks * nd + 3 * blocks
+        kf = 1 + (2 * blocks if masked else 0) + (1 if alibi else 0)
         assert arr.masked == masked and arr.items == bucket(arr.real_items)
         assert arr.meta_i.shape == (Hkv, P, arr.items * ki) and arr.meta_i.dtype == np.int32
         assert arr.meta_f.shape == (P, arr.items * kf) and arr.meta_f.dtype == np.float32
         mi = arr.meta_i[head].reshape(P, arr.items, ki).astype(np.int64)
         mf = arr.meta_f.reshape(P, arr.items, kf).astype(np.float64)
         q0 = 2 * nL if masked else nL
-        st0, out0 = q0 + blocks * nd, q0 + blocks * nd + blocks
+        st0, out0, ini0 = q0 + blocks * nd, q0 + blocks * nd + blocks, q0 + blocks * nd + 2 * blocks
         group, acc = [None] * blocks, [None] * blocks
         for t in range(arr.items):
             reset = mf[0, t, 0]
@@ -149,6 +149,15 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None):
                 group[jj] = int(b[0, 0])
                 acc[jj] = np.zeros((rows, Kmax), np.int64)
                 q_slots.append(jj)
+            # q_init ids: (h*nblk + b)*rows + p for every row of the block, with the Q^T ids.
+            for jj in range(blocks):
+                col = mi[:, t, ini0 + jj]
+                inb = col < Hkv * nblk * rows
+                if jj in q_slots:
+                    assert np.array_equal(inb, np.arange(P) < rows)
+                    assert np.array_equal(col[:rows], (head * nblk + group[jj]) * rows + np.arange(rows))
+                else:
+                    assert not inb.any(), "row init values loaded without the group's Q"
             # state ids: b*rows + p (rows of the slot's block), else >= nblk*rows.
             st_slots, out_slots = [], []
             for jj in range(blocks):
@@ -205,11 +214,13 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None):
             tiles = np.unique(key_pos[key_pos >= 0] // W)
             assert tiles.size <= 1
             tile = int(tiles[0]) if tiles.size else -1
-            if iseq >= 0:            # the rows sit at their own tile-local index (§13.3)
+            if iseq >= 0:            # the rows sit at their own tile-local index (§14.3)
                 gathered = key_pos >= 0
                 assert np.array_equal(key_pos[gathered] - tile * W, np.arange(W)[gathered])
             if not masked and t < arr.real_items:
                 assert n_main == nL * P, "a FULL item with a row that is not gathered"
+            if alibi and t < arr.real_items:           # first key position of the tile
+                assert np.all(mf[:, t, kf - 1] == tile * W)
             # fold: every slot with a block, visible keys of its real rows.
             pairs = 0
             for jj in range(blocks):
@@ -248,7 +259,7 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None):
     return items, counts, writes, (seq_of_row, pos_of_row)
 
 
-def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None):
+def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=False):
     """Every head of every class: each visible (real query row, key) pair folded exactly once
     into the stored output, nothing else; every real item folds something (exact pruning)."""
     G = H // Hkv
@@ -259,9 +270,14 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None):
         assert all((q[i] * G <= DECODE_MAX_ROWS) == decode for i in cls.seqs)
         tok, hd = expected_rows(q, G, cls.seqs, cls.rows)
         assert np.array_equal(cls.row_token, tok) and np.array_equal(cls.row_head, hd)
+        qoff = np.concatenate(([0], np.cumsum(q)))
+        seq = np.searchsorted(qoff, tok, side="right") - 1
+        pos = np.where(tok >= 0, c[np.maximum(seq, 0)] + tok - qoff[np.maximum(seq, 0)], -1)
+        assert np.array_equal(cls.row_pos, pos)                      # absolute query position
         for head in range(Hkv):
             items, counts, writes, (seq_of_row, pos_of_row) = run_symbolically(
-                cls, q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, head=head, window=window)
+                cls, q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, head=head, window=window,
+                alibi=alibi)
             flat = counts.reshape(-1, counts.shape[-1])
             real = cls.row_token >= 0
             assert np.array_equal(writes.reshape(-1), real.astype(np.int64)), "output rows stored != once"
@@ -279,12 +295,13 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None):
     return all_items
 
 
-def schedule(q, c, *, H, Hkv, d, B, LT, window=None, seed=0, pad=-1):
+def schedule(q, c, *, H, Hkv, d, B, LT, window=None, seed=0, pad=-1, alibi=False):
     q, c = np.asarray(q, np.int64), np.asarray(c, np.int64)
     bt, N = block_tables_for(c, B, seed, pad=pad)
     s = make_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B,
-                      num_blocks=N, large_tile_size=LT, sliding_window=window)
-    return s, dict(q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, window=window)
+                      num_blocks=N, large_tile_size=LT, sliding_window=window, alibi=alibi)
+    return s, dict(q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, window=window,
+                   alibi=alibi)
 
 
 def summary(items):
@@ -443,18 +460,19 @@ def _padding_ids_all_out_of_bounds(s, kw):
         nblk, rows, blocks = cls.num_blocks, cls.rows, cls.blocks
         for arr in (cls.partial, cls.full):
             kv_cols = (2 if arr.masked else 1) * nL
-            ki = kv_cols + blocks * nd + 2 * blocks
-            kf = 1 + (2 * blocks if arr.masked else 0)
+            ki = kv_cols + blocks * nd + 3 * blocks
+            kf = 1 + (2 * blocks if arr.masked else 0) + (1 if kw["alibi"] else 0)
             mi = arr.meta_i.reshape(Hkv, P, arr.items, ki)[:, :, arr.real_items:]
             mf = arr.meta_f.reshape(P, arr.items, kf)[:, arr.real_items:]
             n_pad += mi.shape[2]
             # bounds: the row count of each tensor flattened to rows (both K/V halves)
             limits = [2 * N * Hkv * Tf] * nL + [2 * Hkv * R_ov] * (kv_cols - nL) \
                 + [Hkv * nblk * d] * (blocks * nd) + [nblk * rows] * blocks \
-                + [Hkv * nblk * rows] * blocks
+                + [Hkv * nblk * rows] * blocks + [Hkv * nblk * rows] * blocks
             assert np.all(mi >= np.array(limits)[None, None, None, :])
             assert np.all(mf[:, :, 0] == 1.0)                  # reset: a padding item is its own group
-            assert np.all(mf[:, :, 2::2] <= 0)                 # r <= 0: no key is seen
+            if arr.masked:                                     # r <= 0: no key is seen
+                assert np.all(mf[:, :, 2:1 + 2 * blocks:2] <= 0)
     return n_pad
 
 
@@ -474,10 +492,10 @@ def test_padding_items_move_nothing():
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(lens=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 3000)), min_size=1, max_size=12),
        B=st.sampled_from([1, 4, 16, 64, 256]), LT=st.sampled_from([512, 2048, 8192]),
-       d=st.sampled_from([1, 64, 130, 300]), G=st.sampled_from([1, 4]))
-def test_padding_items_always_out_of_bounds(lens, B, LT, d, G):
+       d=st.sampled_from([1, 64, 130, 300]), G=st.sampled_from([1, 4]), alibi=st.booleans())
+def test_padding_items_always_out_of_bounds(lens, B, LT, d, G, alibi):
     q, c = zip(*lens)
-    s, kw = schedule(q, c, H=2 * G, Hkv=2, d=d, B=B, LT=LT)
+    s, kw = schedule(q, c, H=2 * G, Hkv=2, d=d, B=B, LT=LT, alibi=alibi)
     _padding_ids_all_out_of_bounds(s, kw)
 
 
@@ -507,16 +525,19 @@ LENS = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 1500)), min_size=1,
        LT=st.sampled_from([512, 1024, 2048, 4096, 8192]),
        heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (8, 1), (6, 2)]),
        d=st.sampled_from([1, 8, 128, 160]),
-       window=st.one_of(st.none(), st.integers(1, 700)), seed=st.integers(0, 1000))
-def test_items_cover_every_visible_pair_exactly_once(lens, B, LT, heads, d, window, seed):
+       window=st.one_of(st.none(), st.integers(1, 700)), alibi=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_items_cover_every_visible_pair_exactly_once(lens, B, LT, heads, d, window, alibi, seed):
     q, c = zip(*lens)
-    s, kw = schedule(q, c, H=heads[0], Hkv=heads[1], d=d, B=B, LT=LT, window=window, seed=seed)
+    s, kw = schedule(q, c, H=heads[0], Hkv=heads[1], d=d, B=B, LT=LT, window=window, seed=seed,
+                     alibi=alibi)
     assert isinstance(s, AttentionSchedule)
     check_coverage(s, **kw)
 
 
 def test_coverage_check_can_fail():
-    # must-fail: the model above catches a wrong bound, a dropped item and a wrong row id.
+    # must-fail: the model above catches a wrong bound, a dropped output, a missing row-init
+    # load and a wrong row id.
     s, kw = schedule([3, 1], [40, 700], H=2, Hkv=1, d=8, B=16, LT=512)
     check_coverage(s, **kw)
 
@@ -532,20 +553,24 @@ def test_coverage_check_can_fail():
     def widen_bound(mi, mf):
         mf[0, 2] += 1.0                          # item 0, slot 0, row 0: one key too many
 
+    ki = s.classes[0].partial.meta_i.shape[2] // s.classes[0].partial.items   # blocks = 1
+
     def drop_out(mi, mf):
-        ki = mi.shape[2] // s.classes[0].partial.items
-        mi[:, :, ki - 1] = 10 ** 6               # item 0's output column -> out of bounds
+        mi[:, :, ki - 2] = 10 ** 6               # item 0's output column -> out of bounds
+
+    def drop_init(mi, mf):
+        mi[:, :, ki - 1] = 10 ** 6               # item 0's q_init column -> out of bounds
 
     def wrong_row(mi, mf):
         mi[:, 0, 0] = mi[:, 1, 0]                # partition 0 gathers partition 1's row
 
-    for fn in (widen_bound, drop_out, wrong_row):
+    for fn in (widen_bound, drop_out, drop_init, wrong_row):
         with pytest.raises(AssertionError):
             check_coverage(tamper(fn), **kw)
 
 
 def test_overlay_row_map_is_sequence_major():
-    # §13.1: rows floor(c/b')..ceil(K/b')-1 of each sequence, in sequence order. B=8, LT=512:
+    # §14.1: rows floor(c/b')..ceil(K/b')-1 of each sequence, in sequence order. B=8, LT=512:
     # b'=4. seq0 K=11: rows 2 (positions 8..11: context 8, new 9, 10, zero 11); seq1 K=5: rows
     # 0, 1; seq2 c=64 (whole rows) K=65: row 16 only; seq3 K=8+7: rows 2, 3
     s, kw = schedule([2, 5, 1, 7], [9, 0, 64, 8], H=1, Hkv=1, d=4, B=8, LT=512)

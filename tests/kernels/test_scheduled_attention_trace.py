@@ -1,4 +1,4 @@
-"""What the scheduled kernel moves, read from the simulator's trace (docs/layouts.md §13):
+"""What the scheduled kernel moves, read from the simulator's trace (docs/layouts.md §14):
 padding items move no bytes, KV gathers are vectorized (one indirect DMA of up to 128 row
 descriptors per load and K/V half), and the mask traffic is the fp32 metadata (per-row bounds
 and reset flags), O(query rows x items) instead of the dense O(queries x context) mask."""
@@ -14,7 +14,7 @@ import pytest
 import nki_sim
 from host.reference import paged_attention_ref
 from host.schedule import make_schedule
-from host.scheduled import build_overlay, pack_queries, unpack_output
+from host.scheduled import build_overlay, kernel_inputs, pack_queries, row_init, unpack_output
 from nki_kernels import _nki
 from nki_kernels.scheduled_attention import scheduled_paged_attention
 
@@ -30,9 +30,9 @@ def _geometry(B, LT):
 
 
 def _columns(nL, blocks, d, masked):
-    """(ki, kf): metadata columns per item (§13.4)."""
+    """(ki, kf): metadata columns per item (§14.4; no ALiBi column)."""
     nd = -(-d // P)
-    return (2 * nL if masked else nL) + blocks * nd + 2 * blocks, 1 + (2 * blocks if masked else 0)
+    return (2 * nL if masked else nL) + blocks * nd + 3 * blocks, 1 + (2 * blocks if masked else 0)
 
 
 def _prepare(batch, LT):
@@ -52,17 +52,17 @@ def _launch(batch, s, overlay, classes, LT):
     out = np.zeros((T, H, d), batch.query.dtype)
     with nki_sim.tracing() as trace:
         for cls in classes:
-            o = _nki.nki.simulate_kernel(
-                scheduled_paged_attention[1, Hkv], pack_queries(cls, batch.query, Hkv),
-                batch.kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
-                cls.full.meta_f, cls.rows, cls.blocks, softmax_scale=1.0 / math.sqrt(d),
-                mixed_precision=True, LARGE_TILE_SZ=LT)
+            args = kernel_inputs(cls, pack_queries(cls, batch.query, Hkv), row_init(cls, H, Hkv),
+                                 batch.kv_cache, overlay)
+            o = _nki.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args,
+                                         softmax_scale=1.0 / math.sqrt(d), mixed_precision=True,
+                                         LARGE_TILE_SZ=LT)
             unpack_output(cls, np.asarray(o), out)
     return out, trace
 
 
 def _padded(arr, extra, *, sentinels, kf):
-    """``arr`` with ``extra`` padding items appended, built from §13.4: every int column its
+    """``arr`` with ``extra`` padding items appended, built from §14.4: every int column its
     sentinel, reset 1.0, bounds 0."""
     Hkv = arr.meta_i.shape[0]
     mi = np.broadcast_to(np.array(sentinels, np.int32), (Hkv, P, extra, len(sentinels)))
@@ -102,7 +102,7 @@ def test_padding_items_move_no_bytes(batch_factory):
     Tf, bp, nL = _geometry(16, LT)
     d, Hkv, N, nblk, rows, blocks = 16, 2, batch.kv_cache.shape[1], cls.num_blocks, cls.rows, cls.blocks
     R_ov = len(s.overlay_seq)
-    tail = [Hkv * nblk * d] * blocks + [nblk * rows] * blocks + [Hkv * nblk * rows] * blocks
+    tail = [Hkv * nblk * d] * blocks + [nblk * rows] * blocks + [Hkv * nblk * rows] * (2 * blocks)
     kip, kfp = _columns(nL, blocks, d, True)
     kif, kff = _columns(nL, blocks, d, False)
     variants = {
