@@ -1,6 +1,7 @@
 """host/scheduled.py layout transforms (docs/layouts.md §14.1, §14.2) and their inverses:
-Q^T packing / output unpacking round trip, and the key rows (main-cache rows + overlay rows)
-reassembled per sequence equal the key sequence of the definition."""
+Q^T packing / output unpacking round trip, the key rows (main-cache rows + overlay rows)
+reassembled per sequence equal the key sequence of the definition, and the per-row init values
+(q_init) read back by (token, head)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from host.schedule import make_schedule
-from host.scheduled import build_overlay, pack_queries, unpack_output
+from host.scheduled import build_overlay, pack_queries, row_init, unpack_output
+from nki_kernels.constants import M_FLOOR
 
 P = 128
 
@@ -145,3 +147,34 @@ def test_layouts_round_trip_random(lens, B, LT, heads, d, seed):
     b = _batch(q, c, H=heads[0], Hkv=heads[1], d=d, B=B, seed=seed)
     check_pack_round_trip(b, LT)
     check_key_rows(b, LT)
+
+
+@pytest.mark.parametrize("sinks, alibi", [(False, False), (True, False), (False, True), (True, True)])
+def test_row_init_values_by_token_and_head(sinks, alibi):
+    # q_init row (h*nblk + b)*rows + p = [-m0, l0, slope, slope * position] of that query row
+    q, c, H, Hkv = [1, 3, 40], [10, 0, 7], 6, 2
+    G = H // Hkv
+    b = _batch(q, c, H=H, Hkv=Hkv, d=4, B=16, seed=3)
+    sink = np.linspace(-1.0, 2.0, H).astype(np.float32) if sinks else None
+    slope = np.linspace(0.5, 0.01, H).astype(np.float32) if alibi else None
+    qoff = np.concatenate(([0], np.cumsum(q)))
+    seen = np.zeros((int(sum(q)), H), int)
+    for cls in _schedule(b, 512).classes:
+        init = row_init(cls, H, Hkv, sinks=sink, alibi_slopes=slope)
+        nblk, rows = cls.num_blocks, cls.rows
+        assert init.shape == (Hkv * nblk * rows, 4) and init.dtype == np.float32
+        for h in range(Hkv):
+            for r in range(nblk * rows):
+                row = init[h * nblk * rows + r]
+                tok, g = cls.row_token[r], cls.row_head[r]
+                if tok < 0:
+                    assert row.tolist() == np.array([-M_FLOOR, 0, 0, 0], np.float32).tolist()
+                    continue
+                i = int(np.searchsorted(qoff, tok, side="right")) - 1
+                pos = c[i] + tok - qoff[i]                     # absolute query position
+                hq = h * G + g
+                m0, l0 = (-sink[hq], 1.0) if sinks else (-M_FLOOR, 0.0)
+                sl = slope[hq] if alibi else 0.0
+                assert row.tolist() == np.array([m0, l0, sl, sl * pos], np.float32).tolist()
+                seen[tok, hq] += 1
+    assert np.all(seen == 1)
