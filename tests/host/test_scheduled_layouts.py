@@ -1,4 +1,4 @@
-"""host/scheduled.py layout transforms (docs/layouts.md §14.1, §14.2) and their inverses:
+"""host/scheduled.py layout transforms (docs/layouts.md §16.1, §16.2) and their inverses:
 Q^T packing / output unpacking round trip, the key rows (main-cache rows + overlay rows)
 reassembled per sequence equal the key sequence of the definition, and the per-row init values
 (q_init) read back by (token, head)."""
@@ -52,7 +52,7 @@ def check_pack_round_trip(b, LT, tamper=lambda qt: qt):
         nblk, rows = cls.num_blocks, cls.rows
         qt = tamper(pack_queries(cls, query, Hkv))
         assert qt.shape == (Hkv * nblk * d, rows) and qt.dtype == query.dtype
-        # §14.2: row (h*nblk + b)*d + ch, column p = query[token, h*G + g, ch], 0 for padding
+        # §16.2: row (h*nblk + b)*d + ch, column p = query[token, h*G + g, ch], 0 for padding
         tok, g = cls.row_token.reshape(nblk, rows), cls.row_head.reshape(nblk, rows)
         q4 = qt.reshape(Hkv, nblk, d, rows)
         for h in range(Hkv):

@@ -25,15 +25,16 @@ def _over(reason):
 # sequence (G=64, q=128: one group of 64 Q blocks, the largest group the schedule builds)
 CASES = [
     pytest.param("trn1", "decode", 128, 8192, BF16, id="trn1_decode_d128_bf16_t8192"),
+    pytest.param("trn2", "decode", 512, 8192, BF16, id="trn2_decode_d512_bf16_t8192"),
     pytest.param("trn1", "prefill64", 128, 512, np.float32, id="trn1_prefill64_d128_fp32_t512"),
     pytest.param("trn1", "prefill64", 128, 4096, np.float32, id="trn1_prefill64_d128_fp32_t4096",
-                 marks=_over("about 186 KB per partition vs 180 KB usable")),
+                 marks=_over("a 64-block group at d = 128 with LT = 4096")),
     pytest.param("trn2", "prefill64", 256, 512, np.float32, id="trn2_prefill64_d256_fp32_t512",
-                 marks=_over("about 268 KB per partition vs 213 KB usable")),
+                 marks=_over("a 64-block group at d = 256")),
     pytest.param("trn1", "decode", 256, 8192, np.float32, id="trn1_decode_d256_fp32_t8192",
-                 marks=_over("about 232 KB per partition vs 180 KB usable")),
-    pytest.param("trn2", "decode", 512, 8192, BF16, id="trn2_decode_d512_bf16_t8192",
-                 marks=_over("about 260 KB per partition vs 213 KB usable")),
+                 marks=_over("d = 256, fp32, LT = 8192")),
+    pytest.param("trn1", "decode", 512, 8192, BF16, id="trn1_decode_d512_bf16_t8192",
+                 marks=_over("d = 512, LT = 8192")),
 ]
 
 
