@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.validation import check_lens, check_power_of_two, fail
+from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.constants import decode_layout
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
@@ -187,6 +187,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         fail("query_lens", "have at least one entry (one per sequence)", "0 entries")
     B = check_power_of_two("block_size", block_size, lo=1, hi=256)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    if sliding_window is not None:
+        sliding_window = check_int("sliding_window", sliding_window, min_value=1)
     G = num_heads // num_kv_heads
     T, bp, L, nL = item_geometry(B, LT)
     W = L * bp
@@ -322,7 +324,8 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
             in_seq = j < n_rows[i]
             main = j < n_main[i]
-            blk = np.where(main, block_tables[i, np.minimum(j // T, block_tables.shape[1] - 1)], 0)
+            blk = np.zeros(j.shape, np.int64)          # block ids of main rows only (the table
+            blk[main] = block_tables[i, j[main] // T]  # may have no column at all)
             sub = (j % T)
             for h in range(Hkv):
                 rows_main = (blk.astype(np.int64) * Hkv + h) * T + sub

@@ -43,9 +43,9 @@ def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarra
         tok_off = np.concatenate(([0], np.cumsum(sched.query_lens)[:-1]))[seq]
         cached = pos < c
         new = (pos >= c) & (pos < keys)
-        blk = block_tables[seq, np.where(cached, pos // B, 0)]
         cs = np.nonzero(cached)
-        src = kv_cache[:, blk[cs], :, (pos % B)[cs], :]                     # (n, 2, Hkv, d)
+        blk = block_tables[seq[cs[0], 0], (pos // B)[cs]]                   # cached positions only
+        src = kv_cache[:, blk, :, (pos % B)[cs], :]                         # (n, 2, Hkv, d)
         out[:, :, cs[0], cs[1], :] = np.moveaxis(src, 0, 2).astype(dt)
         ns = np.nonzero(new)
         tok = (tok_off + pos - c)[ns]

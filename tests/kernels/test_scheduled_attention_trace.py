@@ -1,0 +1,220 @@
+"""What the scheduled kernel moves, read from the simulator's trace (docs/layouts.md §16):
+padding items move no bytes, KV gathers are vectorized (one indirect DMA of up to 128 row
+descriptors per load and K/V half), and the mask traffic is the fp32 metadata (per-row bounds
+and reset flags), O(query rows x items) instead of the dense O(queries x context) mask."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nki_sim
+from host.reference import paged_attention_ref
+from host.schedule import make_schedule
+from host.scheduled import build_overlay, kernel_inputs, pack_queries, row_init, unpack_output
+from nki_kernels import _nki
+from nki_kernels.scheduled_attention import scheduled_paged_attention
+
+pytestmark = pytest.mark.simulation
+P = 128
+BF16 = ml_dtypes.bfloat16
+
+
+def _geometry(B, LT):
+    """(Tf, b', nL) from docs/layouts.md §1."""
+    M = LT // B
+    Tf = P // M if M < P else 1
+    return Tf, B // Tf, M * Tf // P
+
+
+def _prepare(batch, LT):
+    T, H, d = batch.query.shape
+    _, N, Hkv, B, _ = batch.kv_cache.shape
+    s = make_schedule(batch.query_lens, batch.context_lens, batch.block_tables, num_heads=H,
+                      num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
+                      large_tile_size=LT)
+    return s, build_overlay(s, batch.kv_cache, batch.key, batch.value, batch.block_tables)
+
+
+def _launch(batch, s, overlay, classes, LT):
+    """Run one kernel launch per class (with the classes' metadata as given); returns
+    (output (T, H, d), trace)."""
+    T, H, d = batch.query.shape
+    Hkv = batch.kv_cache.shape[2]
+    out = np.zeros((T, H, d), batch.query.dtype)
+    with nki_sim.tracing() as trace:
+        for cls in classes:
+            args = kernel_inputs(cls, pack_queries(cls, batch.query, Hkv), row_init(cls, H, Hkv),
+                                 batch.kv_cache, overlay)
+            o = _nki.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args,
+                                         softmax_scale=1.0 / math.sqrt(d), mixed_precision=True,
+                                         LARGE_TILE_SZ=LT)
+            unpack_output(cls, np.asarray(o), out)
+    return out, trace
+
+
+def _with_items(arr, n):
+    """``arr`` with its real items followed by ``n - real_items`` copies of its own (last)
+    padding item: a schedule padded to another bucket (or to none, n = real_items)."""
+    Hkv, items, real = arr.meta_i.shape[0], arr.items, arr.real_items
+    assert items > real, "the schedule must have a padding item to copy"
+    mi = arr.meta_i.reshape(Hkv, P, items, -1)
+    mf = arr.meta_f.reshape(P, items, -1)
+    mi = np.concatenate([mi[:, :, :real]] + [mi[:, :, -1:]] * (n - real), axis=2)
+    mf = np.concatenate([mf[:, :real]] + [mf[:, -1:]] * (n - real), axis=1)
+    return dataclasses.replace(arr, items=n, meta_i=np.ascontiguousarray(mi.reshape(Hkv, P, -1)),
+                               meta_f=np.ascontiguousarray(mf.reshape(P, -1)),
+                               item_block=np.concatenate([arr.item_block[:real],
+                                                          np.full(n - real, -1)]))
+
+
+def _moved(trace):
+    """Bytes and descriptors of the data gathers / scatters (KV rows, Q^T rows of the
+    query-rows path, state, output: the indirect DMAs) and bytes of the direct DMAs (metadata
+    and, with keys on partitions, the per-chunk Q^T preload)."""
+    dma = [e for e in trace.events if e.engine == "dma"]
+    ind = [e for e in dma if e.dma_kind == "indirect"]
+    return (sum(e.bytes for e in ind), sum(len(e.descriptor_bytes) for e in ind),
+            sum(e.bytes for e in dma if e.dma_kind == "direct"))
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_padding_items_move_no_bytes(kind, batch_factory):
+    # 9 sequences with 2 tiles each (tile 0 FULL, tile 1 PARTIAL): 9 + 9 items, each phase
+    # padded to bucket 10; decode rows fold with keys on partitions, prefill rows without
+    q = [1, 2, 1, 3, 1, 1, 2, 1, 1] if kind == "decode" else [40, 33, 70, 41, 40, 65, 40, 50, 40]
+    batch = batch_factory(3, q, [600] * 9, H=4, Hkv=2, d=16, block_size=16)
+    LT = 512
+    s, overlay = _prepare(batch, LT)
+    (cls,) = s.classes
+    assert cls.kind == kind and cls.decode_layout == (kind == "decode")
+    assert (cls.partial.real_items, cls.partial.items, cls.full.real_items, cls.full.items) == \
+        (9, 10, 9, 10)
+    variants = {n: dataclasses.replace(cls, partial=_with_items(cls.partial, n),
+                                       full=_with_items(cls.full, n + 9)) for n in (9, 10, 16)}
+    got = {n: _launch(batch, s, overlay, [c], LT) for n, c in variants.items()}
+    ref = paged_attention_ref(*batch.args())
+    assert np.abs(got[10][0] - ref).max() < 3e-2
+    moved = {n: _moved(tr) for n, (_, tr) in got.items()}
+    for n in (9, 16):
+        assert got[n][0].tobytes() == got[10][0].tobytes()
+        assert moved[n][:2] == moved[10][:2]                 # data bytes and descriptors
+    # the direct DMAs grow by exactly the padding items' metadata columns (and, with keys on
+    # partitions, their preloaded Q^T columns: rows x d zeros), per program
+    Hkv, rows, d = 2, cls.rows, 16
+    per_item = {}
+    for arr in (cls.partial, cls.full):
+        ki, kf = arr.meta_i.shape[2] // arr.items, arr.meta_f.shape[1] // arr.items
+        per_item[arr.masked] = P * 4 * (ki + kf) + (rows * d * 4 if cls.decode_layout else 0)
+    extra = (16 - 9) * per_item[True] + (16 - 9) * per_item[False]
+    assert moved[16][2] - moved[9][2] == Hkv * extra
+
+
+GEOMETRIES = [(1, 512, 8), (16, 2048, 8), (256, 2048, 8), (32, 8192, 16), (4, 1024, 130)]
+
+
+@pytest.mark.parametrize("B, LT, d", GEOMETRIES, ids=[f"b{b}_t{t}_d{d}" for b, t, d in GEOMETRIES])
+def test_kv_gathers_are_vectorized(B, LT, d, batch_factory):
+    batch = batch_factory(B, [1, 3, 40], [LT + 5, 20, 2 * LT // 3], H=4, Hkv=2, d=d, block_size=B)
+    s, overlay = _prepare(batch, LT)
+    Tf, bp, nL = _geometry(B, LT)
+    Hkv, N, R_ov = 2, batch.kv_cache.shape[1], len(s.overlay_seq)
+    _, trace = _launch(batch, s, overlay, s.classes, LT)
+    row_bytes = bp * d * batch.kv_cache.dtype.itemsize
+    gathers = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"
+               and e.src_buffer == "hbm" and e.out_shape == (P, bp * d)]
+    # one gather per (item, load, K/V) from the cache, plus one from the overlay when masked
+    want_instr = want_desc = 0
+    for cls in s.classes:
+        for arr in (cls.partial, cls.full):
+            if arr.items == 0:
+                continue
+            mi = arr.meta_i.reshape(Hkv, P, arr.items, -1)        # kv[l], then ov[l] (§16.4)
+            want_instr += Hkv * arr.items * nL * (4 if arr.masked else 2)
+            want_desc += 2 * int((mi[..., :nL] < N * Hkv * Tf).sum())
+            if arr.masked:
+                want_desc += 2 * int((mi[..., nL:2 * nL] < Hkv * R_ov).sum())
+    assert len(gathers) == want_instr
+    assert sum(len(e.descriptor_bytes) for e in gathers) == want_desc
+    for e in gathers:
+        assert e.partitions == P and len(e.descriptor_bytes) <= P
+        assert set(e.descriptor_bytes) <= {row_bytes}                 # one row per descriptor
+        assert e.bytes == len(e.descriptor_bytes) * row_bytes
+    assert max(len(e.descriptor_bytes) for e in gathers) == P           # full 128-row gathers
+
+
+# ------------------------------------------------------------------------- mask traffic
+def _dense_mask_bytes(q, c, B, LT):
+    """Bytes of the dense kernel's bool mask, Qpad x (ctx + Qpad) (docs/layouts.md §1, §9)."""
+    Qpad = max(P, -(-int(q.sum()) // P) * P)
+    M = LT // B
+    nab = max(M, -(-int((-(-c // B)).sum()) // M) * M)
+    return Qpad * (nab * B + Qpad)
+
+
+def _bench_batch():
+    """The host-preparation benchmark's batch: 240 decode + 16 chunked-prefill (q=64)
+    sequences, contexts uniform in [3584, 4608], shuffled (seeded)."""
+    rng = np.random.default_rng(0)
+    q = np.array([1] * 240 + [64] * 16)
+    rng.shuffle(q)
+    return q, rng.integers(3584, 4609, size=256)
+
+
+_KEYS_ON_PARTITIONS_BOUNDS = pytest.mark.xfail(
+    strict=True, reason="keys-on-partitions decode classes replicate every row's bounds on all "
+    "128 partitions: 512 * (1 + 2 * rows) bytes per partial item")
+
+
+@pytest.mark.parametrize("kind, G", [
+    ("decode", 1),
+    pytest.param("decode", 4, marks=_KEYS_ON_PARTITIONS_BOUNDS),
+    pytest.param("decode", 8, marks=_KEYS_ON_PARTITIONS_BOUNDS),
+    pytest.param("bench_mixed", 4, marks=_KEYS_ON_PARTITIONS_BOUNDS),
+], ids=["decode_G1", "decode_G4", "decode_G8", "bench_mixed_G4"])
+def test_mask_bytes_are_per_row_not_per_context(kind, G):
+    # schedule only (no kernel run): what the mask costs the host and the DMA
+    Hkv = 8
+    if kind == "decode":
+        q, c, B, LT = np.ones(256, np.int64), np.full(256, 4096), 16, 2048
+    else:
+        (q, c), B, LT = _bench_batch(), 32, 2048
+    nb = -(-c // B)
+    bt = np.arange(int(nb.sum())).reshape(-1)
+    tables = np.zeros((len(q), int(nb.max())), np.int64)
+    off = np.concatenate(([0], np.cumsum(nb)))
+    for i in range(len(q)):
+        tables[i, :nb[i]] = bt[off[i]:off[i + 1]]
+    s = make_schedule(q, c, tables, num_heads=G * Hkv, num_kv_heads=Hkv, head_size=128,
+                      block_size=B, num_blocks=int(nb.sum()), large_tile_size=LT)
+    meta_f = sum(a.meta_f.nbytes for cls in s.classes for a in (cls.partial, cls.full))
+    dense = _dense_mask_bytes(q, c, B, LT)
+    if kind == "decode":
+        assert dense == 256 * (256 * 4096 + 256)                  # 268.5 MB (Qpad 256)
+        # per sequence (K = 4097, W = 2048): tiles 0, 1 FULL (reset: 128 x 4 B each), tile 2
+        # PARTIAL (reset + bounds of the G query rows, §16.4)
+        (cls,) = s.classes
+        kf = cls.partial.meta_f.shape[1] // cls.partial.items
+        assert kf == (1 + 2 * G if cls.decode_layout else 3)
+        assert meta_f == 256 * (2 * 512 + 128 * kf * 4)
+    else:
+        assert 1.35e9 < dense < 1.37e9                            # 1.36 GB (Qpad 1280)
+    assert dense > 100 * meta_f
+    assert meta_f < 1_000_000
+
+
+def test_mask_dma_bytes_equal_the_bounds_and_reset_arrays(batch_factory):
+    # small kernel run with bf16 queries: the only fp32 arrays the kernel reads with direct
+    # DMAs are meta_f (bounds + reset flags), each program reads all of it once
+    batch = batch_factory(5, [1, 4, 90], [700, 30, 200], H=4, Hkv=2, d=16, block_size=16,
+                          dtype=BF16)
+    s, overlay = _prepare(batch, 512)
+    _, trace = _launch(batch, s, overlay, s.classes, 512)
+    f32_direct = sum(e.bytes for e in trace.events if e.engine == "dma" and e.dma_kind == "direct"
+                     and e.src_buffer == "hbm" and e.in_dtypes == ("float32",))
+    meta_f = sum(a.meta_f.nbytes for cls in s.classes for a in (cls.partial, cls.full))
+    assert f32_direct == 2 * meta_f
