@@ -33,6 +33,7 @@ import numpy as np
 from host._arrays import readonly
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.constants import decode_layout
+from nki_kernels.sched_plan import max_group_blocks
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
            "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry", "meta_columns"]
@@ -75,7 +76,7 @@ def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
     kop = rows is not None and decode_layout(rows, blocks, alibi)
     ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
           + (blocks if masked else 0) + (blocks if row_init else 0))
-    kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
+    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
     return ki, kf
 
 
@@ -102,8 +103,11 @@ class PhaseArrays:
                            out[j]                    output row or OOB             (masked only)
                            ini[j]                    q_init row or OOB       (with row_init only)
     meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
-        phases c[j], r[j]: query row p of block j sees tile-local key index t iff |t - c| < r;
-        with ALiBi a last column k0 = first key position of the tile (k * W).
+        phases of query-rows classes c[j], r[j]: query row p of block j sees tile-local key
+        index t iff |t - c| < r; with ALiBi a last column k0 = first key position of the tile.
+    bounds: decode-layout classes, masked phase: (1, items * 2 * rows) float32, item t's
+        ``c_q`` (columns ``t*2*rows + q``) and ``r_q`` (``t*2*rows + rows + q``) on ONE
+        partition (the kernel broadcasts them); None otherwise.
     """
 
     items: int
@@ -112,6 +116,7 @@ class PhaseArrays:
     meta_i: np.ndarray = field(repr=False)
     meta_f: np.ndarray = field(repr=False)
     item_block: np.ndarray = field(repr=False, default=None)   # (items,) Q block (-1: padding)
+    bounds: np.ndarray = field(repr=False, default=None)       # decode layout, masked: see below
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,7 +173,8 @@ class AttentionSchedule:
 def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, *, num_heads: int,
                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
                   large_tile_size: int = 2048, sliding_window: int | None = None,
-                  alibi: bool = False, row_init: bool = False) -> AttentionSchedule:
+                  alibi: bool = False, row_init: bool = False, query_itemsize: int = 4,
+                  cache_itemsize: int = 4, kernel_itemsize: int = 2) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -179,6 +185,10 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         sliding_window: W (query at position p sees keys p-W+1 .. p) or None.
         alibi: add the per-item tile start (fp32 column ``k0``) that ALiBi biases need.
         row_init: add the ``ini`` columns (per-row initial values: attention sinks, ALiBi).
+        query_itemsize, cache_itemsize, kernel_itemsize: bytes per element of the queries, the
+            cache and the kernel's matmul dtype: a prefill group holds at most as many 128-row
+            Q blocks as fit trn1's SBUF next to the tile (``nki_kernels.sched_plan``; trn1 has
+            the smaller SBUF, so the schedule fits both targets).
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -220,7 +230,11 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             blocks = 1
         else:
             rows = P
-            blocks = min(MAX_GROUP_BLOCKS, max(-(-int(q[i] * G) // P) for i in seqs))
+            fit = max_group_blocks(nc_gen="gen2", block_size=B, large_tile=LT, head_size=head_size,
+                                   rows=P, cache_itemsize=cache_itemsize,
+                                   query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize)
+            blocks = max(1, min(MAX_GROUP_BLOCKS, fit,
+                                max(-(-int(q[i] * G) // P) for i in seqs)))
         classes.append(_class_schedule(
             kind, np.array(seqs), rows, blocks, q=q, c=c, G=G, Hkv=Hkv, d=head_size, nd=nd, T=T,
             bp=bp, L=L, nL=nL, W=W, n_main=n_main, n_rows=n_rows, ov_off=ov_off,
@@ -299,6 +313,7 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
         mi = np.empty((Hkv, P, n_items, ki), np.int32)
         mf = np.zeros((P, n_items, kf), np.float32)
         item_block = np.full(n_items, -1, np.int64)
+        bnd = np.zeros((n_items, 2 * rows), np.float32) if (masked and kop) else None
         p = np.arange(P)
         # defaults: every DMA skipped, reset on (padding items do nothing visible)
         mi[:, :, :, :nL] = main_sentinel
@@ -367,16 +382,17 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
                     hi = pos + 1 - k * W
                     lo = np.where(real, lo, 0)
                     hi = np.where(real, hi, 0)
-                    if kop:      # one block; row q's bounds in columns 1 + q and 1 + rows + q
-                        mf[:, t, 1:1 + rows] = ((lo + hi - 1) / 2.0)[None, :]
-                        mf[:, t, 1 + rows:1 + 2 * rows] = ((hi - lo) / 2.0)[None, :]
+                    if kop:      # one block; row q's bounds in bnd[t, q] and bnd[t, rows + q]
+                        bnd[t, :rows] = (lo + hi - 1) / 2.0
+                        bnd[t, rows:] = (hi - lo) / 2.0
                     else:
                         mf[:rows, t, 1 + 2 * jj] = (lo + hi - 1) / 2.0
                         mf[:rows, t, 2 + 2 * jj] = (hi - lo) / 2.0
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
                            meta_f=readonly(mf.reshape(P, n_items * kf)),
-                           item_block=readonly(item_block))
+                           item_block=readonly(item_block),
+                           bounds=None if bnd is None else readonly(bnd.reshape(1, -1)))
 
     return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
                          decode_layout=decode_layout(rows, blocks, alibi),

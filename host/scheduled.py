@@ -136,8 +136,9 @@ def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
                   kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
     """Positional kernel arguments of one class launch."""
     Hkv = kv_cache.shape[2]
+    bounds = cls.partial.bounds if cls.partial.bounds is not None else np.zeros((1, 1), np.float32)
     return (query_t, item_queries(cls, query_t, cls.full, Hkv),
-            item_queries(cls, query_t, cls.partial, Hkv), q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
+            item_queries(cls, query_t, cls.partial, Hkv), bounds, q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
             cls.full.meta_f, cls.rows, cls.blocks)
 
 
@@ -159,7 +160,10 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     sched = make_schedule(query_lens, context_lens, block_tables, num_heads=H, num_kv_heads=Hkv,
                           head_size=d, block_size=B, num_blocks=N,
                           large_tile_size=large_tile_size, sliding_window=window,
-                          alibi=alibi is not None, row_init=row_inits)
+                          alibi=alibi is not None, row_init=row_inits,
+                          query_itemsize=query.dtype.itemsize,
+                          cache_itemsize=kv_cache.dtype.itemsize,
+                          kernel_itemsize=2 if mixed_precision else query.dtype.itemsize)
     fp8 = v is not None and v.is_fp8
     kd = np.dtype("bfloat16") if mixed_precision else query.dtype
     scales = (v.k_scale, v.v_scale) if fp8 else None

@@ -45,17 +45,19 @@ def key_index_columns(loads, tiled_block_size):
 
 def decode_constants(rows, width, kernel_dtype):
     """Static tiles of :func:`decode_step`, built once per kernel: ``ones_k`` (128, 1) kernel
-    dtype; for blocks of at most SMALL_ROWS rows ``ones_r`` (rows, 128) fp32 and ``eye_rep``
+    dtype; ``ones_f`` (1, 128) fp32; for blocks of at most SMALL_ROWS rows ``ones_r`` (rows, 128) fp32 and ``eye_rep``
     (rows, width/128 * rows) fp32 whose column ``u*rows + q`` is 1 on partition q (the identity
     repeated per key chunk); for larger blocks ``ones_1`` (1, 128) bf16."""
     P = B_P_SIZE
     nch = width // P
     ones_k = nl.ndarray((P, 1), dtype=kernel_dtype, buffer=nl.sbuf)
     ones_k[...] = nisa.memset((P, 1), 1.0, dtype=kernel_dtype)
+    ones_f = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
+    ones_f[...] = nisa.memset((1, P), 1.0, dtype=nl.float32)
     if rows > SMALL_ROWS:
         ones_1 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
         ones_1[...] = nisa.memset((1, P), 1.0, dtype=nl.bfloat16)
-        return dict(ones_k=ones_k, ones_1=ones_1)
+        return dict(ones_k=ones_k, ones_f=ones_f, ones_1=ones_1)
     ones_r = nl.ndarray((rows, P), dtype=nl.float32, buffer=nl.sbuf)
     ones_r[...] = nisa.memset((rows, P), 1.0, dtype=nl.float32)
     i_q = nl.arange(rows)[:, None]
@@ -65,7 +67,7 @@ def decode_constants(rows, width, kernel_dtype):
     eye_rep = nl.ndarray((rows, nch * rows), dtype=nl.float32, buffer=nl.sbuf)
     for u in nl.static_range(nch):
         eye_rep[:, nl.ds(u * rows, rows)] = nl.copy(eye, dtype=nl.float32)
-    return dict(ones_k=ones_k, ones_r=ones_r, eye_rep=eye_rep)
+    return dict(ones_k=ones_k, ones_f=ones_f, ones_r=ones_r, eye_rep=eye_rep)
 
 
 def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, bounds,
@@ -144,8 +146,8 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
     else:
         nm_bc = nl.ndarray((P, ncol), dtype=nl.float32, buffer=nl.psum)
     if "eye_rep" in consts:
-        nm_diag = nisa.tensor_scalar(consts["eye_rep"][:, nl.ds(0, ncol)], np.multiply, nm_new,
-                                     dtype=nl.float32)
+        # a select, not a product: a NaN row stays in its own columns (NaN * 0 would not)
+        nm_diag = nl.where(consts["eye_rep"][:, nl.ds(0, ncol)], nm_new, 0.0, dtype=nl.float32)
         if fused:
             nm_bc += nisa.nc_matmul(consts["ones_r"], nm_diag)
         else:

