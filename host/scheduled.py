@@ -173,7 +173,7 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision,
                   LARGE_TILE_SZ=large_tile_size,
                   logits_soft_cap=v.logits_soft_cap if v is not None else None,
-                  alibi=alibi is not None, row_init=row_inits)
+                  alibi=alibi is not None, row_init=row_inits, windowed=window is not None)
     for cls in sched.classes:
         qt = pack_queries(cls, query, Hkv, k_scale=scales[0] if fp8 else None)
         init = row_init(cls, H, Hkv, sinks=sinks, alibi_slopes=alibi)

@@ -38,7 +38,8 @@ def key_index_tile(rows, loads, tiled_block_size):
 
 
 def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, bounds,
-               kernel_dtype, soft_cap=None, p_evac=None, v_stride=None, alibi=None):
+               kernel_dtype, soft_cap=None, p_evac=None, v_stride=None, alibi=None,
+               one_sided=False):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -57,6 +58,8 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         p_evac: engine(s) of the P^T PSUM -> SBUF copies (``pe_transpose_blocks``).
         v_stride: columns between V chunks (default d; e.g. an MLA entry size when K and V are
             the same gathered rows).
+        one_sided: every row's visible range starts at or before this tile (no sliding window):
+            the mask is ``t < c + r + 1/2`` (one ScalarE pass instead of |t - c| and a compare).
         alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
             ``slope * t + off`` added (t = tile-local key index from ``kidx``), before the soft-cap.
 
@@ -64,7 +67,8 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         S = q^T k  (PSUM, 512 columns per chunk; summed over channel slices)
         S = S + slope * kidx + off                                    (ALiBi only)
         U = tanh(S / cap) if soft_cap else S;  mult = cap or 1        (score = mult * U)
-        U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only)
+        U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only;
+                                                                       one-sided: kidx < c + r + 1/2)
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
         P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused]
         l = alpha * l + rs;  o = alpha * o + P V  (P^T by PE transposes, PV accumulated in PSUM)
@@ -92,7 +96,13 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         src = [nl.add(src[c], bias[:, nl.ds(c * B_F_SIZE, B_F_SIZE)], dtype=nl.float32)
                for c in range(n_c)]
     if soft_cap is not None or bounds is not None:
-        if bounds is not None:
+        if bounds is not None and one_sided:
+            # every row's range starts at or before the tile (no window): t < hi = c + r + 1/2,
+            # i.e. relu(c + r - t) > 0 for integer t -- one ScalarE pass, a float predicate
+            top = nl.add(bounds[0], bounds[1], dtype=nl.float32)
+            seen = nisa.activation(nl.relu, kidx[:, nl.ds(k0, width)], bias=top, scale=-1.0,
+                                   dtype=nl.float32)
+        elif bounds is not None:
             neg_c = nisa.tensor_scalar(bounds[0], np.multiply, -1.0, dtype=nl.float32)
             dist = nisa.activation(np.abs, kidx[:, nl.ds(k0, width)], bias=neg_c, scale=1.0,
                                    dtype=nl.float32)

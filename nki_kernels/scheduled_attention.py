@@ -66,7 +66,7 @@ def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=Fals
 def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
                               meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
                               LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False,
-                              row_init=False):
+                              row_init=False, windowed=True):
     """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
 
     Args:
@@ -102,6 +102,8 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
         alibi: add ``slope * (key position - query position)`` to the scores before the soft-cap.
         row_init: start each group's rows from ``q_init`` (sinks, ALiBi) instead of
             (-M_FLOOR, 0); the metadata then carries the ``ini`` columns.
+        windowed: False promises that every row's visible keys start at or before each tile it
+            meets (no sliding window): masks then test only the upper bound (cheaper).
 
     Returns:
         (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of query
@@ -119,12 +121,12 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
                           meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
                           logits_soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
-                          out=out, state=state)
+                          windowed=windowed, out=out, state=state)
 
 
 def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
                    meta_pf, meta_fi, meta_ff, rows, blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
-                   alibi, row_init, out, state):
+                   alibi, row_init, windowed, out, state):
     """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
 
     Pseudocode (per program = KV head h; full phase first, then the partial phase):
@@ -144,7 +146,9 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     cfg = _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
                  blocks, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, alibi,
                  row_init)
-    cfg.update(rows=rows, blocks=blocks, soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init)
+    kernel_check(isinstance(windowed, bool), KERNEL, "windowed", "be a bool", windowed)
+    cfg.update(rows=rows, blocks=blocks, soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
+               windowed=windowed)
     head = nl.program_id(axis=1)
     d, nd = cfg["d"], cfg["nd"]
     kv_flat = kv_cache.reshape((2, cfg["main_rows"], cfg["bp"] * d))
@@ -327,7 +331,8 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
         for s0 in nl.static_range(cfg["W"] // step):
             flash_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
                        k0=s0 * step, width=step, kidx=bufs["kidx"], bounds=bounds,
-                       kernel_dtype=kd, soft_cap=cfg["soft_cap"], p_evac=p_evac, alibi=alibi)
+                       kernel_dtype=kd, soft_cap=cfg["soft_cap"], p_evac=p_evac, alibi=alibi,
+                       one_sided=not cfg["windowed"])
     # Step 5: stores (row indices out of bounds -> skipped).
     for j in nl.static_range(blocks):
         if not masked:
