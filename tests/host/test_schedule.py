@@ -22,6 +22,7 @@ from hypothesis import given, settings, strategies as st
 from host.schedule import (DECODE_MAX_ROWS, AttentionSchedule, bucket, item_geometry,
                            make_schedule, meta_columns)
 from nki_kernels.constants import tile_geometry
+from nki_kernels.sched_plan import max_group_blocks
 
 P = 128
 
@@ -94,7 +95,7 @@ def columns(cls, *, nL, d, masked, alibi, row_init):
     out0 = st0 + blocks
     ini0 = out0 + (blocks if masked else 0)
     ki = ini0 + (blocks if row_init else 0)
-    kf = 1 + ((2 * cls.rows if kop else 2 * blocks) if masked else 0) + (1 if alibi else 0)
+    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)   # kop: bounds apart
     assert (ki, kf) == meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
                                     alibi=alibi, row_init=row_init, rows=cls.rows)
     return ki, kf, dict(kv=kv0, ov=ov0, q=q0, st=st0, out=out0, ini=ini0)
@@ -142,6 +143,11 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
         assert arr.item_block.shape == (arr.items,)
         mi = arr.meta_i[head].reshape(P, arr.items, ki).astype(np.int64)
         mf = arr.meta_f.reshape(P, arr.items, kf).astype(np.float64)
+        if masked and kop:        # item t's c_q, r_q at t*2*rows + q, t*2*rows + rows + q
+            assert arr.bounds.shape == (1, arr.items * 2 * rows) and arr.bounds.dtype == np.float32
+            bnd = arr.bounds.reshape(arr.items, 2 * rows).astype(np.float64)
+        else:
+            assert arr.bounds is None
         group, acc = [None] * blocks, [None] * blocks
         for t in range(arr.items):
             reset = mf[0, t, 0]
@@ -258,10 +264,9 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
                 if b is None:
                     continue
                 tl = np.arange(W)[None, :]
-                if masked and kop:                     # row q's c, r in columns 1 + q, 1 + rows + q
-                    cc, rr = mf[:, t, 1:1 + rows], mf[:, t, 1 + rows:1 + 2 * rows]
-                    assert np.all(cc == cc[0]) and np.all(rr == rr[0])
-                    vis = np.abs(tl - cc[0][:, None]) < rr[0][:, None]
+                if masked and kop:                     # row q's c, r: bounds row t, q / rows + q
+                    cc, rr = bnd[t, :rows][:, None], bnd[t, rows:][:, None]
+                    vis = np.abs(tl - cc) < rr
                 elif masked:                           # slot j's c, r on partition p = row p
                     cc = mf[:rows, t, 1 + 2 * jj][:, None]
                     rr = mf[:rows, t, 2 + 2 * jj][:, None]
@@ -370,7 +375,7 @@ def test_two_classes_hand_built():
     assert (dec.kind, dec.rows, dec.blocks, dec.num_blocks, dec.seqs.tolist()) == \
         ("decode", 64, 1, 3, [0, 1, 3])                    # rows: power of two >= max R = 64
     assert (pre.kind, pre.rows, pre.blocks, pre.num_blocks, pre.seqs.tolist()) == \
-        ("prefill", 128, 3, 4, [2, 4])                     # blocks = max ceil(R / 128) = 3
+        ("prefill", 128, 3, 4, [2, 4])                     # blocks = max ceil(R / 128) = 3 (fits)
     assert (dec.partial.real_items, dec.partial.items, dec.full.real_items) == (3, 3, 1)
     assert (pre.partial.real_items, pre.full.real_items) == (2, 1)
     items = check_coverage(s, **kw)
@@ -394,14 +399,17 @@ def test_two_classes_hand_built():
 
 
 def test_bounds_columns_hand_computed():
-    # decode class (keys on partitions): row q's c, r in columns 1 + q, 1 + rows + q, the same
-    # on every partition
+    # decode class (keys on partitions): meta_f is the reset column only; item t's c_q, r_q
+    # are columns t*2*rows + q and t*2*rows + rows + q of the one-partition bounds array
     s, _ = schedule([1, 3], [1000, 509], H=4, Hkv=2, d=8, B=16, LT=512)
     (dec,) = s.classes
-    assert dec.rows == 8 and dec.decode_layout
-    mf = dec.partial.meta_f.reshape(P, dec.partial.items, 1 + 2 * 8)
-    assert np.all(mf == mf[:1])
-    c, r = mf[0, :, 1:9], mf[0, :, 9:17]
+    assert dec.rows == 8 and dec.decode_layout and dec.partial.items == 2
+    assert dec.partial.meta_f.shape == (P, 2) and dec.full.meta_f.shape == (P, dec.full.items)
+    assert dec.partial.bounds.shape == (1, 2 * 2 * 8) and dec.partial.bounds.dtype == np.float32
+    assert dec.full.bounds is None
+    mf = dec.partial.meta_f.reshape(P, 2, 1)
+    c = dec.partial.bounds[0].reshape(2, 16)[:, :8]
+    r = dec.partial.bounds[0].reshape(2, 16)[:, 8:]
     # item 0 = seq0 tile 1 (keys 512..1023): rows 0, 1 at position 1000 -> lo' = -512,
     # hi' = 489: c = (lo' + hi' - 1) / 2 = -12, r = (hi' - lo') / 2 = 500.5; padding rows c=-0.5, r=0
     assert c[0].tolist() == [-12.0] * 2 + [-0.5] * 6
@@ -409,7 +417,7 @@ def test_bounds_columns_hand_computed():
     # item 1 = seq1 tile 0: positions 509, 509, 510, 510, 511, 511 -> lo' = 0, hi' = x + 1
     assert c[1].tolist() == [254.5, 254.5, 255.0, 255.0, 255.5, 255.5, -0.5, -0.5]
     assert r[1].tolist() == [255.0, 255.0, 255.5, 255.5, 256.0, 256.0, 0.0, 0.0]
-    assert mf[0, :2, 0].tolist() == [1.0, 1.0]                   # both items start a group
+    assert np.all(mf[:, :, 0] == 1.0)                            # both items start a group
     # |t - c| < r  <=>  lo' <= t < hi' for every integer t (the inverse: lo' = c - r + 1/2)
     t = np.arange(-600, 600)
     for cc, rr in zip(c[:2].ravel(), r[:2].ravel()):
@@ -420,6 +428,7 @@ def test_bounds_columns_hand_computed():
     s, _ = schedule([70], [0], H=1, Hkv=1, d=8, B=16, LT=512)
     (pre,) = s.classes
     assert (pre.rows, pre.blocks, pre.decode_layout) == (128, 1, False)
+    assert pre.partial.bounds is None and pre.full.bounds is None
     mf = pre.partial.meta_f.reshape(P, pre.partial.items, 3)
     p = np.arange(P)
     assert mf[:, 0, 1].tolist() == np.where(p < 70, p / 2, -0.5).tolist()
@@ -464,6 +473,29 @@ def test_long_prefill_splits_into_groups_and_prunes_causally():
         ("p", 4, False, True, 0, False, True),
     ]
     assert (cls.partial.items, cls.full.items) == (5, 4)
+
+
+def test_prefill_groups_are_sized_to_trn1_sbuf():
+    # one sequence of 30 Q blocks (q=3840, G=1) at d=512, LT=512: fp32 queries and cache leave
+    # SBUF room for fewer than 30 blocks next to the tile, so the group splits; with 2-byte
+    # queries and cache all 30 fit. blocks = min(64, trn1's fit, the blocks the batch needs).
+    q, c = np.array([3840]), np.array([0])
+    bt, N = block_tables_for(c, 16, 0)
+    kw = dict(num_heads=1, num_kv_heads=1, head_size=512, block_size=16, num_blocks=N,
+              large_tile_size=512)
+    plan = dict(block_size=16, large_tile=512, head_size=512, rows=P, kernel_itemsize=2)
+    got = {}
+    for size in (4, 2):
+        (cls,) = make_schedule(q, c, bt, query_itemsize=size, cache_itemsize=size, **kw).classes
+        fit = max_group_blocks(nc_gen="gen2", query_itemsize=size, cache_itemsize=size, **plan)
+        assert fit <= max_group_blocks(nc_gen="gen3", query_itemsize=size, cache_itemsize=size,
+                                       **plan)                  # trn1 has the smaller SBUF
+        assert (cls.kind, cls.num_blocks) == ("prefill", 30)
+        assert cls.blocks == min(64, fit, 30)
+        starts = sorted(set(cls.partial.item_block[:cls.partial.real_items].tolist()))
+        assert starts == list(range(0, 30, cls.blocks))        # groups of `blocks` Q blocks
+        got[size] = cls.blocks
+    assert 1 <= got[4] < 30 == got[2]
 
 
 def test_sliding_window_prunes_tiles_hand_built():
@@ -527,10 +559,11 @@ def _padding_ids_all_out_of_bounds(s, kw):
             assert np.all(mi >= limits[None, None, None, :])
             assert np.all(arr.item_block[arr.real_items:] == -1)
             assert np.all(mf[:, :, 0] == 1.0)                  # reset: a padding item is its own group
-            if arr.masked:                                     # r <= 0: no key is seen
-                r_cols = (slice(1 + rows, 1 + 2 * rows) if cls.decode_layout
-                          else slice(2, 1 + 2 * blocks, 2))
-                assert np.all(mf[:, :, r_cols] <= 0)
+            if arr.masked and cls.decode_layout:               # r <= 0: no key is seen
+                bnd = arr.bounds.reshape(arr.items, 2 * rows)[arr.real_items:]
+                assert np.all(bnd[:, rows:] <= 0)
+            elif arr.masked:
+                assert np.all(mf[:, :, 2:1 + 2 * blocks:2] <= 0)
     return n_pad
 
 
@@ -601,30 +634,36 @@ def test_coverage_check_can_fail():
     s, kw = schedule([3, 1], [40, 700], H=2, Hkv=1, d=8, B=16, LT=512, row_init=True)
     check_coverage(s, **kw)
     cls = s.classes[0]
+    assert cls.decode_layout
     ki, kf, col0 = columns(cls, nL=1, d=8, masked=True, alibi=False, row_init=True)
 
     def tamper(fn):
         arr = cls.partial
         mi = arr.meta_i.copy().reshape(1, P, arr.items, ki)
         mf = arr.meta_f.copy().reshape(P, arr.items, kf)
-        fn(mi, mf)
+        bnd = arr.bounds.copy().reshape(arr.items, 2 * cls.rows)
+        fn(mi, mf, bnd)
         bad = dataclasses.replace(arr, meta_i=mi.reshape(arr.meta_i.shape),
-                                  meta_f=mf.reshape(arr.meta_f.shape))
+                                  meta_f=mf.reshape(arr.meta_f.shape),
+                                  bounds=bnd.reshape(arr.bounds.shape))
         return dataclasses.replace(s, classes=(dataclasses.replace(cls, partial=bad),))
 
-    def widen_bound(mi, mf):
-        mf[:, 0, 1 + cls.rows] += 1.0           # row 0's r: one key too many
+    def widen_bound(mi, mf, bnd):
+        bnd[0, cls.rows] += 1.0                  # row 0's r: one key too many
 
-    def drop_out(mi, mf):
+    def shift_bound(mi, mf, bnd):
+        bnd[0, 0] -= 1.0                         # row 0's c: the window one key to the left
+
+    def drop_out(mi, mf, bnd):
         mi[:, :, 0, col0["out"]] = 10 ** 6       # output ids -> out of bounds
 
-    def drop_init(mi, mf):
+    def drop_init(mi, mf, bnd):
         mi[:, :, 0, col0["ini"]] = 10 ** 6       # q_init ids -> out of bounds
 
-    def wrong_row(mi, mf):
+    def wrong_row(mi, mf, bnd):
         mi[:, 0, 0, 0] = mi[:, 1, 0, 0]          # partition 0 gathers partition 1's row
 
-    for fn in (widen_bound, drop_out, drop_init, wrong_row):
+    for fn in (widen_bound, shift_bound, drop_out, drop_init, wrong_row):
         with pytest.raises(AssertionError):
             check_coverage(tamper(fn), **kw)
 

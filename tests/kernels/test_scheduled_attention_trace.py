@@ -1,7 +1,8 @@
 """What the scheduled kernel moves, read from the simulator's trace (docs/layouts.md §16):
 padding items move no bytes, KV gathers are vectorized (one indirect DMA of up to 128 row
-descriptors per load and K/V half), and the mask traffic is the fp32 metadata (per-row bounds
-and reset flags), O(query rows x items) instead of the dense O(queries x context) mask."""
+descriptors per load and K/V half), and the mask traffic is the fp32 metadata (reset flags,
+per-row bounds; with keys on partitions the bounds on one partition), O(query rows x items)
+instead of the dense O(queries x context) mask."""
 
 from __future__ import annotations
 
@@ -66,8 +67,12 @@ def _with_items(arr, n):
     mf = arr.meta_f.reshape(P, items, -1)
     mi = np.concatenate([mi[:, :, :real]] + [mi[:, :, -1:]] * (n - real), axis=2)
     mf = np.concatenate([mf[:, :real]] + [mf[:, -1:]] * (n - real), axis=1)
+    bounds = arr.bounds
+    if bounds is not None:            # (1, items * 2 * rows): item t's columns [t*2*rows, +2*rows)
+        b = bounds.reshape(items, -1)
+        bounds = np.concatenate([b[:real]] + [b[-1:]] * (n - real)).reshape(1, -1)
     return dataclasses.replace(arr, items=n, meta_i=np.ascontiguousarray(mi.reshape(Hkv, P, -1)),
-                               meta_f=np.ascontiguousarray(mf.reshape(P, -1)),
+                               meta_f=np.ascontiguousarray(mf.reshape(P, -1)), bounds=bounds,
                                item_block=np.concatenate([arr.item_block[:real],
                                                           np.full(n - real, -1)]))
 
@@ -104,12 +109,15 @@ def test_padding_items_move_no_bytes(kind, batch_factory):
         assert got[n][0].tobytes() == got[10][0].tobytes()
         assert moved[n][:2] == moved[10][:2]                 # data bytes and descriptors
     # the direct DMAs grow by exactly the padding items' metadata columns (and, with keys on
-    # partitions, their preloaded Q^T columns: rows x d zeros), per program
+    # partitions, their preloaded Q^T columns: rows x d zeros, and in the partial phase their
+    # bounds: 2 x rows fp32 on one partition), per program
     Hkv, rows, d = 2, cls.rows, 16
     per_item = {}
     for arr in (cls.partial, cls.full):
         ki, kf = arr.meta_i.shape[2] // arr.items, arr.meta_f.shape[1] // arr.items
         per_item[arr.masked] = P * 4 * (ki + kf) + (rows * d * 4 if cls.decode_layout else 0)
+    if cls.decode_layout:
+        per_item[True] += 2 * rows * 4
     extra = (16 - 9) * per_item[True] + (16 - 9) * per_item[False]
     assert moved[16][2] - moved[9][2] == Hkv * extra
 
@@ -165,17 +173,16 @@ def _bench_batch():
     return q, rng.integers(3584, 4609, size=256)
 
 
-_KEYS_ON_PARTITIONS_BOUNDS = pytest.mark.xfail(
-    strict=True, reason="keys-on-partitions decode classes replicate every row's bounds on all "
-    "128 partitions: 512 * (1 + 2 * rows) bytes per partial item")
+def _mask_bytes(s):
+    """HBM bytes of the schedule's mask data: meta_f (reset flags, query-rows bounds, ALiBi
+    tile starts) of both phases plus the one-partition bounds of keys-on-partitions classes."""
+    return sum(a.meta_f.nbytes + (0 if a.bounds is None else a.bounds.nbytes)
+               for cls in s.classes for a in (cls.partial, cls.full))
 
 
-@pytest.mark.parametrize("kind, G", [
-    ("decode", 1),
-    pytest.param("decode", 4, marks=_KEYS_ON_PARTITIONS_BOUNDS),
-    pytest.param("decode", 8, marks=_KEYS_ON_PARTITIONS_BOUNDS),
-    pytest.param("bench_mixed", 4, marks=_KEYS_ON_PARTITIONS_BOUNDS),
-], ids=["decode_G1", "decode_G4", "decode_G8", "bench_mixed_G4"])
+@pytest.mark.parametrize("kind, G", [("decode", 1), ("decode", 4), ("decode", 8),
+                                     ("bench_mixed", 4)],
+                         ids=["decode_G1", "decode_G4", "decode_G8", "bench_mixed_G4"])
 def test_mask_bytes_are_per_row_not_per_context(kind, G):
     # schedule only (no kernel run): what the mask costs the host and the DMA
     Hkv = 8
@@ -191,30 +198,39 @@ def test_mask_bytes_are_per_row_not_per_context(kind, G):
         tables[i, :nb[i]] = bt[off[i]:off[i + 1]]
     s = make_schedule(q, c, tables, num_heads=G * Hkv, num_kv_heads=Hkv, head_size=128,
                       block_size=B, num_blocks=int(nb.sum()), large_tile_size=LT)
-    meta_f = sum(a.meta_f.nbytes for cls in s.classes for a in (cls.partial, cls.full))
+    mask = _mask_bytes(s)
     dense = _dense_mask_bytes(q, c, B, LT)
     if kind == "decode":
         assert dense == 256 * (256 * 4096 + 256)                  # 268.5 MB (Qpad 256)
-        # per sequence (K = 4097, W = 2048): tiles 0, 1 FULL (reset: 128 x 4 B each), tile 2
-        # PARTIAL (reset + bounds of the G query rows, §16.4)
+        # per sequence (K = 4097, W = 2048): tiles 0, 1 FULL, tile 2 PARTIAL; every item a
+        # reset flag on 128 partitions (128 x 4 B), the partial item the bounds c_q, r_q of
+        # its `rows` = G query rows on one partition (2 x rows x 4 B, §16.4)
         (cls,) = s.classes
-        kf = cls.partial.meta_f.shape[1] // cls.partial.items
-        assert kf == (1 + 2 * G if cls.decode_layout else 3)
-        assert meta_f == 256 * (2 * 512 + 128 * kf * 4)
+        rows = {1: 1, 4: 4, 8: 8}[G]
+        assert cls.decode_layout and cls.rows == rows
+        assert (cls.partial.items, cls.full.items) == (256, 512)
+        assert cls.partial.meta_f.shape == (P, 256) and cls.full.meta_f.shape == (P, 512)
+        assert cls.partial.bounds.shape == (1, 256 * 2 * rows) and cls.full.bounds is None
+        assert mask == 256 * (3 * P * 4 + 2 * rows * 4)
     else:
         assert 1.35e9 < dense < 1.37e9                            # 1.36 GB (Qpad 1280)
-    assert dense > 100 * meta_f
-    assert meta_f < 1_000_000
+    assert dense > 100 * mask
+    assert mask < 1_000_000
 
 
 def test_mask_dma_bytes_equal_the_bounds_and_reset_arrays(batch_factory):
     # small kernel run with bf16 queries: the only fp32 arrays the kernel reads with direct
-    # DMAs are meta_f (bounds + reset flags), each program reads all of it once
+    # DMAs are meta_f (reset flags, query-rows bounds) and the decode class's one-partition
+    # bounds; each program reads all of them once, the bounds on one partition
     batch = batch_factory(5, [1, 4, 90], [700, 30, 200], H=4, Hkv=2, d=16, block_size=16,
                           dtype=BF16)
     s, overlay = _prepare(batch, 512)
+    dec, pre = s.classes
+    assert dec.decode_layout and dec.partial.bounds.size == dec.partial.items * 2 * dec.rows
+    assert not pre.decode_layout and pre.partial.bounds is None
     _, trace = _launch(batch, s, overlay, s.classes, 512)
-    f32_direct = sum(e.bytes for e in trace.events if e.engine == "dma" and e.dma_kind == "direct"
-                     and e.src_buffer == "hbm" and e.in_dtypes == ("float32",))
-    meta_f = sum(a.meta_f.nbytes for cls in s.classes for a in (cls.partial, cls.full))
-    assert f32_direct == 2 * meta_f
+    f32 = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "direct"
+           and e.src_buffer == "hbm" and e.in_dtypes == ("float32",)]
+    assert sum(e.bytes for e in f32) == 2 * _mask_bytes(s)
+    one_partition = sum(e.bytes for e in f32 if e.partitions == 1)
+    assert one_partition == 2 * dec.partial.bounds.nbytes > 0
