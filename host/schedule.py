@@ -69,9 +69,9 @@ def chunk_size(items: int) -> int:
 def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
                  alibi: bool = False, row_init: bool = False,
                  rows: int | None = None) -> tuple[int, int]:
-    """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`); with keys
-    on partitions (``nki_kernels.constants.decode_layout``) the bounds take 2 * rows
-    columns (c_q then r_q, the same on every partition)."""
+    """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`);
+    decode-layout classes (``nki_kernels.constants.decode_layout``) keep their bounds in
+    ``PhaseArrays.bounds``, not in meta_f."""
     nd = -(-head_size // P)
     kop = rows is not None and decode_layout(rows, blocks, alibi)
     ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
@@ -116,7 +116,7 @@ class PhaseArrays:
     meta_i: np.ndarray = field(repr=False)
     meta_f: np.ndarray = field(repr=False)
     item_block: np.ndarray = field(repr=False, default=None)   # (items,) Q block (-1: padding)
-    bounds: np.ndarray = field(repr=False, default=None)       # decode layout, masked: see below
+    bounds: np.ndarray = field(repr=False, default=None)       # decode layout, masked: see above
 
 
 @dataclass(frozen=True, eq=False)

@@ -157,8 +157,10 @@ def test_a_sequences_own_garbage_stays_in_that_sequence(what, seq, poison, batch
     G = H // HKV
     rows = _rows_of(seq)
     hit = np.zeros(out.shape[:2], bool)       # (token, query head) rows the garbage may reach
-    hit[rows, :G] = True          # query heads of KV head 0 in the sequence (for a query, the
-    # other rows of its Q block may see it: decode blocks fold with keys on partitions)
+    if what == "query":
+        hit[rows.start, 0] = True       # a query reaches its own output row only
+    else:
+        hit[rows, :G] = True            # a key / value: the query heads of KV head 0
     # must-fail side: the garbage is read. NaN poisons every reached row; an Inf key may give
     # a -inf score (probability 0) for some rows, so Inf only has to change the sequence
     if what == "query":
