@@ -174,7 +174,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
                   large_tile_size: int = 2048, sliding_window: int | None = None,
                   alibi: bool = False, row_init: bool = False, query_itemsize: int = 4,
-                  cache_itemsize: int = 4, kernel_itemsize: int = 2) -> AttentionSchedule:
+                  cache_itemsize: int = 4, kernel_itemsize: int = 2,
+                  group_blocks_cap: int | None = None) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -189,6 +190,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             cache and the kernel's matmul dtype: a prefill group holds at most as many 128-row
             Q blocks as fit trn1's SBUF next to the tile (``nki_kernels.sched_plan``; trn1 has
             the smaller SBUF, so the schedule fits both targets).
+        group_blocks_cap: when given, the most 128-row Q blocks per prefill group instead of
+            that plan (a kernel with its own SBUF budget, e.g. ``nki_kernels.mla_attention``).
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -230,9 +233,11 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             blocks = 1
         else:
             rows = P
-            fit = max_group_blocks(nc_gen="gen2", block_size=B, large_tile=LT, head_size=head_size,
-                                   rows=P, cache_itemsize=cache_itemsize,
-                                   query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize)
+            fit = group_blocks_cap
+            if fit is None:
+                fit = max_group_blocks(nc_gen="gen2", block_size=B, large_tile=LT,
+                                       head_size=head_size, rows=P, cache_itemsize=cache_itemsize,
+                                       query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize)
             blocks = max(1, min(MAX_GROUP_BLOCKS, fit,
                                 max(-(-int(q[i] * G) // P) for i in seqs)))
         classes.append(_class_schedule(

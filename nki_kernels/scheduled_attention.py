@@ -37,12 +37,14 @@ import numpy as np
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels._nki import nki, nl, nisa
-from nki_kernels.constants import (B_P_SIZE, L_FLOOR, M_FLOOR, decode_layout,
-                                   tile_geometry)
+from nki_kernels.constants import B_P_SIZE, M_FLOOR, decode_layout, tile_geometry
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sched_plan import block_bytes, fixed_bytes, max_group_blocks
-from nki_kernels.sched_core import flash_step, key_index_tile
-from nki_kernels.sched_decode import decode_constants, decode_step, key_index_columns
+from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value
+from nki_kernels.sched_core import key_index_tile
+from nki_kernels.sched_decode import decode_constants, key_index_columns
+from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
+                                    load_state, store_blocks)
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 KERNEL = "scheduled_paged_attention"
@@ -194,7 +196,7 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     if need_kidx:
         kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["kop_part"]
                 else key_index_tile(rows, cfg["loads"], cfg["bp"]))
-    cfg["step_kop"] = min(cfg["W"], _decode_step_keys(rows))
+    cfg["step_kop"] = min(cfg["W"], decode_step_keys(rows))
     cfg["step_rows"] = min(cfg["W"], 2048)
     consts = decode_constants(rows, cfg["step_kop"], cfg["kd"]) if cfg["kop_full"] else None
     bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx, consts=consts)
@@ -224,13 +226,9 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
                 bufs["b_chunk"] = nl.load(bounds_p[0:1, nl.ds(ch * chunk * 2 * rows,
                                                               chunk * 2 * rows)])
             if cfg["small"]:       # the chunk's Q^T, scaled once into the kernel dtype
-                bufs["q_chunk"] = []
-                for k in nl.static_range(nd):
-                    dk = min(B_P_SIZE, d - k * B_P_SIZE)
-                    q_ld = nl.load(q_all[nl.ds(head * d + k * B_P_SIZE, dk),
-                                         nl.ds(ch * chunk * rows, chunk * rows)])
-                    bufs["q_chunk"].append(nisa.tensor_scalar(q_ld, np.multiply, cfg["scale"],
-                                                              dtype=cfg["kd"]))
+                bufs["q_chunk"] = chunk_queries(q_all, head * d, d, ch * chunk * rows,
+                                                chunk * rows, scale=cfg["scale"],
+                                                kernel_dtype=cfg["kd"])
             for it in nl.sequential_range(chunk):
                 _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs)
     return out
@@ -264,22 +262,11 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
                               oob_mode=nisa.oob_mode.skip)
     reset = mf[0:rows, nl.ds(cf, 1)]
     st[...] = nl.where(reset, init, st, dtype=nl.float32)
-    qs = []
-    for k in nl.static_range(0 if cfg["small"] else nd):
-        dk = min(P, d - k * P)
-        i_c = nl.arange(dk)[:, None]
-        i_q = nl.arange(rows)[None, :]
-        for j in nl.static_range(blocks):
-            nisa.dma_copy(dst=q_raw[k][i_c, j * rows + i_q],
-                          src=hbm["query_t"][mi[i_c, q_col + j * nd + k], i_q],
-                          oob_mode=nisa.oob_mode.skip)
-        qs.append(nisa.tensor_scalar(q_raw[k], np.multiply, cfg["scale"], dtype=kd))
+    qs = [] if cfg["small"] else load_q_slices(q_raw, hbm["query_t"], mi, q_col, rows=rows,
+                                               blocks=blocks, scale=cfg["scale"], kernel_dtype=kd)
     # Step 2 (partial phase): the group's state left by the full phase.
     if masked:
-        i_s = nl.arange(sw)[None, :]
-        for j in nl.static_range(blocks):
-            nisa.dma_copy(dst=st[i_r, j * sw + i_s], src=hbm["state"][mi[i_r, st_col + j], i_s],
-                          oob_mode=nisa.oob_mode.skip)
+        load_state(st, mi, st_col, hbm["state"], rows=rows, blocks=blocks, d=d)
     # Step 3: the KV tile in the kernel dtype, K^T per channel slice.
     k_rows, v_rows = _gather_kv(cfg, masked, mi, ci, hbm, bufs)
     k_t = []
@@ -298,53 +285,26 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
     # keys on partitions, as many keys as fit one PSUM bank of scores).
     kop = cfg["kop_part"] if masked else cfg["kop_full"]
-    step = cfg["step_kop"] if kop else cfg["step_rows"]
-    # P^T copies: decode blocks (few rows) are cheap anywhere; full 128-row blocks split them
-    # 2:1 between ScalarE and VectorE, which also carry the exp and the row max.
-    p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P else None
     if cfg["small"]:       # decode layout: one block, Q^T preloaded per chunk
         qs = [q[:, nl.ds(it * rows, rows)] for q in bufs["q_chunk"]]
-    for j in nl.static_range(blocks if kop else 0):     # keys on partitions
-        bounds = None
-        if masked:            # decode layout: the item's bounds broadcast to every partition
-            b_ps = nl.ndarray((B_P_SIZE, 2 * rows), dtype=nl.float32, buffer=nl.psum)
-            b_ps[...] = nisa.nc_matmul(bufs["consts"]["ones_f"],
-                                       bufs["b_chunk"][0:1, nl.ds(it * 2 * rows, 2 * rows)])
-            b_sb = nl.copy(b_ps, dtype=nl.float32)
-            bounds = (b_sb[:, nl.ds(0, rows)], b_sb[:, nl.ds(rows, rows)])
-        for s0 in nl.static_range(cfg["W"] // step):
-            decode_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
-                        k0=s0 * step, width=step, kidx_t=bufs["kidx"], bounds=bounds,
-                        kernel_dtype=kd, consts=bufs["consts"], soft_cap=cfg["soft_cap"])
-    for j in nl.static_range(0 if kop else blocks):     # query rows
-        bounds = None
-        if masked:
-            bounds = (mf[0:rows, nl.ds(cf + 1 + 2 * j, 1)], mf[0:rows, nl.ds(cf + 2 + 2 * j, 1)])
-        alibi = None
-        if cfg["alibi"]:
-            # bias = slope * (k0 + t) - slope * qpos  ->  scale slope, offset slope*k0 - slope*qpos
-            slope = al[:, nl.ds(j * 2, 1)]
-            off = nisa.tensor_scalar(slope, np.multiply, mf[0:rows, nl.ds(cf + kf - 1, 1)],
-                                     op1=np.subtract, operand1=al[:, nl.ds(j * 2 + 1, 1)],
-                                     dtype=nl.float32)
-            alibi = (slope, off)
-        for s0 in nl.static_range(cfg["W"] // step):
-            flash_step([q[:, nl.ds(j * rows, rows)] for q in qs], k_t, v_rows, st, j * sw, d,
-                       k0=s0 * step, width=step, kidx=bufs["kidx"], bounds=bounds,
-                       kernel_dtype=kd, soft_cap=cfg["soft_cap"], p_evac=p_evac, alibi=alibi,
-                       one_sided=not cfg["windowed"])
-    # Step 5: stores (row indices out of bounds -> skipped).
-    for j in nl.static_range(blocks):
-        if not masked:
-            i_s = nl.arange(sw)[None, :]
-            nisa.dma_copy(dst=hbm["state"][mi[i_r, st_col + j], i_s], src=st[i_r, j * sw + i_s],
-                          oob_mode=nisa.oob_mode.skip)
-            continue
-        l_safe = nl.maximum(st[:, nl.ds(j * sw + d + 1, 1)], L_FLOOR, dtype=nl.float32)
-        o_tile = nl.divide(st[:, nl.ds(j * sw, d)], l_safe, dtype=hbm["out"].dtype)
-        i_d = nl.arange(d)[None, :]
-        nisa.dma_copy(dst=hbm["out"][mi[i_r, out_col + j], i_d], src=o_tile[i_r, i_d],
-                      oob_mode=nisa.oob_mode.skip)
+
+    def alibi_of(j):
+        # bias = slope * (k0 + t) - slope * qpos  ->  scale slope, offset slope*k0 - slope*qpos
+        slope = al[:, nl.ds(j * 2, 1)]
+        off = nisa.tensor_scalar(slope, np.multiply, mf[0:rows, nl.ds(cf + kf - 1, 1)],
+                                 op1=np.subtract, operand1=al[:, nl.ds(j * 2 + 1, 1)],
+                                 dtype=nl.float32)
+        return slope, off
+
+    fold_tile(qs, k_t, v_rows, st, mf, cf, d=d, rows=rows, blocks=blocks, width=cfg["W"],
+              step=cfg["step_kop"] if kop else cfg["step_rows"], masked=masked,
+              kidx=bufs["kidx"], kernel_dtype=kd, keys_on_partitions=kop, consts=bufs["consts"],
+              chunk_bounds=bufs.get("b_chunk"), it=it, soft_cap=cfg["soft_cap"],
+              alibi_of=alibi_of if cfg["alibi"] else None, one_sided=not cfg["windowed"])
+    # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
+    # phase the output.
+    store_blocks(st, mi, out_col if masked else st_col, hbm["out"], hbm["state"], rows=rows,
+                 blocks=blocks, d=d, masked=masked)
 
 
 def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
@@ -418,14 +378,6 @@ def _check_sbuf(cfg, kv_cache, query_t, rows, blocks, LT):
                        "per group (host.schedule picks them for trn1's SBUF)")
 
 
-def _decode_step_keys(rows):
-    """Keys per keys-on-partitions step: S^T (128, keys/128 * rows) fits one 2 KiB PSUM bank."""
-    keys = B_P_SIZE
-    while (2 * keys // B_P_SIZE) * rows <= 512 and 2 * keys <= 2048:
-        keys *= 2
-    return keys
-
-
 def _chunk(n_items):
     c = n_items & -n_items
     return min(c, 64)
@@ -470,29 +422,12 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
     ck(isinstance(alibi, bool), "alibi", "be a bool", alibi)
     ck(isinstance(row_init, bool) and (row_init or not alibi), "row_init",
        "be a bool, True when alibi is", row_init)
-    items = []
-    for name_i, name_f, mi, mf, masked in (("meta_pi", "meta_pf", meta_pi, meta_pf, True),
-                                           ("meta_fi", "meta_ff", meta_fi, meta_ff, False)):
-        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
-                              alibi=alibi is True, row_init=row_init is True, rows=rows)
-        ck(len(mi.shape) == 3 and mi.shape[0] == Hkv and mi.shape[1] == B_P_SIZE
-           and mi.shape[2] % ki == 0, f"{name_i}.shape", f"be (Hkv, 128, items*{ki})",
-           tuple(mi.shape))
-        ck(np.dtype(mi.dtype) == np.dtype(np.int32), f"{name_i}.dtype", "be int32",
-           np.dtype(mi.dtype).name)
-        n = mi.shape[2] // ki
-        ck(tuple(mf.shape) == (B_P_SIZE, n * kf), f"{name_f}.shape",
-           f"be (128, items*{kf}) = {(B_P_SIZE, n * kf)}", tuple(mf.shape))
-        ck(np.dtype(mf.dtype) == np.dtype(np.float32), f"{name_f}.dtype", "be float32",
-           np.dtype(mf.dtype).name)
-        items.append(n)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(d)
-    else:
-        ck(isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-           and math.isfinite(float(softmax_scale)), "softmax_scale", "be a finite real number or None",
-           softmax_scale)
-        scale = float(softmax_scale)
+    items = check_phase_metadata(
+        KERNEL, meta_pi, meta_pf, meta_fi, meta_ff, programs=Hkv,
+        columns=lambda masked: meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
+                                            alibi=alibi is True, row_init=row_init is True,
+                                            rows=rows))
+    scale = softmax_scale_value(KERNEL, softmax_scale, d)
     ck(isinstance(mixed_precision, bool), "mixed_precision", "be a bool", mixed_precision)
     ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)
                             and math.isfinite(float(soft_cap)) and soft_cap > 0),

@@ -11,7 +11,8 @@ from nki_kernels._nki import nl, nisa
 from nki_kernels.constants import B_F_SIZE
 
 
-def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_engine=None):
+def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_engine=None,
+                        src_stride=None):
     """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.
 
     Dimensions:
@@ -29,9 +30,12 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_e
             ``nisa.scalar_engine`` to keep VectorE free; default ``nl.copy`` (compiler's choice,
             VectorE). Float data only on ScalarE (it copies through fp32). A tuple of engines is
             cycled over the copies (copy u uses ``evac_engine[u % len]``) to balance two engines.
+        src_stride: source columns between the starts of consecutive blocks (default block_w:
+            adjacent blocks), e.g. one channel slice of consecutive fixed-size entries.
 
     Effect:
-        ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*block_w : +block_w].T`` for u < n_blocks.
+        ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*stride : +block_w].T`` for u < n_blocks
+        (stride = src_stride or block_w).
         Up to ``512 // Ps`` transposes share one PSUM tile (<= one 2 KiB bank per partition;
         fp32 on gen2, the source dtype on gen3), which is then evacuated by one copy, so the copy
         count is ceil(n_blocks / (512 // Ps)).
@@ -40,29 +44,30 @@ def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_e
     per_bank = max(1, B_F_SIZE // Ps)
     n_full, rem = divmod(n_blocks, per_bank)
     engines = evac_engine if isinstance(evac_engine, tuple) else (evac_engine,)
+    stride = block_w if src_stride is None else src_stride
     if len(engines) == 1:
         for g in nl.affine_range(n_full):
             _transpose_group(dst, dst_col + g * per_bank * Ps, src,
-                             src_col + g * per_bank * block_w, block_w, per_bank, engines[0])
+                             src_col + g * per_bank * stride, block_w, per_bank, engines[0], stride)
     else:               # static loop: the engine of copy g is chosen in Python
         for g in nl.static_range(n_full):
             _transpose_group(dst, dst_col + g * per_bank * Ps, src,
-                             src_col + g * per_bank * block_w, block_w, per_bank,
-                             engines[g % len(engines)])
+                             src_col + g * per_bank * stride, block_w, per_bank,
+                             engines[g % len(engines)], stride)
     if rem:
         _transpose_group(dst, dst_col + n_full * per_bank * Ps, src,
-                         src_col + n_full * per_bank * block_w, block_w, rem,
-                         engines[n_full % len(engines)])
+                         src_col + n_full * per_bank * stride, block_w, rem,
+                         engines[n_full % len(engines)], stride)
 
 
-def _transpose_group(dst, dst_col, src, src_col, block_w, n, evac_engine):
+def _transpose_group(dst, dst_col, src, src_col, block_w, n, evac_engine, stride):
     Ps = src.shape[0]
     # PSUM tile dtype: fp32 on gen2 (the PE writes fp32); the source dtype on gen3, whose
     # transposes are bit-exact in the input dtype (AWS's kernels allocate them the same way).
     gen3 = nisa.get_nc_version() == nisa.nc_version.gen3
     t_psum = nl.ndarray((block_w, n * Ps), dtype=src.dtype if gen3 else nl.float32, buffer=nl.psum)
     for u in nl.affine_range(n):
-        t_psum[:, nl.ds(u * Ps, Ps)] = nisa.nc_transpose(src[:, nl.ds(src_col + u * block_w, block_w)])
+        t_psum[:, nl.ds(u * Ps, Ps)] = nisa.nc_transpose(src[:, nl.ds(src_col + u * stride, block_w)])
     if evac_engine is None:
         dst[:, nl.ds(dst_col, n * Ps)] = nl.copy(t_psum, dtype=dst.dtype)
     else:
