@@ -55,6 +55,7 @@ _LAZY = {
     "swap_blocks": "host.cache_ops",
     "allocate_kv_caches": "host.cache_ops",
     "concat_and_cache_mla": "host.mla_cache",
+    "mla_paged_attention": "host.mla_attention",
 }
 # name -> submodule that needs the optional torch (+ transformers) extras; kept out of __all__
 # so that ``from host import *`` works without them.

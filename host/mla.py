@@ -1,8 +1,9 @@
 """Host side of MLA (multi-head latent attention) paged attention: input validation and its plan.
 
-``check_mla_inputs`` validates the arguments of the (future) ``host.mla_paged_attention(q,
-kv_cache, block_tables, query_lens, context_lens, *, kv_lora_rank=512, qk_rope_head_dim=64,
-softmax_scale=None, ...)`` and returns a small frozen :class:`MLAPlan`. Every rejection is a
+``check_mla_inputs`` validates the arguments of ``host.mla_paged_attention(q, kv_cache,
+block_tables, query_lens, context_lens, *, kv_lora_rank=512, qk_rope_head_dim=64,
+softmax_scale=None, ...)`` (``host/mla_attention.py``) and returns a small frozen
+:class:`MLAPlan`. Every rejection is a
 ``ValueError`` naming the argument, the constraint and the value received (valid but
 unsupported: ``NotImplementedError``), raised before anything runs.
 

@@ -1,0 +1,186 @@
+"""MLA paged attention: ``mla_paged_attention`` (user-facing) and the MLA overlay it builds.
+
+The kernel is ``nki_kernels.mla_attention.mla_paged_attention`` on grid ``[1, 1]`` (one latent KV
+head). The host reuses the scheduled kernel's machinery (``host.schedule.make_schedule``,
+``host.scheduled.pack_queries`` / ``unpack_output``) with ONE KV head whose G = H query heads
+are query rows, head size D = R + P, and the context ``context_lens - query_lens``: under the MLA
+convention (docs/layouts.md §12) the new tokens are already in the cache, so the schedule's "new
+tokens" are the sequence's last ``query_lens`` cached tokens. Key rows that are not whole cache
+rows below that context (a sequence's partly filled rows, new tokens included) become *overlay*
+rows, which :func:`build_mla_overlay` copies from the cache with zeros past the sequence end, so
+masks come from per-row bounds, tiles are pruned, padding moves no bytes and nothing unused in the
+cache (block tails, entry padding, unreferenced blocks) reaches an output. Layouts:
+docs/layouts.md §17.
+
+Dimensions: S sequences, T tokens, H query heads, R = kv_lora_rank, P = qk_rope_head_dim,
+cache (N, B, E) with E >= R + P, b' entries per gathered row (``host.schedule.item_geometry``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from host._arrays import from_numpy_like, to_numpy
+from host.mla import check_mla_inputs
+from host.schedule import AttentionSchedule, make_schedule
+from host.scheduled import item_queries, pack_queries, unpack_output
+from host.validation import check_integer_array, check_power_of_two, fail
+
+__all__ = ["mla_paged_attention", "build_mla_overlay", "mla_schedule", "mla_kernel_inputs",
+           "mla_max_group_blocks"]
+
+BACKENDS = ("auto", "sim", "neuron")
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def mla_schedule(plan, block_tables: np.ndarray, large_tile_size: int, max_group_blocks: int) -> AttentionSchedule:
+    """The schedule of a validated :class:`host.MLAPlan`: one KV head, G = H, D = R + P, context
+    ``context_lens - query_lens`` (the new tokens are the last cached ones)."""
+    return make_schedule(plan.query_lens, plan.context_lens - plan.query_lens, block_tables,
+                         num_heads=plan.num_heads, num_kv_heads=1,
+                         head_size=plan.kv_lora_rank + plan.qk_rope_head_dim,
+                         block_size=plan.block_size, num_blocks=plan.num_blocks,
+                         large_tile_size=large_tile_size, group_blocks_cap=max_group_blocks)
+
+
+def mla_max_group_blocks(plan, large_tile_size: int, mixed_precision: bool, itemsize: int) -> int:
+    """128-row Q blocks per group (<= MLA_MAX_GROUP_BLOCKS) whose SBUF working set
+    (``nki_kernels.mla_sbuf``) fits trn1's SBUF, the smaller of the two targets; ``itemsize``:
+    bytes per element of q and the cache.
+
+    Raises:
+        NotImplementedError: R > 512, or the working set does not fit for one 128-row block or
+            for the largest decode-layout block (LARGE_TILE_SZ too large for this entry size and
+            dtype).
+    """
+    from nki_kernels.constants import DECODE_LAYOUT_MAX_ROWS, tile_geometry
+    from nki_kernels.mla_attention import MAX_VALUE_DIM, MLA_MAX_GROUP_BLOCKS
+    from nki_kernels.mla_sbuf import SBUF_USABLE, decode_chunk_cap, mla_group_blocks, mla_sbuf_bytes
+
+    if plan.kv_lora_rank > MAX_VALUE_DIM:
+        raise NotImplementedError(f"kv_lora_rank = {plan.kv_lora_rank} > {MAX_VALUE_DIM} is not "
+                                  "supported (the value accumulator is one PSUM bank); split the "
+                                  f"latent into pieces of <= {MAX_VALUE_DIM}")
+    _, _, bp, _, nL = tile_geometry(plan.block_size, large_tile_size)
+    D, kd = plan.kv_lora_rank + plan.qk_rope_head_dim, 2 if mixed_precision else itemsize
+    shape = dict(loads=nL, tiled_block_size=bp, entry_size=plan.entry_size, key_width=D,
+                 value_width=plan.kv_lora_rank, cache_itemsize=itemsize, kernel_itemsize=kd,
+                 query_itemsize=itemsize)
+    blocks = mla_group_blocks(nc_gen="gen2", max_blocks=MLA_MAX_GROUP_BLOCKS, rows=128, **shape)
+    rows = DECODE_LAYOUT_MAX_ROWS
+    cap = decode_chunk_cap(key_width=D, rows=rows, kernel_itemsize=kd)
+    decode = mla_sbuf_bytes(rows=rows, blocks=1, preload_cols=cap * rows, **shape)
+    if blocks == 0 or decode > SBUF_USABLE["gen2"]:
+        raise NotImplementedError(
+            f"large_tile_size={large_tile_size} with {plan.entry_size}-element {plan.dtype} entries "
+            f"(mixed_precision={mixed_precision}) does not fit the kernel's SBUF working set; use a "
+            "smaller large_tile_size" + ("" if mixed_precision else " or mixed_precision=True"))
+    return blocks
+
+
+def build_mla_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, block_tables: np.ndarray,
+                      key_width: int) -> np.ndarray:
+    """``(max(R_ov, 1), b' * E)`` in the cache dtype: overlay row r holds positions
+    ``pos0 .. pos0 + b' - 1`` of sequence ``overlay_seq[r]`` (``pos0 = overlay_pos0[r]``), entry s
+    at columns ``[s*E, (s+1)*E)``: elements ``[0, key_width)`` (key_width = R + P) of the cache
+    entry of position ``pos0 + s`` when that position is below the sequence's cached length
+    (schedule context + query), else 0; entry padding ``[key_width, E)`` is always 0. At least
+    one (zero) row."""
+    _, B, E = kv_cache.shape
+    bp = sched.tiled_block_size
+    R_ov = sched.overlay_seq.shape[0]
+    out = np.zeros((max(R_ov, 1), bp, E), dtype=kv_cache.dtype)
+    if R_ov:
+        seq = sched.overlay_seq[:, None]
+        pos = sched.overlay_pos0[:, None] + np.arange(bp)[None, :]              # (R_ov, b')
+        cached = pos < (sched.context_lens + sched.query_lens)[seq]
+        r, s = np.nonzero(cached)
+        p = pos[r, s]
+        blk = block_tables[sched.overlay_seq[r], p // B]
+        out[r, s, :key_width] = kv_cache[blk, p % B, :key_width]
+    return out.reshape(max(R_ov, 1), bp * E)
+
+
+def mla_kernel_inputs(cls, q: np.ndarray, kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
+    """Positional kernel arguments of one class launch: Q^T packed with one KV head, and for
+    decode-layout classes the per-item Q^T of both phases (``host.scheduled.item_queries``) and
+    the partial items' one-partition mask bounds."""
+    qt = pack_queries(cls, q, 1)
+    bounds = cls.partial.bounds if cls.partial.bounds is not None else np.zeros((1, 1), np.float32)
+    return (qt, item_queries(cls, qt, cls.full, 1), item_queries(cls, qt, cls.partial, 1), bounds,
+            kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
+            cls.full.meta_f, cls.rows, cls.blocks)
+
+
+def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any,
+                        context_lens: Any, *, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
+                        softmax_scale: float | None = None, mixed_precision: bool = True,
+                        large_tile_size: int = 2048, backend: str = "auto") -> Any:
+    """MLA attention of a flat batch of new tokens over a paged latent cache.
+
+    Same arguments, convention and result as :func:`host.mla_paged_attention_ref` (the new tokens
+    are already in the cache; ``context_lens`` counts them).
+
+    Args:
+        q: (T, H, R + P) float32/bfloat16/float16, 1 <= H <= 128, sequences contiguous and in
+            order; the absorbed query ``[q_nope W_UK | q_pe]``.
+        kv_cache: (N, B, E) in q's dtype, E >= R + P (entries ``[kv_c | k_pe | padding]``, e.g.
+            from :func:`host.allocate_mla_cache`); B a power of two <= 256. Never modified.
+        block_tables: (S, max_blocks) integer; row i's first ceil(context_lens[i] / B) entries.
+        query_lens: (S,) >= 1 summing to T.  context_lens: (S,) >= query_lens.
+        kv_lora_rank: R (1..512), the latent / value width.  qk_rope_head_dim: P >= 1.
+        softmax_scale: default 1 / sqrt(R + P).
+        mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
+        large_tile_size: keys per KV tile, a power of two in [512, 8192].
+        backend: "auto" | "sim" | "neuron" (as :func:`host.paged_attention`).
+
+    Returns:
+        (T, H, R) in q's dtype (a torch tensor if ``q`` was one).
+
+    Raises:
+        ValueError: any bad argument (named), before anything runs.
+        NotImplementedError: an fp8 cache, R > 512, or a cache too large for int32 row ids.
+        RuntimeError: backend="neuron" without the real Neuron toolchain.
+
+    Pseudocode:
+        plan = check_mla_inputs(...); sched = mla_schedule(plan, block_tables, LT)
+        overlay = build_mla_overlay(sched, kv_cache, block_tables, R + P)
+        for each class (decode / prefill): mla_paged_attention[1, 1](pack_queries(class, q, 1),
+            kv_cache, overlay, class metadata, ...); unpack_output(class, out, result)
+    """
+    plan = check_mla_inputs(q, kv_cache, block_tables, query_lens, context_lens,
+                            kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+                            softmax_scale=softmax_scale)
+    if not isinstance(mixed_precision, (bool, np.bool_)):
+        fail("mixed_precision", "be a bool", repr(mixed_precision))
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        fail("backend", f"be one of {BACKENDS}", repr(backend))
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    B = plan.block_size
+    if B & (B - 1) or B > 256:
+        fail("kv_cache", "have a block size (kv_cache.shape[1]) that is a power of two <= 256",
+             f"block size {B}")
+    from nki_kernels.mla_attention import mla_paged_attention as kernel
+
+    q_np, was_torch = to_numpy(q, "q")
+    cache = np.ascontiguousarray(to_numpy(kv_cache, "kv_cache")[0])
+    bt = check_integer_array("block_tables", to_numpy(block_tables, "block_tables")[0], ndim=2)
+    blocks = mla_max_group_blocks(plan, LT, bool(mixed_precision), cache.dtype.itemsize)
+    sched = mla_schedule(plan, bt, LT, blocks)
+    if 2 * plan.num_blocks * sched.tiling_factor > _INT32_MAX:
+        raise NotImplementedError("kv_cache: num_blocks * rows per block is beyond the int32 row-id "
+                                  "range of the gathers; split the cache into smaller tensors")
+    R, D = plan.kv_lora_rank, plan.kv_lora_rank + plan.qk_rope_head_dim
+    overlay = build_mla_overlay(sched, cache, bt, D)
+    kwargs = dict(kv_lora_rank=R, qk_rope_head_dim=plan.qk_rope_head_dim,
+                  softmax_scale=plan.softmax_scale, mixed_precision=bool(mixed_precision),
+                  LARGE_TILE_SZ=LT)
+    from host.attention import _run
+
+    result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)
+    for cls in sched.classes:
+        out = _run(kernel, mla_kernel_inputs(cls, q_np, cache, overlay), kwargs, 1, backend)
+        unpack_output(cls, out, result)
+    return from_numpy_like(result, was_torch, like=q)
