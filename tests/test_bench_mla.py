@@ -1,0 +1,43 @@
+"""scripts/bench_mla.py: the quick run's JSON and table (one target, one head count, so it stays
+around a second) and its argument checks before anything runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.mark.simulation
+def test_quick_run_rows_and_alignment_columns(load_script, tmp_path, capsys):
+    js, md = tmp_path / "mla.json", tmp_path / "table.txt"
+    argv = ["--quick", "--targets", "trn2", "--heads", "16", "--no-progress", "--json", str(js),
+            "--markdown", str(md)]
+    assert load_script("bench_mla").main(argv) == 0
+    doc = json.loads(js.read_text())
+    assert doc["script"] == "bench_mla.py" and doc["quick"] is True
+    unaligned, aligned = sorted(doc["rows"], key=lambda r: r["entry_size"])
+    assert (unaligned["entry_size"], aligned["entry_size"]) == (576, 640)
+    # Same instructions and descriptors; each gathered entry moves 640 instead of 576 elements.
+    assert unaligned["dma_instructions"] == aligned["dma_instructions"]
+    assert unaligned["descriptors"] == aligned["descriptors"]
+    kv_entries = unaligned["context_tokens"]
+    assert aligned["dma_bytes"] - unaligned["dma_bytes"] == kv_entries * (640 - 576) * 2
+    assert aligned["entrywise_descriptors"] > aligned["descriptors"]
+    for r in doc["rows"]:
+        assert 0 < r["efficiency"] <= 1 and r["modeled_us"] > r["useful_roofline_us"]
+    out = capsys.readouterr().out
+    assert "MODELED" in out and doc["summary"] in out
+    assert md.read_text().startswith("MODELED")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--json", "{tmp}/missing/x.json"], "--json folder must exist"),
+    (["--markdown", "{tmp}/missing/table.txt"], "--markdown folder must exist"),
+    (["--heads", "32"], "invalid choice"),
+])
+def test_bad_arguments_exit_2_before_the_run(bad, message, load_script, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_script("bench_mla").main(["--quick", *[b.format(tmp=tmp_path) for b in bad]])
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
