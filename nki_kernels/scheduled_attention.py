@@ -32,6 +32,7 @@ nblk Q blocks of this launch; B block size; T, b', nL from ``LARGE_TILE_SZ`` and
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -39,7 +40,8 @@ from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.constants import B_P_SIZE, M_FLOOR, decode_layout, tile_geometry
 from nki_kernels.row_tiles import require_oob_skip
-from nki_kernels.sched_plan import block_bytes, fixed_bytes, max_group_blocks
+from nki_kernels.sbuf_plan import SbufBudgetWarning
+from nki_kernels.sched_plan import SBUF_USABLE, block_bytes, fixed_bytes, max_group_blocks
 from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value
 from nki_kernels.sched_core import key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
@@ -358,24 +360,27 @@ def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
 
 
 def _check_sbuf(cfg, kv_cache, query_t, rows, blocks, LT):
-    """Refuse a working set that cannot fit the target's SBUF (``nki_kernels.sched_plan``)."""
+    """Warn (``SbufBudgetWarning``, as the dense kernel) when the estimated working set
+    (``nki_kernels.sched_plan``) exceeds the target's usable SBUF: the kernel still runs (the
+    compiler spills) but the message names the fix."""
     gen = "gen3" if nisa.get_nc_version() == nisa.nc_version.gen3 else "gen2"
     sizes = dict(cache_itemsize=np.dtype(kv_cache.dtype).itemsize,
                  kernel_itemsize=np.dtype(cfg["kd"]).itemsize)
     fits = max_group_blocks(nc_gen=gen, block_size=kv_cache.shape[3], large_tile=LT,
                             head_size=cfg["d"], rows=rows, keys_on_partitions=cfg["small"],
                             query_itemsize=np.dtype(query_t.dtype).itemsize, **sizes)
+    if blocks <= fits:
+        return
     need = (fixed_bytes(block_size=kv_cache.shape[3], large_tile=LT, head_size=cfg["d"],
                         keys_on_partitions=cfg["small"], rows=rows, **sizes)
             + blocks * block_bytes(head_size=cfg["d"], rows=rows,
                                    query_itemsize=np.dtype(query_t.dtype).itemsize,
                                    kernel_itemsize=sizes["kernel_itemsize"]))
-    kernel_unsupported(blocks <= fits, KERNEL,
-                       f"a working set of about {need} SBUF bytes per partition ({gen}: "
-                       f"{blocks} Q block(s) per group of {rows} rows, head size {cfg['d']}, "
-                       f"LARGE_TILE_SZ={LT})",
-                       "use a smaller LARGE_TILE_SZ, mixed_precision=True, or fewer Q blocks "
-                       "per group (host.schedule picks them for trn1's SBUF)")
+    warnings.warn(f"{KERNEL}: a working set of about {need} SBUF bytes per partition ({gen}: "
+                  f"{blocks} Q block(s) of {rows} rows per group, head size {cfg['d']}, "
+                  f"LARGE_TILE_SZ={LT}) exceeds the {SBUF_USABLE[gen]} usable: the compiler "
+                  "will spill; use a smaller LARGE_TILE_SZ or mixed_precision=True",
+                  SbufBudgetWarning, stacklevel=3)
 
 
 def _chunk(n_items):

@@ -1,8 +1,8 @@
 """SBUF footprint of the scheduled kernel: the simulator's measured peak SBUF per partition
 against each target's usable SBUF, for the largest per-item working sets (wide tiles, head
 sizes above 128, prefill groups of 64 Q blocks). The plan (nki_kernels/sched_plan.py) sizes
-prefill groups to trn1's SBUF on the host and makes the kernel refuse a tile that cannot fit
-(NotImplementedError naming LARGE_TILE_SZ) instead of running over capacity."""
+prefill groups to trn1's SBUF on the host; a tile that cannot fit at all still runs (the
+compiler spills, as with the dense kernel) but warns (SbufBudgetWarning naming LARGE_TILE_SZ)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ CASES = [
     pytest.param("trn1", "prefill64", 128, 4096, np.float32, id="trn1_prefill64_d128_fp32_t4096"),
     pytest.param("trn2", "prefill64", 256, 512, np.float32, id="trn2_prefill64_d256_fp32_t512"),
 ]
-# Working sets no group size can fit: the kernel refuses them, naming the fix.
+# Working sets no group size can fit: the kernel warns, naming the fix (and still computes).
 TOO_BIG = [
     pytest.param("trn1", 256, 8192, np.float32, id="trn1_decode_d256_fp32_t8192"),
     pytest.param("trn1", 512, 8192, BF16, id="trn1_decode_d512_bf16_t8192"),
@@ -35,11 +35,17 @@ TOO_BIG = [
 
 
 @pytest.mark.parametrize("target, d, LT, dtype", TOO_BIG)
-def test_tiles_that_cannot_fit_are_refused(target, d, LT, dtype, batch_factory):
+def test_tiles_that_cannot_fit_warn(target, d, LT, dtype, batch_factory, tol):
+    from host.reference import paged_attention_ref
+    from nki_kernels.sbuf_plan import SbufBudgetWarning
+
     batch = batch_factory(d, [1], [100], H=1, Hkv=1, d=d, block_size=16, dtype=dtype)
-    with nki_sim.use_target(target), pytest.raises(NotImplementedError,
-                                                   match="use a smaller LARGE_TILE_SZ"):
-        paged_attention(*batch.args(), mixed_precision=True, large_tile_size=LT, backend="sim")
+    with nki_sim.use_target(target), pytest.warns(SbufBudgetWarning,
+                                                  match="use a smaller LARGE_TILE_SZ"):
+        out = paged_attention(*batch.args(), mixed_precision=True, large_tile_size=LT,
+                              backend="sim")
+    atol, _ = tol("mixed", dtype)
+    assert np.abs(out.astype(np.float64) - paged_attention_ref(*batch.args())).max() <= atol
 
 
 @pytest.mark.parametrize("target, kind, d, LT, dtype", CASES)
