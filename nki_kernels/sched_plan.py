@@ -50,8 +50,10 @@ def fixed_bytes(*, block_size, large_tile, head_size, cache_itemsize, kernel_ite
 
 
 def block_bytes(*, head_size, rows, query_itemsize, kernel_itemsize):
-    """Per-partition bytes of one Q block of a group (state, init, raw and scaled Q^T)."""
-    return 2 * 4 * (head_size + 2) + rows * (query_itemsize + kernel_itemsize)
+    """Per-partition bytes of one Q block of a group (state, init, raw and scaled Q^T: one
+    tile per <= 128-channel slice, each on the same partitions)."""
+    nd = -(-head_size // B_P_SIZE)
+    return 2 * 4 * (head_size + 2) + nd * rows * (query_itemsize + kernel_itemsize)
 
 
 def max_group_blocks(*, nc_gen, block_size, large_tile, head_size, rows, cache_itemsize,
