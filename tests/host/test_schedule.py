@@ -476,10 +476,10 @@ def test_long_prefill_splits_into_groups_and_prunes_causally():
 
 
 def test_prefill_groups_are_sized_to_trn1_sbuf():
-    # one sequence of 30 Q blocks (q=3840, G=1) at d=512, LT=512: fp32 queries and cache leave
-    # SBUF room for fewer than 30 blocks next to the tile, so the group splits; with 2-byte
-    # queries and cache all 30 fit. blocks = min(64, trn1's fit, the blocks the batch needs).
-    q, c = np.array([3840]), np.array([0])
+    # one sequence of 20 Q blocks (q=2560, G=1) at d=512, LT=512: fp32 queries and cache leave
+    # SBUF room for fewer than 20 blocks next to the tile, so the group splits; with 2-byte
+    # queries and cache all 20 fit. blocks = min(64, trn1's fit, the blocks the batch needs).
+    q, c = np.array([2560]), np.array([0])
     bt, N = block_tables_for(c, 16, 0)
     kw = dict(num_heads=1, num_kv_heads=1, head_size=512, block_size=16, num_blocks=N,
               large_tile_size=512)
@@ -490,12 +490,12 @@ def test_prefill_groups_are_sized_to_trn1_sbuf():
         fit = max_group_blocks(nc_gen="gen2", query_itemsize=size, cache_itemsize=size, **plan)
         assert fit <= max_group_blocks(nc_gen="gen3", query_itemsize=size, cache_itemsize=size,
                                        **plan)                  # trn1 has the smaller SBUF
-        assert (cls.kind, cls.num_blocks) == ("prefill", 30)
-        assert cls.blocks == min(64, fit, 30)
+        assert (cls.kind, cls.num_blocks) == ("prefill", 20)
+        assert cls.blocks == min(64, fit, 20)
         starts = sorted(set(cls.partial.item_block[:cls.partial.real_items].tolist()))
-        assert starts == list(range(0, 30, cls.blocks))        # groups of `blocks` Q blocks
+        assert starts == list(range(0, 20, cls.blocks))        # groups of `blocks` Q blocks
         got[size] = cls.blocks
-    assert 1 <= got[4] < 30 == got[2]
+    assert 1 <= got[4] < 20 == got[2]
 
 
 def test_sliding_window_prunes_tiles_hand_built():
