@@ -95,7 +95,8 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         -m' = min(-m, -mult * mx);  alpha = exp(m - m')
         NM = ones^T (eye_rep * -m')                    (-m'[q] on every partition and chunk)
         P^T = exp(mult * U + NM)                       (unmasked: NM accumulated into S^T's PSUM)
-        l = alpha * l + sum_u P^T_u^T 1;  o = alpha * o + sum_u P^T_u^T V_u   (PSUM accumulation)
+        l = alpha * l + sum_u P^T_u^T 1;  o = alpha * o + (sum_u V_u^T P^T_u)^T   (PSUM
+        accumulation; d > 128: o = alpha * o + sum_u P^T_u^T V_u)
     """
     P = B_P_SIZE
     rows = q_slices[0].shape[1]
@@ -176,19 +177,32 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         z = nl.add(nl.multiply(src, mult, dtype=nl.float32) if mult != 1.0 else src, nm_bc,
                    dtype=nl.float32)
         probs_t[...] = nisa.activation(np.exp, z, dtype=kernel_dtype)
-    # Step 5: row sums and PV, accumulated over the chunks in PSUM.
+    # Step 5: row sums and PV, accumulated over the chunks in PSUM. With d <= 128, PV is taken
+    # as (P V)^T = V^T P^T (V stationary, the few rows moving: half the TensorE cycles of P
+    # stationary, d moving) and transposed back once per step.
     rs = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.psum)
-    pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
+    pv_t = d <= P
+    if pv_t:
+        acc = nl.ndarray((d, rows), dtype=nl.float32, buffer=nl.psum)
+    else:
+        acc = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
     for u in nl.static_range(nch):
         p_u = probs_t[:, nl.ds(u * rows, rows)]
+        v_u = v_rows[:, nl.ds((c0 + u) * vs, d)]
         s_prod = nisa.nc_matmul(p_u, consts["ones_k"])
-        prod = nisa.nc_matmul(p_u, v_rows[:, nl.ds((c0 + u) * vs, d)])
+        prod = nisa.nc_matmul(v_u, p_u) if pv_t else nisa.nc_matmul(p_u, v_u)
         if u == 0:
             rs[...] = s_prod
-            pv[...] = prod
+            acc[...] = prod
         else:
             rs += s_prod
-            pv += prod
+            acc += prod
+    if pv_t:
+        pv_sb = nl.copy(acc, dtype=nl.float32)
+        pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
+        pv[...] = nisa.nc_transpose(pv_sb)
+    else:
+        pv = acc
     # Step 6: state update.
     l_col = st[:, nl.ds(col0 + d + 1, 1)]
     st[:, nl.ds(col0 + d + 1, 1)] = nisa.tensor_scalar(l_col, np.multiply, alpha, op1=np.add,
