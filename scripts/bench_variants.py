@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
 
 D, BLOCK, TILE = 128, 32, 2048
 TARGETS = ("trn1", "trn2")
@@ -280,23 +281,25 @@ def plot(rows, path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="4 sequences, H=8, Hkv=2 (about a minute)")
-    ap.add_argument("--json", type=Path, help="write the rows as JSON (before any plot)")
-    ap.add_argument("--markdown", type=Path, help="write the table and findings as a markdown page")
-    ap.add_argument("--plot", type=Path, help="bar chart of modeled time (needs matplotlib)")
-    a = ap.parse_args(argv)
+    add_common_args(ap, quick_help="4 sequences, H=8, Hkv=2 (about a minute)",
+                    plot_help="bar chart of the modeled times")
+    ap.add_argument("--markdown", type=Path, metavar="FILE",
+                    help="write the table, findings and method as a markdown page")
+    a = parse_args(ap, argv)
+    if a.markdown is not None and not a.markdown.parent.is_dir():
+        ap.error(f"--markdown folder must exist; got {str(a.markdown.parent)!r}")
     t0 = time.perf_counter()
     rows = bench(a.quick)
     print(header(rows, a.quick))
     print(table(rows))
     print(findings(rows))
-    if a.json:
-        a.json.write_text(json.dumps(rows, indent=2))
+    print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    write_json(a, __file__, rows, times="MODELED")
     if a.markdown:
         a.markdown.write_text(markdown(rows, a.quick))
+        print(f"markdown: {a.markdown}")
     if a.plot:
         plot(rows, a.plot)
-    print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
 
 
