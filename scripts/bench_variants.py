@@ -5,7 +5,7 @@ Every workload runs host.paged_attention(kernel="scheduled") on nki_sim under tr
 nki_sim.cost.estimate turns the trace into modeled per-engine times. Nothing is measured on
 hardware: every time printed here is MODELED (docs/cost-model.md).
 
-    python scripts/bench_variants.py --quick [--json quick.json] [--markdown quick.md]
+    python scripts/bench_variants.py --quick [--json quick.json] [--markdown FILE]
     python scripts/bench_variants.py --json full.json --markdown docs/bench-variants.md [--plot f.png]
 
 Workloads (S decode sequences, 1 new token each, equal contexts):

@@ -43,7 +43,7 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_host_prep", ["--decode", "0", "--prefill", "0"]), ("bench_host_prep", ["--tile", "0"]),
     ("bench_sim_speed", ["--iters", "0"]), ("time_flash_sim", ["--ctx", "100"]),
     ("time_flash_sim", ["--workload", "prefill"]),
-    ("bench_variants", ["--markdown", "no-such-folder/x.md"])])
+    ("bench_variants", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
