@@ -123,11 +123,14 @@ def useful_bandwidth(target: str) -> float:
     return min(hw.hbm_bw_bytes_per_ns, hw.dma_peak_bytes_per_ns)
 
 
-def kv_gather_bytes(trace, row_bytes: int) -> int:
-    """Bytes of the HBM -> SBUF indirect DMAs whose every descriptor is one KV row."""
+def kv_gather_bytes(trace, row_bytes) -> int:
+    """Bytes of the HBM -> SBUF indirect DMAs whose every descriptor is one KV row (a cache
+    row, or an overlay row, which for an fp8 cache is in the kernel dtype: ``row_bytes`` is the
+    set of both sizes)."""
+    sizes = set(row_bytes)
     return sum(e.bytes for e in trace.events
                if e.engine == "dma" and e.dma_kind == "indirect" and e.src_buffer == "hbm"
-               and e.descriptor_bytes and set(e.descriptor_bytes) == {row_bytes})
+               and e.descriptor_bytes and set(e.descriptor_bytes) <= sizes)
 
 
 def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
@@ -154,7 +157,7 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
                 block_size=BLOCK, context=w.context, options=list(w.options),
                 cache_dtype=np.dtype(args[3].dtype).name,
                 modeled_us=round(rep.modeled_us, 2), hbm_bytes=rep.hbm_bytes,
-                kv_bytes=kv_gather_bytes(trace, bp * D * itemsize),
+                kv_bytes=kv_gather_bytes(trace, {bp * D * itemsize, bp * D * 2}),
                 dma_instructions=rep.dma_instructions,
                 per_engine_us={k: round(v, 2) for k, v in rep.per_engine_us.items()},
                 bottleneck=rep.bottleneck, useful_bytes=useful,
@@ -245,7 +248,7 @@ on hardware.
 
 * *KV MB* counts the indirect gathers of cached K/V rows and of the overlay rows (a sequence's
   partly filled last context row and its new token), identified by their descriptor size (one
-  row of b' tokens x d channels in the cache dtype). A window prunes whole KV tiles of
+  row of b' tokens x d channels in the cache dtype; overlay rows of an fp8 cache are bf16). A window prunes whole KV tiles of
   `LARGE_TILE_SZ` keys that no query of the sequence sees; the tiles it cuts are gathered whole
   and masked, so a window of W keys costs up to two partial tiles more than W / tile tiles.
 * *Efficiency* divides the time the useful bytes need at the DMA-or-HBM bound (the visible
