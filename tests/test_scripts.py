@@ -14,7 +14,7 @@ import pytest
 from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
-       "bench_sim_speed", "time_flash_sim")
+       "bench_sim_speed", "bench_variants", "time_flash_sim")
 
 
 @pytest.fixture
@@ -42,7 +42,8 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_cache_write", ["--repeats", "0"]), ("bench_gqa_packing", ["--bogus"]),
     ("bench_host_prep", ["--decode", "0", "--prefill", "0"]), ("bench_host_prep", ["--tile", "0"]),
     ("bench_sim_speed", ["--iters", "0"]), ("time_flash_sim", ["--ctx", "100"]),
-    ("time_flash_sim", ["--workload", "prefill"])])
+    ("time_flash_sim", ["--workload", "prefill"]),
+    ("bench_variants", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -112,3 +113,16 @@ def test_time_flash_sim_quick(run_quick, capsys, tol):
     assert row["max_abs_err"] <= tol("mixed", np.float32)[0]
     assert row["dma_indirect_instructions"] > 0 and row["modeled_us"] > 0
     assert "MODELED" in capsys.readouterr().out
+
+
+def test_bench_variants_useful_roofline(load_script):
+    """Useful bytes: the visible cached K/V once per KV head (a window of W sees W - 1 cached
+    tokens besides the new one) + q, k, v, out once in bf16; BW = min(HBM per core, 16 DMA
+    engines x practical bandwidth)."""
+    m = load_script("bench_variants")
+    win = m.Workload("w", 32768, "w", ("window", "fp8"), window=4096)
+    plain = m.Workload("p", 4096, "p")
+    io = 32 * (32 + 8 + 8 + 32) * 128 * 2
+    assert m.useful_bytes(win, 32, 32, 8, cache_itemsize=1) == 2 * 32 * 4095 * 8 * 128 + io
+    assert m.useful_bytes(plain, 32, 32, 8, cache_itemsize=2) == 2 * 32 * 4096 * 8 * 128 * 2 + io
+    assert m.useful_bandwidth("trn1") == 272.0 and m.useful_bandwidth("trn2") == 362.5

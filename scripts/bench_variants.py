@@ -1,0 +1,310 @@
+#!/usr/bin/env python
+"""MODELED benchmark: attention variants in the scheduled kernel (decode batches).
+
+Every workload runs host.paged_attention(kernel="scheduled") on nki_sim under tracing, and
+nki_sim.cost.estimate turns the trace into modeled per-engine times. Nothing is measured on
+hardware: every time printed here is MODELED (docs/cost-model.md).
+
+    python scripts/bench_variants.py --quick [--json quick.json] [--markdown FILE]
+    python scripts/bench_variants.py --json full.json --markdown docs/bench-variants.md [--plot f.png]
+
+Workloads (S decode sequences, 1 new token each, equal contexts):
+    plain 4K / plain 32K       no option, context 4096 / 32768
+    window 4K @ 32K            sliding_window=4096 at context 32768 (should cost about plain 4K)
+    fp8 e4m3fn 4K              float8_e4m3fn cache with per-head k_scale / v_scale, bf16 queries
+    soft-cap / sinks / ALiBi   one option each at context 4096 (overhead vs plain 4K)
+    window+sinks+fp8 @ 32K     the three together
+Full run: H=32, Hkv=8, d=128, block 32, LARGE_TILE_SZ=2048, S=32, bf16 queries and cache
+(except fp8 rows), mixed precision, trn1 and trn2. --quick: S=4, H=8, Hkv=2 (same d, block,
+contexts and tile); the cost model charges KV heads and sequences one after the other on one
+NeuronCore, so times scale with S * Hkv and the ratios between rows do not.
+
+All sequences of a batch share one pool of physical cache blocks (each block table is its own
+permutation of the pool), which keeps the 32K batch at one sequence's worth of cache memory;
+the kernel gathers every row by index, so the modeled cost does not depend on the aliasing.
+
+Columns: modeled us; HBM bytes (DMA bytes with an HBM side); KV bytes (bytes of the indirect
+gathers of cached K/V rows and overlay rows, identified by their descriptor size = one row of
+b' tokens x d channels in the cache dtype); DMA instructions; per-engine us; efficiency =
+useful time / modeled time, useful time = useful bytes / BW with useful bytes = the visible
+cached K/V once per KV head in the cache dtype + q, k, v and out once, BW = min(HBM per core,
+16 x practical DMA engine bandwidth) = 272 GB/s (trn1) / 362.5 GB/s (trn2) (nki_sim.cost).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
+
+D, BLOCK, TILE = 128, 32, 2048
+TARGETS = ("trn1", "trn2")
+SCALE = 1.0 / 200.0            # fp8 scales: cached values fp8(x / scale), x in U[-1, 1]
+REF_MAX_CONTEXT = 4096         # max |err| vs the float64 reference only up to this context
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    context: int
+    baseline: str               # workload whose modeled time the ratio column divides by
+    options: tuple = ()         # variant options: "window", "softcap", "sinks", "alibi", "fp8"
+    window: int = 4096
+
+
+def make_workloads() -> list[Workload]:
+    return [
+        Workload("plain 4K", 4096, "plain 4K"),
+        Workload("plain 32K", 32768, "plain 4K"),
+        Workload("window 4K @ 32K", 32768, "plain 4K", ("window",)),
+        Workload("fp8 e4m3fn 4K", 4096, "plain 4K", ("fp8",)),
+        Workload("soft-cap 4K", 4096, "plain 4K", ("softcap",)),
+        Workload("sinks 4K", 4096, "plain 4K", ("sinks",)),
+        Workload("ALiBi 4K", 4096, "plain 4K", ("alibi",)),
+        Workload("window+sinks+fp8 @ 32K", 32768, "plain 4K", ("window", "sinks", "fp8")),
+    ]
+
+
+def make_inputs(w: Workload, S: int, H: int, Hkv: int, seed: int = 0):
+    """(args, options, cache_itemsize): positional host.paged_attention arguments and the
+    variant keywords of workload ``w``."""
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(seed)
+    nblk = -(-w.context // BLOCK)
+    pool = nblk + 1
+    bt = np.stack([rng.permutation(pool)[:nblk] for _ in range(S)]).astype(np.int32)
+
+    def u(*shape):
+        return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+
+    cache = u(2, pool, Hkv, BLOCK, D)
+    opts = {}
+    if "fp8" in w.options:
+        cache = (cache / SCALE).astype(ml_dtypes.float8_e4m3fn)
+        opts.update(k_scale=SCALE, v_scale=SCALE)
+    else:
+        cache = cache.astype(bf16)
+    if "window" in w.options:
+        opts["sliding_window"] = w.window
+    if "softcap" in w.options:
+        opts["logits_soft_cap"] = 30.0
+    if "sinks" in w.options:
+        opts["sinks"] = rng.normal(0.0, 1.0, H).astype(np.float32)
+    if "alibi" in w.options:
+        opts["alibi_slopes"] = np.array([2.0 ** (-8.0 * (i + 1) / H) for i in range(H)], np.float32)
+    q = np.ones(S, np.int64)
+    c = np.full(S, w.context, np.int64)
+    args = (u(S, H, D).astype(bf16), u(S, Hkv, D).astype(bf16), u(S, Hkv, D).astype(bf16), cache,
+            bt, q, c)
+    return args, opts, cache.dtype.itemsize
+
+
+def useful_bytes(w: Workload, S: int, H: int, Hkv: int, cache_itemsize: int) -> int:
+    """Visible cached K/V once per KV head (cache dtype) + q, k, v and out once (bf16)."""
+    visible = min(w.context, w.window - 1) if "window" in w.options else w.context
+    kv = 2 * S * visible * Hkv * D * cache_itemsize
+    return kv + S * (2 * H + 2 * Hkv) * D * 2
+
+
+def useful_bandwidth(target: str) -> float:
+    """min(HBM per core, 16 x practical DMA engine bandwidth), bytes per ns (= GB/s)."""
+    from nki_sim.cost import get_constants
+    hw = get_constants(target)
+    return min(hw.hbm_bw_bytes_per_ns, hw.dma_peak_bytes_per_ns)
+
+
+def kv_gather_bytes(trace, row_bytes) -> int:
+    """Bytes of the HBM -> SBUF indirect DMAs whose every descriptor is one KV row (a cache
+    row, or an overlay row, which for an fp8 cache is in the kernel dtype: ``row_bytes`` is the
+    set of both sizes)."""
+    sizes = set(row_bytes)
+    return sum(e.bytes for e in trace.events
+               if e.engine == "dma" and e.dma_kind == "indirect" and e.src_buffer == "hbm"
+               and e.descriptor_bytes and set(e.descriptor_bytes) <= sizes)
+
+
+def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
+    import nki_sim
+    from nki_sim.cost import estimate
+    from host.attention import paged_attention
+    from host.reference import paged_attention_ref
+    from host.schedule import item_geometry
+
+    args, opts, itemsize = make_inputs(w, S, H, Hkv)
+    with nki_sim.use_target(target), nki_sim.tracing() as trace:
+        t0 = time.perf_counter()
+        out = paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim",
+                              kernel="scheduled", **opts)
+        wall = time.perf_counter() - t0
+    rep = estimate(trace, target=target)
+    _, bp, _, _ = item_geometry(BLOCK, TILE)
+    useful = useful_bytes(w, S, H, Hkv, itemsize)
+    useful_us = useful / useful_bandwidth(target) / 1e3
+    err = None
+    if w.context <= REF_MAX_CONTEXT:
+        err = float(np.abs(np.asarray(out, np.float64) - paged_attention_ref(*args, **opts)).max())
+    return dict(workload=w.name, baseline=w.baseline, target=target, S=S, H=H, Hkv=Hkv, d=D,
+                block_size=BLOCK, context=w.context, options=list(w.options),
+                cache_dtype=np.dtype(args[3].dtype).name,
+                modeled_us=round(rep.modeled_us, 2), hbm_bytes=rep.hbm_bytes,
+                kv_bytes=kv_gather_bytes(trace, {bp * D * itemsize, bp * D * 2}),
+                dma_instructions=rep.dma_instructions,
+                per_engine_us={k: round(v, 2) for k, v in rep.per_engine_us.items()},
+                bottleneck=rep.bottleneck, useful_bytes=useful,
+                useful_bw_gbps=useful_bandwidth(target), useful_us=round(useful_us, 2),
+                efficiency=round(useful_us / rep.modeled_us, 4) if rep.modeled_us else 0.0,
+                max_abs_err=err, sim_wall_s=round(wall, 1))
+
+
+def bench(quick: bool) -> list[dict]:
+    S, H, Hkv = (4, 8, 2) if quick else (32, 32, 8)
+    rows = []
+    for w in make_workloads():
+        for target in TARGETS:
+            rows.append(run(w, target, S, H, Hkv))
+            r = rows[-1]
+            print(f"  {w.name} {target}: {r['modeled_us']} us MODELED ({r['sim_wall_s']} s sim)",
+                  file=sys.stderr)
+    base = {(r["workload"], r["target"]): r["modeled_us"] for r in rows}
+    for r in rows:
+        b = base[(r["baseline"], r["target"])]
+        r["vs_baseline"] = round(r["modeled_us"] / b, 3) if b else None
+    return rows
+
+
+def table(rows) -> str:
+    head = ("| workload | target | cache | modeled us | vs plain 4K | HBM MB | KV MB | DMA instr "
+            "| TensorE us | VectorE us | ScalarE us | GpSimd us | DMA us | efficiency | max abs err |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        e = r["per_engine_us"]
+        err = "—" if r["max_abs_err"] is None else f"{r['max_abs_err']:.1e}"
+        lines.append(
+            f"| {r['workload']} | {r['target']} | {r['cache_dtype']} | {r['modeled_us']:.1f} "
+            f"| {r['vs_baseline']:.2f}x | {r['hbm_bytes'] / 1e6:.1f} | {r['kv_bytes'] / 1e6:.1f} "
+            f"| {r['dma_instructions']} | {e['tensor']:.1f} | {e['vector']:.1f} | {e['scalar']:.1f} "
+            f"| {e['gpsimd']:.1f} | {e['dma']:.1f} | {r['efficiency']:.2f} | {err} |")
+    return "\n".join(lines)
+
+
+def _ratio(rows, a, b, target, key="modeled_us"):
+    get = {(r["workload"], r["target"]): r[key] for r in rows}
+    return get[(a, target)] / get[(b, target)]
+
+
+def findings(rows) -> str:
+    """Ratios computed from the rows (so the text never disagrees with the table)."""
+    out = []
+    for t in TARGETS:
+        out.append(
+            f"* **{t}**: window 4K @ 32K / plain 4K = {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t):.2f}x "
+            f"modeled time, {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t, 'kv_bytes'):.2f}x KV bytes; "
+            f"plain 32K / plain 4K = {_ratio(rows, 'plain 32K', 'plain 4K', t):.2f}x. "
+            f"fp8 / bf16 (plain 4K) = {_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t):.2f}x modeled time, "
+            f"{_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t, 'kv_bytes'):.2f}x KV bytes. "
+            f"Overhead vs plain 4K: soft-cap {_ratio(rows, 'soft-cap 4K', 'plain 4K', t):.2f}x, "
+            f"sinks {_ratio(rows, 'sinks 4K', 'plain 4K', t):.2f}x, "
+            f"ALiBi {_ratio(rows, 'ALiBi 4K', 'plain 4K', t):.2f}x.")
+    return "\n".join(out)
+
+
+def header(rows, quick: bool) -> str:
+    r = rows[0]
+    bw = ", ".join(f"{t} {useful_bandwidth(t):g} GB/s" for t in TARGETS)
+    return (f"MODELED (nki_sim.cost, not measured): scheduled kernel, {r['S']} decode sequences, "
+            f"H={r['H']}, Hkv={r['Hkv']}, d={r['d']}, block {r['block_size']}, "
+            f"LARGE_TILE_SZ={TILE}, bf16 queries, mixed precision{' (--quick)' if quick else ''}. "
+            f"Efficiency = useful bytes / BW / modeled time, BW: {bw}.")
+
+
+def markdown(rows, quick: bool) -> str:
+    cmd = "python scripts/bench_variants.py" + (" --quick" if quick else "") + \
+        " --json out.json --markdown docs/bench-variants.md"
+    return f"""# Attention variants: modeled cost (MODELED)
+
+Generated by `{cmd}`. Every time here is **modeled** by
+`nki_sim.cost` from exact simulator counts ([cost-model.md](cost-model.md)); nothing was measured
+on hardware.
+
+{header(rows, quick)}
+
+{table(rows)}
+
+## Findings (ratios of the rows above)
+
+{findings(rows)}
+
+## How to read it
+
+* *KV MB* counts the indirect gathers of cached K/V rows and of the overlay rows (a sequence's
+  partly filled last context row and its new token), identified by their descriptor size (one
+  row of b' tokens x d channels in the cache dtype; overlay rows of an fp8 cache are bf16). A window prunes whole KV tiles of
+  `LARGE_TILE_SZ` keys that no query of the sequence sees; the tiles it cuts are gathered whole
+  and masked, so a window of W keys costs up to two partial tiles more than W / tile tiles.
+* *Efficiency* divides the time the useful bytes need at the DMA-or-HBM bound (the visible
+  cached K/V once per KV head in the cache dtype, plus q, k, v and out once) by the modeled
+  time. It ignores compute, so a compute-bound row cannot reach 1.
+* fp8 halves the cached bytes moved. Whether that shows in the modeled time depends on the
+  busiest engine: when DMA is not the bottleneck (see the per-engine columns), halving its bytes
+  saves little, and the fp8 -> bf16 conversion adds ScalarE work.
+* The batch shares one pool of physical cache blocks among its sequences (the kernel gathers by
+  index; modeled costs do not depend on the aliasing). `--quick` uses fewer sequences and heads;
+  modeled times scale with sequences x KV heads, the ratios do not.
+"""
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(len(names))
+    for k, t in enumerate(TARGETS):
+        v = [next(r["modeled_us"] for r in rows if r["workload"] == n and r["target"] == t)
+             for n in names]
+        ax.bar(x + (k - 0.5) * 0.4, v, 0.4, label=t)
+    ax.set_xticks(x, names, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("modeled us (MODELED)")
+    ax.set_title("Attention variants, scheduled kernel (MODELED)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap, quick_help="4 sequences, H=8, Hkv=2 (about a minute)",
+                    plot_help="bar chart of the modeled times")
+    ap.add_argument("--markdown", type=Path, metavar="FILE",
+                    help="write the table, findings and method as a markdown page")
+    a = parse_args(ap, argv)
+    if a.markdown is not None and not a.markdown.parent.is_dir():
+        ap.error(f"--markdown folder must exist; got {str(a.markdown.parent)!r}")
+    t0 = time.perf_counter()
+    rows = bench(a.quick)
+    print(header(rows, a.quick))
+    print(table(rows))
+    print(findings(rows))
+    print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    write_json(a, __file__, rows, times="MODELED")
+    if a.markdown:
+        a.markdown.write_text(markdown(rows, a.quick))
+        print(f"markdown: {a.markdown}")
+    if a.plot:
+        plot(rows, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
