@@ -290,9 +290,11 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
 
     # Step 2: items per group, classified FULL / PARTIAL, pruned by visibility.
     part_items, full_items = [], []                   # (group index, tile index k)
+    group_lo = {}                                     # first key position any row may see
     for gi, (i, blist) in enumerate(groups):
         pos = row_pos[blist][row_real[blist]]
         lo_min = 0 if window is None else max(0, int(pos.min()) - window + 1)
+        group_lo[gi] = lo_min
         lo_max = 0 if window is None else max(0, int(pos.max()) - window + 1)
         hi_min, hi_max = int(pos.min()) + 1, int(pos.max()) + 1
         n_tiles = -(-int(n_rows[i]) // L)
@@ -342,8 +344,11 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             mf[:, t, 0] = 1.0 if first else 0.0
             # KV rows of this tile: key row j = k*L + l*128 + p of sequence i
             j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
-            in_seq = j < n_rows[i]
-            main = j < n_main[i]
+            # key rows wholly before every row's window are not gathered (skipped: zeros), so
+            # whatever the cache holds there never enters the tile
+            seen = (j + 1) * bp > group_lo[gi]
+            in_seq = (j < n_rows[i]) & seen
+            main = (j < n_main[i]) & seen
             blk = np.zeros(j.shape, np.int64)          # block ids of main rows only (the table
             blk[main] = block_tables[i, j[main] // T]  # may have no column at all)
             sub = (j % T)
