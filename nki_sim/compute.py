@@ -32,15 +32,17 @@ class Operand:
         return self.t is None
 
 
-# Masks implied by reading a masked op result (a fresh tile some of whose elements were never
-# written) without a mask of one's own: the output elements computed from unwritten input
-# elements stay unwritten ("poison propagates"), instead of raising at the read.
-_implied: list = []
+# ``state.implied`` (per thread): masks implied by reading a masked op result (a fresh tile
+# some of whose elements were never written) without a mask of one's own: the output elements
+# computed from unwritten input elements stay unwritten ("poison propagates"), instead of
+# raising at the read.
 
 
 def require_kernel(api: str):
-    _implied.clear()          # every instruction starts here
-    if state.kernel is None:
+    s = state
+    if s.implied:
+        s.implied.clear()     # every instruction starts here
+    if s.kernel is None:
         raise E.NkiCompileError(
             f"'{api}' called outside of an NKI kernel; call it from a function run by nki.jit / "
             "nki.simulate_kernel (err_nki_api_outside_of_nki_kernel)",
@@ -99,7 +101,7 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
             wm = Access(x).gather(x.alloc.written)
             if not wm.all():
                 m = np.array(wm, dtype=bool)
-                _implied.append((x, m))
+                state.implied.append((x, m))
         v, _ = read(x, m, op=op)
         return Operand(v, x.dtype, x.shape, x.buffer, x)
     if isinstance(x, (IndexExpr, MaskExpr)):
@@ -157,7 +159,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         m = mask if isinstance(mask, np.ndarray) else mask_array(mask, shape)
         if m is not None and m.shape != shape:
             m = broadcast_left(m, shape)
-    if _implied:
+    if state.implied:
         m = _propagate(m, shape, op)
     if m is None:
         data = np.array(data, dtype=d, copy=True, order="C") if not (
@@ -180,7 +182,8 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
 
 def _propagate(m, shape, op):
     """Combine the explicit output mask with the masks implied by partially written inputs."""
-    items, _implied[:] = list(_implied), []
+    items = state.implied
+    state.implied = []
     for x, pm in items:
         if pm.all():
             continue

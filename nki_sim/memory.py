@@ -40,12 +40,15 @@ class Live:
                 t._note_live(buffer, self.bytes[buffer])
 
 
-live = Live()     # allocations made outside any kernel program
-
-
 def current_live() -> Live:
-    k = state.kernel
-    return k.live if k is not None and k.live is not None else live
+    """Live bytes of the running program, or of this thread's allocations outside any kernel."""
+    s = state
+    k = s.kernel
+    if k is not None and k.live is not None:
+        return k.live
+    if s.live is None:
+        s.live = Live()
+    return s.live
 
 
 class Alloc:

@@ -62,9 +62,9 @@ def warn_accumulator_chain(api: str):
         return
     from ..trace import kernel_src_loc
     loc = kernel_src_loc()
-    seen = getattr(k, "_acc_warned", None)
+    seen = k.acc_warned
     if seen is None:
-        seen = k._acc_warned = set()
+        seen = k.acc_warned = set()
     if loc in seen:
         return
     seen.add(loc)
@@ -77,11 +77,10 @@ def warn_accumulator_chain(api: str):
 
 def _accumulators():
     k = state.kernel
-    acc = getattr(k, "_acc", None)
+    acc = k.accumulators
     if acc is None:
-        acc = {"scalar": np.zeros(get_target().pmax, np.float32),
-               "vector": np.full(get_target().pmax, -np.inf, np.float32)}
-        k._acc = acc
+        acc = k.accumulators = {"scalar": np.zeros(get_target().pmax, np.float32),
+                                "vector": np.full(get_target().pmax, -np.inf, np.float32)}
     return acc
 
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
-from ..compute import _implied, operand, require_kernel, result_tile
+from ..compute import operand, require_kernel, result_tile
 from ..indexing import mask_array
+from ..state import state
 from ..target import get_target
 from ..tensor import Tensor
 
@@ -113,8 +114,8 @@ def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbu
     a = operand(x, "x", op, None, require_sbuf=(engine == "tensor"))
     if engine == "tensor":
         _warn_int_precision(op, a)
-    if _implied:      # partially written input: the transposed elements stay unwritten
-        _, pm = _implied.pop()
+    if state.implied:      # partially written input: the transposed elements stay unwritten
+        _, pm = state.implied.pop()
         pt = pm.reshape(shape2).T
         m = pt if m is None else (m & pt)
     r = np.asarray(a.v).reshape(shape2).T
