@@ -94,13 +94,15 @@ class Access:
     def gather(self, base: np.ndarray) -> np.ndarray:
         """Values of ``base`` (same shape as ``alloc.data``) at this access (shape ``t.shape``)."""
         if self.offs is None:
-            return self.t.arr if base is self.t.alloc.data else self.t.aux_view(base)
+            t = self.t
+            return t.arr if base is t.alloc.data else t.aux_view(base)
         return base.reshape(-1)[self.offs]
 
     def scatter(self, base: np.ndarray, values) -> None:
         valid = self.valid
         if self.offs is None:
-            view = self.t.arr if base is self.t.alloc.data else self.t.aux_view(base)
+            t = self.t
+            view = t.arr if base is t.alloc.data else t.aux_view(base)
             if valid is None:
                 view[...] = values
             else:
@@ -119,10 +121,19 @@ class Access:
 
 # ---------------------------------------------------------------------------- checks
 def _uninit(t: Tensor, acc: Access, op: str):
-    w = t.alloc.written
-    if w is None or config.uninitialized == "ignore":
+    """Report never-written elements read by ``acc``; memory whose poison fill is still pending
+    (``Alloc.lazy_poison``) is poisoned first whenever the access touches unwritten elements."""
+    alloc = t.alloc
+    w = alloc.written
+    if w is None:
         return
     wv = acc.gather(w)
+    if wv.all():
+        return
+    if alloc.lazy_poison:
+        alloc.poison()
+    if config.uninitialized == "ignore":
+        return
     bad = ~wv if acc.valid is None else (~wv & acc.valid)
     if bad.any():
         uninitialized(t, ~bad, op)
@@ -145,13 +156,13 @@ def check_initialized(t: Tensor, mask, op: str):
     _uninit(t, Access(t, mask), op)
 
 
-def _dep_frames(alloc):
+def _dep_frames(alloc, k):
+    """Enclosing affine_range frames whose current iteration started after ``alloc`` was born
+    (outermost first), or None.  ``k`` is the running kernel, with at least one open loop."""
     if not config.check_dependencies:
         return None
-    k = state.kernel
-    if k is None or not k.loops:
-        return None
-    fr = [f for f in k.loops if f.kind == "affine" and alloc.birth_epoch < f.iter_start]
+    born = alloc.birth_epoch
+    fr = [f for f in k.loops if f.kind == "affine" and born < f.iter_start]
     return fr or None
 
 
@@ -166,6 +177,11 @@ def _loop_var(f) -> str:
 def _dep_check(t: Tensor, acc: Access, frames, stamps: np.ndarray, kind: str, op: str,
                prev_kind: str = "wrote"):
     s = acc.gather(stamps)
+    if acc.valid is None and s.size:
+        # windows [loop_start, iter_start) of nested frames lie in [frames[0].loop_start,
+        # frames[-1].iter_start): stamps all below or all at/after that range cannot conflict
+        if s.max() < frames[0].loop_start or s.min() >= frames[-1].iter_start:
+            return
     for f in frames:
         bad = (s >= f.loop_start) & (s < f.iter_start)
         if acc.valid is not None:
@@ -197,19 +213,25 @@ def _scope(t: Tensor, op: str):
 # ---------------------------------------------------------------------------- read / write
 def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
     """Checked read of a view: returns (values in storage dtype, Access)."""
-    _scope(t, op)
-    acc = Access(t, mask, oob)
-    vals = acc.gather(t.alloc.data)
-    _uninit(t, acc, op)
     alloc = t.alloc
-    frames = _dep_frames(alloc)
-    if frames:
-        lo = frames[0].loop_start            # no stamp below this can be in any window
-        if alloc.wstamp is not None and alloc.wmax >= lo:
-            _dep_check(t, acc, frames, alloc.wstamp, "reads", op)
-        if alloc.kind != "input" or alloc.mutable:
-            acc.scatter(alloc.stamps("rstamp"), state.epoch)
-            alloc.rmax = state.epoch
+    sc = alloc.scope
+    if sc is not None and not sc.alive:
+        _scope(t, op)
+    acc = Access(t, mask, oob)
+    if alloc.written is not None:
+        _uninit(t, acc, op)
+    vals = acc.gather(alloc.data)
+    k = state.kernel
+    if k is not None and k.loops:
+        frames = _dep_frames(alloc, k)
+        if frames:
+            lo = frames[0].loop_start            # no stamp below this can be in any window
+            if alloc.wstamp is not None and alloc.wmax >= lo:
+                _dep_check(t, acc, frames, alloc.wstamp, "reads", op)
+            if alloc.kind != "input" or alloc.mutable:
+                epoch = state.epoch
+                acc.scatter(alloc.stamps("rstamp"), epoch)
+                alloc.rmax = epoch
     return vals, acc
 
 
@@ -230,7 +252,9 @@ def read_index_tile(k: Tensor) -> np.ndarray:
 
 def fit_value(values, shape, dst_name="dst", src_name="value") -> np.ndarray:
     """Broadcast a value to a destination shape (left-aligned tiles, then NumPy rule)."""
-    v = np.asarray(values)
+    v = values if type(values) is np.ndarray else np.asarray(values)
+    if v.shape == shape:
+        return v
     shape = tuple(shape)
     if v.shape == shape:
         return v
@@ -255,19 +279,25 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         raise E.ImmutableParameterError(
             f"Cannot update immutable parameter '{alloc.name}' ('{op}'); annotate it as "
             f"{alloc.name}: nt.mutable_tensor and return it (err_cannot_update_immutable_parameter)")
-    _scope(t, op)
+    sc = alloc.scope
+    if sc is not None and not sc.alive:
+        _scope(t, op)
     acc = Access(t, mask, oob)
     vals = fit_value(values, t.shape, t.name)
-    frames = None if exempt else _dep_frames(alloc)
-    if frames:
-        lo = frames[0].loop_start
-        ws = alloc.stamps("wstamp")
-        if alloc.wmax >= lo:
-            _dep_check(t, acc, frames, ws, "writes", op)
-        if alloc.rstamp is not None and alloc.rmax >= lo:
-            _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
-        acc.scatter(ws, state.epoch)
-        alloc.wmax = state.epoch
+    if not exempt:
+        k = state.kernel
+        if k is not None and k.loops:
+            frames = _dep_frames(alloc, k)
+            if frames:
+                lo = frames[0].loop_start
+                ws = alloc.stamps("wstamp")
+                if alloc.wmax >= lo:
+                    _dep_check(t, acc, frames, ws, "writes", op)
+                if alloc.rstamp is not None and alloc.rmax >= lo:
+                    _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
+                epoch = state.epoch
+                acc.scatter(ws, epoch)
+                alloc.wmax = epoch
     if accumulate == "rmw":
         _rmw_add(acc, vals)
         if alloc.written is not None:
@@ -290,6 +320,7 @@ def _mark_written(alloc, acc: Access) -> None:
     acc.scatter(alloc.written, True)
     if alloc.written.all():       # fully initialised: later reads skip the bitmap
         alloc.written = None
+        alloc.lazy_poison = False
 
 
 def _rmw_add(acc: Access, vals) -> None:
@@ -311,8 +342,8 @@ def _rmw_add(acc: Access, vals) -> None:
 
 # ---------------------------------------------------------------------------- assignment
 def _same_region(a: Tensor, b: Tensor) -> bool:
-    if not (a.alloc is b.alloc and a.shape == b.shape and a.arr.strides == b.arr.strides
-            and a.arr.__array_interface__["data"][0] == b.arr.__array_interface__["data"][0]):
+    if not (a.alloc is b.alloc and a.shape == b.shape and a.arr.shape == b.arr.shape
+            and a.elem_layout() == b.elem_layout()):
         return False
     if a.idx is None or b.idx is None:
         return a.idx is None and b.idx is None
@@ -371,7 +402,7 @@ def _check_producer(value: Tensor, dst: Tensor):
 def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
     from . import trace
     trace.emit("vector", "copy", in_shapes=(src.shape,), out_shape=dst.shape,
-               in_dtypes=(src.dtype.name,), out_dtype=dst.dtype.name,
+               in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=dst.shape[0] if dst.shape else 1,
                free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
                nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {})
@@ -410,7 +441,7 @@ def assign(t: Tensor, key, value) -> None:
         if not dst.onchip:
             raise E.MemorySpaceError(f"scalar assignment to {dst.buffer} tensor {dst.name}: use nl.store")
         write(dst, np.asarray(value), op="memset")
-        trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype.name,
+        trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype,
                    partitions=dst.shape[0] if dst.shape else 1,
                    free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
                    nbytes=dst.size * dst.itemsize)
@@ -434,6 +465,6 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
         vals, _ = read(res, res.pmask, op=fname)
         write(t, vals, op=fname)
         res.fresh = False
-    out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax)
+    out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax, lay=t._lay)
     out.fresh = "acc"
     return out

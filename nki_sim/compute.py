@@ -8,6 +8,8 @@ output dtype (masked elements only) and records the trace event.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import dtypes as D
@@ -140,7 +142,7 @@ def check_same_partitions(op: str, named):
 def free_size(shape) -> int:
     if not shape:
         return 1
-    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return math.prod(shape[1:]) if len(shape) > 1 else 1
 
 
 def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, shape=None,
@@ -209,8 +211,8 @@ def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=Non
     trace.emit(engine, op, name=name,
                in_shapes=tuple(o.shape for o in ins),
                out_shape=shape,
-               in_dtypes=tuple(o.dtype.name for o in ins),
-               out_dtype=out.dtype.name if out is not None else "",
+               in_dtypes=tuple([o.dtype for o in ins]),
+               out_dtype=out.dtype if out is not None else "",
                partitions=shape[0] if shape else 1,
                free_elems=free_size(shape) if free_elems is None else free_elems,
                nbytes=n * (out.itemsize if out is not None else 0),

@@ -108,7 +108,7 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
         rows = onchip.shape[0] if onchip.shape else 1
         attrs["index_rows"] = rows - skipped
     trace.emit("dma", op, name=name, in_shapes=(src.shape,), out_shape=dst.shape,
-               in_dtypes=(src.dtype.name,), out_dtype=dst.dtype.name,
+               in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=onchip.shape[0] if onchip.shape else 1,
                free_elems=free_size(onchip.shape), nbytes=count * isz,
                dma_kind="indirect" if indirect else "direct",

@@ -31,6 +31,20 @@ for _n in ("float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e4m3b1
         SUPPORTED.add(np.dtype(getattr(ml_dtypes, _n)))
 
 
+_NAMES: dict = {}
+
+
+def dname(d) -> str:
+    """``np.dtype(d).name``, cached (the NumPy property is slow)."""
+    try:
+        return _NAMES[d]
+    except KeyError:
+        n = _NAMES[d] = np.dtype(d).name
+        return n
+    except TypeError:            # unhashable
+        return np.dtype(d).name
+
+
 def as_dtype(dt, what: str = "dtype") -> np.dtype:
     """Normalize a dtype argument (np type, np.dtype, string, ml_dtypes type) to np.dtype."""
     try:

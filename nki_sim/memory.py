@@ -56,12 +56,13 @@ class Alloc:
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
                  "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "__weakref__")
+                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "lazy_poison",
+                 "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
         assert data.flags.c_contiguous, "internal: allocation storage must be C-contiguous"
-        self.id = next(_ids)
+        self.id = aid = next(_ids)
         self.buffer = buffer
         self.dtype = data.dtype
         self.data = data
@@ -71,14 +72,15 @@ class Alloc:
             self.written = np.zeros(data.shape, dtype=bool)
         else:       # the aux views of nki_sim.tensor assume C order (same layout as data)
             self.written = np.ascontiguousarray(written, dtype=bool)
-        self.name = name or f"{buffer}_{self.id}"
+        self.name = name or f"{buffer}_{aid}"
         self.kind = kind
         self.mutable = mutable
-        self.birth_epoch = state.epoch
-        k = state.kernel
+        s = state
+        self.birth_epoch = s.epoch
+        k = s.kernel
         # innermost enclosing affine / sequential loop: the tensor's scope
         self.scope = None
-        if k is not None:
+        if k is not None and k.loops:
             for f in reversed(k.loops):
                 if f.kind != "static":
                     self.scope = f
@@ -90,9 +92,10 @@ class Alloc:
         self.user_array = None
         self.ever_written = False
         self.temp = False       # an instruction's result tile (poison propagates through it)
+        self.lazy_poison = False  # data not yet poisoned where never written (see poison())
         self.bytes_pp = 0
         self.counter = None
-        if buffer in ONCHIP and count_live:
+        if count_live and buffer in ONCHIP:
             n = data.size // max(1, data.shape[par_axis]) if data.ndim else 1
             self.bytes_pp = int(n * data.dtype.itemsize)
             self.counter = current_live()
@@ -112,6 +115,14 @@ class Alloc:
             setattr(self, which, arr)
         return arr
 
+    def poison(self) -> None:
+        """Fill never-written elements with the poison value (deferred from allocation until
+        unwritten memory is first exposed: a read touching it, an output, a dtype view)."""
+        if self.lazy_poison:
+            self.lazy_poison = False
+            if self.written is not None:
+                np.copyto(self.data, D.poison_value(self.dtype), where=~self.written)
+
     @property
     def shape(self):
         return self.data.shape
@@ -119,10 +130,12 @@ class Alloc:
 
 def new_alloc(shape, dtype, buffer: str, name: str = "", par_axis: int = 0,
               fill=None, kind: str = "local") -> Alloc:
-    """Allocate poisoned (or ``fill``-initialised) memory."""
+    """Allocate poisoned (or ``fill``-initialised) memory.  The poison fill is deferred
+    (``Alloc.poison``): memory that is fully written before it is read never needs it."""
     d = np.dtype(dtype)
     if fill is None:
-        data = np.full(shape, D.poison_value(d), dtype=d)
-        return Alloc(data, buffer, name=name, kind=kind, par_axis=par_axis)
+        a = Alloc(np.empty(shape, dtype=d), buffer, name=name, kind=kind, par_axis=par_axis)
+        a.lazy_poison = True
+        return a
     data = np.full(shape, D.cast_for_write(np.asarray(fill), d), dtype=d)
     return Alloc(data, buffer, name=name, kind=kind, written=True, par_axis=par_axis)

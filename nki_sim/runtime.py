@@ -84,6 +84,7 @@ def _output(x, ctx, inputs_by_alloc):
 def _materialize(x: Tensor) -> np.ndarray:
     """A NumPy copy of a returned tensor view (basic or advanced)."""
     from .access import Access
+    x.alloc.poison()
     if x.idx is None:
         return np.array(x.arr)
     return np.array(Access(x).gather(x.alloc.data))

@@ -14,6 +14,8 @@ with checks live in :mod:`nki_sim.access`; operators delegate to ``nki_sim.langu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .indexing import IndexExpr, MaskExpr
@@ -26,17 +28,17 @@ class Tensor:
     __array_priority__ = 100
     __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
 
-    def __init__(self, alloc, arr, idx=None, shape=None, indirect=None, pax=0):
+    def __init__(self, alloc, arr, idx=None, shape=None, indirect=None, pax=0, lay=None):
         self.alloc = alloc
         self.arr = arr
         self.idx = idx
-        self.shape = tuple(arr.shape) if shape is None else tuple(shape)
+        self.shape = arr.shape if shape is None else tuple(shape)
         self.indirect = indirect
         self.fresh = False      # result of an op not yet assigned anywhere
         self.pmask = None       # bool mask of the elements the producing op wrote
         self.pax = pax          # partition axis of this view (0 unless block dims)
         self.producer = None    # (engine, op) of the instruction that produced a fresh tile
-        self._lay = None        # cached (element offset, element strides) of arr in alloc.data
+        self._lay = lay         # (element offset, element strides) of arr in alloc.data, if known
 
     # ---- metadata -------------------------------------------------------------------
     @property
@@ -57,7 +59,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def name(self) -> str:
@@ -94,15 +96,21 @@ class Tensor:
         if lay is None:
             base = self.alloc.data
             isz = base.dtype.itemsize
-            ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-            lay = self._lay = (ptr // isz, tuple(s // isz for s in self.arr.strides))
+            if self.arr is base:
+                ptr = 0
+            else:
+                ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            lay = self._lay = (ptr // isz, tuple([s // isz for s in self.arr.strides]))
         return lay
 
     def aux_view(self, aux: np.ndarray) -> np.ndarray:
         """The view of ``aux`` (same shape as ``alloc.data``) matching the basic view ``arr``."""
+        arr = self.arr
+        if arr is self.alloc.data:
+            return aux
         off, es = self.elem_layout()
         a = aux.itemsize
-        if self.arr.size == 0:
+        if arr.size == 0:
             return aux.reshape(-1)[:0].reshape(self.arr.shape)
         return np.ndarray(self.arr.shape, aux.dtype, aux, off * a, tuple(s * a for s in es))
 

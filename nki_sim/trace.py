@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
+from .dtypes import dname
 from .state import state
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
@@ -153,34 +154,64 @@ def active() -> bool:
     return bool(state.traces)
 
 
+_in_sim_code: dict = {}      # code object -> whether it belongs to nki_sim (cache)
+_basenames: dict = {}        # co_filename -> basename (cache)
+
+
 def kernel_src_loc() -> tuple:
     """(file basename, line) of the innermost frame outside the nki_sim package."""
     f = sys._getframe(1)
+    cache = _in_sim_code
     while f is not None:
-        if not in_simulator(f):
-            return (os.path.basename(f.f_code.co_filename), f.f_lineno)
+        code = f.f_code
+        sim = cache.get(code)
+        if sim is None:
+            if len(cache) > 50000:          # bounded: kernels built at run time make new code
+                cache.clear()
+            sim = cache[code] = in_simulator(f)
+        if not sim:
+            fn = code.co_filename
+            base = _basenames.get(fn)
+            if base is None:
+                base = _basenames[fn] = os.path.basename(fn)
+            return (base, f.f_lineno)
         f = f.f_back
     return ("", 0)
 
 
+def _dname(d) -> str:
+    return d if type(d) is str else dname(d)
+
+
+_new = object.__new__
+
+
 def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_dtype="",
-         partitions=0, free_elems=0, nbytes=0, **extra):
-    """Append an event to every active trace (no-op when not tracing)."""
-    if not state.traces:
+         partitions=0, free_elems=0, nbytes=0, dma_kind="", src_buffer="", dst_buffer="",
+         descriptor_bytes=(), skipped_rows=0, attrs=None):
+    """Append an event to every active trace of the calling thread (no-op when not tracing).
+
+    Dtypes may be given as NumPy dtypes or names."""
+    s = state
+    traces = s.traces
+    if not traces:
         return
-    k = state.kernel
-    attrs = extra.pop("attrs", {})
-    ev_kw = dict(
-        engine=engine, op=op, name=name or "",
-        in_shapes=tuple(tuple(int(x) for x in s) for s in in_shapes),
-        out_shape=tuple(int(x) for x in out_shape),
-        in_dtypes=tuple(str(d) for d in in_dtypes), out_dtype=str(out_dtype),
-        partitions=int(partitions), free_elems=int(free_elems), bytes=int(nbytes),
-        src_loc=kernel_src_loc(),
-        loop_indices=state.loop_indices(),
-        program_id=tuple(k.program_id) if k else (),
-        attrs=tuple(sorted(attrs.items())),
-        **extra,
-    )
-    for t in state.traces:
-        t.events.append(Event(seq=len(t.events), **ev_kw))
+    k = s.kernel
+    fields = {
+        "seq": 0, "engine": engine, "op": op, "name": name or "",
+        "in_shapes": tuple([tuple(map(int, sh)) for sh in in_shapes]),
+        "out_shape": tuple(map(int, out_shape)),
+        "in_dtypes": tuple([_dname(d) for d in in_dtypes]), "out_dtype": _dname(out_dtype),
+        "partitions": int(partitions), "free_elems": int(free_elems), "bytes": int(nbytes),
+        "src_loc": kernel_src_loc(),
+        "loop_indices": tuple([f.value for f in k.loops]) if k else (),
+        "program_id": tuple(k.program_id) if k else (),
+        "dma_kind": dma_kind, "src_buffer": src_buffer, "dst_buffer": dst_buffer,
+        "descriptor_bytes": descriptor_bytes, "skipped_rows": skipped_rows,
+        "attrs": tuple(sorted(attrs.items())) if attrs else (),
+    }
+    for t in traces:
+        ev = _new(Event)                    # the frozen dataclass, without its per-field __init__
+        fields["seq"] = len(t.events)
+        ev.__dict__.update(fields)
+        t.events.append(ev)

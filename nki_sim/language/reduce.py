@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import dtypes as D
@@ -69,7 +71,7 @@ def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate
     out_shape = np.shape(r)
     if len(out_shape) == 0:
         r = np.reshape(r, (1,))
-    free = int(np.prod(x.shape[1:], dtype=np.int64)) if x.ndim > 1 else 1
+    free = math.prod(x.shape[1:]) if x.ndim > 1 else 1
     out_m = None
     if m is not None:
         out_m = m.any(axis=axes, keepdims=keepdims)

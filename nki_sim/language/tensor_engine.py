@@ -8,6 +8,7 @@ accumulates (see nki_sim.access.inplace_update).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -39,7 +40,7 @@ def _warn_int_precision(op, o):
 def _as2d(t: Tensor, op, pname):
     if t.ndim < 2:
         return t.shape + (1,) * (2 - t.ndim)
-    return (t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64)))
+    return (t.shape[0], math.prod(t.shape[1:]))
 
 
 def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname="stationary",
