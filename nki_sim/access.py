@@ -9,19 +9,19 @@ bounds (static and indirect, honouring ``mask=`` and ``oob_mode``), uninitialize
 
 from __future__ import annotations
 
-import bisect
-import linecache
-import re
 import warnings
 
 import numpy as np
 
+from . import deps
 from . import dtypes as D
 from . import errors as E
 from .config import config
 from .indexing import IndexExpr, broadcast_left
+from . import trace
 from .state import state
-from .tensor import Tensor
+from .target import get_target
+from .tensor import Tensor, _lang
 
 
 class Access:
@@ -156,50 +156,6 @@ def check_initialized(t: Tensor, mask, op: str):
     _uninit(t, Access(t, mask), op)
 
 
-def _dep_frames(alloc, k):
-    """Enclosing affine_range frames whose current iteration started after ``alloc`` was born
-    (outermost first), or None.  ``k`` is the running kernel, with at least one open loop."""
-    if not config.check_dependencies:
-        return None
-    born = alloc.birth_epoch
-    fr = [f for f in k.loops if f.kind == "affine" and born < f.iter_start]
-    return fr or None
-
-
-def _loop_var(f) -> str:
-    if not f.var:
-        line = linecache.getline(f.src[0], f.src[1])
-        m = re.search(r"for\s+([A-Za-z_]\w*)\s+in\b", line)
-        f.var = m.group(1) if m else f"<affine_range at {f.src[0].split('/')[-1]}:{f.src[1]}>"
-    return f.var
-
-
-def _dep_check(t: Tensor, acc: Access, frames, stamps: np.ndarray, kind: str, op: str,
-               prev_kind: str = "wrote"):
-    s = acc.gather(stamps)
-    if acc.valid is None and s.size:
-        # windows [loop_start, iter_start) of nested frames lie in [frames[0].loop_start,
-        # frames[-1].iter_start): stamps all below or all at/after that range cannot conflict
-        if s.max() < frames[0].loop_start or s.min() >= frames[-1].iter_start:
-            return
-    for f in frames:
-        bad = (s >= f.loop_start) & (s < f.iter_start)
-        if acc.valid is not None:
-            bad &= acc.valid
-        if bad.any():
-            first = np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape)
-            e = int(s[first])
-            j = bisect.bisect_right(f.starts, e) - 1
-            prev = f.values[j] if j >= 0 else "?"
-            raise E.OutputDependencyError(
-                f"Unexpected output dependencies, missing indices in the dst access: {_loop_var(f)} "
-                f"('{op}' {kind} tensor {t.name} {list(t.shape)} at access index "
-                f"{[int(i) for i in first]} in iteration {f.value} of nl.affine_range at "
-                f"{f.src[0].split('/')[-1]}:{f.src[1]}, but iteration {prev} "
-                f"{prev_kind} it; use "
-                "nl.sequential_range for a loop-carried dependency)")
-
-
 def _scope(t: Tensor, op: str):
     f = t.alloc.scope
     if f is not None and not f.alive and config.check_scope:
@@ -223,14 +179,16 @@ def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
     vals = acc.gather(alloc.data)
     k = state.kernel
     if k is not None and k.loops:
-        frames = _dep_frames(alloc, k)
+        frames = deps.frames_for(alloc, k)
         if frames:
-            lo = frames[0].loop_start            # no stamp below this can be in any window
-            if alloc.wstamp is not None and alloc.wmax >= lo:
-                _dep_check(t, acc, frames, alloc.wstamp, "reads", op)
+            lo = frames[0].loop_start            # no epoch below this can be in any window
+            if alloc.wmax >= lo:
+                deps.check(alloc.wlog, t, acc, frames, "reads", op)
             if alloc.kind != "input" or alloc.mutable:
                 epoch = state.epoch
-                acc.scatter(alloc.stamps("rstamp"), epoch)
+                if alloc.rlog is None:
+                    alloc.rlog = deps.EpochLog()
+                deps.record(alloc.rlog, t, acc, epoch, k)
                 alloc.rmax = epoch
     return vals, acc
 
@@ -287,16 +245,17 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
     if not exempt:
         k = state.kernel
         if k is not None and k.loops:
-            frames = _dep_frames(alloc, k)
+            frames = deps.frames_for(alloc, k)
             if frames:
                 lo = frames[0].loop_start
-                ws = alloc.stamps("wstamp")
                 if alloc.wmax >= lo:
-                    _dep_check(t, acc, frames, ws, "writes", op)
-                if alloc.rstamp is not None and alloc.rmax >= lo:
-                    _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
+                    deps.check(alloc.wlog, t, acc, frames, "writes", op)
+                if alloc.rmax >= lo:
+                    deps.check(alloc.rlog, t, acc, frames, "writes", op, "read")
                 epoch = state.epoch
-                acc.scatter(ws, epoch)
+                if alloc.wlog is None:
+                    alloc.wlog = deps.EpochLog()
+                deps.record(alloc.wlog, t, acc, epoch, k)
                 alloc.wmax = epoch
     if accumulate == "rmw":
         _rmw_add(acc, vals)
@@ -317,8 +276,25 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
 
 
 def _mark_written(alloc, acc: Access) -> None:
-    acc.scatter(alloc.written, True)
-    if alloc.written.all():       # fully initialised: later reads skip the bitmap
+    """Set the written bits of ``acc``; a fully initialised allocation drops its bitmap (later
+    reads skip the check).  ``alloc.unwritten`` counts the clear bits, updated per region."""
+    w = alloc.written
+    if acc.offs is None:
+        region = acc.gather(w)
+        valid = acc.valid
+        if valid is None:
+            new = region.size - np.count_nonzero(region)
+            if new:
+                region[...] = True
+        else:
+            new = np.count_nonzero(valid & ~region)
+            if new:
+                np.copyto(region, True, where=valid)
+        alloc.unwritten -= new
+    else:                         # index arrays may repeat an element: recount
+        acc.scatter(w, True)
+        alloc.unwritten = w.size - np.count_nonzero(w)
+    if not alloc.unwritten:
         alloc.written = None
         alloc.lazy_poison = False
 
@@ -370,7 +346,6 @@ def _check_pe_transpose_psum(value: Tensor, dst: Tensor):
     prod = value.producer or ()
     if len(prod) < 3 or prod[:2] != ("tensor", "nc_transpose") or dst.buffer != "psum":
         return
-    from .target import get_target
     src = prod[2]
     if get_target().nc_version == "gen2":
         if dst.dtype != D.float32:
@@ -400,7 +375,6 @@ def _check_producer(value: Tensor, dst: Tensor):
 
 
 def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
-    from . import trace
     trace.emit("vector", "copy", in_shapes=(src.shape,), out_shape=dst.shape,
                in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=dst.shape[0] if dst.shape else 1,
@@ -410,7 +384,6 @@ def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
 
 def assign(t: Tensor, key, value) -> None:
     """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
-    from . import trace
     dst = t[key]
     if isinstance(value, Tensor):
         if value.fresh == "acc" and _same_region(dst, value):
@@ -460,8 +433,7 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
         write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
         other.fresh = False
     else:
-        from . import language as nl
-        res = getattr(nl, fname)(t, other)
+        res = getattr(_lang("elementwise"), fname)(t, other)
         vals, _ = read(res, res.pmask, op=fname)
         write(t, vals, op=fname)
         res.fresh = False

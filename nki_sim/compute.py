@@ -15,7 +15,7 @@ import numpy as np
 from . import dtypes as D
 from . import errors as E
 from . import trace
-from .access import read
+from .access import Access, read
 from .indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
 from .memory import Alloc
 from .state import state
@@ -76,6 +76,13 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
             allow_scalar=True, require_sbuf=False) -> Operand:
     """Checked read of an instruction operand (tile view or scalar)."""
     if isinstance(x, Tensor):
+        buf = x.alloc.buffer
+        if buf == "sbuf" and not x.pax and x.indirect is None:     # the common case
+            m = None if mask is None else mask_for_input(mask, x.shape)
+            if m is None and x.alloc.temp and x.alloc.written is not None:
+                m = _implied_mask(x)
+            v, _ = read(x, m, op=op)
+            return Operand(v, x.arr.dtype, x.shape, buf, x)
         if x.is_hbm and not allow_hbm:
             raise E.MemorySpaceError(
                 f"Expected operand '{name}' of '{op}' to be in address space 'sbuf'"
@@ -99,11 +106,7 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
                 code="err_copy_dynamic_indirect_indices_not_natively_supported")
         m = mask_for_input(mask, x.shape)
         if m is None and x.alloc.temp and x.alloc.written is not None:
-            from .access import Access
-            wm = Access(x).gather(x.alloc.written)
-            if not wm.all():
-                m = np.array(wm, dtype=bool)
-                state.implied.append((x, m))
+            m = _implied_mask(x)
         v, _ = read(x, m, op=op)
         return Operand(v, x.dtype, x.shape, x.buffer, x)
     if isinstance(x, (IndexExpr, MaskExpr)):
@@ -117,6 +120,17 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
                         "as kernel arguments (HBM) and loaded with nl.load")
     raise TypeError(f"operand '{name}' of '{op}' must be a tile{' or a scalar' if allow_scalar else ''}; "
                     f"got {type(x).__name__}")
+
+
+def _implied_mask(x: Tensor):
+    """Written-element mask of a partially written op result ``x`` (recorded in
+    ``state.implied`` for the output), or None when it is fully written."""
+    wm = Access(x).gather(x.alloc.written)
+    if wm.all():
+        return None
+    m = np.array(wm, dtype=bool)
+    state.implied.append((x, m))
+    return m
 
 
 def check_partitions(shape, what: str):
@@ -149,10 +163,11 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
                 buffer: str = "sbuf", name: str = "", fresh=True, free_elems=None,
                 attrs=None, emit=True) -> Tensor:
     """Allocate the output tile of an instruction, write ``values`` (cast), record the event."""
-    d = np.dtype(dtype)
-    v = np.asarray(values)
-    shape = tuple(v.shape if shape is None else shape)
-    check_partitions(shape, f"output of '{op}'")
+    d = dtype if type(dtype) is np.dtype else np.dtype(dtype)
+    v = values if type(values) is np.ndarray else np.asarray(values)
+    shape = v.shape if shape is None else tuple(shape)
+    if shape and shape[0] > 128:
+        check_partitions(shape, f"output of '{op}'")
     if v.shape != shape:
         v = broadcast_left(v, shape)
     data = D.cast_for_write(v, d)
@@ -164,8 +179,8 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
     if state.implied:
         m = _propagate(m, shape, op)
     if m is None:
-        data = np.array(data, dtype=d, copy=True, order="C") if not (
-            data.flags.c_contiguous and data.flags.owndata and data.base is None) else data
+        if data.base is not None or not data.flags.c_contiguous or not data.flags.owndata:
+            data = np.array(data, dtype=d, copy=True, order="C")
         alloc = Alloc(data, buffer, name=name, written=True)
     else:
         full = np.full(shape, D.poison_value(d), dtype=d)
@@ -176,7 +191,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
     t.fresh = fresh
     t.producer = (engine, op)
     t.pmask = None if m is None else alloc.written
-    if emit:
+    if emit and state.traces:
         emit_compute(engine, op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,
                      count=None if m is None else int(np.count_nonzero(m)))
     return t
@@ -205,15 +220,20 @@ def _propagate(m, shape, op):
 def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=None, count=None):
     if not state.traces:
         return
-    ins = [o for o in inputs if o is not None and not o.is_scalar]
-    shape = out.shape if out is not None else ()
-    n = out.size if count is None and out is not None else (count or 0)
+    ins = [o for o in inputs if o is not None and o.t is not None]
+    if out is not None:
+        shape = out.shape
+        n = out.size if count is None else count
+        nbytes = n * out.arr.itemsize
+        out_dtype = out.arr.dtype
+    else:
+        shape, nbytes, out_dtype = (), 0, ""
     trace.emit(engine, op, name=name,
-               in_shapes=tuple(o.shape for o in ins),
+               in_shapes=[o.shape for o in ins],
                out_shape=shape,
-               in_dtypes=tuple([o.dtype for o in ins]),
-               out_dtype=out.dtype if out is not None else "",
+               in_dtypes=[o.dtype for o in ins],
+               out_dtype=out_dtype,
                partitions=shape[0] if shape else 1,
                free_elems=free_size(shape) if free_elems is None else free_elems,
-               nbytes=n * (out.itemsize if out is not None else 0),
-               attrs=attrs or {})
+               nbytes=nbytes,
+               attrs=attrs)

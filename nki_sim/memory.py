@@ -3,9 +3,9 @@
 An :class:`Alloc` owns one C-contiguous NumPy array in the *declared* storage dtype
 (bf16/fp8 through ml_dtypes).  Fresh memory is poisoned (NaN / integer max) and its
 ``written`` bitmap is all False; ``written is None`` means "fully initialised" (kernel
-inputs), which avoids a bitmap for large HBM tensors.  ``wstamp`` / ``rstamp`` (int32,
-allocated lazily) hold the epoch of the last write / read inside an ``affine_range``
-iteration, used by the loop-carried dependency checker.
+inputs), which avoids a bitmap for large HBM tensors.  ``wlog`` / ``rlog`` (created lazily)
+log the epochs of writes / reads inside ``affine_range`` iterations for the loop-carried
+dependency checker (:mod:`nki_sim.deps`).
 
 Live bytes per partition of SBUF and PSUM are counted from allocation until the
 ``Alloc`` object is garbage collected (i.e. while any view of it is referenced).
@@ -55,8 +55,8 @@ class Alloc:
     """One allocation (a tensor's storage)."""
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
-                 "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "lazy_poison",
+                 "birth_epoch", "wlog", "rlog", "par_axis", "bytes_pp", "user_array",
+                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "lazy_poison", "unwritten",
                  "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
@@ -68,10 +68,13 @@ class Alloc:
         self.data = data
         if written is True:
             self.written = None
+            self.unwritten = 0
         elif written is False:
             self.written = np.zeros(data.shape, dtype=bool)
+            self.unwritten = data.size
         else:       # the aux views of nki_sim.tensor assume C order (same layout as data)
             self.written = np.ascontiguousarray(written, dtype=bool)
+            self.unwritten = data.size - int(np.count_nonzero(self.written))
         self.name = name or f"{buffer}_{aid}"
         self.kind = kind
         self.mutable = mutable
@@ -85,9 +88,9 @@ class Alloc:
                 if f.kind != "static":
                     self.scope = f
                     break
-        self.wstamp = None
-        self.rstamp = None
-        self.wmax = self.rmax = -1     # largest epoch ever stamped (fast path of the checker)
+        self.wlog = None        # nki_sim.deps.EpochLog of writes / reads inside affine_range loops
+        self.rlog = None
+        self.wmax = self.rmax = -1     # largest epoch ever logged (fast path of the checker)
         self.par_axis = par_axis
         self.user_array = None
         self.ever_written = False
@@ -107,13 +110,6 @@ class Alloc:
                 self.counter.change(self.buffer, -self.bytes_pp)
             except Exception:  # interpreter shutdown
                 pass
-
-    def stamps(self, which: str) -> np.ndarray:
-        arr = getattr(self, which)
-        if arr is None:
-            arr = np.full(self.data.shape, -1, dtype=np.int32)
-            setattr(self, which, arr)
-        return arr
 
     def poison(self) -> None:
         """Fill never-written elements with the poison value (deferred from allocation until

@@ -134,7 +134,9 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
     if any(g <= 0 for g in grid):
         raise ValueError(f"SPMD grid sizes must be positive; got {list(grid)}")
     cm = use_target(platform_target) if platform_target is not None else contextlib.nullcontext()
-    with cm, single_threaded():
+    # engine arithmetic never traps: inf / NaN results flow silently (NumPy's FP-error state is
+    # per thread / context, so this does not affect other threads)
+    with cm, single_threaded(), np.errstate(all="ignore"):
         sig = inspect.signature(func)
         try:
             bound = sig.bind(*args, **kwargs)

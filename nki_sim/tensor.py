@@ -24,7 +24,7 @@ from .memory import HBM_BUFFERS, ONCHIP
 
 class Tensor:
     __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax", "producer", "_lay",
-                 "__weakref__")
+                 "_box", "__weakref__")
     __array_priority__ = 100
     __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
 
@@ -39,6 +39,7 @@ class Tensor:
         self.pax = pax          # partition axis of this view (0 unless block dims)
         self.producer = None    # (engine, op) of the instruction that produced a fresh tile
         self._lay = lay         # (element offset, element strides) of arr in alloc.data, if known
+        self._box = False       # index box in the allocation (nki_sim.deps.view_box), once computed
 
     # ---- metadata -------------------------------------------------------------------
     @property
@@ -127,12 +128,10 @@ class Tensor:
 
     # ---- indexing ----------------------------------------------------------------------
     def __getitem__(self, key):
-        from .views import subscript
-        return subscript(self, key)
+        return _views.subscript(self, key)
 
     def __setitem__(self, key, value):
-        from .access import assign
-        assign(self, key, value)
+        _access.assign(self, key, value)
 
     # ---- view methods ------------------------------------------------------------------
     def reshape(self, *shape):
@@ -170,8 +169,7 @@ class Tensor:
     # ---- operators (Vector engine element-wise ops) -------------------------------------
     def _op(name, reverse=False):
         def f(self, other):
-            from .language import elementwise as ew      # operators exist in every SDK
-            fn = getattr(ew, name)
+            fn = getattr(_lang("elementwise"), name)    # operators exist in every SDK
             return fn(other, self, _operator=True) if reverse else fn(self, other, _operator=True)
         f.__name__ = name
         return f
@@ -204,13 +202,24 @@ class Tensor:
         return nl.abs(self)
 
     def _inplace(self, other, fname):
-        from .access import inplace_update
-        return inplace_update(self, other, fname)
+        return _access.inplace_update(self, other, fname)
 
     def __iadd__(self, other): return self._inplace(other, "add")
     def __isub__(self, other): return self._inplace(other, "subtract")
     def __imul__(self, other): return self._inplace(other, "multiply")
     def __itruediv__(self, other): return self._inplace(other, "divide")
+
+
+_LANG: dict = {}
+
+
+def _lang(name):
+    """``nki_sim.language.<name>`` (imported on first use: the language package imports this module)."""
+    m = _LANG.get(name)
+    if m is None:
+        import importlib
+        m = _LANG[name] = importlib.import_module(f"{__package__}.language.{name}")
+    return m
 
 
 def is_tensor(x) -> bool:
@@ -219,3 +228,6 @@ def is_tensor(x) -> bool:
 
 def is_index(x) -> bool:
     return isinstance(x, (IndexExpr, MaskExpr))
+
+
+from . import access as _access, views as _views  # noqa: E402  (circular: used at call time)

@@ -184,6 +184,7 @@ def _dname(d) -> str:
 
 
 _new = object.__new__
+_setattr = object.__setattr__
 
 
 def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_dtype="",
@@ -199,8 +200,8 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
     k = s.kernel
     fields = {
         "seq": 0, "engine": engine, "op": op, "name": name or "",
-        "in_shapes": tuple([tuple(map(int, sh)) for sh in in_shapes]),
-        "out_shape": tuple(map(int, out_shape)),
+        "in_shapes": tuple([sh if type(sh) is tuple else tuple(map(int, sh)) for sh in in_shapes]),
+        "out_shape": out_shape if type(out_shape) is tuple else tuple(map(int, out_shape)),
         "in_dtypes": tuple([_dname(d) for d in in_dtypes]), "out_dtype": _dname(out_dtype),
         "partitions": int(partitions), "free_elems": int(free_elems), "bytes": int(nbytes),
         "src_loc": kernel_src_loc(),
@@ -210,8 +211,10 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
         "descriptor_bytes": descriptor_bytes, "skipped_rows": skipped_rows,
         "attrs": tuple(sorted(attrs.items())) if attrs else (),
     }
+    last = traces[-1]
     for t in traces:
         ev = _new(Event)                    # the frozen dataclass, without its per-field __init__
-        fields["seq"] = len(t.events)
-        ev.__dict__.update(fields)
+        d = fields if t is last else dict(fields)
+        d["seq"] = len(t.events)
+        _setattr(ev, "__dict__", d)
         t.events.append(ev)

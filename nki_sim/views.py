@@ -82,9 +82,7 @@ def _basic(t: Tensor, key) -> Tensor:
                 raise _oob(t, ax, lo, stop - 1, n)
             if start is not None and (start > n or start < -n) and (step is None or step > 0):
                 raise _oob(t, ax, start, start, n)
-            if start:
-                off += k.indices(n)[0] * es[ax]
-            elif step is not None and step < 0:
+            if start or (step is not None and step < 0):
                 off += k.indices(n)[0] * es[ax]
             out.append(k)
         elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
@@ -105,11 +103,14 @@ def _basic(t: Tensor, key) -> Tensor:
             raise TypeError(f"unsupported index {k!r} of type {type(k).__name__} for tensor {t.name}")
     if onchip:
         _keep_tile_rank(t, out, new_pax)
+    new_es = [es[ax] * (k.step or 1) for ax, k in enumerate(out) if type(k) is slice]
+    new_es.extend(es[len(out):])            # axes not subscripted
     arr = t.arr[tuple(out)]
     if arr.ndim == 0:               # HBM scalar element: keep as a (1,) view
         arr = t.arr[tuple(slice(k, k + 1) if isinstance(k, int) else k for k in out)].reshape(1)
-    isz = arr.itemsize
-    lay = (off, tuple([s // isz for s in arr.strides])) if arr.size else None
+        isz = arr.itemsize
+        new_es = [s // isz for s in arr.strides]
+    lay = (off, tuple(new_es)) if arr.size else None
     return Tensor(t.alloc, arr, pax=max(new_pax, 0), lay=lay)
 
 

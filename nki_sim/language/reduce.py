@@ -47,17 +47,16 @@ def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate
         if cdt == np.int64 and not np.isfinite(ident):
             ident = np.iinfo(np.int64).min if ident < 0 else np.iinfo(np.int64).max
         v = np.where(m, v, np.asarray(ident).astype(cdt))
-    with np.errstate(all="ignore"):
-        if kind == "mean":
-            r = np.mean(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
-        elif kind == "var":
-            r = np.var(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
-        elif kind == "all":
-            r = np.all(v != 0, axis=axes, keepdims=keepdims)
-        elif kind == "any":
-            r = np.any(v != 0, axis=axes, keepdims=keepdims)
-        else:
-            r = reduce_values(kind, v, axes, keepdims)
+    if kind == "mean":
+        r = np.mean(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
+    elif kind == "var":
+        r = np.var(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
+    elif kind == "all":
+        r = np.all(v != 0, axis=axes, keepdims=keepdims)
+    elif kind == "any":
+        r = np.any(v != 0, axis=axes, keepdims=keepdims)
+    else:
+        r = reduce_values(kind, v, axes, keepdims)
     if negate:
         r = -r
     if dtype is not None:

@@ -1,0 +1,223 @@
+"""The ``affine_range`` loop-carried dependency checker.
+
+Every read and write, inside an ``affine_range`` iteration, of a tensor created before that
+iteration is logged with the current epoch (``state.epoch``, advanced at every iteration
+start).  An element of an access conflicts when the latest epoch logged on it -- by writes,
+for a read; by writes and by reads, for a write -- lies in ``[loop start, iteration start)``
+of an enclosing affine loop: another iteration touched it (``OutputDependencyError``).
+
+The log of an allocation (:class:`EpochLog`, one for writes and one for reads) keeps accesses
+symbolic while it can: a basic view is a box in the allocation's index space, and a new access
+is first compared with the boxes logged inside the epoch windows.  Only when one of them
+overlaps it, or an access is not a box (strided / reshaped views, masks are kept exact,
+index arrays), are the pending accesses replayed, in epoch order, into a per-element epoch
+array -- exactly the stamps an eager checker holds -- and the access is checked element by
+element.  Tiles that are only read inside a loop (the common case) are never replayed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import linecache
+import re
+
+import numpy as np
+
+from . import errors as E
+from .config import config
+
+_MAX_PENDING = 48          # replay the log beyond this many symbolic entries
+
+
+class EpochLog:
+    """Epochs of the accesses of one kind (writes or reads) logged on one allocation.
+
+    ``arr``: per-element latest epoch of the replayed accesses (int32, -1 = never), or None;
+    ``pending``: accesses not replayed yet, oldest first, each ``(box, epoch, off, strides,
+    shape, offs, valid)`` (a basic view by element layout, or flat element offsets ``offs``);
+    ``arr_max``: largest epoch in ``arr``.  Entries hold no tensor references (no cycles
+    through the allocation, whose lifetime drives the live-bytes accounting).
+    """
+
+    __slots__ = ("arr", "pending", "arr_max")
+
+    def __init__(self):
+        self.arr = None
+        self.pending = []
+        self.arr_max = -1
+
+    def replay(self, shape) -> np.ndarray:
+        """Scatter the pending accesses into ``arr`` (allocated for ``shape`` on first use)."""
+        arr = self.arr
+        if arr is None:
+            arr = self.arr = np.full(shape, -1, dtype=np.int32)
+        if self.pending:
+            flat = arr.reshape(-1)
+            for _box, e, off, es, vshape, offs, valid in self.pending:
+                if offs is None:
+                    if es is None:
+                        view = arr
+                    else:
+                        if not all(vshape):
+                            continue
+                        view = np.ndarray(vshape, np.int32, arr, off * 4, tuple([s * 4 for s in es]))
+                    if valid is None:
+                        view[...] = e
+                    else:
+                        np.copyto(view, e, where=valid)
+                elif valid is None:
+                    flat[offs] = e
+                else:
+                    flat[offs[valid]] = e
+            self.arr_max = max(self.arr_max, self.pending[-1][1])
+            self.pending = []
+        return arr
+
+
+# ---------------------------------------------------------------------------- boxes
+def view_box(t):
+    """The box ``((lo, hi), ...)`` (inclusive, one pair per allocation axis) covered by the basic
+    view ``t``, or None when ``t`` is not a box (index arrays, steps, reshaped strides)."""
+    b = t._box
+    if b is not False:          # False: not computed yet
+        return b
+    b = None
+    if t.idx is None:
+        data = t.alloc.data
+        dims = data.shape
+        shape = t.arr.shape
+        if t.arr is data:
+            b = tuple([(0, n - 1) for n in dims])
+        elif all(shape):
+            off, es = t.elem_layout()
+            isz = data.itemsize
+            nat = tuple([s // isz for s in data.strides])
+            if es == nat:                   # unit-step slices of every axis (the common case)
+                b = []
+                rem = off
+                for s, n, nk in zip(nat, shape, dims):
+                    q, rem = divmod(rem, s) if s else (0, rem)
+                    if q + n > nk:
+                        b = None
+                        break
+                    b.append((q, q + n - 1))
+                t._box = b = tuple(b) if b is not None and rem == 0 else None
+                return b
+            lo = []
+            rem = off
+            for s in nat:
+                q, rem = divmod(rem, s) if s else (0, rem)
+                lo.append(q)
+            hi = list(lo)
+            used = set()
+            ok = rem == 0
+            for n, s in zip(shape, es):
+                if n == 1 or not ok:
+                    continue
+                for k, (nk, sk) in enumerate(zip(dims, nat)):
+                    if sk == s and nk > 1 and k not in used:
+                        used.add(k)
+                        hi[k] = lo[k] + n - 1
+                        ok = hi[k] < nk
+                        break
+                else:
+                    ok = False
+            if ok:
+                b = tuple(zip(lo, hi))
+    t._box = b
+    return b
+
+
+def _overlap(a, b) -> bool:
+    for (alo, ahi), (blo, bhi) in zip(a, b):
+        if alo > bhi or blo > ahi:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------- checks
+def frames_for(alloc, k):
+    """Enclosing affine_range frames whose current iteration started after ``alloc`` was born
+    (outermost first), or None.  ``k`` is the running kernel, with at least one open loop."""
+    if not config.check_dependencies:
+        return None
+    born = alloc.birth_epoch
+    fr = [f for f in k.loops if f.kind == "affine" and born < f.iter_start]
+    return fr or None
+
+
+def _in_window(e, frames) -> bool:
+    for f in frames:
+        if f.loop_start <= e < f.iter_start:
+            return True
+    return False
+
+
+def check(log: EpochLog, t, acc, frames, kind: str, op: str, prev_kind: str = "wrote"):
+    """Raise OutputDependencyError if ``acc`` (an Access of view ``t``) touches an element whose
+    latest ``log`` epoch lies in one of the ``frames``' windows."""
+    lo = frames[0].loop_start
+    box = view_box(t) if acc.offs is None else None
+    if box is not None and log.arr_max < lo:
+        for b, e, *_ in log.pending:
+            if e >= lo and _in_window(e, frames) and (b is None or _overlap(b, box)):
+                break
+        else:
+            return
+    stamps = log.replay(t.alloc.data.shape)
+    _check_elements(t, acc, frames, stamps, kind, op, prev_kind)
+
+
+def record(log: EpochLog, t, acc, epoch: int, k) -> None:
+    """Log access ``acc`` of view ``t`` at ``epoch`` (``k``: the running kernel)."""
+    if acc.offs is None:
+        box = view_box(t)
+        if t.arr is t.alloc.data:
+            entry = (box, epoch, 0, None, None, None, acc.valid)
+        else:
+            off, es = t.elem_layout()
+            entry = (box, epoch, off, es, t.arr.shape, None, acc.valid)
+    else:
+        entry = (None, epoch, 0, None, None, acc.offs, acc.valid)
+    pending = log.pending
+    if len(pending) >= _MAX_PENDING:
+        # entries older than every open affine loop can never be in a window again
+        dead = min([f.loop_start for f in k.loops if f.kind == "affine"] or [epoch])
+        pending = log.pending = [p for p in pending if p[1] >= dead]
+        if len(pending) >= _MAX_PENDING:
+            log.replay(t.alloc.data.shape)
+            pending = log.pending
+    pending.append(entry)
+
+
+def loop_var(f) -> str:
+    if not f.var:
+        line = linecache.getline(f.src[0], f.src[1])
+        m = re.search(r"for\s+([A-Za-z_]\w*)\s+in\b", line)
+        f.var = m.group(1) if m else f"<affine_range at {f.src[0].split('/')[-1]}:{f.src[1]}>"
+    return f.var
+
+
+def _check_elements(t, acc, frames, stamps: np.ndarray, kind: str, op: str, prev_kind: str):
+    s = acc.gather(stamps)
+    if acc.valid is None and s.size:
+        # windows [loop_start, iter_start) of nested frames lie in [frames[0].loop_start,
+        # frames[-1].iter_start): stamps all below or all at/after that range cannot conflict
+        if s.max() < frames[0].loop_start or s.min() >= frames[-1].iter_start:
+            return
+    for f in frames:
+        bad = (s >= f.loop_start) & (s < f.iter_start)
+        if acc.valid is not None:
+            bad &= acc.valid
+        if bad.any():
+            first = np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape)
+            e = int(s[first])
+            j = bisect.bisect_right(f.starts, e) - 1
+            prev = f.values[j] if j >= 0 else "?"
+            raise E.OutputDependencyError(
+                f"Unexpected output dependencies, missing indices in the dst access: {loop_var(f)} "
+                f"('{op}' {kind} tensor {t.name} {list(t.shape)} at access index "
+                f"{[int(i) for i in first]} in iteration {f.value} of nl.affine_range at "
+                f"{f.src[0].split('/')[-1]}:{f.src[1]}, but iteration {prev} "
+                f"{prev_kind} it; use "
+                "nl.sequential_range for a loop-carried dependency)")
