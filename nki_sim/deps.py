@@ -27,24 +27,28 @@ from . import errors as E
 from .config import config
 
 _MAX_PENDING = 48          # replay the log beyond this many symbolic entries
+_max, _min = np.maximum.reduce, np.minimum.reduce
 
 
 class EpochLog:
     """Epochs of the accesses of one kind (writes or reads) logged on one allocation.
 
     ``arr``: per-element latest epoch of the replayed accesses (int32, -1 = never), or None;
-    ``pending``: accesses not replayed yet, oldest first, each ``(box, epoch, off, strides,
-    shape, offs, valid)`` (a basic view by element layout, or flat element offsets ``offs``);
-    ``arr_max``: largest epoch in ``arr``.  Entries hold no tensor references (no cycles
-    through the allocation, whose lifetime drives the live-bytes accounting).
+    ``arr_max``: the largest epoch in ``arr``.  ``pending``: accesses not replayed yet, oldest
+    first (a dict in epoch order: repeating an unmasked box replaces its older entry), each
+    ``(box, epoch, off, strides, shape, offs, valid)`` -- a basic view by element layout, or
+    flat element offsets ``offs``; ``bbox``: the union of the pending boxes (None when one is
+    not a box).  Entries hold no tensor references (no cycles through the allocation, whose
+    lifetime drives the live-bytes accounting).
     """
 
-    __slots__ = ("arr", "pending", "arr_max")
+    __slots__ = ("arr", "pending", "arr_max", "bbox")
 
     def __init__(self):
         self.arr = None
-        self.pending = []
+        self.pending = {}
         self.arr_max = -1
+        self.bbox = None
 
     def replay(self, shape) -> np.ndarray:
         """Scatter the pending accesses into ``arr`` (allocated for ``shape`` on first use)."""
@@ -53,7 +57,9 @@ class EpochLog:
             arr = self.arr = np.full(shape, -1, dtype=np.int32)
         if self.pending:
             flat = arr.reshape(-1)
-            for _box, e, off, es, vshape, offs, valid in self.pending:
+            last = -1
+            for _box, e, off, es, vshape, offs, valid in self.pending.values():
+                last = e
                 if offs is None:
                     if es is None:
                         view = arr
@@ -69,8 +75,9 @@ class EpochLog:
                     flat[offs] = e
                 else:
                     flat[offs[valid]] = e
-            self.arr_max = max(self.arr_max, self.pending[-1][1])
-            self.pending = []
+            self.arr_max = max(self.arr_max, last)
+            self.pending = {}
+            self.bbox = None
         return arr
 
 
@@ -158,36 +165,63 @@ def check(log: EpochLog, t, acc, frames, kind: str, op: str, prev_kind: str = "w
     latest ``log`` epoch lies in one of the ``frames``' windows."""
     lo = frames[0].loop_start
     box = view_box(t) if acc.offs is None else None
-    if box is not None and log.arr_max < lo:
-        for b, e, *_ in log.pending:
-            if e >= lo and _in_window(e, frames) and (b is None or _overlap(b, box)):
-                break
-        else:
+    if box is not None:
+        pending = log.pending
+        hits = None
+        if pending and (log.bbox is None or _overlap(log.bbox, box)):
+            hits = [e for b, e, *_ in pending.values() if b is None or _overlap(b, box)]
+        if not hits:
+            # no pending access touches the box: the replayed epochs are the latest ones there
+            if log.arr is not None and log.arr_max >= lo:
+                _check_elements(t, acc, frames, log.arr, kind, op, prev_kind)
             return
+        if log.arr_max < lo and not any(e >= lo and _in_window(e, frames) for e in hits):
+            return      # the latest epochs in the box are outside every window
     stamps = log.replay(t.alloc.data.shape)
     _check_elements(t, acc, frames, stamps, kind, op, prev_kind)
 
 
 def record(log: EpochLog, t, acc, epoch: int, k) -> None:
     """Log access ``acc`` of view ``t`` at ``epoch`` (``k``: the running kernel)."""
+    valid = acc.valid
     if acc.offs is None:
         box = view_box(t)
         if t.arr is t.alloc.data:
-            entry = (box, epoch, 0, None, None, None, acc.valid)
+            entry = (box, epoch, 0, None, None, None, valid)
         else:
             off, es = t.elem_layout()
-            entry = (box, epoch, off, es, t.arr.shape, None, acc.valid)
+            entry = (box, epoch, off, es, t.arr.shape, None, valid)
     else:
-        entry = (None, epoch, 0, None, None, acc.offs, acc.valid)
+        box = None
+        entry = (None, epoch, 0, None, None, acc.offs, valid)
     pending = log.pending
     if len(pending) >= _MAX_PENDING:
         # entries older than every open affine loop can never be in a window again
         dead = min([f.loop_start for f in k.loops if f.kind == "affine"] or [epoch])
-        pending = log.pending = [p for p in pending if p[1] >= dead]
-        if len(pending) >= _MAX_PENDING:
+        kept = {key: p for key, p in pending.items() if p[1] >= dead}
+        if len(kept) >= _MAX_PENDING:
             log.replay(t.alloc.data.shape)
-            pending = log.pending
-    pending.append(entry)
+            kept = {}
+        log.pending = pending = kept
+        log.bbox = _union([p[0] for p in kept.values()])
+    key = box if (box is not None and valid is None) else object()
+    pending.pop(key, None)
+    pending[key] = entry
+    if box is None:
+        log.bbox = None
+    elif len(pending) == 1:
+        log.bbox = box
+    elif log.bbox is not None:
+        log.bbox = tuple([(min(a, c), max(b, d)) for (a, b), (c, d) in zip(log.bbox, box)])
+
+
+def _union(boxes):
+    if not boxes or any(b is None for b in boxes):
+        return None
+    out = boxes[0]
+    for b in boxes[1:]:
+        out = tuple([(min(a, c), max(x, d)) for (a, x), (c, d) in zip(out, b)])
+    return out
 
 
 def loop_var(f) -> str:
@@ -203,7 +237,7 @@ def _check_elements(t, acc, frames, stamps: np.ndarray, kind: str, op: str, prev
     if acc.valid is None and s.size:
         # windows [loop_start, iter_start) of nested frames lie in [frames[0].loop_start,
         # frames[-1].iter_start): stamps all below or all at/after that range cannot conflict
-        if s.max() < frames[0].loop_start or s.min() >= frames[-1].iter_start:
+        if _max(s, None) < frames[0].loop_start or _min(s, None) >= frames[-1].iter_start:
             return
     for f in frames:
         bad = (s >= f.loop_start) & (s < f.iter_start)
