@@ -104,9 +104,9 @@ class Access:
             t = self.t
             view = t.arr if base is t.alloc.data else t.aux_view(base)
             if valid is None:
-                view[...] = values
+                np.copyto(view, values, casting="unsafe")
             else:
-                np.copyto(view, values, where=valid)
+                np.copyto(view, values, casting="unsafe", where=valid)
             return
         flat = base.reshape(-1)
         if valid is None:
@@ -178,7 +178,7 @@ def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
         _uninit(t, acc, op)
     vals = acc.gather(alloc.data)
     k = state.kernel
-    if k is not None and k.loops:
+    if k is not None and k.affine:
         frames = deps.frames_for(alloc, k)
         if frames:
             lo = frames[0].loop_start            # no epoch below this can be in any window
@@ -244,7 +244,7 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
     vals = fit_value(values, t.shape, t.name)
     if not exempt:
         k = state.kernel
-        if k is not None and k.loops:
+        if k is not None and k.affine:
             frames = deps.frames_for(alloc, k)
             if frames:
                 lo = frames[0].loop_start
@@ -268,7 +268,9 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         if alloc.written is not None:
             cur = np.where(acc.gather(alloc.written), cur, np.float32(0))
         vals = cur + np.asarray(vals, dtype=np.float32)
-    acc.scatter(alloc.data, D.cast_for_write(vals, alloc.dtype))
+    if not D.plain_cast(vals.dtype, alloc.dtype):
+        vals = D.cast_for_write(vals, alloc.dtype)
+    acc.scatter(alloc.data, vals)         # float -> float casts happen in the copy (unsafe = RNE)
     if alloc.written is not None:
         _mark_written(alloc, acc)
     alloc.ever_written = True

@@ -170,7 +170,8 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         check_partitions(shape, f"output of '{op}'")
     if v.shape != shape:
         v = broadcast_left(v, shape)
-    data = D.cast_for_write(v, d)
+    plain = D.plain_cast(v.dtype, d)
+    data = v if plain else D.cast_for_write(v, d)
     m = None
     if mask is not None:
         m = mask if isinstance(mask, np.ndarray) else mask_array(mask, shape)
@@ -179,12 +180,15 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
     if state.implied:
         m = _propagate(m, shape, op)
     if m is None:
-        if data.base is not None or not data.flags.c_contiguous or not data.flags.owndata:
-            data = np.array(data, dtype=d, copy=True, order="C")
+        if data.dtype != d or data.base is not None or not data.flags.c_contiguous \
+                or not data.flags.owndata:
+            out = np.empty(shape, dtype=d)
+            np.copyto(out, data, casting="unsafe")      # the plain float cast, in the copy
+            data = out
         alloc = Alloc(data, buffer, name=name, written=True)
     else:
         full = np.full(shape, D.poison_value(d), dtype=d)
-        np.copyto(full, data, where=m)
+        np.copyto(full, data, casting="unsafe", where=m)
         alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True, order="C"))
     alloc.temp = True
     t = Tensor(alloc, alloc.data)

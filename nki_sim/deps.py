@@ -34,21 +34,22 @@ class EpochLog:
     """Epochs of the accesses of one kind (writes or reads) logged on one allocation.
 
     ``arr``: per-element latest epoch of the replayed accesses (int32, -1 = never), or None;
-    ``arr_max``: the largest epoch in ``arr``.  ``pending``: accesses not replayed yet, oldest
-    first (a dict in epoch order: repeating an unmasked box replaces its older entry), each
-    ``(box, epoch, off, strides, shape, offs, valid)`` -- a basic view by element layout, or
-    flat element offsets ``offs``; ``bbox``: the union of the pending boxes (None when one is
-    not a box).  Entries hold no tensor references (no cycles through the allocation, whose
-    lifetime drives the live-bytes accounting).
+    ``arr_max``: the largest epoch in ``arr``.  ``pending``: accesses not replayed yet, in
+    epoch order (a dict keyed by the region: logging an unmasked region again moves it to the
+    end with its new epoch), each ``(epoch, off, strides, shape, offs, valid)`` -- a basic view
+    by element layout (``strides`` None: the whole allocation), or flat element offsets
+    ``offs``; ``boxes``: the boxes of pending regions, computed when a check needs them.
+    Entries hold no tensor references (no cycles through the allocation, whose lifetime
+    drives the live-bytes accounting).
     """
 
-    __slots__ = ("arr", "pending", "arr_max", "bbox")
+    __slots__ = ("arr", "pending", "arr_max", "boxes")
 
     def __init__(self):
         self.arr = None
         self.pending = {}
         self.arr_max = -1
-        self.bbox = None
+        self.boxes = {}
 
     def replay(self, shape) -> np.ndarray:
         """Scatter the pending accesses into ``arr`` (allocated for ``shape`` on first use)."""
@@ -58,7 +59,7 @@ class EpochLog:
         if self.pending:
             flat = arr.reshape(-1)
             last = -1
-            for _box, e, off, es, vshape, offs, valid in self.pending.values():
+            for e, off, es, vshape, offs, valid in self.pending.values():
                 last = e
                 if offs is None:
                     if es is None:
@@ -77,61 +78,60 @@ class EpochLog:
                     flat[offs[valid]] = e
             self.arr_max = max(self.arr_max, last)
             self.pending = {}
-            self.bbox = None
+            self.boxes = {}
         return arr
 
 
 # ---------------------------------------------------------------------------- boxes
-def view_box(t):
-    """The box ``((lo, hi), ...)`` (inclusive, one pair per allocation axis) covered by the basic
-    view ``t``, or None when ``t`` is not a box (index arrays, steps, reshaped strides)."""
-    b = t._box
-    if b is not False:          # False: not computed yet
-        return b
-    b = None
-    if t.idx is None:
-        data = t.alloc.data
-        dims = data.shape
-        shape = t.arr.shape
-        if t.arr is data:
-            b = tuple([(0, n - 1) for n in dims])
-        elif all(shape):
-            off, es = t.elem_layout()
-            isz = data.itemsize
-            nat = tuple([s // isz for s in data.strides])
-            if es == nat:                   # unit-step slices of every axis (the common case)
-                b = []
-                rem = off
-                for s, n, nk in zip(nat, shape, dims):
-                    q, rem = divmod(rem, s) if s else (0, rem)
-                    if q + n > nk:
-                        b = None
-                        break
-                    b.append((q, q + n - 1))
-                t._box = b = tuple(b) if b is not None and rem == 0 else None
-                return b
-            lo = []
-            rem = off
-            for s in nat:
-                q, rem = divmod(rem, s) if s else (0, rem)
-                lo.append(q)
-            hi = list(lo)
-            used = set()
-            ok = rem == 0
-            for n, s in zip(shape, es):
-                if n == 1 or not ok:
-                    continue
-                for k, (nk, sk) in enumerate(zip(dims, nat)):
-                    if sk == s and nk > 1 and k not in used:
-                        used.add(k)
-                        hi[k] = lo[k] + n - 1
-                        ok = hi[k] < nk
-                        break
-                else:
-                    ok = False
-            if ok:
-                b = tuple(zip(lo, hi))
-    t._box = b
+def layout_box(data, off, es, shape):
+    """The box ``((lo, hi), ...)`` (inclusive, one pair per axis of ``data``) covered by the
+    view with element offset ``off``, element strides ``es`` and ``shape`` inside the
+    C-contiguous array ``data`` (``es`` None: all of it), or None when it is not a box
+    (steps, reshaped strides) or is empty."""
+    dims = data.shape
+    if es is None:
+        return tuple([(0, n - 1) for n in dims])
+    if not all(shape):
+        return None
+    isz = data.itemsize
+    nat = tuple([s // isz for s in data.strides])
+    rem = off
+    if es == nat:                   # unit-step slices of every axis (the common case)
+        b = []
+        for s, n, nk in zip(nat, shape, dims):
+            q, rem = divmod(rem, s) if s else (0, rem)
+            if q + n > nk:
+                return None
+            b.append((q, q + n - 1))
+        return tuple(b) if rem == 0 else None
+    lo = []
+    for s in nat:
+        q, rem = divmod(rem, s) if s else (0, rem)
+        lo.append(q)
+    if rem:
+        return None
+    hi = list(lo)
+    used = set()
+    for n, s in zip(shape, es):
+        if n == 1:
+            continue
+        for k, (nk, sk) in enumerate(zip(dims, nat)):
+            if sk == s and nk > 1 and k not in used:
+                used.add(k)
+                hi[k] = lo[k] + n - 1
+                if hi[k] >= nk:
+                    return None
+                break
+        else:
+            return None
+    return tuple(zip(lo, hi))
+
+
+def _entry_box(log, key, entry, data):
+    b = log.boxes.get(key, False)
+    if b is False:
+        _e, off, es, shape, offs, _valid = entry
+        b = log.boxes[key] = None if offs is not None else layout_box(data, off, es, shape)
     return b
 
 
@@ -145,11 +145,14 @@ def _overlap(a, b) -> bool:
 # ---------------------------------------------------------------------------- checks
 def frames_for(alloc, k):
     """Enclosing affine_range frames whose current iteration started after ``alloc`` was born
-    (outermost first), or None.  ``k`` is the running kernel, with at least one open loop."""
-    if not config.check_dependencies:
+    (outermost first), or None.  ``k`` is the running kernel."""
+    aff = k.affine
+    if not aff or not config.check_dependencies:
         return None
     born = alloc.birth_epoch
-    fr = [f for f in k.loops if f.kind == "affine" and born < f.iter_start]
+    if born < aff[0].iter_start:
+        return aff
+    fr = [f for f in aff if born < f.iter_start]
     return fr or None
 
 
@@ -160,16 +163,30 @@ def _in_window(e, frames) -> bool:
     return False
 
 
+def _region(t, acc):
+    """(dedup key, entry without epoch) of access ``acc`` of view ``t``."""
+    if acc.offs is not None:
+        return None, (0, None, None, acc.offs, acc.valid)
+    if t.arr is t.alloc.data:
+        return (0, None, None), (0, None, None, None, acc.valid)
+    off, es = t.elem_layout()
+    shape = t.arr.shape
+    return (off, es, shape), (off, es, shape, None, acc.valid)
+
+
 def check(log: EpochLog, t, acc, frames, kind: str, op: str, prev_kind: str = "wrote"):
     """Raise OutputDependencyError if ``acc`` (an Access of view ``t``) touches an element whose
     latest ``log`` epoch lies in one of the ``frames``' windows."""
     lo = frames[0].loop_start
-    box = view_box(t) if acc.offs is None else None
+    data = t.alloc.data
+    key, (off, es, shape, offs, _valid) = _region(t, acc)
+    box = None if offs is not None else layout_box(data, off, es, shape)
     if box is not None:
-        pending = log.pending
-        hits = None
-        if pending and (log.bbox is None or _overlap(log.bbox, box)):
-            hits = [e for b, e, *_ in pending.values() if b is None or _overlap(b, box)]
+        hits = []
+        for pkey, entry in log.pending.items():
+            b = _entry_box(log, pkey, entry, data)
+            if b is None or _overlap(b, box):
+                hits.append(entry[0])
         if not hits:
             # no pending access touches the box: the replayed epochs are the latest ones there
             if log.arr is not None and log.arr_max >= lo:
@@ -177,51 +194,28 @@ def check(log: EpochLog, t, acc, frames, kind: str, op: str, prev_kind: str = "w
             return
         if log.arr_max < lo and not any(e >= lo and _in_window(e, frames) for e in hits):
             return      # the latest epochs in the box are outside every window
-    stamps = log.replay(t.alloc.data.shape)
+    stamps = log.replay(data.shape)
     _check_elements(t, acc, frames, stamps, kind, op, prev_kind)
 
 
 def record(log: EpochLog, t, acc, epoch: int, k) -> None:
     """Log access ``acc`` of view ``t`` at ``epoch`` (``k``: the running kernel)."""
-    valid = acc.valid
-    if acc.offs is None:
-        box = view_box(t)
-        if t.arr is t.alloc.data:
-            entry = (box, epoch, 0, None, None, None, valid)
-        else:
-            off, es = t.elem_layout()
-            entry = (box, epoch, off, es, t.arr.shape, None, valid)
-    else:
-        box = None
-        entry = (None, epoch, 0, None, None, acc.offs, valid)
+    key, region = _region(t, acc)
+    if key is None or acc.valid is not None:
+        key = object()                   # masked / index-array accesses are never merged
     pending = log.pending
     if len(pending) >= _MAX_PENDING:
         # entries older than every open affine loop can never be in a window again
-        dead = min([f.loop_start for f in k.loops if f.kind == "affine"] or [epoch])
-        kept = {key: p for key, p in pending.items() if p[1] >= dead}
+        dead = k.affine[0].loop_start if k.affine else epoch
+        kept = {pk: p for pk, p in pending.items() if p[0] >= dead}
         if len(kept) >= _MAX_PENDING:
             log.replay(t.alloc.data.shape)
             kept = {}
         log.pending = pending = kept
-        log.bbox = _union([p[0] for p in kept.values()])
-    key = box if (box is not None and valid is None) else object()
-    pending.pop(key, None)
-    pending[key] = entry
-    if box is None:
-        log.bbox = None
-    elif len(pending) == 1:
-        log.bbox = box
-    elif log.bbox is not None:
-        log.bbox = tuple([(min(a, c), max(b, d)) for (a, b), (c, d) in zip(log.bbox, box)])
-
-
-def _union(boxes):
-    if not boxes or any(b is None for b in boxes):
-        return None
-    out = boxes[0]
-    for b in boxes[1:]:
-        out = tuple([(min(a, c), max(x, d)) for (a, x), (c, d) in zip(out, b)])
-    return out
+        log.boxes = {pk: b for pk, b in log.boxes.items() if pk in kept}
+    if key in pending:
+        del pending[key]
+    pending[key] = (epoch,) + region
 
 
 def loop_var(f) -> str:

@@ -57,8 +57,14 @@ def as_dtype(dt, what: str = "dtype") -> np.dtype:
     return d
 
 
+_FLOAT_DTYPES = {float32, float16, bfloat16, np.dtype(np.float64)} | {
+    d for d in SUPPORTED if d.name.startswith("float8")}
+
+
 def is_float(d: np.dtype) -> bool:
-    return d.kind == "f" or d in (bfloat16,) or d.name.startswith("float8")
+    if d in _FLOAT_DTYPES:
+        return True
+    return d.kind == "f" or d.name.startswith("float8")
 
 
 def is_int(d: np.dtype) -> bool:
@@ -137,9 +143,15 @@ def poison_value(d: np.dtype):
     return np.iinfo(d).max
 
 
+def plain_cast(src: np.dtype, d: np.dtype) -> bool:
+    """Whether :func:`cast_for_write` from ``src`` to ``d`` is NumPy's own (unsafe) cast, so a
+    copy into storage may convert on the fly (float -> float, or no conversion at all)."""
+    return src == d or (src in _FLOAT_DTYPES and d in _FLOAT_DTYPES)
+
+
 def cast_for_write(values, d: np.dtype) -> np.ndarray:
     """Convert an array (any dtype) to storage dtype ``d`` with the hardware write rules."""
-    v = np.asarray(values)
+    v = values if type(values) is np.ndarray else np.asarray(values)
     if v.dtype == d:
         return v
     if d == bool_:

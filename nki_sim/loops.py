@@ -42,6 +42,8 @@ class _Loop:
                           src=self.src, n=len(self.r))
         k.loops.append(frame)
         affine = self.kind == "affine"
+        if affine:
+            k.affine.append(frame)
         traced = config.traced_loops != "off"
         if traced:
             from .deps import loop_var
@@ -70,6 +72,11 @@ class _Loop:
                 k.loops.pop()
             elif frame in k.loops:
                 k.loops.remove(frame)
+            if affine:
+                if k.affine and k.affine[-1] is frame:
+                    k.affine.pop()
+                elif frame in k.affine:
+                    k.affine.remove(frame)
             state.epoch += 1
 
 

@@ -176,6 +176,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
                 ctx.live = Live()
                 ctx.shared_cursor = 0
                 ctx.loops.clear()
+                ctx.affine.clear()
                 ret = func(*bound.args, **bound.kwargs)
         except Exception as e:
             _add_context_note(e, ctx)
@@ -183,6 +184,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
         finally:
             state.kernel = None
             ctx.loops.clear()
+            ctx.affine.clear()
         returned = _returned_allocs(ret, set())
         for t in inputs:
             a = t.alloc

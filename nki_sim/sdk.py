@@ -15,9 +15,14 @@ import sys
 import types
 
 
+_CFG = []
+
+
 def _config():
-    from .config import config      # late: config.py imports this module while it initialises
-    return config
+    if not _CFG:
+        from .config import config      # late: config.py imports this module while it initialises
+        _CFG.append(config)
+    return _CFG[0]
 
 MIN_SDK, MAX_SDK = (2, 21), (2, 27)     # 2.27: last release with the legacy namespace
 
@@ -67,6 +72,11 @@ def has(version) -> bool:
 
 def check_kwargs(api: str, version, **given) -> None:
     """TypeError for keywords (given with a non-None value) newer than the simulated SDK."""
+    for v in given.values():
+        if v is not None:
+            break
+    else:
+        return
     if has(version):
         return
     for k, v in given.items():

@@ -37,6 +37,7 @@ class KernelContext:
     grid: tuple = ()
     program_id: tuple = ()
     loops: list = field(default_factory=list)
+    affine: list = field(default_factory=list)          # the affine_range frames of ``loops``
     shared_allocs: list = field(default_factory=list)   # shared_hbm allocations, in order
     shared_cursor: int = 0
     params: dict = field(default_factory=dict)           # alloc id -> parameter name

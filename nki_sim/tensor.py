@@ -24,7 +24,7 @@ from .memory import HBM_BUFFERS, ONCHIP
 
 class Tensor:
     __slots__ = ("alloc", "arr", "idx", "shape", "indirect", "fresh", "pmask", "pax", "producer", "_lay",
-                 "_box", "__weakref__")
+                 "__weakref__")
     __array_priority__ = 100
     __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
 
@@ -39,7 +39,6 @@ class Tensor:
         self.pax = pax          # partition axis of this view (0 unless block dims)
         self.producer = None    # (engine, op) of the instruction that produced a fresh tile
         self._lay = lay         # (element offset, element strides) of arr in alloc.data, if known
-        self._box = False       # index box in the allocation (nki_sim.deps.view_box), once computed
 
     # ---- metadata -------------------------------------------------------------------
     @property
