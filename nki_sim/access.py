@@ -241,7 +241,10 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
     if sc is not None and not sc.alive:
         _scope(t, op)
     acc = Access(t, mask, oob)
-    vals = fit_value(values, t.shape, t.name)
+    if type(values) is np.ndarray and values.shape == t.shape:
+        vals = values
+    else:
+        vals = fit_value(values, t.shape, t.name)
     if not exempt:
         k = state.kernel
         if k is not None and k.affine:

@@ -54,15 +54,15 @@ def current_live() -> Live:
 class Alloc:
     """One allocation (a tensor's storage)."""
 
-    __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
+    __slots__ = ("id", "buffer", "dtype", "data", "written", "_name", "kind", "mutable",
                  "birth_epoch", "wlog", "rlog", "par_axis", "bytes_pp", "user_array",
                  "ever_written", "counter", "scope", "temp", "wmax", "rmax", "lazy_poison", "unwritten",
                  "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
-        assert data.flags.c_contiguous, "internal: allocation storage must be C-contiguous"
-        self.id = aid = next(_ids)
+        # data: C-contiguous (the aux arrays -- written bitmap, epochs -- share its layout)
+        self.id = next(_ids)
         self.buffer = buffer
         self.dtype = data.dtype
         self.data = data
@@ -75,7 +75,7 @@ class Alloc:
         else:       # the aux views of nki_sim.tensor assume C order (same layout as data)
             self.written = np.ascontiguousarray(written, dtype=bool)
             self.unwritten = data.size - int(np.count_nonzero(self.written))
-        self.name = name or f"{buffer}_{aid}"
+        self._name = name
         self.kind = kind
         self.mutable = mutable
         s = state
@@ -103,6 +103,11 @@ class Alloc:
             self.bytes_pp = int(n * data.dtype.itemsize)
             self.counter = current_live()
             self.counter.change(buffer, self.bytes_pp)
+
+    @property
+    def name(self) -> str:
+        """The tensor name given at allocation, else ``<buffer>_<id>``."""
+        return self._name or f"{self.buffer}_{self.id}"
 
     def __del__(self):
         if self.bytes_pp:

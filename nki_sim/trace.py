@@ -158,24 +158,53 @@ _in_sim_code: dict = {}      # code object -> whether it belongs to nki_sim (cac
 _basenames: dict = {}        # co_filename -> basename (cache)
 
 
+_depths: dict = {}           # code object of emit's caller -> depths of the kernel frame seen
+
+
+def _sim_code(code, frame) -> bool:
+    sim = _in_sim_code.get(code)
+    if sim is None:
+        if len(_in_sim_code) > 50000:     # bounded: kernels built at run time make new code
+            _in_sim_code.clear()
+        sim = _in_sim_code[code] = in_simulator(frame)
+    return sim
+
+
+def _loc(frame) -> tuple:
+    fn = frame.f_code.co_filename
+    base = _basenames.get(fn)
+    if base is None:
+        base = _basenames[fn] = os.path.basename(fn)
+    return (base, frame.f_lineno)
+
+
 def kernel_src_loc() -> tuple:
-    """(file basename, line) of the innermost frame outside the nki_sim package."""
-    f = sys._getframe(1)
-    cache = _in_sim_code
+    """(file basename, line) of the innermost frame outside the nki_sim package.
+
+    Walking ``f_back`` creates a frame object per level; instead the depth found last time
+    for the same calling code is tried first (``sys._getframe(d)`` creates only the frame at
+    depth d) and verified: the frame there is outside nki_sim and the one below it inside."""
+    getframe = sys._getframe
+    caller = getframe(1)
+    key = caller.f_code
+    for d in _depths.get(key, ()):
+        try:
+            f = getframe(d)
+        except ValueError:
+            continue
+        if not _sim_code(f.f_code, f):
+            below = getframe(d - 1)
+            if _sim_code(below.f_code, below):
+                return _loc(f)
+    f, d = caller, 1
     while f is not None:
-        code = f.f_code
-        sim = cache.get(code)
-        if sim is None:
-            if len(cache) > 50000:          # bounded: kernels built at run time make new code
-                cache.clear()
-            sim = cache[code] = in_simulator(f)
-        if not sim:
-            fn = code.co_filename
-            base = _basenames.get(fn)
-            if base is None:
-                base = _basenames[fn] = os.path.basename(fn)
-            return (base, f.f_lineno)
+        if not _sim_code(f.f_code, f):
+            seen = _depths.setdefault(key, [])
+            if d not in seen and len(seen) < 8:
+                seen.append(d)
+            return _loc(f)
         f = f.f_back
+        d += 1
     return ("", 0)
 
 

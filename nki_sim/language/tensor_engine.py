@@ -38,6 +38,9 @@ def _warn_int_precision(op, o):
 
 
 def _as2d(t: Tensor, op, pname):
+    shape = t.shape
+    if len(shape) == 2:
+        return shape
     if t.ndim < 2:
         return t.shape + (1,) * (2 - t.ndim)
     return (t.shape[0], math.prod(t.shape[1:]))
@@ -61,7 +64,7 @@ def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname
             f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
             f"({sname}{list(stationary.shape)}, {mname}{list(moving.shape)}) of '{op}' "
             "(the contraction dimension K must match)")
-    f32 = [t.dtype in (D.float32,) for t in (stationary, moving)]
+    f32 = (stationary.arr.dtype == D.float32, moving.arr.dtype == D.float32)
     if f32[0] != f32[1] and not (D.is_int(stationary.dtype) or D.is_int(moving.dtype)):
         raise E.DtypeError(
             f"'{op}': if one matmul operand is float32 the other must be too; got "
