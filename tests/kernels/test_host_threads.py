@@ -18,19 +18,19 @@ pytestmark = pytest.mark.simulation
 
 
 
-CASES = [  # (seed, query_lens, context_lens, H, Hkv, d, block_size, dtype, target)
-    (11, [5, 1], [40, 130], 4, 2, 32, 16, np.float32, "trn2"),
-    (12, [1, 1, 1], [17, 64, 200], 4, 1, 16, 8, ml_dtypes.bfloat16, "trn1"),
-    (13, [9], [0], 2, 2, 8, 16, np.float16, "trn2"),
-    (14, [3, 2], [100, 33], 6, 3, 24, 32, ml_dtypes.bfloat16, "trn2"),
+CASES = [  # (seed, query_lens, context_lens, H, Hkv, d, block_size, dtype, target, kernel)
+    (11, [5, 1], [40, 130], 4, 2, 32, 16, np.float32, "trn2", "scheduled"),
+    (12, [1, 1, 1], [17, 64, 200], 4, 1, 16, 8, ml_dtypes.bfloat16, "trn1", "dense"),
+    (13, [9], [0], 2, 2, 8, 16, np.float16, "trn2", "dense"),
+    (14, [3, 2], [100, 33], 6, 3, 24, 32, ml_dtypes.bfloat16, "trn1", "scheduled"),
 ]
 
 
 def _call(batch_factory, case):
-    seed, qlens, clens, H, Hkv, d, B, dtype, target = case
+    seed, qlens, clens, H, Hkv, d, B, dtype, target, kernel = case
     batch = batch_factory(seed, qlens, clens, H=H, Hkv=Hkv, d=d, block_size=B, dtype=dtype)
     with nki_sim.use_target(target):
-        out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", gqa_packing="auto")
+        out = paged_attention(*batch.args(), large_tile_size=512, backend="sim", kernel=kernel)
     return batch, out
 
 

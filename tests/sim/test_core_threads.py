@@ -93,7 +93,8 @@ def _flash_job(target, args):
 
     def job():
         with nki_sim.use_target(target), nki_sim.tracing() as tr:
-            out = paged_attention(*args, large_tile_size=512, backend="sim", gqa_packing=False)
+            out = paged_attention(*args, large_tile_size=512, backend="sim", gqa_packing=False,
+                                  kernel="dense")
             assert nki_sim.get_target().name == target
         return out, tr
     return job
