@@ -42,15 +42,15 @@ class Access:
         dims = t.arr.shape
         off, es = t.elem_layout()
         valid = self.valid
-        offs = np.full(t.shape, off, dtype=np.int64)
+        terms = []                    # broadcastable per-axis offset arrays
         bad_any = None
         for ax, c in enumerate(t.idx):
             if not isinstance(c, np.ndarray):
-                offs += c * es[ax]
+                off += c * es[ax]
                 continue
             n = dims[ax]
-            bad = (c < 0) | (c >= n)
-            if bad.any():
+            if c.size and (c.min() < 0 or c.max() >= n):
+                bad = (c < 0) | (c >= n)
                 badb = np.broadcast_to(bad, t.shape)
                 if valid is not None:
                     badb = badb & valid
@@ -67,7 +67,17 @@ class Access:
                             f"Out-of-bound access for tensor `{t.name}` on dimension {ax}: index range "
                             f"[{int(sel.min())}, {int(sel.max())}] exceed dimension size of {n}")
                 c = np.clip(c, 0, n - 1)
-            offs += c * es[ax]
+            terms.append(c * es[ax] if es[ax] != 1 else c)
+        offs = None
+        for term in terms:
+            offs = term if offs is None else offs + term
+        if offs is None:
+            offs = np.full(t.shape, off, dtype=np.int64)
+        else:
+            if offs is terms[0] or offs.shape != t.shape:
+                offs = np.array(np.broadcast_to(offs, t.shape), dtype=np.int64)
+            if off:
+                offs += off
         if bad_any is not None:
             rows = bad_any.reshape(bad_any.shape[0], -1).any(axis=1) if bad_any.ndim else bad_any
             self.skipped = int(np.count_nonzero(rows))

@@ -131,7 +131,6 @@ def _keep_tile_rank(t: Tensor, out: list, new_pax: int) -> None:
 
 
 def _advanced(t: Tensor, key) -> Tensor:
-    from .access import read_index_tile
     if len(key) < t.ndim:
         raise E.IndexingError(
             f"tensor {t.name} of rank {t.ndim} indexed with {len(key)} indices mixing basic and "
@@ -159,7 +158,7 @@ def _advanced(t: Tensor, key) -> Tensor:
                     "supported on the HBM side of nl.load / nl.store / nisa.dma_copy "
                     "(err_copy_dynamic_indirect_indices_not_natively_supported)",
                     code="err_copy_dynamic_indirect_indices_not_natively_supported")
-            comps.append(read_index_tile(k))
+            comps.append(_access.read_index_tile(k))
             indirect = ax
         elif isinstance(k, np.ndarray):
             if k.dtype.kind not in "iu":
@@ -243,3 +242,6 @@ def view_dtype(t: Tensor, dtype) -> Tensor:
 def expand_dims(t: Tensor, axis) -> Tensor:
     _basic_only(t, "expand_dims")
     return Tensor(t.alloc, np.expand_dims(t.arr, axis))
+
+
+from . import access as _access  # noqa: E402  (circular: used at call time)
