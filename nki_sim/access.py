@@ -21,112 +21,8 @@ from .indexing import IndexExpr, broadcast_left
 from . import trace
 from .state import state
 from .target import get_target
+from .positions import Access  # noqa: F401  (re-exported: the access of a view)
 from .tensor import Tensor, _lang
-
-
-class Access:
-    """Resolved element positions of one access of view ``t`` (with mask / oob handling)."""
-
-    __slots__ = ("t", "valid", "offs", "skipped")
-
-    def __init__(self, t: Tensor, mask=None, oob: str = "error"):
-        self.t = t
-        self.valid = mask
-        self.offs = None
-        self.skipped = 0
-        if t.idx is not None:
-            self._resolve(oob)
-
-    def _resolve(self, oob):
-        t = self.t
-        dims = t.arr.shape
-        off, es = t.elem_layout()
-        valid = self.valid
-        terms = []                    # broadcastable per-axis offset arrays
-        bad_any = None
-        for ax, c in enumerate(t.idx):
-            if not isinstance(c, np.ndarray):
-                off += c * es[ax]
-                continue
-            n = dims[ax]
-            if c.size and (c.min() < 0 or c.max() >= n):
-                bad = (c < 0) | (c >= n)
-                badb = np.broadcast_to(bad, t.shape)
-                if valid is not None:
-                    badb = badb & valid
-                if badb.any():
-                    if ax == t.indirect:
-                        if oob == "skip":
-                            bad_any = badb if bad_any is None else (bad_any | badb)
-                        else:
-                            self._indirect_error(badb, dims)
-                    else:
-                        cv = np.broadcast_to(c, t.shape)
-                        sel = cv if valid is None else cv[valid]
-                        raise E.AccessOutOfBoundError(
-                            f"Out-of-bound access for tensor `{t.name}` on dimension {ax}: index range "
-                            f"[{int(sel.min())}, {int(sel.max())}] exceed dimension size of {n}")
-                c = np.clip(c, 0, n - 1)
-            terms.append(c * es[ax] if es[ax] != 1 else c)
-        offs = None
-        for term in terms:
-            offs = term if offs is None else offs + term
-        if offs is None:
-            offs = np.full(t.shape, off, dtype=np.int64)
-        else:
-            if offs is terms[0] or offs.shape != t.shape:
-                offs = np.array(np.broadcast_to(offs, t.shape), dtype=np.int64)
-            if off:
-                offs += off
-        if bad_any is not None:
-            rows = bad_any.reshape(bad_any.shape[0], -1).any(axis=1) if bad_any.ndim else bad_any
-            self.skipped = int(np.count_nonzero(rows))
-            keep = ~bad_any
-            valid = keep if valid is None else (valid & keep)
-        self.valid = valid
-        self.offs = offs
-
-    def _indirect_error(self, badb, dims):
-        t = self.t
-        first = np.unravel_index(int(np.argmax(badb.reshape(-1))), t.shape)
-        cstrides = np.cumprod((1,) + tuple(dims[::-1]))[:-1][::-1]
-        flat = 0
-        for ax, c in enumerate(t.idx):
-            v = c if not isinstance(c, np.ndarray) else int(np.broadcast_to(c, t.shape)[first])
-            flat += int(v) * int(cstrides[ax])
-        size = int(np.prod(dims, dtype=np.int64))
-        if flat >= size or flat < 0:     # NumPy's message for the flattened tensor (API notes §3.5)
-            raise E.IndirectIndexError(f"index {flat} is out of bounds for axis 0 with size {size}")
-        ax = t.indirect                  # in bounds once flattened: name the indexed axis instead
-        v = int(np.broadcast_to(t.idx[ax], t.shape)[first])
-        raise E.IndirectIndexError(f"index {v} is out of bounds for axis {ax} with size {dims[ax]}")
-
-    def gather(self, base: np.ndarray) -> np.ndarray:
-        """Values of ``base`` (same shape as ``alloc.data``) at this access (shape ``t.shape``)."""
-        if self.offs is None:
-            t = self.t
-            return t.arr if base is t.alloc.data else t.aux_view(base)
-        return base.reshape(-1)[self.offs]
-
-    def scatter(self, base: np.ndarray, values) -> None:
-        valid = self.valid
-        if self.offs is None:
-            t = self.t
-            view = t.arr if base is t.alloc.data else t.aux_view(base)
-            if valid is None:
-                np.copyto(view, values, casting="unsafe")
-            else:
-                np.copyto(view, values, casting="unsafe", where=valid)
-            return
-        flat = base.reshape(-1)
-        if valid is None:
-            flat[self.offs] = values
-        else:
-            v = np.broadcast_to(values, self.t.shape)
-            flat[self.offs[valid]] = v[valid]
-
-    def count(self) -> int:
-        return self.t.size if self.valid is None else int(np.count_nonzero(self.valid))
 
 
 # ---------------------------------------------------------------------------- checks
@@ -294,7 +190,7 @@ def _mark_written(alloc, acc: Access) -> None:
     """Set the written bits of ``acc``; a fully initialised allocation drops its bitmap (later
     reads skip the check).  ``alloc.unwritten`` counts the clear bits, updated per region."""
     w = alloc.written
-    if acc.offs is None:
+    if not acc.adv:
         region = acc.gather(w)
         valid = acc.valid
         if valid is None:
