@@ -9,120 +9,37 @@ bounds (static and indirect, honouring ``mask=`` and ``oob_mode``), uninitialize
 
 from __future__ import annotations
 
-import bisect
-import linecache
-import re
 import warnings
 
 import numpy as np
 
+from . import deps
 from . import dtypes as D
 from . import errors as E
 from .config import config
 from .indexing import IndexExpr, broadcast_left
+from . import trace
 from .state import state
-from .tensor import Tensor
-
-
-class Access:
-    """Resolved element positions of one access of view ``t`` (with mask / oob handling)."""
-
-    __slots__ = ("t", "valid", "offs", "skipped")
-
-    def __init__(self, t: Tensor, mask=None, oob: str = "error"):
-        self.t = t
-        self.valid = mask
-        self.offs = None
-        self.skipped = 0
-        if t.idx is not None:
-            self._resolve(oob)
-
-    def _resolve(self, oob):
-        t = self.t
-        dims = t.arr.shape
-        off, es = t.elem_layout()
-        valid = self.valid
-        offs = np.full(t.shape, off, dtype=np.int64)
-        bad_any = None
-        for ax, c in enumerate(t.idx):
-            if not isinstance(c, np.ndarray):
-                offs += c * es[ax]
-                continue
-            n = dims[ax]
-            bad = (c < 0) | (c >= n)
-            if bad.any():
-                badb = np.broadcast_to(bad, t.shape)
-                if valid is not None:
-                    badb = badb & valid
-                if badb.any():
-                    if ax == t.indirect:
-                        if oob == "skip":
-                            bad_any = badb if bad_any is None else (bad_any | badb)
-                        else:
-                            self._indirect_error(badb, dims)
-                    else:
-                        cv = np.broadcast_to(c, t.shape)
-                        sel = cv if valid is None else cv[valid]
-                        raise E.AccessOutOfBoundError(
-                            f"Out-of-bound access for tensor `{t.name}` on dimension {ax}: index range "
-                            f"[{int(sel.min())}, {int(sel.max())}] exceed dimension size of {n}")
-                c = np.clip(c, 0, n - 1)
-            offs += c * es[ax]
-        if bad_any is not None:
-            rows = bad_any.reshape(bad_any.shape[0], -1).any(axis=1) if bad_any.ndim else bad_any
-            self.skipped = int(np.count_nonzero(rows))
-            keep = ~bad_any
-            valid = keep if valid is None else (valid & keep)
-        self.valid = valid
-        self.offs = offs
-
-    def _indirect_error(self, badb, dims):
-        t = self.t
-        first = np.unravel_index(int(np.argmax(badb.reshape(-1))), t.shape)
-        cstrides = np.cumprod((1,) + tuple(dims[::-1]))[:-1][::-1]
-        flat = 0
-        for ax, c in enumerate(t.idx):
-            v = c if not isinstance(c, np.ndarray) else int(np.broadcast_to(c, t.shape)[first])
-            flat += int(v) * int(cstrides[ax])
-        size = int(np.prod(dims, dtype=np.int64))
-        if flat >= size or flat < 0:     # NumPy's message for the flattened tensor (API notes §3.5)
-            raise E.IndirectIndexError(f"index {flat} is out of bounds for axis 0 with size {size}")
-        ax = t.indirect                  # in bounds once flattened: name the indexed axis instead
-        v = int(np.broadcast_to(t.idx[ax], t.shape)[first])
-        raise E.IndirectIndexError(f"index {v} is out of bounds for axis {ax} with size {dims[ax]}")
-
-    def gather(self, base: np.ndarray) -> np.ndarray:
-        """Values of ``base`` (same shape as ``alloc.data``) at this access (shape ``t.shape``)."""
-        if self.offs is None:
-            return self.t.arr if base is self.t.alloc.data else self.t.aux_view(base)
-        return base.reshape(-1)[self.offs]
-
-    def scatter(self, base: np.ndarray, values) -> None:
-        valid = self.valid
-        if self.offs is None:
-            view = self.t.arr if base is self.t.alloc.data else self.t.aux_view(base)
-            if valid is None:
-                view[...] = values
-            else:
-                np.copyto(view, values, where=valid)
-            return
-        flat = base.reshape(-1)
-        if valid is None:
-            flat[self.offs] = values
-        else:
-            v = np.broadcast_to(values, self.t.shape)
-            flat[self.offs[valid]] = v[valid]
-
-    def count(self) -> int:
-        return self.t.size if self.valid is None else int(np.count_nonzero(self.valid))
+from .target import get_target
+from .positions import Access  # noqa: F401  (re-exported: the access of a view)
+from .tensor import Tensor, _lang
 
 
 # ---------------------------------------------------------------------------- checks
 def _uninit(t: Tensor, acc: Access, op: str):
-    w = t.alloc.written
-    if w is None or config.uninitialized == "ignore":
+    """Report never-written elements read by ``acc``; memory whose poison fill is still pending
+    (``Alloc.lazy_poison``) is poisoned first whenever the access touches unwritten elements."""
+    alloc = t.alloc
+    w = alloc.written
+    if w is None:
         return
     wv = acc.gather(w)
+    if wv.all():
+        return
+    if alloc.lazy_poison:
+        alloc.poison()
+    if config.uninitialized == "ignore":
+        return
     bad = ~wv if acc.valid is None else (~wv & acc.valid)
     if bad.any():
         uninitialized(t, ~bad, op)
@@ -145,45 +62,6 @@ def check_initialized(t: Tensor, mask, op: str):
     _uninit(t, Access(t, mask), op)
 
 
-def _dep_frames(alloc):
-    if not config.check_dependencies:
-        return None
-    k = state.kernel
-    if k is None or not k.loops:
-        return None
-    fr = [f for f in k.loops if f.kind == "affine" and alloc.birth_epoch < f.iter_start]
-    return fr or None
-
-
-def _loop_var(f) -> str:
-    if not f.var:
-        line = linecache.getline(f.src[0], f.src[1])
-        m = re.search(r"for\s+([A-Za-z_]\w*)\s+in\b", line)
-        f.var = m.group(1) if m else f"<affine_range at {f.src[0].split('/')[-1]}:{f.src[1]}>"
-    return f.var
-
-
-def _dep_check(t: Tensor, acc: Access, frames, stamps: np.ndarray, kind: str, op: str,
-               prev_kind: str = "wrote"):
-    s = acc.gather(stamps)
-    for f in frames:
-        bad = (s >= f.loop_start) & (s < f.iter_start)
-        if acc.valid is not None:
-            bad &= acc.valid
-        if bad.any():
-            first = np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape)
-            e = int(s[first])
-            j = bisect.bisect_right(f.starts, e) - 1
-            prev = f.values[j] if j >= 0 else "?"
-            raise E.OutputDependencyError(
-                f"Unexpected output dependencies, missing indices in the dst access: {_loop_var(f)} "
-                f"('{op}' {kind} tensor {t.name} {list(t.shape)} at access index "
-                f"{[int(i) for i in first]} in iteration {f.value} of nl.affine_range at "
-                f"{f.src[0].split('/')[-1]}:{f.src[1]}, but iteration {prev} "
-                f"{prev_kind} it; use "
-                "nl.sequential_range for a loop-carried dependency)")
-
-
 def _scope(t: Tensor, op: str):
     f = t.alloc.scope
     if f is not None and not f.alive and config.check_scope:
@@ -197,19 +75,27 @@ def _scope(t: Tensor, op: str):
 # ---------------------------------------------------------------------------- read / write
 def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
     """Checked read of a view: returns (values in storage dtype, Access)."""
-    _scope(t, op)
-    acc = Access(t, mask, oob)
-    vals = acc.gather(t.alloc.data)
-    _uninit(t, acc, op)
     alloc = t.alloc
-    frames = _dep_frames(alloc)
-    if frames:
-        lo = frames[0].loop_start            # no stamp below this can be in any window
-        if alloc.wstamp is not None and alloc.wmax >= lo:
-            _dep_check(t, acc, frames, alloc.wstamp, "reads", op)
-        if alloc.kind != "input" or alloc.mutable:
-            acc.scatter(alloc.stamps("rstamp"), state.epoch)
-            alloc.rmax = state.epoch
+    sc = alloc.scope
+    if sc is not None and not sc.alive:
+        _scope(t, op)
+    acc = Access(t, mask, oob)
+    if alloc.written is not None:
+        _uninit(t, acc, op)
+    vals = acc.gather(alloc.data)
+    k = state.kernel
+    if k is not None and k.affine:
+        frames = deps.frames_for(alloc, k)
+        if frames:
+            lo = frames[0].loop_start            # no epoch below this can be in any window
+            if alloc.wmax >= lo:
+                deps.check(alloc.wlog, t, acc, frames, "reads", op)
+            if alloc.kind != "input" or alloc.mutable:
+                epoch = state.epoch
+                if alloc.rlog is None:
+                    alloc.rlog = deps.EpochLog()
+                deps.record(alloc.rlog, t, acc, epoch, k)
+                alloc.rmax = epoch
     return vals, acc
 
 
@@ -230,7 +116,9 @@ def read_index_tile(k: Tensor) -> np.ndarray:
 
 def fit_value(values, shape, dst_name="dst", src_name="value") -> np.ndarray:
     """Broadcast a value to a destination shape (left-aligned tiles, then NumPy rule)."""
-    v = np.asarray(values)
+    v = values if type(values) is np.ndarray else np.asarray(values)
+    if v.shape == shape:
+        return v
     shape = tuple(shape)
     if v.shape == shape:
         return v
@@ -255,19 +143,29 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         raise E.ImmutableParameterError(
             f"Cannot update immutable parameter '{alloc.name}' ('{op}'); annotate it as "
             f"{alloc.name}: nt.mutable_tensor and return it (err_cannot_update_immutable_parameter)")
-    _scope(t, op)
+    sc = alloc.scope
+    if sc is not None and not sc.alive:
+        _scope(t, op)
     acc = Access(t, mask, oob)
-    vals = fit_value(values, t.shape, t.name)
-    frames = None if exempt else _dep_frames(alloc)
-    if frames:
-        lo = frames[0].loop_start
-        ws = alloc.stamps("wstamp")
-        if alloc.wmax >= lo:
-            _dep_check(t, acc, frames, ws, "writes", op)
-        if alloc.rstamp is not None and alloc.rmax >= lo:
-            _dep_check(t, acc, frames, alloc.rstamp, "writes", op, "read")
-        acc.scatter(ws, state.epoch)
-        alloc.wmax = state.epoch
+    if type(values) is np.ndarray and values.shape == t.shape:
+        vals = values
+    else:
+        vals = fit_value(values, t.shape, t.name)
+    if not exempt:
+        k = state.kernel
+        if k is not None and k.affine:
+            frames = deps.frames_for(alloc, k)
+            if frames:
+                lo = frames[0].loop_start
+                if alloc.wmax >= lo:
+                    deps.check(alloc.wlog, t, acc, frames, "writes", op)
+                if alloc.rmax >= lo:
+                    deps.check(alloc.rlog, t, acc, frames, "writes", op, "read")
+                epoch = state.epoch
+                if alloc.wlog is None:
+                    alloc.wlog = deps.EpochLog()
+                deps.record(alloc.wlog, t, acc, epoch, k)
+                alloc.wmax = epoch
     if accumulate == "rmw":
         _rmw_add(acc, vals)
         if alloc.written is not None:
@@ -279,7 +177,9 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
         if alloc.written is not None:
             cur = np.where(acc.gather(alloc.written), cur, np.float32(0))
         vals = cur + np.asarray(vals, dtype=np.float32)
-    acc.scatter(alloc.data, D.cast_for_write(vals, alloc.dtype))
+    if not D.plain_cast(vals.dtype, alloc.dtype):
+        vals = D.cast_for_write(vals, alloc.dtype)
+    acc.scatter(alloc.data, vals)         # float -> float casts happen in the copy (unsafe = RNE)
     if alloc.written is not None:
         _mark_written(alloc, acc)
     alloc.ever_written = True
@@ -287,9 +187,27 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
 
 
 def _mark_written(alloc, acc: Access) -> None:
-    acc.scatter(alloc.written, True)
-    if alloc.written.all():       # fully initialised: later reads skip the bitmap
+    """Set the written bits of ``acc``; a fully initialised allocation drops its bitmap (later
+    reads skip the check).  ``alloc.unwritten`` counts the clear bits, updated per region."""
+    w = alloc.written
+    if not acc.adv:
+        region = acc.gather(w)
+        valid = acc.valid
+        if valid is None:
+            new = region.size - np.count_nonzero(region)
+            if new:
+                region[...] = True
+        else:
+            new = np.count_nonzero(valid & ~region)
+            if new:
+                np.copyto(region, True, where=valid)
+        alloc.unwritten -= new
+    else:                         # index arrays may repeat an element: recount
+        acc.scatter(w, True)
+        alloc.unwritten = w.size - np.count_nonzero(w)
+    if not alloc.unwritten:
         alloc.written = None
+        alloc.lazy_poison = False
 
 
 def _rmw_add(acc: Access, vals) -> None:
@@ -311,8 +229,8 @@ def _rmw_add(acc: Access, vals) -> None:
 
 # ---------------------------------------------------------------------------- assignment
 def _same_region(a: Tensor, b: Tensor) -> bool:
-    if not (a.alloc is b.alloc and a.shape == b.shape and a.arr.strides == b.arr.strides
-            and a.arr.__array_interface__["data"][0] == b.arr.__array_interface__["data"][0]):
+    if not (a.alloc is b.alloc and a.shape == b.shape and a.arr.shape == b.arr.shape
+            and a.elem_layout() == b.elem_layout()):
         return False
     if a.idx is None or b.idx is None:
         return a.idx is None and b.idx is None
@@ -339,7 +257,6 @@ def _check_pe_transpose_psum(value: Tensor, dst: Tensor):
     prod = value.producer or ()
     if len(prod) < 3 or prod[:2] != ("tensor", "nc_transpose") or dst.buffer != "psum":
         return
-    from .target import get_target
     src = prod[2]
     if get_target().nc_version == "gen2":
         if dst.dtype != D.float32:
@@ -369,9 +286,8 @@ def _check_producer(value: Tensor, dst: Tensor):
 
 
 def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
-    from . import trace
     trace.emit("vector", "copy", in_shapes=(src.shape,), out_shape=dst.shape,
-               in_dtypes=(src.dtype.name,), out_dtype=dst.dtype.name,
+               in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=dst.shape[0] if dst.shape else 1,
                free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
                nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {})
@@ -379,7 +295,6 @@ def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
 
 def assign(t: Tensor, key, value) -> None:
     """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
-    from . import trace
     dst = t[key]
     if isinstance(value, Tensor):
         if value.fresh == "acc" and _same_region(dst, value):
@@ -410,7 +325,7 @@ def assign(t: Tensor, key, value) -> None:
         if not dst.onchip:
             raise E.MemorySpaceError(f"scalar assignment to {dst.buffer} tensor {dst.name}: use nl.store")
         write(dst, np.asarray(value), op="memset")
-        trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype.name,
+        trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype,
                    partitions=dst.shape[0] if dst.shape else 1,
                    free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
                    nbytes=dst.size * dst.itemsize)
@@ -429,11 +344,10 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
         write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
         other.fresh = False
     else:
-        from . import language as nl
-        res = getattr(nl, fname)(t, other)
+        res = getattr(_lang("elementwise"), fname)(t, other)
         vals, _ = read(res, res.pmask, op=fname)
         write(t, vals, op=fname)
         res.fresh = False
-    out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax)
+    out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax, lay=t._lay)
     out.fresh = "acc"
     return out

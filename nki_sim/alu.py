@@ -149,8 +149,7 @@ def act_name(op, api: str) -> str:
 
 
 def apply_act(name: str, x: np.ndarray) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        return np.asarray(ACT[name](np.asarray(x, dtype=np.float32)), dtype=np.float32)
+    return np.asarray(ACT[name](np.asarray(x, dtype=np.float32)), dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------- reductions

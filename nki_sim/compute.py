@@ -8,12 +8,14 @@ output dtype (masked elements only) and records the trace event.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import dtypes as D
 from . import errors as E
 from . import trace
-from .access import read
+from .access import Access, read
 from .indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
 from .memory import Alloc
 from .state import state
@@ -32,15 +34,17 @@ class Operand:
         return self.t is None
 
 
-# Masks implied by reading a masked op result (a fresh tile some of whose elements were never
-# written) without a mask of one's own: the output elements computed from unwritten input
-# elements stay unwritten ("poison propagates"), instead of raising at the read.
-_implied: list = []
+# ``state.implied`` (per thread): masks implied by reading a masked op result (a fresh tile
+# some of whose elements were never written) without a mask of one's own: the output elements
+# computed from unwritten input elements stay unwritten ("poison propagates"), instead of
+# raising at the read.
 
 
 def require_kernel(api: str):
-    _implied.clear()          # every instruction starts here
-    if state.kernel is None:
+    s = state
+    if s.implied:
+        s.implied.clear()     # every instruction starts here
+    if s.kernel is None:
         raise E.NkiCompileError(
             f"'{api}' called outside of an NKI kernel; call it from a function run by nki.jit / "
             "nki.simulate_kernel (err_nki_api_outside_of_nki_kernel)",
@@ -72,6 +76,13 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
             allow_scalar=True, require_sbuf=False) -> Operand:
     """Checked read of an instruction operand (tile view or scalar)."""
     if isinstance(x, Tensor):
+        buf = x.alloc.buffer
+        if buf == "sbuf" and not x.pax and x.indirect is None:     # the common case
+            m = None if mask is None else mask_for_input(mask, x.shape)
+            if m is None and x.alloc.temp and x.alloc.written is not None:
+                m = _implied_mask(x)
+            v, _ = read(x, m, op=op)
+            return Operand(v, x.arr.dtype, x.shape, buf, x)
         if x.is_hbm and not allow_hbm:
             raise E.MemorySpaceError(
                 f"Expected operand '{name}' of '{op}' to be in address space 'sbuf'"
@@ -95,11 +106,7 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
                 code="err_copy_dynamic_indirect_indices_not_natively_supported")
         m = mask_for_input(mask, x.shape)
         if m is None and x.alloc.temp and x.alloc.written is not None:
-            from .access import Access
-            wm = Access(x).gather(x.alloc.written)
-            if not wm.all():
-                m = np.array(wm, dtype=bool)
-                _implied.append((x, m))
+            m = _implied_mask(x)
         v, _ = read(x, m, op=op)
         return Operand(v, x.dtype, x.shape, x.buffer, x)
     if isinstance(x, (IndexExpr, MaskExpr)):
@@ -113,6 +120,17 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
                         "as kernel arguments (HBM) and loaded with nl.load")
     raise TypeError(f"operand '{name}' of '{op}' must be a tile{' or a scalar' if allow_scalar else ''}; "
                     f"got {type(x).__name__}")
+
+
+def _implied_mask(x: Tensor):
+    """Written-element mask of a partially written op result ``x`` (recorded in
+    ``state.implied`` for the output), or None when it is fully written."""
+    wm = Access(x).gather(x.alloc.written)
+    if wm.all():
+        return None
+    m = np.array(wm, dtype=bool)
+    state.implied.append((x, m))
+    return m
 
 
 def check_partitions(shape, what: str):
@@ -138,41 +156,46 @@ def check_same_partitions(op: str, named):
 def free_size(shape) -> int:
     if not shape:
         return 1
-    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return math.prod(shape[1:]) if len(shape) > 1 else 1
 
 
 def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, shape=None,
                 buffer: str = "sbuf", name: str = "", fresh=True, free_elems=None,
                 attrs=None, emit=True) -> Tensor:
     """Allocate the output tile of an instruction, write ``values`` (cast), record the event."""
-    d = np.dtype(dtype)
-    v = np.asarray(values)
-    shape = tuple(v.shape if shape is None else shape)
-    check_partitions(shape, f"output of '{op}'")
+    d = dtype if type(dtype) is np.dtype else np.dtype(dtype)
+    v = values if type(values) is np.ndarray else np.asarray(values)
+    shape = v.shape if shape is None else tuple(shape)
+    if shape and shape[0] > 128:
+        check_partitions(shape, f"output of '{op}'")
     if v.shape != shape:
         v = broadcast_left(v, shape)
-    data = D.cast_for_write(v, d)
+    plain = D.plain_cast(v.dtype, d)
+    data = v if plain else D.cast_for_write(v, d)
     m = None
     if mask is not None:
         m = mask if isinstance(mask, np.ndarray) else mask_array(mask, shape)
         if m is not None and m.shape != shape:
             m = broadcast_left(m, shape)
-    if _implied:
+    if state.implied:
         m = _propagate(m, shape, op)
     if m is None:
-        data = np.array(data, dtype=d, copy=True, order="C") if not (
-            data.flags.c_contiguous and data.flags.owndata and data.base is None) else data
+        if data.dtype != d or data.base is not None or not data.flags.c_contiguous \
+                or not data.flags.owndata:
+            out = np.empty(shape, dtype=d)
+            np.copyto(out, data, casting="unsafe")      # the plain float cast, in the copy
+            data = out
         alloc = Alloc(data, buffer, name=name, written=True)
     else:
         full = np.full(shape, D.poison_value(d), dtype=d)
-        np.copyto(full, data, where=m)
+        np.copyto(full, data, casting="unsafe", where=m)
         alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True, order="C"))
     alloc.temp = True
     t = Tensor(alloc, alloc.data)
     t.fresh = fresh
     t.producer = (engine, op)
     t.pmask = None if m is None else alloc.written
-    if emit:
+    if emit and state.traces:
         emit_compute(engine, op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,
                      count=None if m is None else int(np.count_nonzero(m)))
     return t
@@ -180,7 +203,8 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
 
 def _propagate(m, shape, op):
     """Combine the explicit output mask with the masks implied by partially written inputs."""
-    items, _implied[:] = list(_implied), []
+    items = state.implied
+    state.implied = []
     for x, pm in items:
         if pm.all():
             continue
@@ -200,15 +224,20 @@ def _propagate(m, shape, op):
 def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=None, count=None):
     if not state.traces:
         return
-    ins = [o for o in inputs if o is not None and not o.is_scalar]
-    shape = out.shape if out is not None else ()
-    n = out.size if count is None and out is not None else (count or 0)
+    ins = [o for o in inputs if o is not None and o.t is not None]
+    if out is not None:
+        shape = out.shape
+        n = out.size if count is None else count
+        nbytes = n * out.arr.itemsize
+        out_dtype = out.arr.dtype
+    else:
+        shape, nbytes, out_dtype = (), 0, ""
     trace.emit(engine, op, name=name,
-               in_shapes=tuple(o.shape for o in ins),
+               in_shapes=[o.shape for o in ins],
                out_shape=shape,
-               in_dtypes=tuple(o.dtype.name for o in ins),
-               out_dtype=out.dtype.name if out is not None else "",
+               in_dtypes=[o.dtype for o in ins],
+               out_dtype=out_dtype,
                partitions=shape[0] if shape else 1,
                free_elems=free_size(shape) if free_elems is None else free_elems,
-               nbytes=n * (out.itemsize if out is not None else 0),
-               attrs=attrs or {})
+               nbytes=nbytes,
+               attrs=attrs)

@@ -1,10 +1,20 @@
-"""Simulator switches (module-level, mutable; use :func:`configure` as a context manager)."""
+"""Simulator switches: process-wide defaults plus per-thread ``configure`` overrides.
+
+``nki_sim.config.<name>`` reads the calling thread's innermost ``configure(...)`` override,
+else the process-wide default.  ``with configure(name=value): ...`` overrides a switch for
+the calling thread only, until the block exits.  Assigning ``nki_sim.config.<name> = value``
+changes the calling thread's override when an enclosing ``configure`` block of this thread
+overrides that switch (undone when that block exits), else the process-wide default, which
+every thread without its own override sees (nki_sim/README.md, "Threads").
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from dataclasses import dataclass, fields
+
+from .state import state
 
 
 @dataclass
@@ -35,38 +45,82 @@ class Config:
     legacy_inplace_outputs: bool = False
 
     def __setattr__(self, name, value):
-        if name == "sdk":                       # keep nl / nisa module contents in step
-            from .sdk import parse, sync
-            object.__setattr__(self, name, parse(value))
-            sync()
-        else:
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, name, _normalise(name, value))
 
 
-config = Config()
+def _normalise(name, value):
+    if name == "sdk":
+        from .sdk import parse
+        return parse(value)
+    return value
+
+
+defaults = Config()
+"""The process-wide defaults (what a thread sees outside any ``configure`` block)."""
 if os.environ.get("NKI_SIM_SDK", "").strip():
-    config.sdk = os.environ["NKI_SIM_SDK"]
+    defaults.sdk = os.environ["NKI_SIM_SDK"]
+_NAMES = frozenset(f.name for f in fields(Config))
 _CHOICES = {"uninitialized": ("raise", "warn", "ignore"), "block_dims": ("auto", "error", "warn", "allow"),
             "traced_loops": ("off", "warn", "error")}
 
 
+class _ConfigView:
+    """``nki_sim.config``: the switches as the calling thread sees them (module docstring)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        if name not in _NAMES:
+            raise AttributeError(f"nki_sim.config has no switch {name!r}; valid: {sorted(_NAMES)}")
+        ov = state.overrides
+        if name in ov:
+            ov[name] = _normalise(name, value)
+        else:
+            setattr(defaults, name, value)
+
+    def __repr__(self):
+        return "nki_sim.config(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in sorted(_NAMES)) + ")"
+
+
+def _reader(name):
+    default = defaults.__dict__
+
+    def get(self):
+        ov = state.overrides
+        if ov and name in ov:
+            return ov[name]
+        return default[name]
+    return property(get, doc=f"effective value of the {name!r} switch in the calling thread")
+
+
+for _n in _NAMES:
+    setattr(_ConfigView, _n, _reader(_n))
+del _n
+
+config = _ConfigView()
+
+
 @contextlib.contextmanager
 def configure(**changes):
-    """Temporarily change simulator switches: ``with configure(uninitialized="ignore"): ...``."""
-    names = {f.name for f in fields(Config)}
+    """Temporarily change simulator switches for the calling thread:
+    ``with configure(uninitialized="ignore"): ...``."""
     for k, v in changes.items():
-        if k not in names:
-            raise ValueError(f"configure: unknown switch {k!r}; valid: {sorted(names)}")
+        if k not in _NAMES:
+            raise ValueError(f"configure: unknown switch {k!r}; valid: {sorted(_NAMES)}")
         if k in _CHOICES and v not in _CHOICES[k]:
             raise ValueError(f"configure: {k} must be one of {_CHOICES[k]}; got {v!r}")
     if "sdk" in changes:
         from .sdk import parse
         changes["sdk"] = parse(changes["sdk"])      # validate before changing anything
-    old = {k: getattr(config, k) for k in changes}
-    for k, v in changes.items():
-        setattr(config, k, v)
+    ov = state.overrides
+    missing = object()
+    old = {k: ov.get(k, missing) for k in changes}
+    ov.update(changes)
     try:
         yield config
     finally:
         for k, v in old.items():
-            setattr(config, k, v)
+            if v is missing:
+                ov.pop(k, None)
+            else:
+                ov[k] = v

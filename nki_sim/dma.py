@@ -16,7 +16,7 @@ from . import dtypes as D
 from . import errors as E
 from . import sdk
 from . import trace
-from .access import read, write
+from .access import Access, read, write
 from .config import config
 from .compute import check_partitions, free_size, mask_for_input, require_kernel, result_tile
 from .indexing import mask_array
@@ -108,7 +108,7 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
         rows = onchip.shape[0] if onchip.shape else 1
         attrs["index_rows"] = rows - skipped
     trace.emit("dma", op, name=name, in_shapes=(src.shape,), out_shape=dst.shape,
-               in_dtypes=(src.dtype.name,), out_dtype=dst.dtype.name,
+               in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=onchip.shape[0] if onchip.shape else 1,
                free_elems=free_size(onchip.shape), nbytes=count * isz,
                dma_kind="indirect" if indirect else "direct",
@@ -171,7 +171,6 @@ def store(dst, value, *, mask=None, mode=None, oob_mode=None, name="", **kwargs)
                 "Expected operand 'value' of 'store' to be in address space 'sbuf', but got a tile in "
                 "'psum' instead. (Storing from PSUM needs Neuron SDK >= 2.26; copy it to SBUF with "
                 "nl.copy first, or nki_sim.configure(allow_psum_store=True).)")
-        from .access import Access
         pre = Access(dst, m, _oob(oob_mode if oob_mode is not None else mode))
         vm = mask_for_input(pre.valid, value.shape)
         vals, _ = read(value, vm, op="store")
@@ -226,7 +225,6 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
                 "but got a tile in 'psum' instead.")
     oob = _oob(oob_mode)
     m = mask_array(mask, dst.shape) if mask is not None else None
-    from .access import Access
     if src.indirect is not None:
         sm = mask_for_input(m, src.shape)
         vals, sacc = read(src, sm, op="dma_copy", oob=oob)

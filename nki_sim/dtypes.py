@@ -31,6 +31,20 @@ for _n in ("float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e4m3b1
         SUPPORTED.add(np.dtype(getattr(ml_dtypes, _n)))
 
 
+_NAMES: dict = {}
+
+
+def dname(d) -> str:
+    """``np.dtype(d).name``, cached (the NumPy property is slow)."""
+    try:
+        return _NAMES[d]
+    except KeyError:
+        n = _NAMES[d] = np.dtype(d).name
+        return n
+    except TypeError:            # unhashable
+        return np.dtype(d).name
+
+
 def as_dtype(dt, what: str = "dtype") -> np.dtype:
     """Normalize a dtype argument (np type, np.dtype, string, ml_dtypes type) to np.dtype."""
     try:
@@ -43,8 +57,14 @@ def as_dtype(dt, what: str = "dtype") -> np.dtype:
     return d
 
 
+_FLOAT_DTYPES = {float32, float16, bfloat16, np.dtype(np.float64)} | {
+    d for d in SUPPORTED if d.name.startswith("float8")}
+
+
 def is_float(d: np.dtype) -> bool:
-    return d.kind == "f" or d in (bfloat16,) or d.name.startswith("float8")
+    if d in _FLOAT_DTYPES:
+        return True
+    return d.kind == "f" or d.name.startswith("float8")
 
 
 def is_int(d: np.dtype) -> bool:
@@ -123,9 +143,15 @@ def poison_value(d: np.dtype):
     return np.iinfo(d).max
 
 
+def plain_cast(src: np.dtype, d: np.dtype) -> bool:
+    """Whether :func:`cast_for_write` from ``src`` to ``d`` is NumPy's own (unsafe) cast, so a
+    copy into storage may convert on the fly (float -> float, or no conversion at all)."""
+    return src == d or (src in _FLOAT_DTYPES and d in _FLOAT_DTYPES)
+
+
 def cast_for_write(values, d: np.dtype) -> np.ndarray:
     """Convert an array (any dtype) to storage dtype ``d`` with the hardware write rules."""
-    v = np.asarray(values)
+    v = values if type(values) is np.ndarray else np.asarray(values)
     if v.dtype == d:
         return v
     if d == bool_:

@@ -177,7 +177,8 @@ mgrid = _MGridMaker()
 
 def ds(start, size) -> slice:
     """``nl.ds(start, size)``: the dynamic slice ``start:start+size``."""
-    start, size = int(start), int(size)
+    if type(start) is not int or type(size) is not int:
+        start, size = int(start), int(size)
     if size <= 0:
         raise ValueError(f"nl.ds: size must be positive; got {size}")
     return slice(start, start + size)
@@ -230,6 +231,13 @@ def broadcast_left(a: np.ndarray, shape) -> np.ndarray:
 
 def left_shape(shapes):
     """Broadcast shape of tile shapes under the left-aligned rule, or raise ValueError."""
+    if shapes:
+        first = shapes[0]
+        for sh in shapes:
+            if sh != first:
+                break
+        else:
+            return tuple(first)
     rank = max((len(s) for s in shapes), default=0)
     padded = [tuple(s) + (1,) * (rank - len(s)) for s in shapes]
     return np.broadcast_shapes(*padded)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from .config import config
 from .state import LoopFrame, state
 
 
@@ -41,21 +42,25 @@ class _Loop:
                           src=self.src, n=len(self.r))
         k.loops.append(frame)
         affine = self.kind == "affine"
-        from .config import config
+        if affine:
+            k.affine.append(frame)
         traced = config.traced_loops != "off"
         if traced:
-            from .access import _loop_var
-            name = _loop_var(frame)
+            from .deps import loop_var
+            name = loop_var(frame)
+        wrap = traced and self.kind != "static"
+        s, starts, values = state, frame.starts, frame.values
         try:
             for v in self.r:
                 frame.value = v
                 if affine:
-                    state.epoch += 1
-                    frame.iter_start = state.epoch
-                    frame.starts.append(state.epoch)
-                    frame.values.append(v)
+                    e = s.epoch + 1
+                    s.epoch = e
+                    frame.iter_start = e
+                    starts.append(e)
+                    values.append(v)
                 k.unwound = None
-                yield LoopVar(v, name) if traced and self.kind != "static" else v
+                yield LoopVar(v, name) if wrap else v
         except GeneratorExit:         # closed early (break, or an exception unwinding the kernel)
             snap = tuple((f.kind, f.value) for f in k.loops)
             if k.unwound is None or len(snap) > len(k.unwound):
@@ -67,6 +72,11 @@ class _Loop:
                 k.loops.pop()
             elif frame in k.loops:
                 k.loops.remove(frame)
+            if affine:
+                if k.affine and k.affine[-1] is frame:
+                    k.affine.pop()
+                elif frame in k.affine:
+                    k.affine.remove(frame)
             state.epoch += 1
 
 
@@ -116,7 +126,6 @@ class LoopPredicate:
 def _traced_use(what: str):
     import warnings
     from . import errors as E
-    from .config import config
     msg = (f"{what}: legacy NKI traces nl.affine_range / nl.sequential_range bodies once, so Python "
            "decisions on loop variables are not made per iteration; use nl.static_range for Python-"
            "level control flow, or mask= / nl.where for per-iteration predicates")

@@ -3,9 +3,9 @@
 An :class:`Alloc` owns one C-contiguous NumPy array in the *declared* storage dtype
 (bf16/fp8 through ml_dtypes).  Fresh memory is poisoned (NaN / integer max) and its
 ``written`` bitmap is all False; ``written is None`` means "fully initialised" (kernel
-inputs), which avoids a bitmap for large HBM tensors.  ``wstamp`` / ``rstamp`` (int32,
-allocated lazily) hold the epoch of the last write / read inside an ``affine_range``
-iteration, used by the loop-carried dependency checker.
+inputs), which avoids a bitmap for large HBM tensors.  ``wlog`` / ``rlog`` (created lazily)
+log the epochs of writes / reads inside ``affine_range`` iterations for the loop-carried
+dependency checker (:mod:`nki_sim.deps`).
 
 Live bytes per partition of SBUF and PSUM are counted from allocation until the
 ``Alloc`` object is garbage collected (i.e. while any view of it is referenced).
@@ -40,60 +40,74 @@ class Live:
                 t._note_live(buffer, self.bytes[buffer])
 
 
-live = Live()     # allocations made outside any kernel program
-
-
 def current_live() -> Live:
-    k = state.kernel
-    return k.live if k is not None and k.live is not None else live
+    """Live bytes of the running program, or of this thread's allocations outside any kernel."""
+    s = state
+    k = s.kernel
+    if k is not None and k.live is not None:
+        return k.live
+    if s.live is None:
+        s.live = Live()
+    return s.live
 
 
 class Alloc:
     """One allocation (a tensor's storage)."""
 
-    __slots__ = ("id", "buffer", "dtype", "data", "written", "name", "kind", "mutable",
-                 "birth_epoch", "wstamp", "rstamp", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "__weakref__")
+    __slots__ = ("id", "buffer", "dtype", "data", "written", "_name", "kind", "mutable",
+                 "birth_epoch", "wlog", "rlog", "par_axis", "bytes_pp", "user_array",
+                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "lazy_poison", "unwritten",
+                 "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
                  written=False, par_axis: int = 0, mutable: bool = True, count_live: bool = True):
-        assert data.flags.c_contiguous, "internal: allocation storage must be C-contiguous"
+        # data: C-contiguous (the aux arrays -- written bitmap, epochs -- share its layout)
         self.id = next(_ids)
         self.buffer = buffer
         self.dtype = data.dtype
         self.data = data
         if written is True:
             self.written = None
+            self.unwritten = 0
         elif written is False:
             self.written = np.zeros(data.shape, dtype=bool)
+            self.unwritten = data.size
         else:       # the aux views of nki_sim.tensor assume C order (same layout as data)
             self.written = np.ascontiguousarray(written, dtype=bool)
-        self.name = name or f"{buffer}_{self.id}"
+            self.unwritten = data.size - int(np.count_nonzero(self.written))
+        self._name = name
         self.kind = kind
         self.mutable = mutable
-        self.birth_epoch = state.epoch
-        k = state.kernel
+        s = state
+        self.birth_epoch = s.epoch
+        k = s.kernel
         # innermost enclosing affine / sequential loop: the tensor's scope
         self.scope = None
-        if k is not None:
+        if k is not None and k.loops:
             for f in reversed(k.loops):
                 if f.kind != "static":
                     self.scope = f
                     break
-        self.wstamp = None
-        self.rstamp = None
-        self.wmax = self.rmax = -1     # largest epoch ever stamped (fast path of the checker)
+        self.wlog = None        # nki_sim.deps.EpochLog of writes / reads inside affine_range loops
+        self.rlog = None
+        self.wmax = self.rmax = -1     # largest epoch ever logged (fast path of the checker)
         self.par_axis = par_axis
         self.user_array = None
         self.ever_written = False
         self.temp = False       # an instruction's result tile (poison propagates through it)
+        self.lazy_poison = False  # data not yet poisoned where never written (see poison())
         self.bytes_pp = 0
         self.counter = None
-        if buffer in ONCHIP and count_live:
+        if count_live and buffer in ONCHIP:
             n = data.size // max(1, data.shape[par_axis]) if data.ndim else 1
             self.bytes_pp = int(n * data.dtype.itemsize)
             self.counter = current_live()
             self.counter.change(buffer, self.bytes_pp)
+
+    @property
+    def name(self) -> str:
+        """The tensor name given at allocation, else ``<buffer>_<id>``."""
+        return self._name or f"{self.buffer}_{self.id}"
 
     def __del__(self):
         if self.bytes_pp:
@@ -102,12 +116,13 @@ class Alloc:
             except Exception:  # interpreter shutdown
                 pass
 
-    def stamps(self, which: str) -> np.ndarray:
-        arr = getattr(self, which)
-        if arr is None:
-            arr = np.full(self.data.shape, -1, dtype=np.int32)
-            setattr(self, which, arr)
-        return arr
+    def poison(self) -> None:
+        """Fill never-written elements with the poison value (deferred from allocation until
+        unwritten memory is first exposed: a read touching it, an output, a dtype view)."""
+        if self.lazy_poison:
+            self.lazy_poison = False
+            if self.written is not None:
+                np.copyto(self.data, D.poison_value(self.dtype), where=~self.written)
 
     @property
     def shape(self):
@@ -116,10 +131,12 @@ class Alloc:
 
 def new_alloc(shape, dtype, buffer: str, name: str = "", par_axis: int = 0,
               fill=None, kind: str = "local") -> Alloc:
-    """Allocate poisoned (or ``fill``-initialised) memory."""
+    """Allocate poisoned (or ``fill``-initialised) memory.  The poison fill is deferred
+    (``Alloc.poison``): memory that is fully written before it is read never needs it."""
     d = np.dtype(dtype)
     if fill is None:
-        data = np.full(shape, D.poison_value(d), dtype=d)
-        return Alloc(data, buffer, name=name, kind=kind, par_axis=par_axis)
+        a = Alloc(np.empty(shape, dtype=d), buffer, name=name, kind=kind, par_axis=par_axis)
+        a.lazy_poison = True
+        return a
     data = np.full(shape, D.cast_for_write(np.asarray(fill), d), dtype=d)
     return Alloc(data, buffer, name=name, kind=kind, written=True, par_axis=par_axis)

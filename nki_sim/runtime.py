@@ -84,6 +84,7 @@ def _output(x, ctx, inputs_by_alloc):
 def _materialize(x: Tensor) -> np.ndarray:
     """A NumPy copy of a returned tensor view (basic or advanced)."""
     from .access import Access
+    x.alloc.poison()
     if x.idx is None:
         return np.array(x.arr)
     return np.array(Access(x).gather(x.alloc.data))
@@ -133,7 +134,9 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
     if any(g <= 0 for g in grid):
         raise ValueError(f"SPMD grid sizes must be positive; got {list(grid)}")
     cm = use_target(platform_target) if platform_target is not None else contextlib.nullcontext()
-    with cm, single_threaded():
+    # engine arithmetic never traps: inf / NaN results flow silently (NumPy's FP-error state is
+    # per thread / context, so this does not affect other threads)
+    with cm, single_threaded(), np.errstate(all="ignore"):
         sig = inspect.signature(func)
         try:
             bound = sig.bind(*args, **kwargs)
@@ -173,6 +176,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
                 ctx.live = Live()
                 ctx.shared_cursor = 0
                 ctx.loops.clear()
+                ctx.affine.clear()
                 ret = func(*bound.args, **bound.kwargs)
         except Exception as e:
             _add_context_note(e, ctx)
@@ -180,6 +184,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
         finally:
             state.kernel = None
             ctx.loops.clear()
+            ctx.affine.clear()
         returned = _returned_allocs(ret, set())
         for t in inputs:
             a = t.alloc

@@ -1,6 +1,6 @@
 """Neuron SDK version gating of the legacy API (NKI release notes, general/nki/nki_rn.rst).
 
-The simulated SDK is ``nki_sim.config.sdk``: a release between 2.21 (the project's floor) and
+The simulated SDK is ``nki_sim.config.sdk`` (per thread, like every switch): a release between 2.21 (the project's floor) and
 2.27 (the last release that ships the legacy ``neuronxcc.nki`` namespace), default 2.24;
 change it with ``nki_sim.configure(sdk="2.26")`` or env ``NKI_SIM_SDK``.  A name added after
 the simulated release is absent from ``nl`` / ``nisa`` (``AttributeError``, like the real
@@ -11,11 +11,18 @@ is treated as 2.26).
 
 from __future__ import annotations
 
+import sys
+import types
+
+
+_CFG = []
 
 
 def _config():
-    from .config import config      # late: config.py imports this module while it initialises
-    return config
+    if not _CFG:
+        from .config import config      # late: config.py imports this module while it initialises
+        _CFG.append(config)
+    return _CFG[0]
 
 MIN_SDK, MAX_SDK = (2, 21), (2, 27)     # 2.27: last release with the legacy namespace
 
@@ -65,6 +72,11 @@ def has(version) -> bool:
 
 def check_kwargs(api: str, version, **given) -> None:
     """TypeError for keywords (given with a non-None value) newer than the simulated SDK."""
+    for v in given.values():
+        if v is not None:
+            break
+    else:
+        return
     if has(version):
         return
     for k, v in given.items():
@@ -75,36 +87,76 @@ def check_kwargs(api: str, version, **given) -> None:
 
 
 _REGISTRY: dict = {}      # module name -> (namespace dict, {gated name: object})
+_hidden: set = set()      # (module, name) of gated names deleted with delattr (monkeypatch)
+
+
+def visible(module: str, name: str) -> bool:
+    """Whether gated ``name`` of ``module`` exists for the calling thread's simulated SDK."""
+    return (module, name) not in _hidden and has(NAMES[(module, name)])
 
 
 def sync() -> None:
-    """Put exactly the names the simulated SDK has into the nl / nisa module namespaces."""
-    for module, (namespace, gated) in _REGISTRY.items():
-        for name, obj in gated.items():
+    """Kept for compatibility: gated names are resolved per thread on attribute access."""
+
+
+class _GatedModule(types.ModuleType):
+    """Module type of nki_sim.language / nki_sim.isa: assignment and deletion of SDK-gated names.
+
+    Gated names never live in the module namespace; the module ``__getattr__`` serves them when
+    the calling thread's simulated SDK has them.  ``setattr`` of a gated name to another object
+    (or to the real one while the SDK lacks it) shadows it for every thread; ``delattr`` makes
+    it absent; setting the real object back restores SDK gating (what ``monkeypatch.undo`` does).
+    """
+
+    def __setattr__(self, name, value):
+        gate = self.__dict__.get("_sdk_gate")
+        if gate is not None and name in gate[1]:
+            module, gated = gate
+            _hidden.discard((module, name))
+            if value is gated[name] and has(NAMES[(module, name)]):
+                self.__dict__.pop(name, None)
+                return
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        gate = self.__dict__.get("_sdk_gate")
+        if gate is None or name not in gate[1]:
+            super().__delattr__(name)
+            return
+        module = gate[0]
+        if name in self.__dict__:
+            super().__delattr__(name)
             if has(NAMES[(module, name)]):
-                namespace.setdefault(name, obj)
-            else:
-                namespace.pop(name, None)
+                _hidden.add((module, name))
+        elif visible(module, name):
+            _hidden.add((module, name))
+        else:
+            raise AttributeError(name)
 
 
 def module_getattr(module: str, short: str, namespace: dict, not_emulated: set):
     """A PEP 562 ``__getattr__`` for nki_sim.language / nki_sim.isa.
 
-    The SDK-gated names live in the module namespace only while the simulated SDK has them
-    (:func:`sync`), so ``hasattr``, ``from ... import`` and monkeypatching behave like the real
-    module; this ``__getattr__`` explains an absent gated name, names real-but-not-emulated NKI
+    The SDK-gated names are taken out of the module namespace and served by this
+    ``__getattr__`` only while the calling thread's simulated SDK has them, so ``hasattr``,
+    ``from ... import`` and monkeypatching (see :class:`_GatedModule`) behave like the real
+    module, per thread; it explains an absent gated name, names real-but-not-emulated NKI
     APIs with ``NotImplementedError``, and raises ``AttributeError`` for anything else.
     """
     from .errors import not_emulated as _not_emulated
-    gated = {name: namespace[name] for (mod, name) in NAMES if mod == module}
+    gated = {name: namespace.pop(name) for (mod, name) in NAMES if mod == module}
     _REGISTRY[module] = (namespace, gated)
-    sync()
+    namespace["_sdk_gate"] = (module, gated)
+    mod = sys.modules[namespace["__name__"]]
+    mod.__class__ = _GatedModule
 
     def __getattr__(name):
         if name.startswith("__"):
             raise AttributeError(name)
         need = NAMES.get((module, name))
         if need is not None:
+            if (module, name) not in _hidden and has(need):
+                return gated[name]
             raise AttributeError(
                 f"module 'neuronxcc.nki.{module}' has no attribute '{name}' (added in Neuron SDK "
                 f"{fmt(need)}; nki_sim simulates SDK {fmt(_config().sdk)}: nki_sim.configure(sdk=...) or "
@@ -112,4 +164,8 @@ def module_getattr(module: str, short: str, namespace: dict, not_emulated: set):
         if name in not_emulated:
             raise _not_emulated(f"{short}.{name}")
         raise AttributeError(f"module 'neuronxcc.nki.{module}' (nki_sim) has no attribute {name!r}")
+
+    def __dir__():
+        return sorted(set(namespace) | {n for n in gated if visible(module, n)})
+    namespace["__dir__"] = __dir__
     return __getattr__

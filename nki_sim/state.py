@@ -1,14 +1,19 @@
-"""Mutable runtime state of the (single-threaded) simulator.
+"""Mutable runtime state of the simulator, one instance per thread.
+
+``state`` is a ``threading.local``: every thread has its own running kernel, epoch counter,
+active traces, ``use_target`` stack and ``configure`` overrides, so kernels simulated in
+different threads at the same time never see each other (nki_sim/README.md, "Threads").
 
 One ``KernelContext`` is active while a top-level kernel runs (``state.kernel``); it holds
 the SPMD coordinates, the stack of enclosing NKI loops and the shared-HBM allocations that
-all programs of a grid launch share.  ``epoch`` is a global counter advanced at the start
-of every ``affine_range`` iteration; the dependency checker compares per-element write /
-read epochs against the [loop start, iteration start) window of each enclosing affine loop.
+all programs of a grid launch share.  ``epoch`` is a counter advanced at the start of every
+``affine_range`` iteration; the dependency checker compares per-element write / read epochs
+against the [loop start, iteration start) window of each enclosing affine loop.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 
@@ -32,6 +37,7 @@ class KernelContext:
     grid: tuple = ()
     program_id: tuple = ()
     loops: list = field(default_factory=list)
+    affine: list = field(default_factory=list)          # the affine_range frames of ``loops``
     shared_allocs: list = field(default_factory=list)   # shared_hbm allocations, in order
     shared_cursor: int = 0
     params: dict = field(default_factory=dict)           # alloc id -> parameter name
@@ -39,17 +45,25 @@ class KernelContext:
     live: object = None                                  # memory.Live of the running program
     unwound: tuple = None     # (kind, value) of the loops closed early last (error context)
     code: object = None       # code object of the top-level kernel function
+    accumulators: dict = None  # engine accumulator registers (nisa.activation reduce_cmd)
+    acc_warned: set = None     # source locations already warned about accumulator chains
 
 
-class _State:
+class _State(threading.local):
+    """Per-thread state (``threading.local``: ``__init__`` runs once in every thread)."""
+
     def __init__(self):
         self.kernel: KernelContext | None = None
         self.epoch: int = 0
-        self.traces: list = []
+        self.traces: list = []        # active nki_sim.tracing() Trace objects of this thread
+        self.targets: list = []       # use_target stack of this thread
+        self.overrides: dict = {}     # configure() overrides of this thread (name -> value)
+        self.implied: list = []       # poison masks implied by the current instruction's inputs
+        self.live = None              # memory.Live of allocations made outside any kernel
 
     def loop_indices(self) -> tuple:
         k = self.kernel
-        return tuple(f.value for f in k.loops) if k else ()
+        return tuple([f.value for f in k.loops]) if k else ()
 
     def affine_frames(self):
         k = self.kernel

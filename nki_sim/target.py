@@ -1,8 +1,8 @@
 """Per-target hardware limits (one frozen object per NeuronCore generation).
 
-Selection order: ``use_target(...)`` / ``nki.jit(platform_target=...)`` (innermost wins),
-then the environment variable ``NEURON_PLATFORM_TARGET_OVERRIDE`` (trn1|gen2|trn2|gen3),
-then the default, trn2.
+Selection order: ``use_target(...)`` / ``nki.jit(platform_target=...)`` (innermost wins;
+per thread), then the environment variable ``NEURON_PLATFORM_TARGET_OVERRIDE``
+(trn1|gen2|trn2|gen3; process-wide), then the default, trn2.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+
+from .state import state
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,6 @@ TARGETS: dict[str, Target] = {
 
 _ALIASES = {"trn1": "trn1", "gen2": "trn1", "inf2": "trn1", "trn2": "trn2", "gen3": "trn2"}
 DEFAULT_TARGET = "trn2"
-_stack: list[Target] = []
 
 
 def resolve_target(name) -> Target:
@@ -56,12 +57,14 @@ def resolve_target(name) -> Target:
 
 
 def get_target() -> Target:
-    """The active target (innermost use_target, else env override, else trn2)."""
-    if _stack:
-        return _stack[-1]
-    from .state import state
-    if state.kernel is not None and state.kernel.target is not None:
-        return state.kernel.target
+    """The active target of the calling thread (innermost use_target, else the running
+    kernel's, else env override, else trn2)."""
+    s = state
+    if s.targets:
+        return s.targets[-1]
+    k = s.kernel
+    if k is not None and k.target is not None:
+        return k.target
     env = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip()
     if env:
         if env.lower() not in _ALIASES:
@@ -73,9 +76,11 @@ def get_target() -> Target:
 
 @contextlib.contextmanager
 def use_target(name):
-    """Context manager selecting the simulated target."""
-    _stack.append(resolve_target(name))
+    """Context manager selecting the simulated target (for the calling thread)."""
+    stack = state.targets
+    t = resolve_target(name)
+    stack.append(t)
     try:
-        yield _stack[-1]
+        yield t
     finally:
-        _stack.pop()
+        stack.pop()

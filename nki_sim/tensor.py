@@ -14,6 +14,8 @@ with checks live in :mod:`nki_sim.access`; operators delegate to ``nki_sim.langu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .indexing import IndexExpr, MaskExpr
@@ -26,17 +28,17 @@ class Tensor:
     __array_priority__ = 100
     __array_ufunc__ = None      # NumPy scalars / ufuncs defer to the NKI operators
 
-    def __init__(self, alloc, arr, idx=None, shape=None, indirect=None, pax=0):
+    def __init__(self, alloc, arr, idx=None, shape=None, indirect=None, pax=0, lay=None):
         self.alloc = alloc
         self.arr = arr
         self.idx = idx
-        self.shape = tuple(arr.shape) if shape is None else tuple(shape)
+        self.shape = arr.shape if shape is None else tuple(shape)
         self.indirect = indirect
         self.fresh = False      # result of an op not yet assigned anywhere
         self.pmask = None       # bool mask of the elements the producing op wrote
         self.pax = pax          # partition axis of this view (0 unless block dims)
         self.producer = None    # (engine, op) of the instruction that produced a fresh tile
-        self._lay = None        # cached (element offset, element strides) of arr in alloc.data
+        self._lay = lay         # (element offset, element strides) of arr in alloc.data, if known
 
     # ---- metadata -------------------------------------------------------------------
     @property
@@ -57,7 +59,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def name(self) -> str:
@@ -94,15 +96,21 @@ class Tensor:
         if lay is None:
             base = self.alloc.data
             isz = base.dtype.itemsize
-            ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-            lay = self._lay = (ptr // isz, tuple(s // isz for s in self.arr.strides))
+            if self.arr is base:
+                ptr = 0
+            else:
+                ptr = self.arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            lay = self._lay = (ptr // isz, tuple([s // isz for s in self.arr.strides]))
         return lay
 
     def aux_view(self, aux: np.ndarray) -> np.ndarray:
         """The view of ``aux`` (same shape as ``alloc.data``) matching the basic view ``arr``."""
+        arr = self.arr
+        if arr is self.alloc.data:
+            return aux
         off, es = self.elem_layout()
         a = aux.itemsize
-        if self.arr.size == 0:
+        if arr.size == 0:
             return aux.reshape(-1)[:0].reshape(self.arr.shape)
         return np.ndarray(self.arr.shape, aux.dtype, aux, off * a, tuple(s * a for s in es))
 
@@ -119,12 +127,10 @@ class Tensor:
 
     # ---- indexing ----------------------------------------------------------------------
     def __getitem__(self, key):
-        from .views import subscript
-        return subscript(self, key)
+        return _views.subscript(self, key)
 
     def __setitem__(self, key, value):
-        from .access import assign
-        assign(self, key, value)
+        _access.assign(self, key, value)
 
     # ---- view methods ------------------------------------------------------------------
     def reshape(self, *shape):
@@ -162,8 +168,7 @@ class Tensor:
     # ---- operators (Vector engine element-wise ops) -------------------------------------
     def _op(name, reverse=False):
         def f(self, other):
-            from .language import elementwise as ew      # operators exist in every SDK
-            fn = getattr(ew, name)
+            fn = getattr(_lang("elementwise"), name)    # operators exist in every SDK
             return fn(other, self, _operator=True) if reverse else fn(self, other, _operator=True)
         f.__name__ = name
         return f
@@ -196,13 +201,24 @@ class Tensor:
         return nl.abs(self)
 
     def _inplace(self, other, fname):
-        from .access import inplace_update
-        return inplace_update(self, other, fname)
+        return _access.inplace_update(self, other, fname)
 
     def __iadd__(self, other): return self._inplace(other, "add")
     def __isub__(self, other): return self._inplace(other, "subtract")
     def __imul__(self, other): return self._inplace(other, "multiply")
     def __itruediv__(self, other): return self._inplace(other, "divide")
+
+
+_LANG: dict = {}
+
+
+def _lang(name):
+    """``nki_sim.language.<name>`` (imported on first use: the language package imports this module)."""
+    m = _LANG.get(name)
+    if m is None:
+        import importlib
+        m = _LANG[name] = importlib.import_module(f"{__package__}.language.{name}")
+    return m
 
 
 def is_tensor(x) -> bool:
@@ -211,3 +227,6 @@ def is_tensor(x) -> bool:
 
 def is_index(x) -> bool:
     return isinstance(x, (IndexExpr, MaskExpr))
+
+
+from . import access as _access, views as _views  # noqa: E402  (circular: used at call time)

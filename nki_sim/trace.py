@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
+from .dtypes import dname
 from .state import state
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
@@ -153,34 +154,96 @@ def active() -> bool:
     return bool(state.traces)
 
 
+_in_sim_code: dict = {}      # code object -> whether it belongs to nki_sim (cache)
+_basenames: dict = {}        # co_filename -> basename (cache)
+
+
+_depths: dict = {}           # code object of emit's caller -> depths of the kernel frame seen
+
+
+def _sim_code(code, frame) -> bool:
+    sim = _in_sim_code.get(code)
+    if sim is None:
+        if len(_in_sim_code) > 50000:     # bounded: kernels built at run time make new code
+            _in_sim_code.clear()
+        sim = _in_sim_code[code] = in_simulator(frame)
+    return sim
+
+
+def _loc(frame) -> tuple:
+    fn = frame.f_code.co_filename
+    base = _basenames.get(fn)
+    if base is None:
+        base = _basenames[fn] = os.path.basename(fn)
+    return (base, frame.f_lineno)
+
+
 def kernel_src_loc() -> tuple:
-    """(file basename, line) of the innermost frame outside the nki_sim package."""
-    f = sys._getframe(1)
+    """(file basename, line) of the innermost frame outside the nki_sim package.
+
+    Walking ``f_back`` creates a frame object per level; instead the depth found last time
+    for the same calling code is tried first (``sys._getframe(d)`` creates only the frame at
+    depth d) and verified: the frame there is outside nki_sim and the one below it inside."""
+    getframe = sys._getframe
+    caller = getframe(1)
+    key = caller.f_code
+    for d in _depths.get(key, ()):
+        try:
+            f = getframe(d)
+        except ValueError:
+            continue
+        if not _sim_code(f.f_code, f):
+            below = getframe(d - 1)
+            if _sim_code(below.f_code, below):
+                return _loc(f)
+    f, d = caller, 1
     while f is not None:
-        if not in_simulator(f):
-            return (os.path.basename(f.f_code.co_filename), f.f_lineno)
+        if not _sim_code(f.f_code, f):
+            seen = _depths.setdefault(key, [])
+            if d not in seen and len(seen) < 8:
+                seen.append(d)
+            return _loc(f)
         f = f.f_back
+        d += 1
     return ("", 0)
 
 
+def _dname(d) -> str:
+    return d if type(d) is str else dname(d)
+
+
+_new = object.__new__
+_setattr = object.__setattr__
+
+
 def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_dtype="",
-         partitions=0, free_elems=0, nbytes=0, **extra):
-    """Append an event to every active trace (no-op when not tracing)."""
-    if not state.traces:
+         partitions=0, free_elems=0, nbytes=0, dma_kind="", src_buffer="", dst_buffer="",
+         descriptor_bytes=(), skipped_rows=0, attrs=None):
+    """Append an event to every active trace of the calling thread (no-op when not tracing).
+
+    Dtypes may be given as NumPy dtypes or names."""
+    s = state
+    traces = s.traces
+    if not traces:
         return
-    k = state.kernel
-    attrs = extra.pop("attrs", {})
-    ev_kw = dict(
-        engine=engine, op=op, name=name or "",
-        in_shapes=tuple(tuple(int(x) for x in s) for s in in_shapes),
-        out_shape=tuple(int(x) for x in out_shape),
-        in_dtypes=tuple(str(d) for d in in_dtypes), out_dtype=str(out_dtype),
-        partitions=int(partitions), free_elems=int(free_elems), bytes=int(nbytes),
-        src_loc=kernel_src_loc(),
-        loop_indices=state.loop_indices(),
-        program_id=tuple(k.program_id) if k else (),
-        attrs=tuple(sorted(attrs.items())),
-        **extra,
-    )
-    for t in state.traces:
-        t.events.append(Event(seq=len(t.events), **ev_kw))
+    k = s.kernel
+    fields = {
+        "seq": 0, "engine": engine, "op": op, "name": name or "",
+        "in_shapes": tuple([sh if type(sh) is tuple else tuple(map(int, sh)) for sh in in_shapes]),
+        "out_shape": out_shape if type(out_shape) is tuple else tuple(map(int, out_shape)),
+        "in_dtypes": tuple([_dname(d) for d in in_dtypes]), "out_dtype": _dname(out_dtype),
+        "partitions": int(partitions), "free_elems": int(free_elems), "bytes": int(nbytes),
+        "src_loc": kernel_src_loc(),
+        "loop_indices": tuple([f.value for f in k.loops]) if k else (),
+        "program_id": tuple(k.program_id) if k else (),
+        "dma_kind": dma_kind, "src_buffer": src_buffer, "dst_buffer": dst_buffer,
+        "descriptor_bytes": descriptor_bytes, "skipped_rows": skipped_rows,
+        "attrs": tuple(sorted(attrs.items())) if attrs else (),
+    }
+    last = traces[-1]
+    for t in traces:
+        ev = _new(Event)                    # the frozen dataclass, without its per-field __init__
+        d = fields if t is last else dict(fields)
+        d["seq"] = len(t.events)
+        _setattr(ev, "__dict__", d)
+        t.events.append(ev)

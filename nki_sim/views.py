@@ -8,6 +8,8 @@ Mixing slices with advanced indices is rejected as in NKI.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import errors as E
@@ -17,12 +19,15 @@ from .tensor import Tensor
 
 
 def _norm_key(t: Tensor, key) -> tuple:
-    if not isinstance(key, tuple):
+    if type(key) is not tuple:
         key = (key,)
-    n_ell = sum(k is Ellipsis for k in key)
-    if n_ell > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+    n_ell = 0
+    for k in key:
+        if k is Ellipsis:
+            n_ell += 1
     if n_ell:
+        if n_ell > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         fill = t.ndim - (len(key) - 1)
         key = key[:i] + (slice(None),) * fill + key[i + 1:]
@@ -37,11 +42,19 @@ def _oob(t, axis, lo, hi, size):
         f"[{lo}, {hi}] exceed dimension size of {size}")
 
 
+_BASIC = (slice, int)          # exact types of the common basic subscripts
+
+
 def subscript(t: Tensor, key) -> Tensor:
     if t.idx is not None:
         raise NotImplementedError(
             f"indexing an advanced-indexed view of {t.name} is not emulated; index the tensor once")
     key = _norm_key(t, key)
+    for k in key:
+        if type(k) not in _BASIC:
+            break
+    else:
+        return _basic(t, key)
     advanced = any(isinstance(k, (IndexExpr, Tensor, np.ndarray)) for k in key)
     if any(isinstance(k, MaskExpr) for k in key):
         raise TypeError("a mask expression cannot be used as an index; pass it as mask=")
@@ -55,9 +68,11 @@ def _basic(t: Tensor, key) -> Tensor:
     out: list = []
     pax = t.pax
     new_pax = pax
+    shape = t.shape
+    off, es = t.elem_layout()
     for ax, k in enumerate(key):
-        n = t.shape[ax]
-        if isinstance(k, slice):
+        n = shape[ax]
+        if type(k) is slice or isinstance(k, slice):
             start, stop, step = k.start, k.stop, k.step
             for v in (start, stop, step):
                 if v is not None and not isinstance(v, (int, np.integer)):
@@ -67,12 +82,15 @@ def _basic(t: Tensor, key) -> Tensor:
                 raise _oob(t, ax, lo, stop - 1, n)
             if start is not None and (start > n or start < -n) and (step is None or step > 0):
                 raise _oob(t, ax, start, start, n)
+            if start or (step is not None and step < 0):
+                off += k.indices(n)[0] * es[ax]
             out.append(k)
         elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
             k = int(k)
             if not -n <= k < n:
                 raise _oob(t, ax, k, k, n)
             k = k % n                            # normalise negative ints (Python convention)
+            off += k * es[ax]
             if onchip and ax == pax:
                 out.append(slice(k, k + 1))
             else:
@@ -85,10 +103,15 @@ def _basic(t: Tensor, key) -> Tensor:
             raise TypeError(f"unsupported index {k!r} of type {type(k).__name__} for tensor {t.name}")
     if onchip:
         _keep_tile_rank(t, out, new_pax)
+    new_es = [es[ax] * (k.step or 1) for ax, k in enumerate(out) if type(k) is slice]
+    new_es.extend(es[len(out):])            # axes not subscripted
     arr = t.arr[tuple(out)]
     if arr.ndim == 0:               # HBM scalar element: keep as a (1,) view
         arr = t.arr[tuple(slice(k, k + 1) if isinstance(k, int) else k for k in out)].reshape(1)
-    return Tensor(t.alloc, arr, pax=max(new_pax, 0))
+        isz = arr.itemsize
+        new_es = [s // isz for s in arr.strides]
+    lay = (off, tuple(new_es)) if arr.size else None
+    return Tensor(t.alloc, arr, pax=max(new_pax, 0), lay=lay)
 
 
 def _keep_tile_rank(t: Tensor, out: list, new_pax: int) -> None:
@@ -108,7 +131,6 @@ def _keep_tile_rank(t: Tensor, out: list, new_pax: int) -> None:
 
 
 def _advanced(t: Tensor, key) -> Tensor:
-    from .access import read_index_tile
     if len(key) < t.ndim:
         raise E.IndexingError(
             f"tensor {t.name} of rank {t.ndim} indexed with {len(key)} indices mixing basic and "
@@ -136,7 +158,7 @@ def _advanced(t: Tensor, key) -> Tensor:
                     "supported on the HBM side of nl.load / nl.store / nisa.dma_copy "
                     "(err_copy_dynamic_indirect_indices_not_natively_supported)",
                     code="err_copy_dynamic_indirect_indices_not_natively_supported")
-            comps.append(read_index_tile(k))
+            comps.append(_access.read_index_tile(k))
             indirect = ax
         elif isinstance(k, np.ndarray):
             if k.dtype.kind not in "iu":
@@ -170,7 +192,7 @@ def _advanced(t: Tensor, key) -> Tensor:
                 f"partition or block dimension; index tile of shape {list(c.shape)} varies along a "
                 f"free dimension of the access {list(shape)} (err_indirect_indices_free_dim)",
                 code="err_indirect_indices_free_dim")
-    return Tensor(t.alloc, t.arr, idx=tuple(comps), shape=shape, indirect=indirect)
+    return Tensor(t.alloc, t.arr, idx=tuple(comps), shape=shape, indirect=indirect, lay=t._lay)
 
 
 def _basic_only(t: Tensor, what: str):
@@ -182,7 +204,7 @@ def _basic_only(t: Tensor, what: str):
 def reshape(t: Tensor, shape) -> Tensor:
     _basic_only(t, "reshape")
     shape = tuple(int(s) for s in shape)
-    if int(np.prod(shape, dtype=np.int64)) != t.size:
+    if math.prod(shape) != t.size:
         raise ValueError(f"reshape of {t.name}: cannot reshape {list(t.shape)} into {list(shape)}")
     v = t.arr.view()
     try:
@@ -190,8 +212,9 @@ def reshape(t: Tensor, shape) -> Tensor:
     except AttributeError:
         raise ValueError(f"reshape of {t.name} {list(t.shape)} -> {list(shape)} needs a copy "
                          "(non-contiguous view); reshape the whole tensor instead") from None
-    out = Tensor(t.alloc, v)
-    return out
+    isz = v.itemsize
+    lay = (t.elem_layout()[0], tuple([s // isz for s in v.strides])) if v.size else None
+    return Tensor(t.alloc, v, lay=lay)
 
 
 def view_dtype(t: Tensor, dtype) -> Tensor:
@@ -203,6 +226,7 @@ def view_dtype(t: Tensor, dtype) -> Tensor:
     if d == t.dtype:
         return t
     check_initialized(t, None, "view")
+    t.alloc.poison()                 # the alias exposes the whole allocation
     base = t.alloc.data
     try:
         alias_data = base.view(d)
@@ -218,3 +242,6 @@ def view_dtype(t: Tensor, dtype) -> Tensor:
 def expand_dims(t: Tensor, axis) -> Tensor:
     _basic_only(t, "expand_dims")
     return Tensor(t.alloc, np.expand_dims(t.arr, axis))
+
+
+from . import access as _access  # noqa: E402  (circular: used at call time)

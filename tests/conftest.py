@@ -94,3 +94,13 @@ def _load_script(name: str):
 def load_script():
     """``load_script("bench_block_copy")`` -> the script's module (call its ``main(argv)``)."""
     return _load_script
+
+
+@pytest.fixture
+def fast_switching():
+    """Make the interpreter switch threads every microsecond or so, so kernels simulated in
+    several threads at once interleave instruction by instruction (thread-safety tests)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)

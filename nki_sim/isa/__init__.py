@@ -6,6 +6,7 @@ Names of the real module that are not emulated raise ``NotImplementedError`` nam
 from __future__ import annotations
 
 from .. import sdk as _sdk
+from ..target import get_target as _get_target
 from ..dma import dma_copy, dma_transpose  # noqa: F401
 from . import constants  # noqa: F401
 from .constants import dge_mode, engine, nc_version, oob_mode, reduce_cmd  # noqa: F401
@@ -25,8 +26,7 @@ unknown_engine = engine.unknown
 
 def get_nc_version():
     """``nc_version.gen2`` on trn1, ``nc_version.gen3`` on trn2 (the simulated target)."""
-    from ..target import get_target
-    return nc_version.gen2 if get_target().nc_version == "gen2" else nc_version.gen3
+    return nc_version.gen2 if _get_target().nc_version == "gen2" else nc_version.gen3
 
 
 _NOT_EMULATED = {

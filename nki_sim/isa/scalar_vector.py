@@ -62,9 +62,9 @@ def warn_accumulator_chain(api: str):
         return
     from ..trace import kernel_src_loc
     loc = kernel_src_loc()
-    seen = getattr(k, "_acc_warned", None)
+    seen = k.acc_warned
     if seen is None:
-        seen = k._acc_warned = set()
+        seen = k.acc_warned = set()
     if loc in seen:
         return
     seen.add(loc)
@@ -77,11 +77,10 @@ def warn_accumulator_chain(api: str):
 
 def _accumulators():
     k = state.kernel
-    acc = getattr(k, "_acc", None)
+    acc = k.accumulators
     if acc is None:
-        acc = {"scalar": np.zeros(get_target().pmax, np.float32),
-               "vector": np.full(get_target().pmax, -np.inf, np.float32)}
-        k._acc = acc
+        acc = k.accumulators = {"scalar": np.zeros(get_target().pmax, np.float32),
+                                "vector": np.full(get_target().pmax, -np.inf, np.float32)}
     return acc
 
 
@@ -132,11 +131,12 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
                                 "(err_activation_scale_invalid_type)", code="err_activation_scale_invalid_type")
     s, so = _pvec(scale, "scale", _api, P)
     x = np.asarray(a.v, np.float32).reshape(P, -1)     # (P, free): (128,) ~ (128, 1)
-    with np.errstate(all="ignore"):
-        z = x * s
-        if b is not None:
-            z = z + b
-    out = apply_act(fn, z).reshape(data.shape)
+    z = x * s
+    if b is not None:
+        z = z + b
+    out = apply_act(fn, z)
+    if out.shape != data.shape:
+        out = out.reshape(data.shape)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     res = result_tile(out, out_dt, op=_api, engine="scalar",
                       inputs=tuple(o for o in (a, bo, so) if o is not None), mask=m, name=name,
@@ -216,8 +216,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, name=
     a = operand(data1, "data1", "tensor_tensor", m)
     b = operand(data2, "data2", "tensor_tensor", m)
     fn, cdt = _compute(opn, [(a.v, a.dtype), (b.v, b.dtype)])
-    with np.errstate(all="ignore"):
-        r = fn(np.asarray(a.v, cdt), np.asarray(b.v, cdt).reshape(a.shape))
+    r = fn(np.asarray(a.v, cdt), np.asarray(b.v, cdt).reshape(a.shape))
     out_dt = D.as_dtype(dtype) if dtype is not None else D.promote(a.dtype, b.dtype)
     return result_tile(r, out_dt, op="tensor_tensor", engine=eng, inputs=(a, b), mask=m, name=name,
                        attrs={"alu": opn})
@@ -269,8 +268,7 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
         y = np.asarray(o.v, cdt)
         if y.ndim:
             y = y.reshape((y.shape[0],) + (1,) * (x.ndim - 1))
-        with np.errstate(all="ignore"):
-            cur = fn(y, x) if rev else fn(x, y)
+        cur = fn(y, x) if rev else fn(x, y)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     return result_tile(cur, out_dt, op="tensor_scalar", engine=eng,
                        inputs=(a,) + tuple(o for _, o, _ in stages), mask=m, name=name)
@@ -308,8 +306,7 @@ def reciprocal(data, *, dtype=None, mask=None, name="", **kw):
         raise TypeError(f"nisa.reciprocal: data must be a tile; got {type(data).__name__}")
     m = mask_array(mask, data.shape) if mask is not None else None
     a = operand(data, "data", "reciprocal", m)
-    with np.errstate(all="ignore"):
-        r = np.float32(1.0) / np.asarray(a.v, np.float32)
+    r = np.float32(1.0) / np.asarray(a.v, np.float32)
     out_dt = D.as_dtype(dtype) if dtype is not None else (a.dtype if D.is_float(a.dtype) else D.float32)
     return result_tile(r, out_dt, op="reciprocal", engine="vector", inputs=(a,), mask=m, name=name)
 

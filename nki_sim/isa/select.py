@@ -142,11 +142,10 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     x1 = np.asarray(b.v, np.float32).reshape(P, -1)
     prev = np.broadcast_to(np.asarray(init, np.float32).reshape(-1), (P,)).copy()
     out = np.empty_like(x0)
-    with np.errstate(all="ignore"):
-        for i in range(x0.shape[1]):
-            t = f0(prev, x0[:, i]) if reverse0 else f0(x0[:, i], prev)
-            prev = f1(x1[:, i], t) if reverse1 else f1(t, x1[:, i])
-            out[:, i] = prev
+    for i in range(x0.shape[1]):
+        t = f0(prev, x0[:, i]) if reverse0 else f0(x0[:, i], prev)
+        prev = f1(x1[:, i], t) if reverse1 else f1(t, x1[:, i])
+        out[:, i] = prev
     out_dt = D.as_dtype(dtype) if dtype is not None else D.promote(a.dtype, b.dtype)
     return result_tile(out.reshape(data0.shape), out_dt, op="tensor_tensor_scan", engine="vector",
                        inputs=tuple(o for o in (a, b, io) if o is not None), mask=m, name=name)

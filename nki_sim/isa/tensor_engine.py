@@ -6,6 +6,7 @@ from .. import errors as E
 from .. import sdk
 from ..compute import require_kernel
 from ..language.tensor_engine import matmul_core, transpose_core
+from ..target import get_target
 from ..tensor import Tensor
 from .constants import engine as _engine
 
@@ -23,7 +24,6 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         raise ValueError("nisa.nc_matmul: tile_position and tile_size must be given together")
     out_dtype = "float32"
     if is_transpose:
-        from ..target import get_target
         if get_target().nc_version != "gen2" and isinstance(moving, Tensor):
             out_dtype = moving.dtype
     return matmul_core("nc_matmul", stationary, moving, mask=mask, out_dtype=out_dtype, name=name)

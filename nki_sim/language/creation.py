@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import dtypes as D
@@ -106,7 +108,7 @@ def _check_block_dims(dims, par_axis):
 
 def _check_psum(dims, par_axis, d):
     t = get_target()
-    per_part = int(np.prod(dims[par_axis + 1:], dtype=np.int64)) * d.itemsize
+    per_part = math.prod(dims[par_axis + 1:]) * d.itemsize
     if per_part > t.psum_bank_bytes:
         raise E.SizeLimitError(
             f"PSUM tile {list(dims)} {d.name} needs {per_part} bytes per partition; a PSUM tile must "
@@ -155,8 +157,8 @@ def _allocate(shape, dtype, buffer, name, fill, api):
     t = Tensor(a, a.data, pax=par_axis)
     if fill is not None:
         pshape = dims[par_axis:]
-        trace.emit("vector", "memset", name=name, out_shape=dims, out_dtype=d.name,
-                   partitions=pshape[0], free_elems=int(np.prod(dims, dtype=np.int64)) // max(1, pshape[0]),
+        trace.emit("vector", "memset", name=name, out_shape=dims, out_dtype=d,
+                   partitions=pshape[0], free_elems=math.prod(dims) // max(1, pshape[0]),
                    nbytes=a.data.nbytes)
     return t
 

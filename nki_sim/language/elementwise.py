@@ -19,12 +19,8 @@ from ..indexing import MaskExpr, left_shape, mask_array
 from ..tensor import Tensor
 
 
-def _shape_of(x):
-    return x.shape if isinstance(x, Tensor) else ()
-
-
 def _out_shape(op, xs):
-    shapes = [_shape_of(x) for x in xs if isinstance(x, Tensor)]
+    shapes = [x.shape for x in xs if isinstance(x, Tensor)]
     try:
         return tuple(left_shape(shapes)) if shapes else ()
     except ValueError:
@@ -35,7 +31,7 @@ def _out_shape(op, xs):
 def _compute_arrays(ops, name, fn_kind):
     dts = [o.dtype for o in ops]
     int_exact = ALU[name][1] if name in ALU else False
-    cdt = D.compute_dtype(dts, int_exact)
+    cdt = D.float32 if not int_exact else D.compute_dtype(dts, int_exact)
     if fn_kind == "bitvec":
         if any(D.is_float(d) for d in dts):
             raise E.DtypeError(f"bitwise '{name}' needs integer operands; got {[d.name for d in dts]}")
@@ -64,8 +60,7 @@ def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=
     b = operand(y, "y", opname, m)
     fn, _, kind = ALU[name]
     (va, vb), cdt = _compute_arrays((a, b), name, kind)
-    with np.errstate(all="ignore"):
-        r = fn(va, vb)
+    r = fn(va, vb)
     if dtype is not None:
         out_dt = D.as_dtype(dtype)
     elif kind in ("cmp", "logic"):

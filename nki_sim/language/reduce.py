@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import dtypes as D
@@ -45,17 +47,16 @@ def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate
         if cdt == np.int64 and not np.isfinite(ident):
             ident = np.iinfo(np.int64).min if ident < 0 else np.iinfo(np.int64).max
         v = np.where(m, v, np.asarray(ident).astype(cdt))
-    with np.errstate(all="ignore"):
-        if kind == "mean":
-            r = np.mean(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
-        elif kind == "var":
-            r = np.var(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
-        elif kind == "all":
-            r = np.all(v != 0, axis=axes, keepdims=keepdims)
-        elif kind == "any":
-            r = np.any(v != 0, axis=axes, keepdims=keepdims)
-        else:
-            r = reduce_values(kind, v, axes, keepdims)
+    if kind == "mean":
+        r = np.mean(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
+    elif kind == "var":
+        r = np.var(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
+    elif kind == "all":
+        r = np.all(v != 0, axis=axes, keepdims=keepdims)
+    elif kind == "any":
+        r = np.any(v != 0, axis=axes, keepdims=keepdims)
+    else:
+        r = reduce_values(kind, v, axes, keepdims)
     if negate:
         r = -r
     if dtype is not None:
@@ -69,7 +70,7 @@ def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate
     out_shape = np.shape(r)
     if len(out_shape) == 0:
         r = np.reshape(r, (1,))
-    free = int(np.prod(x.shape[1:], dtype=np.int64)) if x.ndim > 1 else 1
+    free = math.prod(x.shape[1:]) if x.ndim > 1 else 1
     out_m = None
     if m is not None:
         out_m = m.any(axis=axes, keepdims=keepdims)

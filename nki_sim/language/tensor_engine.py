@@ -8,14 +8,16 @@ accumulates (see nki_sim.access.inplace_update).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
-from ..compute import _implied, operand, require_kernel, result_tile
+from ..compute import operand, require_kernel, result_tile
 from ..indexing import mask_array
+from ..state import state
 from ..target import get_target
 from ..tensor import Tensor
 
@@ -36,9 +38,12 @@ def _warn_int_precision(op, o):
 
 
 def _as2d(t: Tensor, op, pname):
+    shape = t.shape
+    if len(shape) == 2:
+        return shape
     if t.ndim < 2:
         return t.shape + (1,) * (2 - t.ndim)
-    return (t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64)))
+    return (t.shape[0], math.prod(t.shape[1:]))
 
 
 def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname="stationary",
@@ -59,7 +64,7 @@ def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname
             f"number of partitions (dimension 0 size of a tile) mismatch in parameters "
             f"({sname}{list(stationary.shape)}, {mname}{list(moving.shape)}) of '{op}' "
             "(the contraction dimension K must match)")
-    f32 = [t.dtype in (D.float32,) for t in (stationary, moving)]
+    f32 = (stationary.arr.dtype == D.float32, moving.arr.dtype == D.float32)
     if f32[0] != f32[1] and not (D.is_int(stationary.dtype) or D.is_int(moving.dtype)):
         raise E.DtypeError(
             f"'{op}': if one matmul operand is float32 the other must be too; got "
@@ -113,8 +118,8 @@ def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbu
     a = operand(x, "x", op, None, require_sbuf=(engine == "tensor"))
     if engine == "tensor":
         _warn_int_precision(op, a)
-    if _implied:      # partially written input: the transposed elements stay unwritten
-        _, pm = _implied.pop()
+    if state.implied:      # partially written input: the transposed elements stay unwritten
+        _, pm = state.implied.pop()
         pt = pm.reshape(shape2).T
         m = pt if m is None else (m & pt)
     r = np.asarray(a.v).reshape(shape2).T
