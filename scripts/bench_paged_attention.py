@@ -121,7 +121,10 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
             elif t in ref:
                 row["max_abs_diff_vs_scheduled"] = float(np.max(np.abs(o - ref[t])))
             rows.append(row)
-            bar.advance(note=f"{w.name} B={b} {k} {t}")
+            note = f"{w.name} B={b} {k} {t}: {sec:.0f} s"
+            bar.advance(note=note)
+            if progress and not bar.enabled:       # not a terminal: one log line per job
+                print(f"bench {bar.done}/{len(jobs)} {note}", file=sys.stderr, flush=True)
     return rows, bds
 
 
