@@ -219,24 +219,27 @@ def markdown(doc: dict, with_breakdown: bool = False) -> str:
 
 
 def plot(doc: dict, path: str) -> None:
-    """PNG: decode modeled time and efficiency vs batch size, scheduled vs dense, per target."""
+    """PNG per target: decode modeled time and efficiency vs batch size, and the efficiency of
+    every workload, scheduled vs dense (vs per-block where run)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    sc = scaling_rows(doc["rows"])
-    targets = sorted({s["target"] for s in sc})
-    fig, axes = plt.subplots(2, max(len(targets), 1), figsize=(5.5 * max(len(targets), 1), 7),
-                             squeeze=False)
+    rows = doc["rows"]
+    sc = scaling_rows(rows)
+    targets = sorted({r["target"] for r in rows})
+    ncol = max(len(targets), 1)
+    fig, axes = plt.subplots(3, ncol, figsize=(6.5 * ncol, 10.5), squeeze=False)
     styles = {"scheduled": "o-", "dense": "s--", "per_block": "^:"}
+    colors = {"scheduled": "C0", "dense": "C1", "per_block": "C2"}
+    B = _primary_block(rows) if rows else 0
     for col, t in enumerate(targets):
         for s in (s for s in sc if s["target"] == t):
             ns = sorted(s["points"])
             lbl = s["kernel"].replace("_", "-")
-            axes[0][col].plot(ns, [s["points"][n]["modeled_us"] for n in ns],
-                              styles.get(s["kernel"], "x-"), label=lbl)
-            axes[1][col].plot(ns, [s["points"][n]["efficiency"] for n in ns],
-                              styles.get(s["kernel"], "x-"), label=lbl)
-        axes[0][col].set_title(f"{t}: decode batches (MODELED)")
+            for ax, key in ((axes[0][col], "modeled_us"), (axes[1][col], "efficiency")):
+                ax.plot(ns, [s["points"][n][key] for n in ns], styles[s["kernel"]],
+                        color=colors[s["kernel"]], label=lbl)
+        axes[0][col].set_title(f"{t}: decode batches, B={B} (MODELED)")
         axes[0][col].set_ylabel("modeled time (us)")
         axes[1][col].set_ylabel("efficiency = useful roofline / modeled")
         axes[1][col].set_ylim(0, 1)
@@ -245,10 +248,27 @@ def plot(doc: dict, path: str) -> None:
             ax.set_xlabel("sequences in the batch (1 new token each, context 2K-8K)")
             ax.grid(True, alpha=0.3)
             ax.legend()
+        ax = axes[2][col]
+        here = [r for r in rows if r["target"] == t and r["block_size"] == B]
+        names = list(dict.fromkeys(r["workload"] for r in here))
+        kernels = [k for k in KERNEL_ORDER if any(r["kernel"] == k for r in here)]
+        width = 0.8 / max(len(kernels), 1)
+        for i, k in enumerate(kernels):
+            eff = {r["workload"]: r["efficiency"] for r in here if r["kernel"] == k}
+            xs = [j + i * width for j, n in enumerate(names) if n in eff]
+            ax.bar(xs, [eff[n] for n in names if n in eff], width, color=colors[k],
+                   label=k.replace("_", "-"))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("efficiency (MODELED)")
+        ax.set_title(f"{t}: every workload, B={B} (MODELED)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
     h = doc.get("heads", {})
     fig.suptitle(f"Paged attention, scheduled vs dense kernel -- MODELED, not measured "
                  f"(H={h.get('H')}, Hkv={h.get('Hkv')}, d={h.get('d')}, bf16, commit "
                  f"{doc.get('commit', '?')})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
