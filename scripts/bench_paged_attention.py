@@ -37,7 +37,7 @@ from _pa_workloads import HKV, H, make_batch, make_workloads  # noqa: E402
 
 TARGETS = ("trn1", "trn2")
 BLOCK = 32                     # block size of every workload; 16 / 128 in the sensitivity rows
-SENSITIVITY = {"blocks": (16, 128), "target": "trn2"}
+SENSITIVITY = {"workload": "decode_32", "blocks": (16, 128), "target": "trn2"}
 # The dense kernels do O(Q tiles x context tiles) work: they run where the host's own count of
 # 128x128 score blocks per KV head (host.gqa_packing.gqa_packing_work) is at most this budget
 # (about 3 simulator minutes per target); larger workloads are listed as skipped with the count.
@@ -77,19 +77,15 @@ def sweep_plan(workloads, targets, kernels, quick: bool):
     # scheduled first within a (workload, block, target): the others are compared against it
     order = {k: i for i, k in enumerate(KERNELS)}
     jobs.sort(key=lambda j: (workloads.index(j[0]), j[3], order[j[2]]))
-    if not quick:
-        sens = [w for w in workloads if w.name in ("decode_32", "mixed_2x+30")]
-        for w in sens:
-            for b in SENSITIVITY["blocks"]:
-                for k in kernels:
-                    if SENSITIVITY["target"] in targets and (
-                            k == "scheduled" or (k == "per_block" and w.kind == "decode")):
-                        jobs.append((w, b, k, SENSITIVITY["target"]))
+    if not quick and SENSITIVITY["target"] in targets and "scheduled" in kernels:
+        for w in (w for w in workloads if w.name == SENSITIVITY["workload"]):
+            jobs += [(w, b, "scheduled", SENSITIVITY["target"]) for b in SENSITIVITY["blocks"]]
     return jobs, skipped
 
 
 def breakdown_cases(workloads) -> set:
-    """The first decode and the first mixed workload: their per-engine breakdowns get printed."""
+    """The first decode and the first mixed workload: the per-engine breakdowns of their
+    scheduled and dense runs get printed."""
     out = set()
     for kind in ("decode", "mixed"):
         names = [w.name for w in workloads if w.kind == kind]
@@ -112,7 +108,7 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
                 batch_key, batch, ref = (w.name, b), make_batch(w, b), {}
             out, trace, sec, meta = simulate(k, batch, t)
             row = make_row(w, b, t, k, trace, sec, meta)
-            if w.name in want_breakdown and b == BLOCK:
+            if w.name in want_breakdown and b == BLOCK and k != "per_block":
                 bds[f"{w.name}|{k}|{t}"] = breakdown(trace, t)
             del trace
             o = np.asarray(out, np.float64)
@@ -170,12 +166,13 @@ def main(argv=None) -> int:
                 raise SystemExit(f"--workloads: unknown {unknown}; choose from {[w.name for w in wls]}")
             wls = [w for w in wls if w.name in a.workloads]
         jobs, skipped = sweep_plan(wls, a.targets, a.kernels, a.quick)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         rows, bds = run_sweep(jobs, breakdown_cases(wls) if a.breakdown else (),
                                      progress=not a.no_progress)
         doc = dict(note="all times MODELED by nki_sim.cost (not measured) except sim_seconds",
                    commit=git_commit(), quick=a.quick, heads=dict(H=H, Hkv=HKV, d=128),
-                   wall_seconds=time.perf_counter() - t0, rows=rows, skipped=skipped,
+                   wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
+                   rows=rows, skipped=skipped,
                    breakdowns=bds,
                    command="python scripts/bench_paged_attention.py " + " ".join(
                        sys.argv[1:] if argv is None else argv))
