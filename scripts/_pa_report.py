@@ -49,9 +49,11 @@ def definitions(doc: dict) -> str:
         "scratch state and padding included) / useful bytes. FLOPs done/useful: matmul FLOPs of "
         "the trace (transposes excluded) / useful FLOPs.",
         "* mask bytes: the runtime mask input the host builds. dense / per-block: the "
-        "(Qpad, context + Qpad) bool mask; scheduled: the float32 `PhaseArrays.meta_f` arrays "
-        "(reset flag per item, bounds c, r per query row of masked items). Index metadata "
-        "(scheduled `meta_i`, dense block table) is in the JSON as `index_bytes`.",
+        "(Qpad, context + Qpad) bool mask; scheduled: every float32 array of the host schedule's "
+        "phases (`PhaseArrays.meta_f`: a reset flag per item and the bounds c, r per query row of "
+        "masked items; `PhaseArrays.bounds`: the decode layout's bounds), summed over the "
+        "launches. Index metadata (scheduled `meta_i`, dense block table) is in the JSON as "
+        "`index_bytes`.",
         "* cost-model roofline fraction (secondary): `nki_sim.cost`'s fraction_of_roofline, whose "
         "roofline counts every byte and FLOP the kernel does, WASTED WORK INCLUDED.",
         "* sim s: wall seconds of the simulated call (host preparation included); not a kernel time.",

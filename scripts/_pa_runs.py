@@ -12,8 +12,9 @@ Used by scripts/bench_paged_attention.py. Kernels:
 
 "Mask bytes" are the bytes of the runtime mask input the host builds for one launch set:
 dense / per_block: the (Qpad, context_kv_len + Qpad) bool mask; scheduled: the float32
-``PhaseArrays.meta_f`` arrays of every class and phase (reset flags and the two per-row bounds
-c, r of masked items; ``host.schedule``). The scheduled kernel's int32 gather/row indices
+arrays of every class and phase (``PhaseArrays.meta_f``: reset flags and the per-row bounds
+c, r of masked items; ``PhaseArrays.bounds``: the decode layout's bounds; ``host.schedule``),
+taken from the schedules the host really built for the launches (:func:`captured_schedules`). The scheduled kernel's int32 gather/row indices
 (``meta_i``) are reported separately as ``index_bytes`` (dense: the int32 active block table).
 
 Every time here is MODELED by ``nki_sim.cost`` (docs/cost-model.md), except ``sim_seconds``:
@@ -21,6 +22,8 @@ the wall time of the simulated call, host preparation included.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from collections import defaultdict
 
@@ -57,19 +60,38 @@ def kernel_inputs(batch: dict, large_tile_size: int = LARGE_TILE):
     return (q_in, k_in, v_in, cache, active, mask), T
 
 
-def scheduled_metadata(batch: dict, large_tile_size: int = LARGE_TILE) -> dict:
-    """Metadata sizes and item counts of the scheduled kernel's host schedule for ``batch``."""
-    from host.schedule import make_schedule
-    q = batch["query"]
-    _, N, hkv, B, d = batch["kv_cache"].shape
-    sched = make_schedule(batch["query_lens"], batch["context_lens"], batch["block_tables"],
-                          num_heads=q.shape[1], num_kv_heads=hkv, head_size=d, block_size=B,
-                          num_blocks=N, large_tile_size=large_tile_size)
-    phases = [(c, p) for c in sched.classes for p in (c.partial, c.full)]
+@contextlib.contextmanager
+def captured_schedules():
+    """Record every ``AttentionSchedule`` that ``host.scheduled.run_scheduled`` builds inside the
+    block (a read-only spy on its ``make_schedule``), so the metadata counted is exactly what
+    the kernel launches received."""
+    import host.scheduled as hs
+    real, seen = hs.make_schedule, []
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    hs.make_schedule = spy
+    try:
+        yield seen
+    finally:
+        hs.make_schedule = real
+
+
+def scheduled_metadata(schedules) -> dict:
+    """Mask / index bytes and item counts of the schedules a scheduled run launched: mask bytes
+    = every float array of every ``PhaseArrays`` (``meta_f``: reset flags and per-row bounds;
+    ``bounds``: the decode layout's bounds), index bytes = the int32 ``meta_i`` arrays."""
+    if not schedules:
+        raise RuntimeError("no schedule captured: host.scheduled no longer calls make_schedule")
+    phases = [(c, p) for s in schedules for c in s.classes for p in (c.partial, c.full)]
+    floats = [getattr(p, f.name) for _, p in phases for f in dataclasses.fields(p)]
     return dict(
-        mask_bytes=sum(p.meta_f.nbytes for _, p in phases),
+        mask_bytes=sum(a.nbytes for a in floats
+                       if isinstance(a, np.ndarray) and a.dtype.kind == "f"),
         index_bytes=sum(p.meta_i.nbytes for _, p in phases),
-        launches=len(sched.classes),
+        launches=sum(len(s.classes) for s in schedules),
         items={f"{c.kind}/{'partial' if p.masked else 'full'}": [p.real_items, p.items]
                for c, p in phases})
 
@@ -110,12 +132,14 @@ def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE
                                       LARGE_TILE_SZ=large_tile_size)
         sec = time.perf_counter() - t0
         return np.asarray(out)[0, :, :T, :].transpose(1, 0, 2), trace, sec, meta
-    meta = (scheduled_metadata if kernel == "scheduled" else dense_metadata)(batch, large_tile_size)
     t0 = time.perf_counter()
-    with nki_sim.use_target(target), nki_sim.tracing() as trace:
+    with nki_sim.use_target(target), nki_sim.tracing() as trace, captured_schedules() as seen:
         out = host.paged_attention(**batch, kernel=kernel, backend="sim", mixed_precision=True,
                                    large_tile_size=large_tile_size)
-    return np.asarray(out), trace, time.perf_counter() - t0, meta
+    sec = time.perf_counter() - t0
+    meta = (scheduled_metadata(seen) if kernel == "scheduled"
+            else dense_metadata(batch, large_tile_size))
+    return np.asarray(out), trace, sec, meta
 
 
 def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_s: float,

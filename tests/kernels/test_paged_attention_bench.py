@@ -1,4 +1,5 @@
-"""scripts/bench_paged_attention.py and its helpers (scripts/_pa_*.py, scripts/_progress.py).
+"""scripts/bench_paged_attention.py and its helpers (scripts/_pa_*.py, reached through the
+script's ``workloads`` / ``runs`` / ``report`` attributes; scripts/_progress.py).
 
 These check the benchmark's accounting and plumbing on tiny shapes (fast), never performance:
 useful work is recounted by brute force, the per-engine breakdown must add up to the cost
@@ -7,25 +8,15 @@ reference, and the report / CLI paths work from a JSON document.
 """
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.simulation
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TINY = dict(heads=4, kv_heads=2, head_size=32)
-
-
-def _load(name):
-    """A scripts/ module, imported by name (the benchmark imports its helpers the same way)."""
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    return importlib.import_module(name)
 
 
 def _brute_force_work(q_lens, c_lens, H, Hkv, d, itemsize):
@@ -43,15 +34,15 @@ def _brute_force_work(q_lens, c_lens, H, Hkv, d, itemsize):
 
 
 @pytest.mark.parametrize("q_lens, c_lens", [((1, 1, 1), (5, 0, 17)), ((7, 1), (3, 40)), ((9,), (0,))])
-def test_useful_work_matches_brute_force(q_lens, c_lens):
-    wl = _load("_pa_workloads")
+def test_useful_work_matches_brute_force(q_lens, c_lens, load_script):
+    wl = load_script("bench_paged_attention").workloads
     w = wl.Workload("t", "mixed", q_lens, c_lens)
     got = wl.useful_work(w, heads=6, kv_heads=3, head_size=8, itemsize=2)
     assert (got["bytes"], got["flops"]) == _brute_force_work(q_lens, c_lens, 6, 3, 8, 2)
 
 
-def test_useful_roofline_uses_the_core_bandwidth_and_tensor_peak():
-    wl = _load("_pa_workloads")
+def test_useful_roofline_uses_the_core_bandwidth_and_tensor_peak(load_script):
+    wl = load_script("bench_paged_attention").workloads
     from nki_sim.cost import get_constants
     assert wl.roofline_bandwidth(get_constants("trn1")) == 272.0     # 16 x 17 B/ns < 410
     assert wl.roofline_bandwidth(get_constants("trn2")) == 362.5     # HBM share < 16 x 23
@@ -61,8 +52,8 @@ def test_useful_roofline_uses_the_core_bandwidth_and_tensor_peak():
     assert comp["us"] == pytest.approx(1.0) and comp["bound"] == "compute"
 
 
-def test_workloads_cover_the_serving_batches():
-    wl = _load("_pa_workloads")
+def test_workloads_cover_the_serving_batches(load_script):
+    wl = load_script("bench_paged_attention").workloads
     full = {w.name: w for w in wl.make_workloads(quick=False)}
     assert full == {w.name: w for w in wl.make_workloads(quick=False)}       # seeded
     for n in (32, 64, 128, 256):
@@ -81,8 +72,8 @@ def test_workloads_cover_the_serving_batches():
         wl.decode_workload(33, (2048,) * 32)
 
 
-def test_full_plan_runs_scheduled_everywhere_and_says_what_it_skips():
-    bench = _load("bench_paged_attention")
+def test_full_plan_runs_scheduled_everywhere_and_says_what_it_skips(load_script):
+    bench = load_script("bench_paged_attention")
     wls = bench.make_workloads(quick=False)
     jobs, skipped = bench.sweep_plan(wls, ["trn1", "trn2"], list(bench.KERNELS), quick=False)
     sched = {(w.name, t) for w, b, k, t in jobs if k == "scheduled" and b == bench.BLOCK}
@@ -100,18 +91,23 @@ def test_full_plan_runs_scheduled_everywhere_and_says_what_it_skips():
             assert any(j[:2] == (w, b) and j[2] == "scheduled" and j[3] == t for j in jobs[:i])
 
 
-@pytest.fixture(scope="module")
-def tiny_rows():
-    """A 3-sequence decode batch and a mixed one through all three kernels on trn2."""
-    wl, runs = _load("_pa_workloads"), _load("_pa_runs")
-    out = []
-    for w in (wl.Workload("tiny_decode", "decode", (1, 1, 1), (100, 40, 300)),
-              wl.Workload("tiny_mixed", "mixed", (20, 1), (37, 90))):
-        batch = wl.make_batch(w, 16, **TINY)
-        for k in runs.KERNELS:
-            o, trace, sec, meta = runs.simulate(k, batch, "trn2")
-            out.append((w, batch, k, o, trace, runs.make_row(w, 16, "trn2", k, trace, sec, meta, TINY)))
-    return out
+_TINY: list = []
+
+
+@pytest.fixture
+def tiny_rows(load_script):
+    """A 3-sequence decode batch and a mixed one through all three kernels on trn2 (simulated
+    once per session)."""
+    if not _TINY:
+        wl, runs = load_script("bench_paged_attention").workloads, load_script("bench_paged_attention").runs
+        for w in (wl.Workload("tiny_decode", "decode", (1, 1, 1), (100, 40, 300)),
+                  wl.Workload("tiny_mixed", "mixed", (20, 1), (37, 90))):
+            batch = wl.make_batch(w, 16, **TINY)
+            for k in runs.KERNELS:
+                o, trace, sec, meta = runs.simulate(k, batch, "trn2")
+                _TINY.append((w, batch, k, o, trace,
+                              runs.make_row(w, 16, "trn2", k, trace, sec, meta, TINY)))
+    return _TINY
 
 
 def test_tiny_batches_match_the_reference_and_rows_are_consistent(tiny_rows, tol):
@@ -127,24 +123,33 @@ def test_tiny_batches_match_the_reference_and_rows_are_consistent(tiny_rows, tol
         assert row["dma_instructions"] == sum(e.engine == "dma" for e in trace.events)
 
 
-def test_mask_bytes_are_the_host_arrays(tiny_rows):
+def test_mask_bytes_are_the_host_arrays(tiny_rows, load_script):
     from host.schedule import make_schedule
+    rows = {(w.name, k): row for w, _, k, _, _, row in tiny_rows}
+    # dense: 3 tokens (6 packed rows) -> Qpad 128; 29 blocks of 16 -> one 2048-token tile
+    assert rows[("tiny_decode", "dense")]["mask_bytes"] == 128 * (2048 + 128)
+    assert rows[("tiny_decode", "per_block")]["mask_bytes"] == 128 * (2048 + 128)
     for w, batch, k, _, _, row in tiny_rows:
-        if k == "scheduled":
-            s = make_schedule(w.query_lens, w.context_lens, batch["block_tables"], num_heads=4,
-                              num_kv_heads=2, head_size=32, block_size=16,
-                              num_blocks=batch["kv_cache"].shape[1])
-            # float32: one reset flag per item, plus 2 bounds per Q block of masked items
-            expect = sum(4 * 128 * p.items * (1 + (2 * c.blocks if p.masked else 0))
-                         for c in s.classes for p in (c.partial, c.full))
-            assert row["mask_bytes"] == expect
-        elif w.name == "tiny_decode":
-            # 3 tokens (6 packed rows) -> Qpad 128; 29 blocks -> one 2048-token tile
-            assert row["mask_bytes"] == 128 * (2048 + 128)
+        if k != "scheduled":
+            continue
+        # the spy saw the schedule the host launched: the same float arrays as a fresh one
+        s = make_schedule(w.query_lens, w.context_lens, batch["block_tables"], num_heads=4,
+                          num_kv_heads=2, head_size=32, block_size=16,
+                          num_blocks=batch["kv_cache"].shape[1], query_itemsize=2,
+                          cache_itemsize=2, kernel_itemsize=2)
+        phases = [p for c in s.classes for p in (c.partial, c.full)]
+        expect = sum(p.meta_f.nbytes + (0 if p.bounds is None else p.bounds.nbytes) for p in phases)
+        assert row["mask_bytes"] == expect > 0
+        assert row["index_bytes"] == sum(p.meta_i.nbytes for p in phases)
+        # O(query rows), not O(queries x context)
+        assert row["mask_bytes"] < rows[(w.name, "dense")]["mask_bytes"] / 10
+    runs = load_script("bench_paged_attention").runs
+    with pytest.raises(RuntimeError, match="no schedule captured"):
+        runs.scheduled_metadata([])
 
 
-def test_breakdown_adds_up_to_the_engine_totals(tiny_rows):
-    runs = _load("_pa_runs")
+def test_breakdown_adds_up_to_the_engine_totals(tiny_rows, load_script):
+    runs = load_script("bench_paged_attention").runs
     from nki_sim import cost
     for _, _, k, _, trace, _ in tiny_rows[:3]:
         bd = runs.breakdown(trace, "trn2", top=10_000)
@@ -175,19 +180,19 @@ def _decode_row(n, us):
 
 
 @pytest.mark.parametrize("x4_time, verdict", [(420.0, "4.20x holds"), (460.0, "4.60x MISSED")])
-def test_scaling_verdict_can_pass_and_fail(x4_time, verdict):
-    rep = _load("_pa_report")
+def test_scaling_verdict_can_pass_and_fail(x4_time, verdict, load_script):
+    rep = load_script("bench_paged_attention").report
     rows = [_decode_row(32, 100.0), _decode_row(64, 210.0), _decode_row(128, x4_time)]
     text = rep.scaling_table(rows)
     assert verdict in text and "2.10x" in text
 
 
-def test_report_from_json_and_markdown_file(tmp_path, tiny_rows, capsys):
-    bench = _load("bench_paged_attention")
-    runs = _load("_pa_runs")
+def test_report_from_json_and_markdown_file(tmp_path, tiny_rows, capsys, load_script):
+    bench = load_script("bench_paged_attention")
+    runs = load_script("bench_paged_attention").runs
     rows = [r for *_, r in tiny_rows]
     bds = {"tiny_mixed|scheduled|trn2": runs.breakdown(tiny_rows[3][4], "trn2")}
-    src, md = tmp_path / "in.json", tmp_path / "out.md"
+    src, md = tmp_path / "in.json", tmp_path / "report.txt"
     src.write_text(json.dumps(_doc(rows, breakdowns=bds)))
     assert bench.main(["--table-from", str(src), "--markdown", str(md), "--breakdown"]) == 0
     text = md.read_text()
@@ -197,16 +202,16 @@ def test_report_from_json_and_markdown_file(tmp_path, tiny_rows, capsys):
     assert "Where the time goes: tiny_mixed, scheduled, trn2" in capsys.readouterr().out
 
 
-def test_plot_fails_before_the_sweep_without_matplotlib(monkeypatch):
-    bench = _load("bench_paged_attention")
+def test_plot_fails_before_the_sweep_without_matplotlib(monkeypatch, load_script):
+    bench = load_script("bench_paged_attention")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setattr(bench, "run_sweep", lambda *a, **k: pytest.fail("sweep ran"))
     with pytest.raises(SystemExit, match="--plot needs matplotlib"):
         bench.main(["--quick", "--plot", "x.png"])
 
 
-def test_plot_writes_a_png(tmp_path):
-    rep = _load("_pa_report")
+def test_plot_writes_a_png(tmp_path, load_script):
+    rep = load_script("bench_paged_attention").report
     rows = [_decode_row(32, 100.0), _decode_row(64, 210.0)]
     rows.append(dict(_decode_row(32, 150.0), kernel="dense", meta={"gqa_packing": True}))
     path = tmp_path / "p.png"
@@ -214,8 +219,8 @@ def test_plot_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_progress_bar_renders_and_validates():
-    prog = _load("_progress")
+def test_progress_bar_renders_and_validates(load_script):
+    prog = load_script("_progress")
     buf = io.StringIO()
     with prog.Progress(4, label="x", width=8, stream=buf, enabled=True) as bar:
         bar.advance(note="a")
