@@ -201,7 +201,8 @@ def markdown(doc: dict, with_breakdown: bool = False) -> str:
     parts = [
         "# Paged attention on serving batches: useful-work efficiency (MODELED)", "",
         "All times are MODELED (nki_sim trace + nki_sim.cost, constants unchanged), not measured "
-        f"on hardware. Commit {doc.get('commit', '?')}; H={h.get('H')}, Hkv={h.get('Hkv')}, "
+        f"on hardware. Kernel, host and simulator code as of commit {doc.get('code_commit', '?')} "
+        f"(benchmark run at {doc.get('commit', '?')}); H={h.get('H')}, Hkv={h.get('Hkv')}, "
         f"d={h.get('d')}, bf16 queries and KV cache, mixed precision, LARGE_TILE_SZ=2048, grid "
         f"[1, Hkv] on one NeuronCore. {len(rows)} simulations; sweep wall time "
         f"{doc.get('wall_seconds', 0) / 60:.1f} min, CPU time {doc.get('cpu_seconds', 0) / 60:.1f} "
@@ -278,7 +279,7 @@ def plot(doc: dict, path: str) -> None:
     h = doc.get("heads", {})
     fig.suptitle(f"Paged attention, scheduled vs dense kernel -- MODELED, not measured "
                  f"(H={h.get('H')}, Hkv={h.get('Hkv')}, d={h.get('d')}, bf16, commit "
-                 f"{doc.get('commit', '?')})", fontsize=10)
+                 f"{doc.get('code_commit', doc.get('commit', '?'))})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

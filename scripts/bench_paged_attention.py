@@ -126,10 +126,13 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
     return rows, bds
 
 
-def git_commit() -> str:
+def git_commit(*paths: str) -> str:
+    """Short hash of HEAD, or of the last commit touching ``paths`` (e.g. the kernel code)."""
+    cmd = ["git", "log", "-1", "--format=%h", "--", *paths] if paths else \
+        ["git", "rev-parse", "--short", "HEAD"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
+        return subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True,
+                              check=True).stdout.strip() or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -172,7 +175,8 @@ def main(argv=None) -> int:
         rows, bds = run_sweep(jobs, breakdown_cases(wls) if a.breakdown else (),
                                      progress=not a.no_progress)
         doc = dict(note="all times MODELED by nki_sim.cost (not measured) except sim_seconds",
-                   commit=git_commit(), quick=a.quick, heads=dict(H=H, Hkv=HKV, d=128),
+                   commit=git_commit(), code_commit=git_commit("nki_kernels", "host", "nki_sim"),
+                   quick=a.quick, heads=dict(H=H, Hkv=HKV, d=128),
                    wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
                    rows=rows, skipped=skipped,
                    breakdowns=bds,
