@@ -62,12 +62,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def tol():
-    """The ``tolerance`` function, for test modules that cannot import this conftest by name."""
-    return tolerance
-
-
-@pytest.fixture
 def rng():
     """A fresh, seeded NumPy generator per test (seed 0)."""
     return np.random.default_rng(0)
