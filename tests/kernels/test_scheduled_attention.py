@@ -125,7 +125,8 @@ def test_causally_pruned_second_q_group(batch_factory, check_reference):
 
 
 # ------------------------------------------------------------------------- head sizes > 128
-@pytest.mark.parametrize("H, Hkv, d", [(2, 1, 160), (4, 4, 256), (3, 1, 200), (2, 2, 512)])
+@pytest.mark.parametrize("H, Hkv, d", [(2, 1, 160), (2, 1, 192), (4, 4, 256), (3, 1, 200),
+                                     (4, 2, 320), (2, 2, 512)])
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "nomix"])
 def test_head_sizes_above_128(H, Hkv, d, mixed, batch_factory, check_reference):
     # the kernel folds QK^T over ceil(d/128) channel slices (d <= 512)
