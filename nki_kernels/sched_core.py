@@ -150,6 +150,12 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         else:
             pv += prod
     # Step 6: state update.
+    update_state(st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
+
+
+def update_state(st, col0, d, *, alpha, row_sum, nm_new, pv):
+    """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
+    columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions)."""
     l_col = st[:, nl.ds(col0 + d + 1, 1)]
     st[:, nl.ds(col0 + d + 1, 1)] = nisa.tensor_scalar(l_col, np.multiply, alpha, op1=np.add,
                                                        operand1=row_sum, dtype=nl.float32)

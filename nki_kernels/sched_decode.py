@@ -24,6 +24,7 @@ import numpy as np
 
 from nki_kernels._nki import nl, nisa
 from nki_kernels.constants import B_P_SIZE, NEG_MASK
+from nki_kernels.sched_core import update_state
 
 # Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
 SMALL_ROWS = 32
@@ -204,10 +205,4 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
     else:
         pv = acc
     # Step 6: state update.
-    l_col = st[:, nl.ds(col0 + d + 1, 1)]
-    st[:, nl.ds(col0 + d + 1, 1)] = nisa.tensor_scalar(l_col, np.multiply, alpha, op1=np.add,
-                                                       operand1=rs, dtype=nl.float32)
-    st[:, nl.ds(col0 + d, 1)] = nl.copy(nm_new, dtype=nl.float32)
-    o_view = st[:, nl.ds(col0, d)]
-    st[:, nl.ds(col0, d)] = nl.add(nl.multiply(o_view, alpha, dtype=nl.float32), pv,
-                                   dtype=nl.float32)
+    update_state(st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=pv)
