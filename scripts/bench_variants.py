@@ -178,7 +178,7 @@ def bench(quick: bool) -> list[dict]:
     base = {(r["workload"], r["target"]): r["modeled_us"] for r in rows}
     for r in rows:
         b = base[(r["baseline"], r["target"])]
-        r["vs_baseline"] = round(r["modeled_us"] / b, 3) if b else None
+        r["vs_baseline"] = round(r["modeled_us"] / b, 4) if b else None
     return rows
 
 
