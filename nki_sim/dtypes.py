@@ -146,6 +146,9 @@ def poison_value(d: np.dtype):
 def plain_cast(src: np.dtype, d: np.dtype) -> bool:
     """Whether :func:`cast_for_write` from ``src`` to ``d`` is NumPy's own (unsafe) cast, so a
     copy into storage may convert on the fly (float -> float, or no conversion at all)."""
+    # float64 -> narrower than fp32 goes through fp32 (cast_for_write), never a plain cast
+    if src == np.float64 and d != float32 and d != np.float64:
+        return False
     return src == d or (src in _FLOAT_DTYPES and d in _FLOAT_DTYPES)
 
 
@@ -170,7 +173,10 @@ def cast_for_write(values, d: np.dtype) -> np.ndarray:
     if v.dtype == bool_:
         v = v.astype(np.uint8)
     if d in (bfloat16, float16, float32) or d.name.startswith("float8"):
-        if v.dtype.kind in "iu" and d != float32:
+        # engine values (and Python float immediates) are fp32: a float64 source is rounded to
+        # fp32 first, then to a narrower destination (one rounding from float64 straight to
+        # bf16 would differ at midpoints, and ml_dtypes >= 0.7 does exactly that)
+        if (v.dtype.kind in "iu" or v.dtype == np.float64) and d != float32:
             v = v.astype(np.float32)
         return v.astype(d)
     return v.astype(d)
