@@ -33,7 +33,7 @@ import numpy as np
 from host._arrays import readonly
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.constants import decode_layout
-from nki_kernels.sched_plan import max_group_blocks
+from nki_kernels.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
            "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry", "meta_columns"]
@@ -64,20 +64,6 @@ def chunk_size(items: int) -> int:
         return 1
     c = items & -items
     return min(c, MAX_CHUNK)
-
-
-def meta_columns(*, loads: int, blocks: int, head_size: int, masked: bool,
-                 alibi: bool = False, row_init: bool = False,
-                 rows: int | None = None) -> tuple[int, int]:
-    """``(ki, kf)``: int32 and fp32 metadata columns per item (:class:`PhaseArrays`);
-    decode-layout classes (``nki_kernels.constants.decode_layout``) keep their bounds in
-    ``PhaseArrays.bounds``, not in meta_f."""
-    nd = -(-head_size // P)
-    kop = rows is not None and decode_layout(rows, blocks, alibi)
-    ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
-          + (blocks if masked else 0) + (blocks if row_init else 0))
-    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
-    return ki, kf
 
 
 def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:

@@ -41,7 +41,7 @@ from nki_kernels.sched_core import key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
                                     load_state, store_blocks)
-from nki_kernels.scheduled_attention import meta_columns
+from nki_kernels.sched_plan import meta_columns
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 KERNEL = "mla_paged_attention"

@@ -17,7 +17,7 @@ per-partition bytes, every phase counted:
 
 from __future__ import annotations
 
-from nki_kernels.constants import B_P_SIZE, tile_geometry
+from nki_kernels.constants import B_P_SIZE, decode_layout, tile_geometry
 
 # Usable SBUF bytes per partition (as nki_kernels.sbuf_plan) and the allocator slack.
 SBUF_USABLE = {"gen2": 180224, "gen3": 212984}
@@ -66,3 +66,15 @@ def max_group_blocks(*, nc_gen, block_size, large_tile, head_size, rows, cache_i
     per = block_bytes(head_size=head_size, rows=rows, query_itemsize=query_itemsize,
                       kernel_itemsize=kernel_itemsize)
     return max(0, free // per)
+
+
+def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
+    """``(ki, kf)``: int32 and fp32 metadata columns per item of a scheduled-kernel phase
+    (``host.schedule.PhaseArrays``); decode-layout classes (``constants.decode_layout``) keep
+    their bounds in a separate one-partition array, not in meta_f."""
+    nd = -(-head_size // B_P_SIZE)
+    kop = rows is not None and decode_layout(rows, blocks, alibi)
+    ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
+          + (blocks if masked else 0) + (blocks if row_init else 0))
+    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
+    return ki, kf

@@ -41,7 +41,8 @@ from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.constants import B_P_SIZE, M_FLOOR, decode_layout, tile_geometry
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sbuf_plan import SbufBudgetWarning
-from nki_kernels.sched_plan import SBUF_USABLE, block_bytes, fixed_bytes, max_group_blocks
+from nki_kernels.sched_plan import (SBUF_USABLE, block_bytes, fixed_bytes, max_group_blocks,
+                                    meta_columns)
 from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value
 from nki_kernels.sched_core import key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
@@ -53,17 +54,6 @@ KERNEL = "scheduled_paged_attention"
 MAX_D = 512
 _FLOAT = ("float32", "bfloat16", "float16")
 _FP8 = ("float8_e4m3", "float8_e5m2")
-
-
-def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
-    """``(ki, kf)``: int32 and fp32 metadata columns per item (``host.schedule.PhaseArrays``);
-    decode-layout classes (``constants.decode_layout``) keep their bounds in ``bounds_p``."""
-    nd = -(-head_size // B_P_SIZE)
-    kop = rows is not None and decode_layout(rows, blocks, alibi)
-    ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
-          + (blocks if masked else 0) + (blocks if row_init else 0))
-    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
-    return ki, kf
 
 
 @nki.jit
