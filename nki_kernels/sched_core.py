@@ -39,7 +39,7 @@ def key_index_tile(rows, loads, tiled_block_size):
 
 def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, bounds,
                kernel_dtype, soft_cap=None, p_evac=None, v_stride=None, alibi=None,
-               one_sided=False):
+               one_sided=False, v_overlay=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -60,6 +60,7 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
             the same gathered rows).
         one_sided: every row's visible range starts at or before this tile (no sliding window):
             the mask is ``t < c + r + 1/2`` (one ScalarE pass instead of |t - c| and a compare).
+        v_overlay: None or a second V tile of ``v_rows``' layout, added into every PV product.
         alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
             ``slope * t + off`` added (t = tile-local key index from ``kidx``), before the soft-cap.
 
@@ -143,12 +144,14 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
     pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
     u0 = k0 // B_P_SIZE
     vs = d if v_stride is None else v_stride
-    for u in nl.static_range(n_k):     # the first chunk starts the PSUM accumulation
-        prod = nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], v_rows[:, nl.ds((u0 + u) * vs, d)])
-        if u == 0:
-            pv[...] = prod
-        else:
-            pv += prod
+    v_tiles = (v_rows,) if v_overlay is None else (v_rows, v_overlay)
+    for u in nl.static_range(n_k):     # the first product starts the PSUM accumulation
+        for i, vt in enumerate(v_tiles):
+            prod = nisa.nc_matmul(probs_t[:, nl.ds(u * rows, rows)], vt[:, nl.ds((u0 + u) * vs, d)])
+            if u == 0 and i == 0:
+                pv[...] = prod
+            else:
+                pv += prod
     # Step 6: state update.
     update_state(st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
 

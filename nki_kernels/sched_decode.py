@@ -72,7 +72,7 @@ def decode_constants(rows, width, kernel_dtype):
 
 
 def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, bounds,
-                kernel_dtype, consts, soft_cap=None, v_stride=None):
+                kernel_dtype, consts, soft_cap=None, v_stride=None, v_overlay=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
@@ -86,6 +86,7 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         bounds: None (no mask) or ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring).
         kernel_dtype: matmul-input / probability dtype.  consts: :func:`decode_constants`.
         soft_cap: None or c > 0.  v_stride: columns between V chunks (default d).
+        v_overlay: None or a second V tile of ``v_rows``' layout, added into every PV product.
 
     Pseudocode:
         S^T[:, u*rows:(u+1)*rows] = K_u Q^T            (stationary K^T chunk, moving Q^T)
@@ -189,15 +190,18 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         acc = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
     for u in nl.static_range(nch):
         p_u = probs_t[:, nl.ds(u * rows, rows)]
-        v_u = v_rows[:, nl.ds((c0 + u) * vs, d)]
         s_prod = nisa.nc_matmul(p_u, consts["ones_k"])
-        prod = nisa.nc_matmul(v_u, p_u) if pv_t else nisa.nc_matmul(p_u, v_u)
         if u == 0:
             rs[...] = s_prod
-            acc[...] = prod
         else:
             rs += s_prod
-            acc += prod
+        for i, vt in enumerate((v_rows,) if v_overlay is None else (v_rows, v_overlay)):
+            v_u = vt[:, nl.ds((c0 + u) * vs, d)]
+            prod = nisa.nc_matmul(v_u, p_u) if pv_t else nisa.nc_matmul(p_u, v_u)
+            if u == 0 and i == 0:
+                acc[...] = prod
+            else:
+                acc += prod
     if pv_t:
         pv_sb = nl.copy(acc, dtype=nl.float32)
         pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)

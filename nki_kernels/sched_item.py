@@ -73,7 +73,7 @@ def load_state(st, mi, st_col, state, *, rows, blocks, d):
 
 def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step, masked, kidx,
               kernel_dtype, keys_on_partitions, consts=None, chunk_bounds=None, it=0,
-              soft_cap=None, v_stride=None, alibi_of=None, one_sided=False):
+              soft_cap=None, v_stride=None, alibi_of=None, one_sided=False, v_overlay=None):
     """Fold the tile's ``width`` keys into every block's state, ``step`` keys per step.
 
     ``keys_on_partitions`` (decode layout): ``sched_decode.decode_step`` with ``consts``
@@ -82,7 +82,9 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
     partition by a ones matmul. Otherwise ``sched_core.flash_step`` per block, block j's bounds in
     fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``; ``alibi_of(j)``: None or a function
     giving block j's ``(slope, off)`` tiles; ``one_sided``: no row's visible range starts inside
-    a tile (no sliding window), so masks test the upper bound only. P^T copies: decode blocks
+    a tile (no sliding window), so masks test the upper bound only; ``v_overlay``: None or a
+    second V tile of ``v_rows``' layout added into every PV product (fp8 cache rows and
+    16-bit overlay rows kept apart, each zero where the other has a row). P^T copies: decode blocks
     (few rows) are cheap anywhere; full 128-row blocks split them 2:1 between ScalarE and
     VectorE, which also carry the exp and the row max.
     """
@@ -100,7 +102,7 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
             decode_step([q[:, nl.ds(j * rows, rows)] for q in q_slices], k_t, v_rows, st, j * sw,
                         d, k0=s0 * step, width=step, kidx_t=kidx, bounds=bounds,
                         kernel_dtype=kernel_dtype, consts=consts, soft_cap=soft_cap,
-                        v_stride=v_stride)
+                        v_stride=v_stride, v_overlay=v_overlay)
     for j in nl.static_range(0 if keys_on_partitions else blocks):
         bounds = None
         if masked:
@@ -110,7 +112,8 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
             flash_step([q[:, nl.ds(j * rows, rows)] for q in q_slices], k_t, v_rows, st, j * sw,
                        d, k0=s0 * step, width=step, kidx=kidx, bounds=bounds,
                        kernel_dtype=kernel_dtype, soft_cap=soft_cap, p_evac=p_evac,
-                       v_stride=v_stride, alibi=alibi, one_sided=one_sided)
+                       v_stride=v_stride, alibi=alibi, one_sided=one_sided,
+                       v_overlay=v_overlay)
 
 
 def store_blocks(st, mi, col, out, state, *, rows, blocks, d, masked):

@@ -48,7 +48,7 @@ from nki_kernels.sched_core import key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
                                     load_state, store_blocks)
-from nki_kernels.tile_ops import pe_transpose_blocks
+from nki_kernels.tile_ops import identity_tile, pe_matmul_transpose_blocks, pe_transpose_blocks
 
 KERNEL = "scheduled_paged_attention"
 MAX_D = 512
@@ -191,7 +191,10 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     cfg["step_kop"] = min(cfg["W"], decode_step_keys(rows))
     cfg["step_rows"] = min(cfg["W"], 2048)
     consts = decode_constants(rows, cfg["step_kop"], cfg["kd"]) if cfg["kop_full"] else None
-    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx, consts=consts)
+    eye = None
+    if cfg["fp8_direct"]:      # identity matmuls transpose fp8 K rows (and the overlay rows)
+        eye = (identity_tile(B_P_SIZE, kv_cache.dtype), identity_tile(B_P_SIZE, cfg["kd"]))
+    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx, consts=consts, eye=eye)
     hbm = dict(query_t=query_t, q_init=q_init, kv_flat=kv_flat, overlay=overlay, out=out,
                state=state)
 
@@ -259,21 +262,9 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     # Step 2 (partial phase): the group's state left by the full phase.
     if masked:
         load_state(st, mi, st_col, hbm["state"], rows=rows, blocks=blocks, d=d)
-    # Step 3: the KV tile in the kernel dtype, K^T per channel slice.
-    k_rows, v_rows = _gather_kv(cfg, masked, mi, ci, hbm, bufs)
-    k_t = []
-    for k in nl.static_range(nd):
-        dk = min(P, d - k * P)
-        kt = nl.ndarray((dk, cfg["W"]), dtype=kd, buffer=nl.sbuf)
-        for l in nl.static_range(nL):
-            if nd == 1:
-                pe_transpose_blocks(kt, l * P * bp, k_rows, l * rw, d, bp,
-                                    evac_engine=nisa.scalar_engine)
-            else:
-                for s in nl.static_range(bp):
-                    pe_transpose_blocks(kt, l * P * bp + s * P, k_rows, l * rw + s * d + k * P,
-                                        dk, 1, evac_engine=nisa.scalar_engine)
-        k_t.append(kt)
+    # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
+    k_rows, v_rows, k_ov, v_ov = _gather_kv(cfg, masked, mi, ci, hbm, bufs)
+    k_t = _transpose_keys(cfg, k_rows, k_ov, bufs.get("eye"))
     # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
     # keys on partitions, as many keys as fit one PSUM bank of scores).
     kop = cfg["kop_part"] if masked else cfg["kop_full"]
@@ -292,7 +283,8 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
               step=cfg["step_kop"] if kop else cfg["step_rows"], masked=masked,
               kidx=bufs["kidx"], kernel_dtype=kd, keys_on_partitions=kop, consts=bufs["consts"],
               chunk_bounds=bufs.get("b_chunk"), it=it, soft_cap=cfg["soft_cap"],
-              alibi_of=alibi_of if cfg["alibi"] else None, one_sided=not cfg["windowed"])
+              alibi_of=alibi_of if cfg["alibi"] else None, one_sided=not cfg["windowed"],
+              v_overlay=v_ov)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
     # phase the output.
     store_blocks(st, mi, out_col if masked else st_col, hbm["out"], hbm["state"], rows=rows,
@@ -300,43 +292,90 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
 
 
 def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
-    """K and V rows of the item's tile, ``(128, nL * b' * d)`` each, in the kernel dtype.
+    """K and V rows of the item's tile, ``(128, nL * b' * d)`` each, and the overlay rows when
+    they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
     zeroed tile (masked items: rows no DMA writes must be exact zeros) or the phase's persistent
-    tile (full items write every row), then converted on ScalarE if the dtypes differ. Overlay
-    rows (masked items) are gathered in their own dtype: the cache dtype, or for fp8 caches the
-    kernel dtype, after the conversion.
+    tile (full items write every row). A 16-bit cache (or any cache of the kernel dtype) is used
+    as gathered and the overlay rows land in the same tile (``k_ov = v_ov = None``).
+
+    fp8 caches with a 16-bit kernel dtype (``cfg["fp8_direct"]``): the fp8 rows are TensorE
+    operands as they are (K through identity matmuls, V in the PV matmul), so no engine converts
+    them; the overlay rows (kernel dtype: new tokens are not quantized) go to zeroed tiles of
+    their own, ``k_ov`` / ``v_ov``, that TensorE adds in (each tile is zero where the other
+    holds a row). Other dtype pairs (an fp8 cache with float32 kernel dtype: TensorE takes
+    float32 only with float32) are converted on ScalarE and the overlay rows gathered into the
+    converted tile.
     """
     P = B_P_SIZE
     nL, kd = cfg["loads"], cfg["kd"]
     rw = cfg["bp"] * cfg["d"]
     kv_flat, overlay = hbm["kv_flat"], hbm["overlay"]
     cdt = kv_flat.dtype
+    direct = cfg["fp8_direct"]
+    k_ov = v_ov = None
     if masked:
         k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
         v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
         k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
         v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.vector_engine)
+        if direct:
+            k_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
+            v_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
+            k_ov[...] = nisa.memset((P, nL * rw), 0.0, dtype=kd, engine=nisa.gpsimd_engine)
+            v_ov[...] = nisa.memset((P, nL * rw), 0.0, dtype=kd, engine=nisa.vector_engine)
     else:
         k_rows, v_rows = bufs["kv"]
     i_p = nl.arange(P)[:, None]
     i_f = nl.arange(rw)[None, :]
-    ov_late = np.dtype(overlay.dtype) != np.dtype(cdt)
+    same = np.dtype(overlay.dtype) == np.dtype(cdt)
     for l in nl.static_range(nL):
         nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=kv_flat[0, mi[i_p, ci + l], i_f],
                       oob_mode=nisa.oob_mode.skip)
         nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=kv_flat[1, mi[i_p, ci + l], i_f],
                       oob_mode=nisa.oob_mode.skip)
-        if masked and not ov_late:
-            _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
-    if np.dtype(cdt) != np.dtype(kd):
+        if masked and (same or direct):
+            _gather_overlay(k_ov if direct else k_rows, v_ov if direct else v_rows, overlay, mi,
+                            ci + nL + l, l * rw, rw)
+    if not direct and np.dtype(cdt) != np.dtype(kd):
         k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
         v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
-    if masked and ov_late:
+        if masked:
+            for l in nl.static_range(nL):
+                _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
+    return k_rows, v_rows, k_ov, v_ov
+
+
+def _transpose_keys(cfg, k_rows, k_ov, eye):
+    """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
+    channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
+    the kernel-dtype rows, or identity matmuls of the fp8 rows (``eye``: the identities of the
+    cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given."""
+    P = B_P_SIZE
+    d, nd, bp, nL, kd = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"], cfg["kd"]
+    rw = bp * d
+    fp8 = eye is not None and np.dtype(k_rows.dtype) != np.dtype(kd)
+    k_t = []
+    for k in nl.static_range(nd):
+        dk = min(P, d - k * P)
+        kt = nl.ndarray((dk, cfg["W"]), dtype=kd, buffer=nl.sbuf)
         for l in nl.static_range(nL):
-            _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
-    return k_rows, v_rows
+            # one 128-key block per (load, token s): nd == 1 reads b' adjacent d-wide blocks
+            col, width, nblk = ((l * rw, d, bp) if nd == 1 else (l * rw + k * P, dk, 1))
+            for s in nl.static_range(1 if nd == 1 else bp):
+                c0 = col + s * d
+                if fp8:
+                    parts = [(k_rows, c0, eye[0])]
+                    if k_ov is not None:
+                        parts.append((k_ov, c0, eye[1]))
+                    pe_matmul_transpose_blocks(kt, l * P * bp + s * P, parts, width, nblk,
+                                               evac_engine=nisa.scalar_engine)
+                else:
+                    pe_transpose_blocks(kt, l * P * bp + s * P, k_rows, c0, width, nblk,
+                                        evac_engine=nisa.scalar_engine)
+        k_t.append(kt)
+    return k_t
 
 
 def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
@@ -427,5 +466,9 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
     ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)
                             and math.isfinite(float(soft_cap)) and soft_cap > 0),
        "logits_soft_cap", "be None or a finite number > 0", soft_cap)
+    # fp8 rows straight into TensorE when the other operand is 16-bit (float32 matmul operands
+    # must both be float32: an fp8 cache with a float32 kernel dtype is converted on chip)
+    fp8_direct = fp8 and np.dtype(kd).itemsize == 2
     return dict(d=d, nd=-(-d // B_P_SIZE), bp=bp, loads=nL, W=nL * B_P_SIZE * bp, kd=kd,
+                fp8_direct=fp8_direct,
                 scale=scale, items_p=items[0], items_f=items[1], main_rows=N * Hkv * T)
