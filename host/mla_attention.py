@@ -89,7 +89,7 @@ def build_mla_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, block_tabl
     (schedule context + query), else 0; entry padding ``[key_width, E)`` is always 0. At least
     one (zero) row."""
     _, B, E = kv_cache.shape
-    bp = sched.tiled_block_size
+    bp = sched.partial_tiled_block_size
     R_ov = sched.overlay_seq.shape[0]
     out = np.zeros((max(R_ov, 1), bp, E), dtype=kv_cache.dtype)
     if R_ov:

@@ -17,9 +17,18 @@ the group can see (sliding windows prune whole tiles). An item is FULL when ever
 the group sees every key of the tile and every key row comes from the cache (no mask work,
 no memset in the kernel); otherwise it is PARTIAL (masked with per-row bounds).
 
+The two phases have their own tile geometry: FULL items use tiles of the large tile size LT,
+PARTIAL items tiles of the partial tile size LTp <= LT: a large tile that is not full is cut into
+``W / Wp`` partial tiles and only those some row sees are scheduled, so the masked work at a
+sequence's end (a decode's last tile often holds a handful of keys) and on a prefill's causal
+diagonal is a fraction of a large tile. ``partial_tile_size="auto"`` (the standard kernel) picks
+LTp per batch by weighing the masked keys saved against the per-item work of more items. Overlay
+rows (a sequence's rows that are not whole cached rows) are rows of the partial geometry.
+
 Dimensions
     S  sequences;  H / Hkv query / KV heads, G = H // Hkv;  d head size;  B block size
     b' tokens per gathered row;  T tiling factor (rows per block) = B // b';  nL loads per tile
+    (full phase: from LT; partial phase: b'_p, T_p, nL_p from LTp, ``item_geometry``)
     R_i = q_i * G query rows of sequence i;  K_i = c_i + q_i keys of sequence i
 """
 
@@ -36,12 +45,16 @@ from nki_kernels.constants import decode_layout
 from nki_kernels.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
-           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "item_geometry", "meta_columns"]
+           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "ITEM_OVERHEAD_KEYS", "item_geometry",
+           "meta_columns"]
 
 P = 128
 DECODE_MAX_ROWS = 64        # sequences with G * q_len <= this many rows use the decode class
 MAX_GROUP_BLOCKS = 64       # 128-row Q blocks sharing one KV-tile load (prefill class)
 MAX_CHUNK = 64              # items whose metadata one DMA preloads
+# The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
+# partial_tile_size="auto" weighs against the keys a smaller tile saves.
+ITEM_OVERHEAD_KEYS = 2048
 
 
 def bucket(n: int) -> int:
@@ -80,8 +93,9 @@ class PhaseArrays:
     """Runtime inputs of one kernel phase (a sequential loop over ``items`` items).
 
     meta_i: (Hkv, 128, items * ki) int32, item-major: item t's columns ``[t*ki, (t+1)*ki)`` are
-        (per partition p)  kv[l] for l < nL          main-cache row (flat view) or OOB
-                           ov[l] for l < nL          overlay row or OOB            (masked only)
+        (per partition p)  kv[l] for l < nL          main-cache row (flat view of the phase's
+                                                     geometry) or OOB; masked: l < nL_p
+                           ov[l] for l < nL_p        overlay row or OOB            (masked only)
                            q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry;
                                                      not with keys on partitions: the Q^T of
                                                      every item is preloaded per chunk instead)
@@ -90,7 +104,8 @@ class PhaseArrays:
                            ini[j]                    q_init row or OOB       (with row_init only)
     meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
         phases of query-rows classes c[j], r[j]: query row p of block j sees tile-local key
-        index t iff |t - c| < r; with ALiBi a last column k0 = first key position of the tile.
+        index t iff |t - c| < r; with ALiBi a last column k0 = first key position of the tile
+        (tiles of the phase's geometry: W keys full, W_p keys masked).
     bounds: decode-layout classes, masked phase: (1, items * 2 * rows) float32, item t's
         ``c_q`` (columns ``t*2*rows + q``) and ``r_q`` (``t*2*rows + rows + q``) on ONE
         partition (the kernel broadcasts them); None otherwise.
@@ -132,10 +147,13 @@ class ClassSchedule:
 class AttentionSchedule:
     """The whole batch: geometry, the overlay row map and one :class:`ClassSchedule` per class.
 
+    tiling_factor / tiled_block_size / loads: the full phase's T, b', nL (large tile LT);
+    partial_tile_size / partial_tiling_factor / partial_tiled_block_size / partial_loads: the
+        partial phase's LTp, T_p, b'_p, nL_p (equal to the full ones when LTp = LT).
     overlay_seq / overlay_pos0: (R_ov,) sequence id and first position of every overlay row
-        (the row holds positions pos0 .. pos0 + b' - 1 of that sequence; positions >= K_i are
-        zero padding). Overlay rows are the key rows that are not whole rows of cached context:
-        a sequence's partly filled last context row and its new tokens.
+        (the row holds positions pos0 .. pos0 + b'_p - 1 of that sequence; positions >= K_i are
+        zero padding). Overlay rows are the key rows (partial geometry) that are not whole rows
+        of cached context: a sequence's partly filled last context row and its new tokens.
     """
 
     num_kv_heads: int
@@ -145,6 +163,10 @@ class AttentionSchedule:
     tiling_factor: int
     tiled_block_size: int
     loads: int
+    partial_tile_size: int
+    partial_tiling_factor: int
+    partial_tiled_block_size: int
+    partial_loads: int
     query_lens: np.ndarray = field(repr=False)
     context_lens: np.ndarray = field(repr=False)
     overlay_seq: np.ndarray = field(repr=False)
@@ -155,13 +177,18 @@ class AttentionSchedule:
     def keys_per_tile(self) -> int:
         return self.loads * P * self.tiled_block_size
 
+    @property
+    def keys_per_partial_tile(self) -> int:
+        return self.partial_loads * P * self.partial_tiled_block_size
+
 
 def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, *, num_heads: int,
                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
                   large_tile_size: int = 2048, sliding_window: int | None = None,
                   alibi: bool = False, row_init: bool = False, query_itemsize: int = 4,
                   cache_itemsize: int = 4, kernel_itemsize: int = 2,
-                  group_blocks_cap: int | None = None) -> AttentionSchedule:
+                  group_blocks_cap: int | None = None,
+                  partial_tile_size: int | None = None) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -178,6 +205,9 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             the smaller SBUF, so the schedule fits both targets).
         group_blocks_cap: when given, the most 128-row Q blocks per prefill group instead of
             that plan (a kernel with its own SBUF budget, e.g. ``nki_kernels.mla_attention``).
+        partial_tile_size: LTp, keys per partial-phase tile before block-size tiling: a power of
+            two in [512, LT], None (LT: one geometry for both phases) or "auto" (the size whose
+            partial items cost least, ``_choose_partial_tile``).
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -186,31 +216,22 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         fail("query_lens", "have at least one entry (one per sequence)", "0 entries")
     B = check_power_of_two("block_size", block_size, lo=1, hi=256)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    if not (partial_tile_size is None or partial_tile_size == "auto"):
+        check_power_of_two("partial_tile_size", partial_tile_size, lo=512, hi=LT)
     if sliding_window is not None:
         sliding_window = check_int("sliding_window", sliding_window, min_value=1)
     G = num_heads // num_kv_heads
-    T, bp, L, nL = item_geometry(B, LT)
-    W = L * bp
+    full_geo = _Geometry(*item_geometry(B, LT))
     nd = -(-head_size // P)
     Hkv = num_kv_heads
     S = q.shape[0]
     keys = c + q
-    n_main = c // bp                                  # key rows read from the cache
-    n_rows = -(-keys // bp)                           # key rows in all
-    ov_count = n_rows - n_main
-    ov_off = np.concatenate(([0], np.cumsum(ov_count)[:-1])).astype(np.int64)
-    R_ov = int(ov_count.sum())
-    overlay_seq = np.repeat(np.arange(S), ov_count)
-    overlay_pos0 = (np.concatenate([np.arange(n_main[i], n_rows[i]) for i in range(S)]) * bp
-                    if R_ov else np.zeros(0, np.int64)).astype(np.int64)
     tok_off = np.concatenate(([0], np.cumsum(q)[:-1])).astype(np.int64)
-    # Flat-view sizes (OOB sentinels: an index >= the first-axis size of the whole tensor).
-    main_rows_total = num_blocks * Hkv * T
-    ov_rows_total = max(R_ov, 1) * Hkv
 
+    # Step 0: the classes (decode / prefill) and their Q blocks and groups.
     decode = [i for i in range(S) if q[i] * G <= DECODE_MAX_ROWS]
     prefill = [i for i in range(S) if q[i] * G > DECODE_MAX_ROWS]
-    classes = []
+    specs = []
     for kind, seqs in (("decode", decode), ("prefill", prefill)):
         if not seqs:
             continue
@@ -226,33 +247,94 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                                        query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize)
             blocks = max(1, min(MAX_GROUP_BLOCKS, fit,
                                 max(-(-int(q[i] * G) // P) for i in seqs)))
-        classes.append(_class_schedule(
-            kind, np.array(seqs), rows, blocks, q=q, c=c, G=G, Hkv=Hkv, d=head_size, nd=nd, T=T,
-            bp=bp, L=L, nL=nL, W=W, n_main=n_main, n_rows=n_rows, ov_off=ov_off,
-            block_tables=block_tables, tok_off=tok_off, main_sentinel=2 * main_rows_total,
-            ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1), window=sliding_window,
-            alibi=alibi, row_init=row_init))
+        qb = _q_blocks(seqs, rows, blocks, q=q, c=c, G=G, tok_off=tok_off)
+        specs.append((kind, np.array(seqs), rows, blocks, qb))
+
+    # Step 1: the partial phase's geometry (one per batch: the overlay rows are its rows).
+    if partial_tile_size is None:
+        LTp = LT
+    elif partial_tile_size == "auto":
+        LTp = _choose_partial_tile(specs, B=B, LT=LT, c=c, keys=keys, window=sliding_window)
+    else:
+        LTp = int(partial_tile_size)
+    part_geo = _Geometry(*item_geometry(B, LTp))
+    bpp = part_geo.bp
+    n_main_p = c // bpp                               # partial geometry: rows read from the cache
+    n_rows_p = -(-keys // bpp)                        # partial geometry: key rows in all
+    ov_count = n_rows_p - n_main_p
+    ov_off = np.concatenate(([0], np.cumsum(ov_count)[:-1])).astype(np.int64)
+    R_ov = int(ov_count.sum())
+    overlay_seq = np.repeat(np.arange(S), ov_count)
+    overlay_pos0 = (np.concatenate([np.arange(n_main_p[i], n_rows_p[i]) for i in range(S)]) * bpp
+                    if R_ov else np.zeros(0, np.int64)).astype(np.int64)
+    ov_rows_total = max(R_ov, 1) * Hkv
+
+    # Step 2: items and phase arrays of every class.
+    classes = tuple(
+        _class_schedule(kind, rows, blocks, qb, q=q, c=c, Hkv=Hkv, d=head_size, nd=nd,
+                        geo={False: full_geo, True: part_geo}, window=sliding_window,
+                        ov_off=ov_off, block_tables=block_tables, num_blocks=num_blocks,
+                        ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1),
+                        alibi=alibi, row_init=row_init, seqs=seqs)
+        for kind, seqs, rows, blocks, qb in specs)
     return AttentionSchedule(
-        num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT, tiling_factor=T,
-        tiled_block_size=bp, loads=nL, query_lens=readonly(q.astype(np.int64)),
+        num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT,
+        tiling_factor=full_geo.T, tiled_block_size=full_geo.bp, loads=full_geo.nL,
+        partial_tile_size=LTp, partial_tiling_factor=part_geo.T,
+        partial_tiled_block_size=part_geo.bp, partial_loads=part_geo.nL,
+        query_lens=readonly(q.astype(np.int64)),
         context_lens=readonly(c.astype(np.int64)), overlay_seq=readonly(overlay_seq),
-        overlay_pos0=readonly(overlay_pos0), classes=tuple(classes))
+        overlay_pos0=readonly(overlay_pos0), classes=classes)
 
 
-def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, nL, W, n_main,
-                    n_rows, ov_off, block_tables, tok_off, main_sentinel, ov_sentinel,
-                    ov_rows_per_head, window, alibi, row_init):
-    """Q blocks, groups and items of one class; see :class:`PhaseArrays` for the columns."""
-    # Step 1: Q blocks (query rows of one sequence, `rows` per block) and groups of them.
-    blk_seq, blk_row0 = [], []
+def _choose_partial_tile(specs, *, B, LT, c, keys, window) -> int:
+    """``"auto"`` partial tile size: the power of two in [512, LT] whose partial items cost the
+    least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (the
+    per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
+    Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
+    turn one item into several where a large tile is visible in whole (a window's lower edge)."""
+    fg = _Geometry(*item_geometry(B, LT))
+    best = None
+    ltp = 512
+    while ltp <= LT:
+        pg = _Geometry(*item_geometry(B, ltp))
+        cost = 0
+        for _, _, _, _, qb in specs:
+            _, part, _ = _items(qb, c=c, keys=keys, fg=fg, pg=pg, window=window)
+            nblk = [len(qb["groups"][g][1]) for g, _ in part]
+            cost += sum(nblk) * pg.W + len(part) * ITEM_OVERHEAD_KEYS
+        if best is None or cost < best[0]:
+            best = (cost, ltp)
+        ltp *= 2
+    return best[1]
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """One phase's tile geometry (``item_geometry``): T rows per block, b' tokens per row, L rows
+    and nL loads per tile; W = L * b' keys per tile."""
+
+    T: int
+    bp: int
+    L: int
+    nL: int
+
+    @property
+    def W(self) -> int:
+        return self.L * self.bp
+
+
+def _q_blocks(seqs, rows, blocks, *, q, c, G, tok_off) -> dict:
+    """Step 1 of a class: its Q blocks (query rows of one sequence, ``rows`` per block) and
+    groups of up to ``blocks`` of them. Returns nblk, row_token / row_head (nblk*rows,),
+    row_pos / row_real (nblk, rows) and groups [(seq, [block ids])]."""
+    blk_seq = []
     for i in seqs:
-        R = int(q[i]) * G
-        for r0 in range(0, R, rows):
-            blk_seq.append(i)
-            blk_row0.append(r0)
+        blk_seq += [i] * (-(-int(q[i]) * G // rows))
     nblk = len(blk_seq)
     blk_seq = np.array(blk_seq, np.int64)
-    blk_row0 = np.array(blk_row0, np.int64)
+    blk_row0 = np.concatenate([np.arange(-(-int(q[i]) * G // rows)) * rows for i in seqs]
+                              ).astype(np.int64)
     row_token = np.full(nblk * rows, -1, np.int64)
     row_head = np.full(nblk * rows, -1, np.int64)
     row_pos = np.zeros((nblk, rows), np.int64)       # absolute query position of each row
@@ -273,31 +355,60 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
             e += 1
         groups.append((int(blk_seq[b]), list(range(b, e))))
         b = e
+    return dict(nblk=nblk, row_token=row_token, row_head=row_head, row_pos=row_pos,
+                row_real=row_real, groups=groups)
 
-    # Step 2: items per group, classified FULL / PARTIAL, pruned by visibility.
-    part_items, full_items = [], []                   # (group index, tile index k)
-    group_lo = {}                                     # first key position any row may see
-    for gi, (i, blist) in enumerate(groups):
-        pos = row_pos[blist][row_real[blist]]
+
+def _items(qb: dict, *, c, keys, fg: _Geometry, pg: _Geometry, window):
+    """Step 2 of a class: ``(full_items, part_items, group_lo)``. A large tile (``fg``) is FULL
+    when every real row of the group sees all of it and all its rows are cached; otherwise its
+    partial tiles (``pg``) that some row sees are PARTIAL items. Items are (group index, tile
+    index of the phase's geometry); group_lo[g] = first key position any row of group g sees."""
+    part_items, full_items = [], []
+    group_lo = {}
+    per_tile = fg.W // pg.W                           # partial tiles per large tile
+    for gi, (i, blist) in enumerate(qb["groups"]):
+        pos = qb["row_pos"][blist][qb["row_real"][blist]]
         lo_min = 0 if window is None else max(0, int(pos.min()) - window + 1)
         group_lo[gi] = lo_min
         lo_max = 0 if window is None else max(0, int(pos.max()) - window + 1)
         hi_min, hi_max = int(pos.min()) + 1, int(pos.max()) + 1
-        n_tiles = -(-int(n_rows[i]) // L)
-        for k in range(n_tiles):
-            t0, t1 = k * W, min((k + 1) * W, int(n_rows[i]) * bp)
+        end = int(keys[i])
+        for k in range(-(-end // fg.W)):
+            t0, t1 = k * fg.W, min((k + 1) * fg.W, end)
             if t1 <= lo_min or t0 >= hi_max:
                 continue                              # no row of the group sees this tile
-            all_main = (k + 1) * L <= n_main[i]
-            full = all_main and lo_max <= t0 and hi_min >= (k + 1) * W
-            (full_items if full else part_items).append((gi, k))
+            if (k + 1) * fg.W <= c[i] - c[i] % fg.bp and lo_max <= t0 and hi_min >= (k + 1) * fg.W:
+                full_items.append((gi, k))
+                continue
+            for kp in range(k * per_tile, (k + 1) * per_tile):
+                u0, u1 = kp * pg.W, min((kp + 1) * pg.W, end)
+                if u0 < u1 and u1 > lo_min and u0 < hi_max:
+                    part_items.append((gi, kp))
+    return full_items, part_items, group_lo
 
+
+def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov_off,
+                    block_tables, num_blocks, ov_sentinel, ov_rows_per_head, alibi, row_init,
+                    seqs):
+    """The two phases of one class (``qb``: :func:`_q_blocks`); see :class:`PhaseArrays` for
+    the columns. ``geo[masked]``: the tile geometry of the full (False) and partial (True)
+    phase."""
+    keys = c + q
+    nblk, row_real, row_pos, groups = qb["nblk"], qb["row_real"], qb["row_pos"], qb["groups"]
+    full_items, part_items, group_lo = _items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
+                                              window=window)
     full_groups = {g for g, _ in full_items}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.
     assert {g for g, _ in part_items} == set(range(len(groups))), "internal: group without partial item"
 
     def phase(items_list, masked):
+        g = geo[masked]
+        T, bp, L, nL, W = g.T, g.bp, g.L, g.nL, g.W
+        n_main = c // bp                              # this geometry's rows read from the cache
+        n_rows = -(-keys // bp)
+        main_sentinel = 2 * num_blocks * Hkv * T      # beyond the flat view's first axis
         n_real = len(items_list)
         n_items = bucket(n_real)
         kop = decode_layout(rows, blocks, alibi)
@@ -392,8 +503,8 @@ def _class_schedule(kind, seqs, rows, blocks, *, q, c, G, Hkv, d, nd, T, bp, L, 
 
     return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
                          decode_layout=decode_layout(rows, blocks, alibi),
-                         seqs=readonly(seqs), row_token=readonly(row_token),
-                         row_head=readonly(row_head),
+                         seqs=readonly(seqs), row_token=readonly(qb["row_token"]),
+                         row_head=readonly(qb["row_head"]),
                          row_pos=readonly(np.where(row_real, row_pos, -1).reshape(-1)),
                          partial=phase(part_items, True),
                          full=phase(full_items, False))

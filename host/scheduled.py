@@ -21,8 +21,8 @@ __all__ = ["run_scheduled", "build_overlay", "pack_queries", "unpack_output", "k
 def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarray,
                   value: np.ndarray, block_tables: np.ndarray, *, dtype=None,
                   kv_scale: tuple | None = None) -> np.ndarray:
-    """``(2, Hkv * R_ov, b' * d)``: overlay row ``h * R_ov + r`` holds key row r of ``sched``
-    (b' consecutive positions of one sequence) for KV head h: cached positions are copied from
+    """``(2, Hkv * R_ov, b'_p * d)``: overlay row ``h * R_ov + r`` holds key row r of ``sched``
+    (b'_p consecutive positions of one sequence, the partial phase's rows) for KV head h: cached positions are copied from
     ``kv_cache``, new-token positions from ``key`` / ``value``, positions past the sequence end
     are 0. At least one (zero) row per head.
 
@@ -31,7 +31,7 @@ def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarra
     value is then divided by the scale, i.e. the overlay holds K / k_scale and V / v_scale like
     the cache does, in ``dtype`` (the host multiplies the scales back into q and the output)."""
     _, _, Hkv, B, d = kv_cache.shape
-    bp = sched.tiled_block_size
+    bp = sched.partial_tiled_block_size
     R = sched.overlay_seq.shape[0]
     dt = kv_cache.dtype if dtype is None else np.dtype(dtype)
     out = np.zeros((2, Hkv, max(R, 1), bp, d), dtype=dt)
@@ -159,7 +159,9 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     row_inits = alibi is not None or sinks is not None
     sched = make_schedule(query_lens, context_lens, block_tables, num_heads=H, num_kv_heads=Hkv,
                           head_size=d, block_size=B, num_blocks=N,
-                          large_tile_size=large_tile_size, sliding_window=window,
+                          large_tile_size=large_tile_size,
+                          partial_tile_size="auto",
+                          sliding_window=window,
                           alibi=alibi is not None, row_init=row_inits,
                           query_itemsize=query.dtype.itemsize,
                           cache_itemsize=kv_cache.dtype.itemsize,
@@ -171,7 +173,7 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
                             dtype=kd if fp8 else None, kv_scale=scales)
     result = np.zeros((T, H, d), dtype=query.dtype)
     kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision,
-                  LARGE_TILE_SZ=large_tile_size,
+                  LARGE_TILE_SZ=large_tile_size, PARTIAL_TILE_SZ=sched.partial_tile_size,
                   logits_soft_cap=v.logits_soft_cap if v is not None else None,
                   alibi=alibi is not None, row_init=row_inits, windowed=window is not None)
     for cls in sched.classes:

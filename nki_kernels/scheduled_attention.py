@@ -58,9 +58,9 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 
 @nki.jit
 def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
-                              meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None, mixed_precision=True,
-                              LARGE_TILE_SZ=2048, logits_soft_cap=None, alibi=False,
-                              row_init=False, windowed=True):
+                              meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None,
+                              mixed_precision=True, LARGE_TILE_SZ=2048, PARTIAL_TILE_SZ=None,
+                              logits_soft_cap=None, alibi=False, row_init=False, windowed=True):
     """Scheduled paged attention of one class of Q blocks; grid ``[1, Hkv]``.
 
     Args:
@@ -81,7 +81,7 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
             slope * query position (0 without ALiBi). Read only with ``row_init``.
         kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
             (float8_e4m3 / float8_e5m2, converted on chip; scales are folded in by the host).
-        overlay: (2, Hkv * R_ov, b' * d): key rows that are not whole cached-context rows (the
+        overlay: (2, Hkv * R_ov, b'_p * d): key rows that are not whole cached-context rows (the
             host copies a sequence's partly filled last context row and its new tokens here);
             row ``h * R_ov + r``. The kv_cache dtype, or for an fp8 cache the kernel dtype.
         meta_pi, meta_pf: partial-phase metadata, (Hkv, 128, Ip * ki) int32 and (128, Ip * kf)
@@ -91,7 +91,11 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
         softmax_scale: default 1/sqrt(d).
         mixed_precision: True: bf16 matmul inputs and probabilities; False: the input dtype.
             Scores, statistics and the output accumulator are fp32 either way.
-        LARGE_TILE_SZ: keys per KV tile before block-size tiling (power of two, 512..8192).
+        LARGE_TILE_SZ: keys per full-phase KV tile before block-size tiling (power of two,
+            512..8192).
+        PARTIAL_TILE_SZ: the same for the partial phase (power of two, 512..LARGE_TILE_SZ;
+            None: LARGE_TILE_SZ). The partial phase's rows, overlay rows and tile-local key
+            indices are those of this geometry (b'_p tokens per row, nL_p loads).
         logits_soft_cap: None or c > 0: scores become c * tanh(s / c) before masking.
         alibi: add ``slope * (key position - query position)`` to the scores before the soft-cap.
         row_init: start each group's rows from ``q_init`` (sinks, ALiBi) instead of
@@ -114,13 +118,15 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
     return scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
                           meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
+                          PARTIAL_TILE_SZ=PARTIAL_TILE_SZ,
                           logits_soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
                           windowed=windowed, out=out, state=state)
 
 
 def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
-                   meta_pf, meta_fi, meta_ff, rows, blocks, *, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap,
-                   alibi, row_init, windowed, out, state):
+                   meta_pf, meta_fi, meta_ff, rows, blocks, *, softmax_scale, mixed_precision,
+                   LARGE_TILE_SZ, PARTIAL_TILE_SZ, logits_soft_cap, alibi, row_init, windowed,
+                   out, state):
     """Body of :func:`scheduled_paged_attention` (``out`` / ``state`` allocated by the caller).
 
     Pseudocode (per program = KV head h; full phase first, then the partial phase):
@@ -138,14 +144,13 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     """
     require_oob_skip(KERNEL)
     cfg = _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
-                 blocks, softmax_scale, mixed_precision, LARGE_TILE_SZ, logits_soft_cap, alibi,
-                 row_init)
+                 blocks, softmax_scale, mixed_precision, LARGE_TILE_SZ, PARTIAL_TILE_SZ,
+                 logits_soft_cap, alibi, row_init)
     kernel_check(isinstance(windowed, bool), KERNEL, "windowed", "be a bool", windowed)
     cfg.update(rows=rows, blocks=blocks, soft_cap=logits_soft_cap, alibi=alibi, row_init=row_init,
                windowed=windowed)
     head = nl.program_id(axis=1)
     d, nd = cfg["d"], cfg["nd"]
-    kv_flat = kv_cache.reshape((2, cfg["main_rows"], cfg["bp"] * d))
     sw = d + 2
     # Persistent SBUF state of the current Q group: per block j, columns [j*sw, (j+1)*sw) hold
     # o (d), -m, l; `init` the same for a group start (o = 0; -m, l from q_init); `al` the ALiBi
@@ -183,34 +188,38 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
                                       and np.dtype(qa.dtype) == np.dtype(query_t.dtype)),
                      KERNEL, name, f"be a {want} array of the query dtype (keys on partitions)",
                      (tuple(qa.shape), np.dtype(qa.dtype).name))
-    need_kidx = cfg["items_p"] > 0 or alibi
-    kidx = None
-    if need_kidx:
-        kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["kop_part"]
-                else key_index_tile(rows, cfg["loads"], cfg["bp"]))
-    cfg["step_kop"] = min(cfg["W"], decode_step_keys(rows))
-    cfg["step_rows"] = min(cfg["W"], 2048)
-    consts = decode_constants(rows, cfg["step_kop"], cfg["kd"]) if cfg["kop_full"] else None
+    # Per phase (False: full, True: partial): its geometry, its flat cache view (rows of b'
+    # tokens), the key indices its masks / ALiBi biases need, and its step width.
+    for masked, geo in cfg["geo"].items():
+        kop = cfg["kop_part"] if masked else cfg["kop_full"]
+        geo["kv_flat"] = kv_cache.reshape((2, geo["main_rows"], geo["bp"] * d))
+        geo["kidx"] = None
+        if geo["items"] > 0 and (masked or alibi):
+            geo["kidx"] = (key_index_columns(geo["loads"], geo["bp"]) if kop
+                           else key_index_tile(rows, geo["loads"], geo["bp"]))
+        geo["step"] = min(geo["W"], decode_step_keys(rows) if kop else 2048)
+    consts = None
+    if cfg["kop_full"]:
+        consts = decode_constants(rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
     eye = None
     if cfg["fp8_direct"]:      # identity matmuls transpose fp8 K rows (and the overlay rows)
         eye = (identity_tile(B_P_SIZE, kv_cache.dtype), identity_tile(B_P_SIZE, cfg["kd"]))
-    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, kidx=kidx, consts=consts, eye=eye)
-    hbm = dict(query_t=query_t, q_init=q_init, kv_flat=kv_flat, overlay=overlay, out=out,
-               state=state)
+    bufs = dict(st=st, init=init, al=al, q_raw=q_raw, consts=consts, eye=eye)
+    hbm = dict(query_t=query_t, q_init=q_init, overlay=overlay, out=out, state=state)
 
     for masked, mi_all, mf_all, q_all, n_items in (
             (False, meta_fi, meta_ff, q_full, cfg["items_f"]),
             (True, meta_pi, meta_pf, q_part, cfg["items_p"])):
         if n_items == 0:
             continue
-        ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=d, masked=masked,
-                              alibi=alibi, row_init=row_init, rows=rows)
+        ki, kf = meta_columns(loads=cfg["geo"][masked]["loads"], blocks=blocks, head_size=d,
+                              masked=masked, alibi=alibi, row_init=row_init, rows=rows)
         chunk = _chunk(n_items)
         bufs["kv"] = None
         if not masked:
             # Full items write every row; padding items (all DMAs skipped) then read the last
             # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
-            rw_all = cfg["loads"] * cfg["bp"] * d
+            rw_all = cfg["geo"][False]["loads"] * cfg["geo"][False]["bp"] * d
             bufs["kv"] = (nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf),
                           nl.zeros((B_P_SIZE, rw_all), dtype=kv_cache.dtype, buffer=nl.sbuf))
         for ch in nl.sequential_range(n_items // chunk):
@@ -233,12 +242,11 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     """Item ``it`` of the chunk: load / reset / carry the group state, gather Q and KV, fold the
     tile, store."""
     ci, cf = it * ki, it * kf
-    P = B_P_SIZE
-    d, nd, bp, nL, kd = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"], cfg["kd"]
+    geo = cfg["geo"][masked]
+    d, nd, nL, kd = cfg["d"], cfg["nd"], geo["loads"], cfg["kd"]
     rows, blocks = cfg["rows"], cfg["blocks"]
     st, init, al, q_raw = bufs["st"], bufs["init"], bufs["al"], bufs["q_raw"]
     sw = d + 2
-    rw = bp * d
     i_r = nl.arange(rows)[:, None]
     q_col = ci + (2 * nL if masked else nL)
     st_col = q_col + (0 if cfg["small"] else blocks * nd)
@@ -263,8 +271,8 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     if masked:
         load_state(st, mi, st_col, hbm["state"], rows=rows, blocks=blocks, d=d)
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
-    k_rows, v_rows, k_ov, v_ov = _gather_kv(cfg, masked, mi, ci, hbm, bufs)
-    k_t = _transpose_keys(cfg, k_rows, k_ov, bufs.get("eye"))
+    k_rows, v_rows, k_ov, v_ov = _gather_kv(cfg, geo, masked, mi, ci, hbm, bufs)
+    k_t = _transpose_keys(cfg, geo, k_rows, k_ov, bufs.get("eye"))
     # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
     # keys on partitions, as many keys as fit one PSUM bank of scores).
     kop = cfg["kop_part"] if masked else cfg["kop_full"]
@@ -279,9 +287,8 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
                                  dtype=nl.float32)
         return slope, off
 
-    fold_tile(qs, k_t, v_rows, st, mf, cf, d=d, rows=rows, blocks=blocks, width=cfg["W"],
-              step=cfg["step_kop"] if kop else cfg["step_rows"], masked=masked,
-              kidx=bufs["kidx"], kernel_dtype=kd, keys_on_partitions=kop, consts=bufs["consts"],
+    fold_tile(qs, k_t, v_rows, st, mf, cf, d=d, rows=rows, blocks=blocks, width=geo["W"],
+              step=geo["step"], masked=masked, kidx=geo["kidx"], kernel_dtype=kd, keys_on_partitions=kop, consts=bufs["consts"],
               chunk_bounds=bufs.get("b_chunk"), it=it, soft_cap=cfg["soft_cap"],
               alibi_of=alibi_of if cfg["alibi"] else None, one_sided=not cfg["windowed"],
               v_overlay=v_ov)
@@ -291,8 +298,9 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
                  blocks=blocks, d=d, masked=masked)
 
 
-def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
-    """K and V rows of the item's tile, ``(128, nL * b' * d)`` each, and the overlay rows when
+def _gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
+    """K and V rows of the item's tile (the phase's geometry ``geo``), ``(128, nL * b' * d)``
+    each, and the overlay rows when
     they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
@@ -309,9 +317,9 @@ def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
     converted tile.
     """
     P = B_P_SIZE
-    nL, kd = cfg["loads"], cfg["kd"]
-    rw = cfg["bp"] * cfg["d"]
-    kv_flat, overlay = hbm["kv_flat"], hbm["overlay"]
+    nL, kd = geo["loads"], cfg["kd"]
+    rw = geo["bp"] * cfg["d"]
+    kv_flat, overlay = geo["kv_flat"], hbm["overlay"]
     cdt = kv_flat.dtype
     direct = cfg["fp8_direct"]
     k_ov = v_ov = None
@@ -341,25 +349,25 @@ def _gather_kv(cfg, masked, mi, ci, hbm, bufs):
     if not direct and np.dtype(cdt) != np.dtype(kd):
         k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
         v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
-        if masked:
+        if masked and not same:      # overlay rows in the kernel dtype (fp8 cache)
             for l in nl.static_range(nL):
                 _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
     return k_rows, v_rows, k_ov, v_ov
 
 
-def _transpose_keys(cfg, k_rows, k_ov, eye):
+def _transpose_keys(cfg, geo, k_rows, k_ov, eye):
     """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
     channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
     the kernel-dtype rows, or identity matmuls of the fp8 rows (``eye``: the identities of the
     cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given."""
     P = B_P_SIZE
-    d, nd, bp, nL, kd = cfg["d"], cfg["nd"], cfg["bp"], cfg["loads"], cfg["kd"]
+    d, nd, bp, nL, kd = cfg["d"], cfg["nd"], geo["bp"], geo["loads"], cfg["kd"]
     rw = bp * d
     fp8 = eye is not None and np.dtype(k_rows.dtype) != np.dtype(kd)
     k_t = []
     for k in nl.static_range(nd):
         dk = min(P, d - k * P)
-        kt = nl.ndarray((dk, cfg["W"]), dtype=kd, buffer=nl.sbuf)
+        kt = nl.ndarray((dk, geo["W"]), dtype=kd, buffer=nl.sbuf)
         for l in nl.static_range(nL):
             # one 128-key block per (load, token s): nd == 1 reads b' adjacent d-wide blocks
             col, width, nblk = ((l * rw, d, bp) if nd == 1 else (l * rw + k * P, dk, 1))
@@ -418,7 +426,7 @@ def _chunk(n_items):
 
 
 def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks,
-           softmax_scale, mixed_precision, LT, soft_cap, alibi, row_init):
+           softmax_scale, mixed_precision, LT, LTp, soft_cap, alibi, row_init):
     """Validate every input; return the static geometry."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
     ck(len(kv_cache.shape) == 5 and kv_cache.shape[0] == 2, "kv_cache.shape",
@@ -438,12 +446,17 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
        "be a power of two in [1, 256]", B)
     ck(isinstance(LT, int) and LT >= 512 and LT <= 8192 and (LT & (LT - 1)) == 0, "LARGE_TILE_SZ",
        "be a power of two in [512, 8192]", LT)
-    M, T, bp, L, nL = tile_geometry(B, LT)
+    if LTp is None:
+        LTp = LT
+    ck(isinstance(LTp, int) and 512 <= LTp <= LT and (LTp & (LTp - 1)) == 0, "PARTIAL_TILE_SZ",
+       f"be None or a power of two in [512, LARGE_TILE_SZ = {LT}]", LTp)
+    _, T, bp, L, nL = tile_geometry(B, LT)
+    _, Tp, bpp, Lp, nLp = tile_geometry(B, LTp)
     ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
        tuple(query_t.shape))
-    ck(len(overlay.shape) == 3 and overlay.shape[0] == 2 and overlay.shape[2] == bp * d
+    ck(len(overlay.shape) == 3 and overlay.shape[0] == 2 and overlay.shape[2] == bpp * d
        and overlay.shape[1] % Hkv == 0, "overlay.shape",
-       f"be (2, Hkv*R_ov, b'*d) = (2, {Hkv}*R_ov, {bp * d})", tuple(overlay.shape))
+       f"be (2, Hkv*R_ov, b'_p*d) = (2, {Hkv}*R_ov, {bpp * d})", tuple(overlay.shape))
     kd = nl.bfloat16 if mixed_precision is True else query_t.dtype
     ov_dt = np.dtype(kd) if fp8 else np.dtype(kv_cache.dtype)
     ck(np.dtype(overlay.dtype) == ov_dt, "overlay.dtype",
@@ -458,7 +471,8 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
        "be a bool, True when alibi is", row_init)
     items = check_phase_metadata(
         KERNEL, meta_pi, meta_pf, meta_fi, meta_ff, programs=Hkv,
-        columns=lambda masked: meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
+        columns=lambda masked: meta_columns(loads=nLp if masked else nL, blocks=blocks,
+                                            head_size=d, masked=masked,
                                             alibi=alibi is True, row_init=row_init is True,
                                             rows=rows))
     scale = softmax_scale_value(KERNEL, softmax_scale, d)
@@ -469,6 +483,9 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
     # fp8 rows straight into TensorE when the other operand is 16-bit (float32 matmul operands
     # must both be float32: an fp8 cache with a float32 kernel dtype is converted on chip)
     fp8_direct = fp8 and np.dtype(kd).itemsize == 2
-    return dict(d=d, nd=-(-d // B_P_SIZE), bp=bp, loads=nL, W=nL * B_P_SIZE * bp, kd=kd,
-                fp8_direct=fp8_direct,
-                scale=scale, items_p=items[0], items_f=items[1], main_rows=N * Hkv * T)
+    geo = {False: dict(bp=bp, loads=nL, W=nL * B_P_SIZE * bp, main_rows=N * Hkv * T,
+                       items=items[1]),
+           True: dict(bp=bpp, loads=nLp, W=nLp * B_P_SIZE * bpp, main_rows=N * Hkv * Tp,
+                      items=items[0])}
+    return dict(d=d, nd=-(-d // B_P_SIZE), kd=kd, fp8_direct=fp8_direct, scale=scale,
+                items_p=items[0], items_f=items[1], geo=geo)

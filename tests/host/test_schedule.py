@@ -102,13 +102,15 @@ def columns(cls, *, nL, d, masked, alibi, row_init):
 
 
 def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, alibi=False,
-                     row_init=False):
+                     row_init=False, LTp=None):
     """Decode one class launch for KV head ``head``; returns (items, counts, writes): counts[b]
     (rows, max K) = times each key position reached the stored output of query row p of Q block
-    b; writes[b] (rows,) = output stores per row."""
-    Tf, bp, L, nL, W = geometry(B, LT)
+    b; writes[b] (rows,) = output stores per row. The full phase's tiles are those of LT, the
+    partial phase's (and the overlay rows) those of LTp (default LT)."""
+    LTp = LT if LTp is None else LTp
     G, nd = H // Hkv, -(-d // P)
     K = c + q
+    bp = geometry(B, LTp)[1]                           # overlay rows: partial geometry (§16.1)
     m_main, n_rows = c // bp, -(-K // bp)
     ov_map = [(i, j) for i in range(len(q)) for j in range(m_main[i], n_rows[i])]    # §16.1
     R_ov = max(len(ov_map), 1)
@@ -132,10 +134,12 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
     writes = np.zeros((nblk, rows), np.int64)
     saved = {}                                         # state scratch rows: b -> (rows, Kmax)
     items = []
-    tl_of = (np.arange(nL)[:, None, None] * P + np.arange(P)[None, :, None]) * bp \
-        + np.arange(bp)[None, None, :]                 # tile-local key of (l, p, s)
     for phase, arr in (("full", cls.full), ("partial", cls.partial)):   # full phase first
         masked = phase == "partial"
+        Tf, bp, L, nL, W = geometry(B, LTp if masked else LT)
+        m_main = c // bp
+        tl_of = (np.arange(nL)[:, None, None] * P + np.arange(P)[None, :, None]) * bp \
+            + np.arange(bp)[None, None, :]             # tile-local key of (l, p, s)
         ki, kf, col0 = columns(cls, nL=nL, d=d, masked=masked, alibi=alibi, row_init=row_init)
         assert arr.masked == masked and arr.items == bucket(arr.real_items)
         assert arr.meta_i.shape == (Hkv, P, arr.items * ki) and arr.meta_i.dtype == np.int32
@@ -299,7 +303,7 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
 
 
 def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=False,
-                   row_init=False):
+                   row_init=False, LTp=None):
     """Every head of every class: each visible (real query row, key) pair folded exactly once
     into the stored output, nothing else; every real item folds something (exact pruning)."""
     G = H // Hkv
@@ -317,7 +321,7 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
         for head in range(Hkv):
             items, counts, writes, (seq_of_row, pos_of_row) = run_symbolically(
                 cls, q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, head=head, window=window,
-                alibi=alibi, row_init=row_init)
+                alibi=alibi, row_init=row_init, LTp=LTp)
             flat = counts.reshape(-1, counts.shape[-1])
             real = cls.row_token >= 0
             assert np.array_equal(writes.reshape(-1), real.astype(np.int64)), "output rows stored != once"
@@ -336,14 +340,23 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
 
 
 def schedule(q, c, *, H, Hkv, d, B, LT, window=None, seed=0, pad=-1, alibi=False,
-             row_init=False):
+             row_init=False, LTp=None):
+    """The schedule and the keywords of ``check_coverage``; ``LTp``: ``partial_tile_size``
+    (an int, "auto" -- the size the schedule picked is then checked -- or None)."""
     q, c = np.asarray(q, np.int64), np.asarray(c, np.int64)
     bt, N = block_tables_for(c, B, seed, pad=pad)
     s = make_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B,
                       num_blocks=N, large_tile_size=LT, sliding_window=window, alibi=alibi,
-                      row_init=row_init)
+                      row_init=row_init, partial_tile_size=LTp)
+    want = LT if LTp is None else LTp
+    if LTp == "auto":
+        want = s.partial_tile_size
+        assert want in [512 << k for k in range(5)] and want <= LT
+    assert s.partial_tile_size == want
+    assert (s.partial_tiling_factor, s.partial_tiled_block_size, s.partial_loads) == \
+        geometry(B, want)[:2] + (geometry(B, want)[3],)
     return s, dict(q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, window=window,
-                   alibi=alibi, row_init=row_init)
+                   alibi=alibi, row_init=row_init, LTp=want)
 
 
 def summary(items):
@@ -537,13 +550,13 @@ def test_every_group_has_a_partial_item():
 # ------------------------------------------------------------------------- padding items
 def _padding_ids_all_out_of_bounds(s, kw):
     B, d, Hkv, N = kw["B"], kw["d"], kw["Hkv"], kw["N"]
-    Tf, bp, L, nL, W = geometry(B, kw["LT"])
     R_ov = len(s.overlay_seq)
     nd = -(-d // P)
     n_pad = 0
     for cls in s.classes:
         nblk, rows, blocks = cls.num_blocks, cls.rows, cls.blocks
         for arr in (cls.partial, cls.full):
+            Tf, bp, L, nL, W = geometry(B, kw["LTp"] if arr.masked else kw["LT"])
             ki, kf, col0 = columns(cls, nL=nL, d=d, masked=arr.masked, alibi=kw["alibi"],
                                    row_init=kw["row_init"])
             mi = arr.meta_i.reshape(Hkv, P, arr.items, ki)[:, :, arr.real_items:]
@@ -584,10 +597,11 @@ def test_padding_items_move_nothing():
 @given(lens=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 3000)), min_size=1, max_size=12),
        B=st.sampled_from([1, 4, 16, 64, 256]), LT=st.sampled_from([512, 2048, 8192]),
        d=st.sampled_from([1, 64, 130, 300]), G=st.sampled_from([1, 4]), alibi=st.booleans(),
-       row_init=st.booleans())
-def test_padding_items_always_out_of_bounds(lens, B, LT, d, G, alibi, row_init):
+       row_init=st.booleans(), ltp=st.sampled_from([None, 512, "auto"]))
+def test_padding_items_always_out_of_bounds(lens, B, LT, d, G, alibi, row_init, ltp):
     q, c = zip(*lens)
-    s, kw = schedule(q, c, H=2 * G, Hkv=2, d=d, B=B, LT=LT, alibi=alibi, row_init=row_init)
+    s, kw = schedule(q, c, H=2 * G, Hkv=2, d=d, B=B, LT=LT, alibi=alibi, row_init=row_init,
+                     LTp=ltp)
     _padding_ids_all_out_of_bounds(s, kw)
 
 
@@ -618,12 +632,14 @@ LENS = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 1500)), min_size=1,
        heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (8, 1), (6, 2)]),
        d=st.sampled_from([1, 8, 128, 160]),
        window=st.one_of(st.none(), st.integers(1, 700)), alibi=st.booleans(),
-       row_init=st.booleans(), seed=st.integers(0, 1000))
+       row_init=st.booleans(), seed=st.integers(0, 1000),
+       ltp=st.sampled_from([None, 512, 1024, "auto"]))
 def test_items_cover_every_visible_pair_exactly_once(lens, B, LT, heads, d, window, alibi,
-                                                     row_init, seed):
+                                                     row_init, seed, ltp):
     q, c = zip(*lens)
+    ltp = None if isinstance(ltp, int) and ltp > LT else ltp
     s, kw = schedule(q, c, H=heads[0], Hkv=heads[1], d=d, B=B, LT=LT, window=window, seed=seed,
-                     alibi=alibi, row_init=row_init)
+                     alibi=alibi, row_init=row_init, LTp=ltp)
     assert isinstance(s, AttentionSchedule)
     check_coverage(s, **kw)
 

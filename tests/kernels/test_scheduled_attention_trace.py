@@ -32,12 +32,12 @@ def _geometry(B, LT):
     return Tf, B // Tf, M * Tf // P
 
 
-def _prepare(batch, LT):
+def _prepare(batch, LT, LTp=None):
     T, H, d = batch.query.shape
     _, N, Hkv, B, _ = batch.kv_cache.shape
     s = make_schedule(batch.query_lens, batch.context_lens, batch.block_tables, num_heads=H,
                       num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
-                      large_tile_size=LT)
+                      large_tile_size=LT, partial_tile_size=LTp)
     return s, build_overlay(s, batch.kv_cache, batch.key, batch.value, batch.block_tables)
 
 
@@ -53,7 +53,7 @@ def _launch(batch, s, overlay, classes, LT):
                                  batch.kv_cache, overlay)
             o = _nki.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args,
                                          softmax_scale=1.0 / math.sqrt(d), mixed_precision=True,
-                                         LARGE_TILE_SZ=LT)
+                                         LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=s.partial_tile_size)
             unpack_output(cls, np.asarray(o), out)
     return out, trace
 
@@ -122,36 +122,44 @@ def test_padding_items_move_no_bytes(kind, batch_factory):
     assert moved[16][2] - moved[9][2] == Hkv * extra
 
 
-GEOMETRIES = [(1, 512, 8), (16, 2048, 8), (256, 2048, 8), (32, 8192, 16), (4, 1024, 130)]
+GEOMETRIES = [(1, 512, 8, None), (16, 2048, 8, None), (256, 2048, 8, None), (32, 8192, 16, None),
+              (4, 1024, 130, None), (16, 2048, 8, 512), (1, 1024, 8, 512), (32, 8192, 16, 1024)]
 
 
-@pytest.mark.parametrize("B, LT, d", GEOMETRIES, ids=[f"b{b}_t{t}_d{d}" for b, t, d in GEOMETRIES])
-def test_kv_gathers_are_vectorized(B, LT, d, batch_factory):
+@pytest.mark.parametrize("B, LT, d, LTp", GEOMETRIES,
+                         ids=[f"b{b}_t{t}_d{d}_p{p}" for b, t, d, p in GEOMETRIES])
+def test_kv_gathers_are_vectorized(B, LT, d, LTp, batch_factory):
     batch = batch_factory(B, [1, 3, 40], [LT + 5, 20, 2 * LT // 3], H=4, Hkv=2, d=d, block_size=B)
-    s, overlay = _prepare(batch, LT)
-    Tf, bp, nL = _geometry(B, LT)
+    s, overlay = _prepare(batch, LT, LTp)
     Hkv, N, R_ov = 2, batch.kv_cache.shape[1], len(s.overlay_seq)
     _, trace = _launch(batch, s, overlay, s.classes, LT)
-    row_bytes = bp * d * batch.kv_cache.dtype.itemsize
-    gathers = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"
-               and e.src_buffer == "hbm" and e.out_shape == (P, bp * d)]
-    # one gather per (item, load, K/V) from the cache, plus one from the overlay when masked
-    want_instr = want_desc = 0
-    for cls in s.classes:
-        for arr in (cls.partial, cls.full):
+    # per phase (its own geometry: LT full, LTp partial): one gather per (item, load, K/V)
+    # from the cache, plus one from the overlay when masked, each of rows of b' tokens; the
+    # phases are told apart by their row width (summed when both geometries are the same)
+    want = {}                                                  # row width -> [instr, descriptors]
+    for masked, tile in ((False, LT), (True, LTp or LT)):
+        Tf, bp, nL = _geometry(B, tile)
+        w = want.setdefault(bp * d, [0, 0])
+        for cls in s.classes:
+            arr = cls.partial if masked else cls.full
             if arr.items == 0:
                 continue
             mi = arr.meta_i.reshape(Hkv, P, arr.items, -1)        # kv[l], then ov[l] (§16.4)
-            want_instr += Hkv * arr.items * nL * (4 if arr.masked else 2)
-            want_desc += 2 * int((mi[..., :nL] < N * Hkv * Tf).sum())
-            if arr.masked:
-                want_desc += 2 * int((mi[..., nL:2 * nL] < Hkv * R_ov).sum())
-    assert len(gathers) == want_instr
-    assert sum(len(e.descriptor_bytes) for e in gathers) == want_desc
-    for e in gathers:
-        assert e.partitions == P and len(e.descriptor_bytes) <= P
-        assert set(e.descriptor_bytes) <= {row_bytes}                 # one row per descriptor
-        assert e.bytes == len(e.descriptor_bytes) * row_bytes
+            w[0] += Hkv * arr.items * nL * (4 if masked else 2)
+            w[1] += 2 * int((mi[..., :nL] < N * Hkv * Tf).sum())
+            if masked:
+                w[1] += 2 * int((mi[..., nL:2 * nL] < Hkv * R_ov).sum())
+    gathers = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"
+               and e.src_buffer == "hbm" and e.out_shape in {(P, width) for width in want}]
+    for width, (n_instr, n_desc) in want.items():
+        mine = [e for e in gathers if e.out_shape == (P, width)]
+        row_bytes = width * batch.kv_cache.dtype.itemsize
+        assert len(mine) == n_instr, width
+        assert sum(len(e.descriptor_bytes) for e in mine) == n_desc
+        for e in mine:
+            assert e.partitions == P and len(e.descriptor_bytes) <= P
+            assert set(e.descriptor_bytes) <= {row_bytes}             # one row per descriptor
+            assert e.bytes == len(e.descriptor_bytes) * row_bytes
     assert max(len(e.descriptor_bytes) for e in gathers) == P           # full 128-row gathers
 
 
