@@ -5,8 +5,9 @@ trace time (a working set that cannot fit is refused with the fix named). Conser
 per-partition bytes, every phase counted:
 
     KV rows        K and V gathered rows (128, W*d/128) in the cache dtype (the full phase's
-                   persistent tiles or the partial phase's zeroed ones: one phase at a time),
-                   plus kernel-dtype copies when the dtypes differ
+                   persistent tiles or the partial phase's zeroed ones, whose partial tiles are
+                   no larger: one phase at a time), plus kernel-dtype tiles when the dtypes
+                   differ (converted copies, or an fp8 cache's 16-bit overlay tiles)
     K^T            nd slices (<= 128 channels, W) in the kernel dtype
     step tiles     query rows: scores, mask distance fp32 + predicate + P, P^T (step <= 2048);
                    keys on partitions: small (per (128-key chunk x row) column)

@@ -23,9 +23,18 @@ partial phase runs first and leaves each group's state in a private HBM scratch 
 ``d + 2`` fp32: o, -m, l) when the group also has full items; the full phase starts the group
 from that state and writes the output. Nothing else goes through HBM.
 
+Each phase has its own tile geometry: full items tiles of ``LARGE_TILE_SZ`` keys, partial items
+tiles of ``PARTIAL_TILE_SZ`` keys (the host cuts a large tile that is not full into partial
+tiles and schedules only those some row sees), each read through its own flat view of the cache.
+
+An fp8 cache with a 16-bit kernel dtype is never converted on chip: K^T comes from identity
+matmuls of the fp8 rows (fp32 PSUM, evacuated into the kernel dtype by the copy every K^T pays)
+and V is the PV matmul's fp8 operand; the 16-bit overlay rows of a partial item sit in tiles of
+their own that TensorE adds in.
+
 Dimensions (static, from the shapes): Hkv KV heads; d head size (1..512, nd = ceil(d/128)
 slices of <= 128 channels); rows query rows per Q block (<= 128); blocks Q blocks per group;
-nblk Q blocks of this launch; B block size; T, b', nL from ``LARGE_TILE_SZ`` and B
+nblk Q blocks of this launch; B block size; per phase T, b', nL from its tile size and B
 (``nki_kernels.constants.tile_geometry``); W = nL * 128 * b' keys per item.
 """
 
@@ -48,7 +57,8 @@ from nki_kernels.sched_core import key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
                                     load_state, store_blocks)
-from nki_kernels.tile_ops import identity_tile, pe_matmul_transpose_blocks, pe_transpose_blocks
+from nki_kernels.sched_tile import gather_kv, transpose_keys
+from nki_kernels.tile_ops import identity_tile
 
 KERNEL = "scheduled_paged_attention"
 MAX_D = 512
@@ -180,7 +190,7 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     _check_sbuf(cfg, kv_cache, query_t, rows, blocks, LARGE_TILE_SZ)
     kernel_check(not cfg["small"] or (tuple(bounds_p.shape) == (1, cfg["items_p"] * 2 * rows)
                                       and np.dtype(bounds_p.dtype) == np.float32),
-                 KERNEL, "bounds_p", f"be a float32 (1, items * 2 * rows) array (decode layout)",
+                 KERNEL, "bounds_p", "be a float32 (1, items * 2 * rows) array (decode layout)",
                  (tuple(bounds_p.shape), np.dtype(bounds_p.dtype).name))
     for name, qa, n in (("q_full", q_full, cfg["items_f"]), ("q_part", q_part, cfg["items_p"])):
         want = (kv_cache.shape[2] * d, n * rows) if cfg["small"] else None
@@ -271,8 +281,8 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     if masked:
         load_state(st, mi, st_col, hbm["state"], rows=rows, blocks=blocks, d=d)
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
-    k_rows, v_rows, k_ov, v_ov = _gather_kv(cfg, geo, masked, mi, ci, hbm, bufs)
-    k_t = _transpose_keys(cfg, geo, k_rows, k_ov, bufs.get("eye"))
+    k_rows, v_rows, k_ov, v_ov = gather_kv(cfg, geo, masked, mi, ci, hbm, bufs)
+    k_t = transpose_keys(cfg, geo, k_rows, k_ov, bufs.get("eye"))
     # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
     # keys on partitions, as many keys as fit one PSUM bank of scores).
     kop = cfg["kop_part"] if masked else cfg["kop_full"]
@@ -296,104 +306,6 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     # phase the output.
     store_blocks(st, mi, out_col if masked else st_col, hbm["out"], hbm["state"], rows=rows,
                  blocks=blocks, d=d, masked=masked)
-
-
-def _gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
-    """K and V rows of the item's tile (the phase's geometry ``geo``), ``(128, nL * b' * d)``
-    each, and the overlay rows when
-    they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
-
-    Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
-    zeroed tile (masked items: rows no DMA writes must be exact zeros) or the phase's persistent
-    tile (full items write every row). A 16-bit cache (or any cache of the kernel dtype) is used
-    as gathered and the overlay rows land in the same tile (``k_ov = v_ov = None``).
-
-    fp8 caches with a 16-bit kernel dtype (``cfg["fp8_direct"]``): the fp8 rows are TensorE
-    operands as they are (K through identity matmuls, V in the PV matmul), so no engine converts
-    them; the overlay rows (kernel dtype: new tokens are not quantized) go to zeroed tiles of
-    their own, ``k_ov`` / ``v_ov``, that TensorE adds in (each tile is zero where the other
-    holds a row). Other dtype pairs (an fp8 cache with float32 kernel dtype: TensorE takes
-    float32 only with float32) are converted on ScalarE and the overlay rows gathered into the
-    converted tile.
-    """
-    P = B_P_SIZE
-    nL, kd = geo["loads"], cfg["kd"]
-    rw = geo["bp"] * cfg["d"]
-    kv_flat, overlay = geo["kv_flat"], hbm["overlay"]
-    cdt = kv_flat.dtype
-    direct = cfg["fp8_direct"]
-    k_ov = v_ov = None
-    if masked:
-        k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
-        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.vector_engine)
-        if direct:
-            k_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
-            v_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
-            k_ov[...] = nisa.memset((P, nL * rw), 0.0, dtype=kd, engine=nisa.gpsimd_engine)
-            v_ov[...] = nisa.memset((P, nL * rw), 0.0, dtype=kd, engine=nisa.vector_engine)
-    else:
-        k_rows, v_rows = bufs["kv"]
-    i_p = nl.arange(P)[:, None]
-    i_f = nl.arange(rw)[None, :]
-    same = np.dtype(overlay.dtype) == np.dtype(cdt)
-    for l in nl.static_range(nL):
-        nisa.dma_copy(dst=k_rows[i_p, l * rw + i_f], src=kv_flat[0, mi[i_p, ci + l], i_f],
-                      oob_mode=nisa.oob_mode.skip)
-        nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=kv_flat[1, mi[i_p, ci + l], i_f],
-                      oob_mode=nisa.oob_mode.skip)
-        if masked and (same or direct):
-            _gather_overlay(k_ov if direct else k_rows, v_ov if direct else v_rows, overlay, mi,
-                            ci + nL + l, l * rw, rw)
-    if not direct and np.dtype(cdt) != np.dtype(kd):
-        k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
-        v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
-        if masked and not same:      # overlay rows in the kernel dtype (fp8 cache)
-            for l in nl.static_range(nL):
-                _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
-    return k_rows, v_rows, k_ov, v_ov
-
-
-def _transpose_keys(cfg, geo, k_rows, k_ov, eye):
-    """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
-    channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
-    the kernel-dtype rows, or identity matmuls of the fp8 rows (``eye``: the identities of the
-    cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given."""
-    P = B_P_SIZE
-    d, nd, bp, nL, kd = cfg["d"], cfg["nd"], geo["bp"], geo["loads"], cfg["kd"]
-    rw = bp * d
-    fp8 = eye is not None and np.dtype(k_rows.dtype) != np.dtype(kd)
-    k_t = []
-    for k in nl.static_range(nd):
-        dk = min(P, d - k * P)
-        kt = nl.ndarray((dk, geo["W"]), dtype=kd, buffer=nl.sbuf)
-        for l in nl.static_range(nL):
-            # one 128-key block per (load, token s): nd == 1 reads b' adjacent d-wide blocks
-            col, width, nblk = ((l * rw, d, bp) if nd == 1 else (l * rw + k * P, dk, 1))
-            for s in nl.static_range(1 if nd == 1 else bp):
-                c0 = col + s * d
-                if fp8:
-                    parts = [(k_rows, c0, eye[0])]
-                    if k_ov is not None:
-                        parts.append((k_ov, c0, eye[1]))
-                    pe_matmul_transpose_blocks(kt, l * P * bp + s * P, parts, width, nblk,
-                                               evac_engine=nisa.scalar_engine)
-                else:
-                    pe_transpose_blocks(kt, l * P * bp + s * P, k_rows, c0, width, nblk,
-                                        evac_engine=nisa.scalar_engine)
-        k_t.append(kt)
-    return k_t
-
-
-def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
-    """Overlay rows of one load into columns ``[c0, c0 + rw)`` (rows not listed are skipped)."""
-    i_p = nl.arange(B_P_SIZE)[:, None]
-    i_f = nl.arange(rw)[None, :]
-    nisa.dma_copy(dst=k_rows[i_p, c0 + i_f], src=overlay[0, mi[i_p, col], i_f],
-                  oob_mode=nisa.oob_mode.skip)
-    nisa.dma_copy(dst=v_rows[i_p, c0 + i_f], src=overlay[1, mi[i_p, col], i_f],
-                  oob_mode=nisa.oob_mode.skip)
 
 
 def _check_sbuf(cfg, kv_cache, query_t, rows, blocks, LT):

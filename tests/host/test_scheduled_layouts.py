@@ -34,11 +34,11 @@ def _batch(q, c, *, H, Hkv, d, B, seed, dtype=np.float32):
                 cache=u(2, N, Hkv, B, d))
 
 
-def _schedule(b, LT):
+def _schedule(b, LT, LTp=None):
     T, H, d = b["query"].shape
     _, N, Hkv, B, _ = b["cache"].shape
     return make_schedule(b["q"], b["c"], b["bt"], num_heads=H, num_kv_heads=Hkv, head_size=d,
-                         block_size=B, num_blocks=N, large_tile_size=LT)
+                         block_size=B, num_blocks=N, large_tile_size=LT, partial_tile_size=LTp)
 
 
 def check_pack_round_trip(b, LT, tamper=lambda qt: qt):
@@ -67,11 +67,12 @@ def check_pack_round_trip(b, LT, tamper=lambda qt: qt):
     assert result.tobytes() == query.tobytes()                    # every (token, head) once
 
 
-def check_key_rows(b, LT, tamper=lambda ov: ov):
+def check_key_rows(b, LT, tamper=lambda ov: ov, LTp=None):
+    """Main rows then overlay rows, in the partial phase's geometry (the overlay's rows)."""
     cache, key, value, bt = b["cache"], b["key"], b["value"], b["bt"]
     _, N, Hkv, B, d = cache.shape
-    s = _schedule(b, LT)
-    bp, Tf = s.tiled_block_size, s.tiling_factor
+    s = _schedule(b, LT, LTp)
+    bp, Tf = s.partial_tiled_block_size, s.partial_tiling_factor
     assert Tf * bp == B
     ov = tamper(build_overlay(s, cache, key, value, bt))
     R_ov = len(s.overlay_seq)
@@ -100,22 +101,24 @@ def check_key_rows(b, LT, tamper=lambda ov: ov):
     assert o_i == R_ov
 
 
-CASES = [  # (q, c, H, Hkv, d, B, LT)
-    ([1, 3, 40, 150], [1000, 509, 0, 600], 4, 2, 8, 16, 512),     # decode + prefill classes
-    ([2, 5, 1, 7], [9, 0, 64, 8], 1, 1, 4, 8, 512),                # b' = 4 with partial rows
-    ([1, 1], [300, 0], 2, 2, 4, 256, 2048),                         # Tf = 16
-    ([33, 1], [5, 7], 8, 1, 3, 1, 8192),                            # b' = 1 (no overlay tails)
-    ([70], [4095], 6, 2, 130, 32, 8192),                            # d > 128, L = 256 (nL = 2)
+CASES = [  # (q, c, H, Hkv, d, B, LT, LTp)
+    ([1, 3, 40, 150], [1000, 509, 0, 600], 4, 2, 8, 16, 512, None),   # decode + prefill classes
+    ([2, 5, 1, 7], [9, 0, 64, 8], 1, 1, 4, 8, 512, None),              # b' = 4 with partial rows
+    ([1, 1], [300, 0], 2, 2, 4, 256, 2048, None),                       # Tf = 16
+    ([33, 1], [5, 7], 8, 1, 3, 1, 8192, None),                          # b' = 1 (no overlay tails)
+    ([70], [4095], 6, 2, 130, 32, 8192, None),                          # d > 128, L = 256 (nL = 2)
+    ([1, 3, 40], [1000, 509, 33], 4, 2, 8, 32, 2048, 512),             # b'_p = 4 (b' = 16)
+    ([70, 1], [4095, 9], 6, 2, 130, 32, 8192, 1024),                   # b'_p = 8 (b' = 64)
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["fp32", "bf16"])
 def test_layouts_round_trip(case, dtype):
-    q, c, H, Hkv, d, B, LT = case
+    q, c, H, Hkv, d, B, LT, LTp = case
     b = _batch(q, c, H=H, Hkv=Hkv, d=d, B=B, seed=len(q), dtype=dtype)
     check_pack_round_trip(b, LT)
-    check_key_rows(b, LT)
+    check_key_rows(b, LT, LTp=LTp)
 
 
 def test_checks_can_fail():
@@ -141,12 +144,12 @@ def test_checks_can_fail():
 @given(lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 700)), min_size=1, max_size=5),
        B=st.sampled_from([1, 2, 4, 16, 64, 256]), LT=st.sampled_from([512, 2048, 8192]),
        heads=st.sampled_from([(1, 1), (4, 2), (8, 1), (3, 3)]), d=st.sampled_from([1, 5, 129]),
-       seed=st.integers(0, 1000))
-def test_layouts_round_trip_random(lens, B, LT, heads, d, seed):
+       seed=st.integers(0, 1000), ltp=st.sampled_from([None, 512, "auto"]))
+def test_layouts_round_trip_random(lens, B, LT, heads, d, seed, ltp):
     q, c = zip(*lens)
     b = _batch(q, c, H=heads[0], Hkv=heads[1], d=d, B=B, seed=seed)
     check_pack_round_trip(b, LT)
-    check_key_rows(b, LT)
+    check_key_rows(b, LT, LTp=ltp)
 
 
 @pytest.mark.parametrize("sinks, alibi", [(False, False), (True, False), (False, True), (True, True)])
