@@ -350,7 +350,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
                 mf[:, t, kf - 1] = k * W
             item_block[t] = blist[0]
             for jj, b in enumerate(blist):
-                if first and row_init:
+                if first and row_init and not kop:
                     for h in range(Hkv):
                         v = (h * nblk + b) * rows + np.arange(rows)
                         mi[h, :, t, ini_col + jj] = _pad_rows(v, Hkv * nblk * rows)

@@ -15,7 +15,7 @@ import numpy as np
 from host.schedule import AttentionSchedule, ClassSchedule, make_schedule
 
 __all__ = ["run_scheduled", "build_overlay", "pack_queries", "unpack_output", "kernel_inputs",
-           "row_init"]
+           "row_init", "item_queries", "item_row_init"]
 
 
 def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarray,
@@ -132,14 +132,33 @@ def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase, num_kv_heads: i
                                 .reshape(num_kv_heads * d, blk.shape[0] * rows))
 
 
+def item_row_init(cls: ClassSchedule, q_init: np.ndarray, phase, num_kv_heads: int) -> np.ndarray:
+    """Keys-on-partitions classes: ``(Hkv * rows, items * 4)`` float32, row ``h*rows + p``,
+    columns ``[t*4, t*4 + 4)`` = the ``q_init`` row of query row p of item t's Q block for KV
+    head h (``-M_FLOOR, 0, 0, 0`` for padding items); otherwise a (1, 1) dummy."""
+    from nki_kernels.constants import M_FLOOR
+
+    if not cls.decode_layout:
+        return np.zeros((1, 1), np.float32)
+    rows, nblk = cls.rows, cls.num_blocks
+    q4 = q_init.reshape(num_kv_heads, nblk, rows, 4)
+    blk = phase.item_block
+    pad = np.array([-M_FLOOR, 0.0, 0.0, 0.0], np.float32)
+    sel = np.where(blk[None, :, None, None] >= 0, q4[:, np.maximum(blk, 0)], pad)
+    return np.ascontiguousarray(sel.astype(np.float32).transpose(0, 2, 1, 3)
+                                .reshape(num_kv_heads * rows, blk.shape[0] * 4))
+
+
 def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
                   kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
     """Positional kernel arguments of one class launch."""
     Hkv = kv_cache.shape[2]
     bounds = cls.partial.bounds if cls.partial.bounds is not None else np.zeros((1, 1), np.float32)
     return (query_t, item_queries(cls, query_t, cls.full, Hkv),
-            item_queries(cls, query_t, cls.partial, Hkv), bounds, q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
-            cls.full.meta_f, cls.rows, cls.blocks)
+            item_queries(cls, query_t, cls.partial, Hkv),
+            item_row_init(cls, q_init, cls.full, Hkv), item_row_init(cls, q_init, cls.partial, Hkv),
+            bounds, q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
+            cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
 
 
 def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context_lens, *, scale,

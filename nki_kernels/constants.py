@@ -69,6 +69,7 @@ def tile_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int,
 DECODE_LAYOUT_MAX_ROWS = 64
 
 
-def decode_layout(rows: int, blocks: int, alibi: bool) -> bool:
-    """Whether a scheduled-kernel class uses the decode layout (see DECODE_LAYOUT_MAX_ROWS)."""
-    return rows <= DECODE_LAYOUT_MAX_ROWS and blocks == 1 and not alibi
+def decode_layout(rows: int, blocks: int, alibi: bool = False) -> bool:
+    """Whether a scheduled-kernel class uses the decode layout (see DECODE_LAYOUT_MAX_ROWS);
+    ``alibi`` does not change it (the decode step adds the bias per (key chunk x row) column)."""
+    return rows <= DECODE_LAYOUT_MAX_ROWS and blocks == 1

@@ -72,7 +72,7 @@ def decode_constants(rows, width, kernel_dtype):
 
 
 def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, bounds,
-                kernel_dtype, consts, soft_cap=None, v_stride=None, v_overlay=None):
+                kernel_dtype, consts, soft_cap=None, v_stride=None, v_overlay=None, alibi=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
@@ -82,14 +82,18 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
         st: SBUF fp32 state tile (rows on partitions); this block's columns start at ``col0``.
         d: value head size.  k0, width: first key column and width (multiples of 128,
             width * rows / 128 <= 512: one PSUM bank of scores). rows <= 128.
-        kidx_t: ``key_index_columns`` (masked steps) or None.
+        kidx_t: ``key_index_columns`` (masked steps, ALiBi) or None.
         bounds: None (no mask) or ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring).
         kernel_dtype: matmul-input / probability dtype.  consts: :func:`decode_constants`.
         soft_cap: None or c > 0.  v_stride: columns between V chunks (default d).
         v_overlay: None or a second V tile of ``v_rows``' layout, added into every PV product.
+        alibi: None or ``(slope, off)``, two ``(128, rows)`` fp32 tiles (row q's values in column
+            q of every partition): scores get ``slope_q * t + off_q`` added (t = tile-local key
+            index from ``kidx_t``), before the soft-cap.
 
     Pseudocode:
         S^T[:, u*rows:(u+1)*rows] = K_u Q^T            (stationary K^T chunk, moving Q^T)
+        S^T += slope_q * kidx + off_q                  (ALiBi; (128, nch, rows) views)
         U = tanh(S^T / cap) if soft_cap else S^T;  mult = cap or 1
         U = where(|kidx - c_q| < r_q, U, NEG / mult)   (masked steps; (128, nch, rows) views)
         mx = max over chunks (one reduce over a (128, rows, nch) view), then over partitions
@@ -117,12 +121,18 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
                 ps[:, nl.ds(u * rows, rows)] = prod
             else:
                 ps[:, nl.ds(u * rows, rows)] += prod
-    # Step 2: soft-cap and mask on the way out of PSUM (few columns: cheap).
+    # Step 2: ALiBi bias, soft-cap and mask on the way out of PSUM (few columns: cheap).
     src = ps
-    if soft_cap is not None:
-        src = nisa.activation(np.tanh, ps, scale=1.0 / mult, dtype=nl.float32)
-    if bounds is not None:
+    kk = None
+    if alibi is not None or bounds is not None:
         kk = nl.copy(kidx_t[:, nl.ds(c0, nch)], dtype=nl.float32).reshape((P, nch, 1))
+    if alibi is not None:
+        bias = nl.add(nl.multiply(kk, alibi[0].reshape((P, 1, rows)), dtype=nl.float32),
+                      alibi[1].reshape((P, 1, rows)), dtype=nl.float32)
+        src = nl.add(ps, bias.reshape((P, ncol)), dtype=nl.float32)
+    if soft_cap is not None:
+        src = nisa.activation(np.tanh, src, scale=1.0 / mult, dtype=nl.float32)
+    if bounds is not None:
         dist = nl.abs(nl.subtract(kk, bounds[0].reshape((P, 1, rows)), dtype=nl.float32),
                       dtype=nl.float32)
         seen = nl.less(dist, bounds[1].reshape((P, 1, rows)))
@@ -143,7 +153,7 @@ def decode_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx_t, b
     # multiply a repeated identity by -m' (one fp32 matmul); 128-row blocks transpose -m' to a
     # row, split it into two bf16 parts (hi + lo, exact in the fp32 PSUM sum) and add both per
     # chunk; -m' becomes hi + lo everywhere, so the shift stays consistent with alpha.
-    fused = bounds is None and soft_cap is None
+    fused = bounds is None and soft_cap is None and alibi is None
     if fused:
         nm_bc = ps
     else:

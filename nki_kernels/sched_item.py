@@ -81,7 +81,8 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
     one-partition ``chunk_bounds`` (c_q then r_q; item ``it`` of the chunk), broadcast to every
     partition by a ones matmul. Otherwise ``sched_core.flash_step`` per block, block j's bounds in
     fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``; ``alibi_of(j)``: None or a function
-    giving block j's ``(slope, off)`` tiles; ``one_sided``: no row's visible range starts inside
+    giving block j's ``(slope, off)`` ``(rows, 1)`` tiles (in the decode layout broadcast along
+    the free axis first); ``one_sided``: no row's visible range starts inside
     a tile (no sliding window), so masks test the upper bound only; ``v_overlay``: None or a
     second V tile of ``v_rows``' layout added into every PV product (fp8 cache rows and
     16-bit overlay rows kept apart, each zero where the other has a row). P^T copies: decode blocks
@@ -98,11 +99,14 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
                                        chunk_bounds[0:1, nl.ds(it * 2 * rows, 2 * rows)])
             b_sb = nl.copy(b_ps, dtype=nl.float32)
             bounds = (b_sb[:, nl.ds(0, rows)], b_sb[:, nl.ds(rows, rows)])
+        alibi = None
+        if alibi_of is not None:       # (slope, off) of every row on every key partition
+            alibi = _rows_to_free_axis(alibi_of(j), rows, consts)
         for s0 in nl.static_range(width // step):
             decode_step([q[:, nl.ds(j * rows, rows)] for q in q_slices], k_t, v_rows, st, j * sw,
                         d, k0=s0 * step, width=step, kidx_t=kidx, bounds=bounds,
                         kernel_dtype=kernel_dtype, consts=consts, soft_cap=soft_cap,
-                        v_stride=v_stride, v_overlay=v_overlay)
+                        v_stride=v_stride, v_overlay=v_overlay, alibi=alibi)
     for j in nl.static_range(0 if keys_on_partitions else blocks):
         bounds = None
         if masked:
@@ -114,6 +118,21 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
                        kernel_dtype=kernel_dtype, soft_cap=soft_cap, p_evac=p_evac,
                        v_stride=v_stride, alibi=alibi, one_sided=one_sided,
                        v_overlay=v_overlay)
+
+
+def _rows_to_free_axis(cols, rows, consts):
+    """Decode layout: per-row ``(rows, 1)`` fp32 columns (rows on partitions) -> ``(128, rows)``
+    fp32 tiles holding row q's value in column q of every partition (PE transposes into one
+    one-partition row, then a ones matmul broadcasts it; all fp32, exact)."""
+    n = len(cols)
+    row_ps = nl.ndarray((1, n * rows), dtype=nl.float32, buffer=nl.psum)
+    for i, col in enumerate(cols):
+        row_ps[:, nl.ds(i * rows, rows)] = nisa.nc_transpose(col)
+    row = nl.copy(row_ps, dtype=nl.float32)
+    bc_ps = nl.ndarray((B_P_SIZE, n * rows), dtype=nl.float32, buffer=nl.psum)
+    bc_ps[...] = nisa.nc_matmul(consts["ones_f"], row)
+    bc = nl.copy(bc_ps, dtype=nl.float32)
+    return tuple(bc[:, nl.ds(i * rows, rows)] for i in range(n))
 
 
 def store_blocks(st, mi, col, out, state, *, rows, blocks, d, masked):

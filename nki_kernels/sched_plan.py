@@ -72,10 +72,11 @@ def max_group_blocks(*, nc_gen, block_size, large_tile, head_size, rows, cache_i
 def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
     """``(ki, kf)``: int32 and fp32 metadata columns per item of a scheduled-kernel phase
     (``host.schedule.PhaseArrays``); decode-layout classes (``constants.decode_layout``) keep
-    their bounds in a separate one-partition array, not in meta_f."""
+    their bounds in a separate one-partition array, not in meta_f, and their row init values in
+    per-item arrays preloaded per chunk (no ``ini`` columns)."""
     nd = -(-head_size // B_P_SIZE)
     kop = rows is not None and decode_layout(rows, blocks, alibi)
     ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
-          + (blocks if masked else 0) + (blocks if row_init else 0))
+          + (blocks if masked else 0) + (blocks if row_init and not kop else 0))
     kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
     return ki, kf

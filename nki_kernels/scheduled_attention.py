@@ -67,7 +67,8 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 
 
 @nki.jit
-def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
+def scheduled_paged_attention(query_t, q_full, q_part, i_full, i_part, bounds_p, q_init, kv_cache,
+                              overlay,
                               meta_pi, meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=None,
                               mixed_precision=True, LARGE_TILE_SZ=2048, PARTIAL_TILE_SZ=None,
                               logits_soft_cap=None, alibi=False, row_init=False, windowed=True):
@@ -82,13 +83,19 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
             column ``t*rows + r`` = row r of item t's block for KV head ``row // d``; preloaded
             with each chunk's metadata (one DMA per chunk instead of a gather per item).
             Otherwise any (1, 1) array (unused).
+        i_full, i_part: keys-on-partitions classes with ``row_init``: the ``q_init`` rows of
+            every item of the full / partial phase, (Hkv * rows, items * 4) float32, row
+            ``h*rows + p``, columns ``[t*4, t*4 + 4)`` for query row p of item t
+            (``host.scheduled.item_row_init``); preloaded with each chunk's metadata. Otherwise
+            any (1, 1) float32 array (unused).
         bounds_p: decode-layout classes: (1, Ip * 2 * rows) float32, item t's mask bounds
             (``c_q`` then ``r_q`` for its rows q; row q sees tile-local key t iff
             ``|t - c_q| < r_q``) on ONE partition, broadcast in-kernel (mask bytes O(rows));
             otherwise any (1, 1) float32 array (unused).
         q_init: (Hkv * nblk * rows, 4) float32, per query row: initial -m and l of the online
             softmax (-M_FLOOR, 0 normally; -sink, 1 with an attention sink), the ALiBi slope and
-            slope * query position (0 without ALiBi). Read only with ``row_init``.
+            slope * query position (0 without ALiBi). Read only with ``row_init`` (gathered
+            per group start; keys-on-partitions classes read ``i_full`` / ``i_part`` instead).
         kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
             (float8_e4m3 / float8_e5m2, converted on chip; scales are folded in by the host).
         overlay: (2, Hkv * R_ov, b'_p * d): key rows that are not whole cached-context rows (the
@@ -125,7 +132,8 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
     nblk = query_t.shape[0] // (Hkv * d)
     out = nl.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=nl.shared_hbm)
     state = nl.ndarray((max(nblk * rows, 1), d + 2), dtype=nl.float32, buffer=nl.hbm)
-    return scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
+    return scheduled_body(query_t, q_full, q_part, i_full, i_part, bounds_p, q_init, kv_cache,
+                          overlay, meta_pi,
                           meta_pf, meta_fi, meta_ff, rows, blocks, softmax_scale=softmax_scale,
                           mixed_precision=mixed_precision, LARGE_TILE_SZ=LARGE_TILE_SZ,
                           PARTIAL_TILE_SZ=PARTIAL_TILE_SZ,
@@ -133,7 +141,8 @@ def scheduled_paged_attention(query_t, q_full, q_part, bounds_p, q_init, kv_cach
                           windowed=windowed, out=out, state=state)
 
 
-def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay, meta_pi,
+def scheduled_body(query_t, q_full, q_part, i_full, i_part, bounds_p, q_init, kv_cache, overlay,
+                   meta_pi,
                    meta_pf, meta_fi, meta_ff, rows, blocks, *, softmax_scale, mixed_precision,
                    LARGE_TILE_SZ, PARTIAL_TILE_SZ, logits_soft_cap, alibi, row_init, windowed,
                    out, state):
@@ -142,6 +151,8 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     Pseudocode (per program = KV head h; full phase first, then the partial phase):
         for item t in sequential_range(items):            # chunks of metadata preloaded
             Q^T <- query_t rows q[t]; [row_init] init <- q_init rows ini[t]
+                                                          (keys on partitions: item t's
+                                                          preloaded i_full / i_part columns)
                                                           (skipped unless a group starts here)
             if reset[t]: st = init for every row          (select, NaN-safe)
             [partial] st <- state rows st[t]  (skipped unless the group starts here and had
@@ -183,7 +194,7 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     cfg["small"] = decode_layout(rows, blocks, alibi)
     # Keys on partitions (sched_decode) for decode-layout classes; query rows on partitions
     # (sched_core) for 128-row classes (per-step overheads amortize over 2048-key steps and
-    # their masks take one ScalarE pass) and for ALiBi. (Measured on the cost model: keys on
+    # their masks take one ScalarE pass). (Measured on the cost model: keys on
     # partitions for the full items of 128-row blocks was slower, per-step small ops dominate.)
     cfg["kop_full"] = cfg["small"]
     cfg["kop_part"] = cfg["small"]
@@ -198,6 +209,12 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
                                       and np.dtype(qa.dtype) == np.dtype(query_t.dtype)),
                      KERNEL, name, f"be a {want} array of the query dtype (keys on partitions)",
                      (tuple(qa.shape), np.dtype(qa.dtype).name))
+    for name, ia, n in (("i_full", i_full, cfg["items_f"]), ("i_part", i_part, cfg["items_p"])):
+        want = (kv_cache.shape[2] * rows, n * 4) if cfg["small"] and row_init else None
+        kernel_check(want is None or (tuple(ia.shape) == want
+                                      and np.dtype(ia.dtype) == np.float32),
+                     KERNEL, name, f"be a float32 {want} array (keys on partitions, row_init)",
+                     (tuple(ia.shape), np.dtype(ia.dtype).name))
     # Per phase (False: full, True: partial): its geometry, its flat cache view (rows of b'
     # tokens), the key indices its masks / ALiBi biases need, and its step width.
     for masked, geo in cfg["geo"].items():
@@ -217,9 +234,9 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
     bufs = dict(st=st, init=init, al=al, q_raw=q_raw, consts=consts, eye=eye)
     hbm = dict(query_t=query_t, q_init=q_init, overlay=overlay, out=out, state=state)
 
-    for masked, mi_all, mf_all, q_all, n_items in (
-            (False, meta_fi, meta_ff, q_full, cfg["items_f"]),
-            (True, meta_pi, meta_pf, q_part, cfg["items_p"])):
+    for masked, mi_all, mf_all, q_all, i_all, n_items in (
+            (False, meta_fi, meta_ff, q_full, i_full, cfg["items_f"]),
+            (True, meta_pi, meta_pf, q_part, i_part, cfg["items_p"])):
         if n_items == 0:
             continue
         ki, kf = meta_columns(loads=cfg["geo"][masked]["loads"], blocks=blocks, head_size=d,
@@ -243,6 +260,9 @@ def scheduled_body(query_t, q_full, q_part, bounds_p, q_init, kv_cache, overlay,
                 bufs["q_chunk"] = chunk_queries(q_all, head * d, d, ch * chunk * rows,
                                                 chunk * rows, scale=cfg["scale"],
                                                 kernel_dtype=cfg["kd"])
+            if cfg["small"] and row_init:      # the chunk's row init values (rows, chunk * 4)
+                bufs["i_chunk"] = nl.load(i_all[nl.ds(head * rows, rows),
+                                                nl.ds(ch * chunk * 4, chunk * 4)])
             for it in nl.sequential_range(chunk):
                 _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs)
     return out
@@ -264,7 +284,12 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
     ini_col = out_col + (blocks if masked else 0)
     # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
     # keep the group's values), then every row's state is reset (a select: stale NaN cannot leak).
-    if cfg["row_init"]:
+    if cfg["row_init"] and cfg["small"]:    # one block; this item's values, preloaded
+        init[:, nl.ds(d, 2)] = nl.copy(bufs["i_chunk"][:, nl.ds(it * 4, 2)], dtype=nl.float32)
+        if cfg["alibi"]:
+            al[:, nl.ds(0, 2)] = nl.copy(bufs["i_chunk"][:, nl.ds(it * 4 + 2, 2)],
+                                         dtype=nl.float32)
+    elif cfg["row_init"]:
         i_2 = nl.arange(2)[None, :]
         for j in nl.static_range(blocks):
             nisa.dma_copy(dst=init[i_r, j * sw + d + i_2],

@@ -94,7 +94,7 @@ def columns(cls, *, nL, d, masked, alibi, row_init):
     st0 = q0 + (0 if kop else blocks * nd)
     out0 = st0 + blocks
     ini0 = out0 + (blocks if masked else 0)
-    ki = ini0 + (blocks if row_init else 0)
+    ki = ini0 + (blocks if row_init and not kop else 0)     # kop: row init values preloaded
     kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)   # kop: bounds apart
     assert (ki, kf) == meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
                                     alibi=alibi, row_init=row_init, rows=cls.rows)
@@ -122,7 +122,7 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
     ov_row = np.array([j for _, j in ov_map] or [-1])
     rows, blocks, nblk = cls.rows, cls.blocks, cls.num_blocks
     kop = cls.decode_layout
-    assert kop == (rows <= 64 and blocks == 1 and not alibi)
+    assert kop == (rows <= 64 and blocks == 1)
     seq_of_row = np.full(nblk * rows, -1)
     tok_off = np.concatenate(([0], np.cumsum(q)[:-1]))
     real_rows = cls.row_token >= 0
@@ -186,8 +186,9 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
                     q_slots.append(jj)
                 if t < arr.real_items:
                     assert arr.item_block[t] == group[0]
-            # q_init ids (row_init only): (h*nblk + b)*rows + p for every row, with the group start
-            for jj in range(blocks if row_init else 0):
+            # q_init ids (row_init only, not kop): (h*nblk + b)*rows + p for every row, with the
+            # group start
+            for jj in range(blocks if row_init and not kop else 0):
                 col = mi[:, t, col0["ini"] + jj]
                 inb = col < Hkv * nblk * rows
                 if jj in q_slots:
@@ -645,8 +646,8 @@ def test_items_cover_every_visible_pair_exactly_once(lens, B, LT, heads, d, wind
 
 
 def test_coverage_check_can_fail():
-    # must-fail: the model above catches a wrong bound, a dropped output, a missing row-init
-    # load and a wrong row id (decode class, keys on partitions; partial phase, item 0)
+    # must-fail: the model above catches a wrong bound, a dropped output and a wrong row id
+    # (decode class, keys on partitions; partial phase, item 0); a missing row-init load below
     s, kw = schedule([3, 1], [40, 700], H=2, Hkv=1, d=8, B=16, LT=512, row_init=True)
     check_coverage(s, **kw)
     cls = s.classes[0]
@@ -673,15 +674,28 @@ def test_coverage_check_can_fail():
     def drop_out(mi, mf, bnd):
         mi[:, :, 0, col0["out"]] = 10 ** 6       # output ids -> out of bounds
 
-    def drop_init(mi, mf, bnd):
-        mi[:, :, 0, col0["ini"]] = 10 ** 6       # q_init ids -> out of bounds
-
     def wrong_row(mi, mf, bnd):
         mi[:, 0, 0, 0] = mi[:, 1, 0, 0]          # partition 0 gathers partition 1's row
 
-    for fn in (widen_bound, shift_bound, drop_out, drop_init, wrong_row):
+    for fn in (widen_bound, shift_bound, drop_out, wrong_row):
         with pytest.raises(AssertionError):
             check_coverage(tamper(fn), **kw)
+
+
+def test_coverage_check_catches_a_missing_row_init_load():
+    # must-fail: a query-rows class (prefill) whose group start does not load its q_init rows
+    s, kw = schedule([200], [10], H=1, Hkv=1, d=8, B=16, LT=512, row_init=True)
+    check_coverage(s, **kw)
+    cls = s.classes[0]
+    assert not cls.decode_layout
+    ki, kf, col0 = columns(cls, nL=1, d=8, masked=True, alibi=False, row_init=True)
+    arr = cls.partial
+    mi = arr.meta_i.copy().reshape(1, P, arr.items, ki)
+    mi[:, :, 0, col0["ini"]] = 10 ** 6           # q_init ids -> out of bounds
+    bad = dataclasses.replace(arr, meta_i=mi.reshape(arr.meta_i.shape))
+    with pytest.raises(AssertionError):
+        check_coverage(dataclasses.replace(s, classes=(dataclasses.replace(cls, partial=bad),)),
+                       **kw)
 
 
 def test_overlay_row_map_is_sequence_major():
