@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from host.schedule import make_schedule
-from host.scheduled import build_overlay, pack_queries, row_init, unpack_output
+from host.scheduled import (build_overlay, item_queries, item_row_init, pack_queries, row_init,
+                            unpack_output)
 from nki_kernels.constants import M_FLOOR
 
 P = 128
@@ -181,3 +182,36 @@ def test_row_init_values_by_token_and_head(sinks, alibi):
                 assert row.tolist() == np.array([m0, l0, sl, sl * pos], np.float32).tolist()
                 seen[tok, hq] += 1
     assert np.all(seen == 1)
+
+
+@pytest.mark.parametrize("LT, LTp", [(512, None), (2048, 512)])
+def test_per_item_preloads_read_back_by_item(LT, LTp):
+    # keys on partitions: column block t of item_queries / item_row_init is the Q^T block /
+    # the q_init rows of item t's Q block (zeros / -M_FLOOR, 0, 0, 0 for padding items)
+    q, c, H, Hkv = [1, 2, 1], [700, 33, 4096], 8, 2
+    b = _batch(q, c, H=H, Hkv=Hkv, d=8, B=16, seed=5)
+    s = _schedule(b, LT, LTp)
+    slope = np.linspace(0.5, 0.01, H).astype(np.float32)
+    sink = np.linspace(-1.0, 2.0, H).astype(np.float32)
+    (cls,) = s.classes
+    assert cls.decode_layout
+    rows, nblk, d = cls.rows, cls.num_blocks, 8
+    qt = pack_queries(cls, b["query"], Hkv)
+    init = row_init(cls, H, Hkv, sinks=sink, alibi_slopes=slope)
+    for phase in (cls.full, cls.partial):
+        iq = item_queries(cls, qt, phase, Hkv)
+        ii = item_row_init(cls, init, phase, Hkv)
+        assert iq.shape == (Hkv * d, phase.items * rows) and iq.dtype == qt.dtype
+        assert ii.shape == (Hkv * rows, phase.items * 4) and ii.dtype == np.float32
+        for t, blk in enumerate(phase.item_block):
+            for h in range(Hkv):
+                got_q = iq[h * d:(h + 1) * d, t * rows:(t + 1) * rows]
+                got_i = ii[h * rows:(h + 1) * rows, t * 4:(t + 1) * 4]
+                if blk < 0:
+                    assert not got_q.astype(np.float32).any()
+                    assert (got_i == np.array([-M_FLOOR, 0, 0, 0], np.float32)).all()
+                    continue
+                assert got_q.tobytes() == qt[(h * nblk + blk) * d:(h * nblk + blk + 1) * d].tobytes()
+                r0 = (h * nblk + blk) * rows
+                assert got_i.tobytes() == init[r0:r0 + rows].tobytes()
+        assert (phase.item_block[:phase.real_items] >= 0).all()
