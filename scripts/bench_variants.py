@@ -11,7 +11,8 @@ hardware: every time printed here is MODELED (docs/cost-model.md).
 Workloads (S decode sequences, 1 new token each, equal contexts):
     plain 4K / plain 32K       no option, context 4096 / 32768
     window 4K @ 32K            sliding_window=4096 at context 32768 (should cost about plain 4K)
-    fp8 e4m3fn 4K              float8_e4m3fn cache with per-head k_scale / v_scale, bf16 queries
+    fp8 e4m3fn 4K / 32K        float8_e4m3fn cache with per-head k_scale / v_scale, bf16 queries
+    fp8 e5m2 4K                the same with a float8_e5m2 cache
     soft-cap / sinks / ALiBi   one option each at context 4096 (overhead vs plain 4K)
     window+sinks+fp8 @ 32K     the three together
 Full run: H=32, Hkv=8, d=128, block 32, LARGE_TILE_SZ=2048, S=32, bf16 queries and cache
@@ -67,6 +68,8 @@ def make_workloads() -> list[Workload]:
         Workload("plain 32K", 32768, "plain 4K"),
         Workload("window 4K @ 32K", 32768, "plain 4K", ("window",)),
         Workload("fp8 e4m3fn 4K", 4096, "plain 4K", ("fp8",)),
+        Workload("fp8 e5m2 4K", 4096, "plain 4K", ("fp8", "e5m2")),
+        Workload("fp8 e4m3fn 32K", 32768, "plain 32K", ("fp8",)),
         Workload("soft-cap 4K", 4096, "plain 4K", ("softcap",)),
         Workload("sinks 4K", 4096, "plain 4K", ("sinks",)),
         Workload("ALiBi 4K", 4096, "plain 4K", ("alibi",)),
@@ -90,7 +93,8 @@ def make_inputs(w: Workload, S: int, H: int, Hkv: int, seed: int = 0):
     cache = u(2, pool, Hkv, BLOCK, D)
     opts = {}
     if "fp8" in w.options:
-        cache = (cache / SCALE).astype(ml_dtypes.float8_e4m3fn)
+        fp8 = ml_dtypes.float8_e5m2 if "e5m2" in w.options else ml_dtypes.float8_e4m3fn
+        cache = (cache / SCALE).astype(fp8)
         opts.update(k_scale=SCALE, v_scale=SCALE)
     else:
         cache = cache.astype(bf16)
@@ -125,8 +129,8 @@ def useful_bandwidth(target: str) -> float:
 
 def kv_gather_bytes(trace, row_bytes) -> int:
     """Bytes of the HBM -> SBUF indirect DMAs whose every descriptor is one KV row (a cache
-    row, or an overlay row, which for an fp8 cache is in the kernel dtype: ``row_bytes`` is the
-    set of both sizes)."""
+    row, or an overlay row, which for an fp8 cache is in the kernel dtype, of the full or the
+    partial phase's geometry: ``row_bytes`` is the set of all those sizes)."""
     sizes = set(row_bytes)
     return sum(e.bytes for e in trace.events
                if e.engine == "dma" and e.dma_kind == "indirect" and e.src_buffer == "hbm"
@@ -138,7 +142,7 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
     from nki_sim.cost import estimate
     from host.attention import paged_attention
     from host.reference import paged_attention_ref
-    from host.schedule import item_geometry
+    from host.schedule import item_geometry, make_schedule
 
     args, opts, itemsize = make_inputs(w, S, H, Hkv)
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
@@ -147,7 +151,12 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
                               kernel="scheduled", **opts)
         wall = time.perf_counter() - t0
     rep = estimate(trace, target=target)
-    _, bp, _, _ = item_geometry(BLOCK, TILE)
+    bps = {item_geometry(BLOCK, t)[1] for t in (512, 1024, 2048) if t <= TILE}
+    sizes = {b * D * n for b in bps for n in (itemsize, 2)}
+    ltp = make_schedule(args[5], args[6], args[4], num_heads=H, num_kv_heads=Hkv, head_size=D,
+                        block_size=BLOCK, num_blocks=args[3].shape[1], large_tile_size=TILE,
+                        sliding_window=opts.get("sliding_window"),
+                        partial_tile_size="auto").partial_tile_size
     useful = useful_bytes(w, S, H, Hkv, itemsize)
     useful_us = useful / useful_bandwidth(target) / 1e3
     err = None
@@ -157,7 +166,7 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
                 block_size=BLOCK, context=w.context, options=list(w.options),
                 cache_dtype=np.dtype(args[3].dtype).name,
                 modeled_us=round(rep.modeled_us, 2), hbm_bytes=rep.hbm_bytes,
-                kv_bytes=kv_gather_bytes(trace, {bp * D * itemsize, bp * D * 2}),
+                kv_bytes=kv_gather_bytes(trace, sizes), partial_tile_size=ltp,
                 dma_instructions=rep.dma_instructions,
                 per_engine_us={k: round(v, 2) for k, v in rep.per_engine_us.items()},
                 bottleneck=rep.bottleneck, useful_bytes=useful,
@@ -183,14 +192,15 @@ def bench(quick: bool) -> list[dict]:
 
 
 def table(rows) -> str:
-    head = ("| workload | target | cache | modeled us | vs plain 4K | HBM MB | KV MB | DMA instr "
+    head = ("| workload | target | cache | LTp | modeled us | vs base | HBM MB | KV MB | DMA instr "
             "| TensorE us | VectorE us | ScalarE us | GpSimd us | DMA us | efficiency | max abs err |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         e = r["per_engine_us"]
         err = "—" if r["max_abs_err"] is None else f"{r['max_abs_err']:.1e}"
         lines.append(
-            f"| {r['workload']} | {r['target']} | {r['cache_dtype']} | {r['modeled_us']:.1f} "
+            f"| {r['workload']} | {r['target']} | {r['cache_dtype']} | {r['partial_tile_size']} "
+            f"| {r['modeled_us']:.1f} "
             f"| {r['vs_baseline']:.2f}x | {r['hbm_bytes'] / 1e6:.1f} | {r['kv_bytes'] / 1e6:.1f} "
             f"| {r['dma_instructions']} | {e['tensor']:.1f} | {e['vector']:.1f} | {e['scalar']:.1f} "
             f"| {e['gpsimd']:.1f} | {e['dma']:.1f} | {r['efficiency']:.2f} | {err} |")
@@ -210,8 +220,11 @@ def findings(rows) -> str:
             f"* **{t}**: window 4K @ 32K / plain 4K = {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t):.2f}x "
             f"modeled time, {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t, 'kv_bytes'):.2f}x KV bytes; "
             f"plain 32K / plain 4K = {_ratio(rows, 'plain 32K', 'plain 4K', t):.2f}x. "
-            f"fp8 / bf16 (plain 4K) = {_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t):.2f}x modeled time, "
-            f"{_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t, 'kv_bytes'):.2f}x KV bytes. "
+            f"fp8 / bf16: e4m3fn 4K {_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t):.2f}x modeled time "
+            f"({_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t, 'kv_bytes'):.2f}x KV bytes), "
+            f"e5m2 4K {_ratio(rows, 'fp8 e5m2 4K', 'plain 4K', t):.2f}x, "
+            f"e4m3fn 32K {_ratio(rows, 'fp8 e4m3fn 32K', 'plain 32K', t):.2f}x "
+            f"({_ratio(rows, 'fp8 e4m3fn 32K', 'plain 32K', t, 'kv_bytes'):.2f}x KV bytes). "
             f"Overhead vs plain 4K: soft-cap {_ratio(rows, 'soft-cap 4K', 'plain 4K', t):.2f}x, "
             f"sinks {_ratio(rows, 'sinks 4K', 'plain 4K', t):.2f}x, "
             f"ALiBi {_ratio(rows, 'ALiBi 4K', 'plain 4K', t):.2f}x.")
@@ -246,17 +259,25 @@ on hardware.
 
 ## How to read it
 
+* *vs base* divides by the plain bf16 row of the same context (4K, or 32K for the 32K fp8 row).
+* *LTp* is the partial tile size the schedule picked (`partial_tile_size="auto"`,
+  docs/layouts.md §16.3): masked items at a sequence's end or a window's edge use tiles of LTp
+  keys. A decode whose last tile holds one key gets 512; a window's lower edge, seen whole by all
+  but a few keys, keeps whole 2048-key partial tiles.
 * *KV MB* counts the indirect gathers of cached K/V rows and of the overlay rows (a sequence's
   partly filled last context row and its new token), identified by their descriptor size (one
-  row of b' tokens x d channels in the cache dtype; overlay rows of an fp8 cache are bf16). A window prunes whole KV tiles of
-  `LARGE_TILE_SZ` keys that no query of the sequence sees; the tiles it cuts are gathered whole
-  and masked, so a window of W keys costs up to two partial tiles more than W / tile tiles.
+  row of b' tokens x d channels in the cache dtype, in either phase's geometry; overlay rows of
+  an fp8 cache are bf16). A window prunes whole KV tiles that no query of the sequence sees; key
+  rows wholly before the window are not gathered either.
 * *Efficiency* divides the time the useful bytes need at the DMA-or-HBM bound (the visible
   cached K/V once per KV head in the cache dtype, plus q, k, v and out once) by the modeled
   time. It ignores compute, so a compute-bound row cannot reach 1.
-* fp8 halves the cached bytes moved. Whether that shows in the modeled time depends on the
-  busiest engine: when DMA is not the bottleneck (see the per-engine columns), halving its bytes
-  saves little, and the fp8 -> bf16 conversion adds ScalarE work.
+* fp8 halves the cached bytes moved and adds no pass over the keys: the fp8 rows are TensorE
+  operands as they are (K^T by identity matmuls, V in the PV matmul); only a partial item's
+  bf16 overlay rows take extra TensorE work (their own transposes and PV products). Where DMA is
+  the busiest engine (trn1, long contexts) the saving shows almost in full; where the compute
+  engines are nearly as busy (trn2 at 4K) less of it does. fp8 rows of b' = 16 tokens are 2 KiB
+  descriptors (bf16: 4 KiB), a little less efficient per byte.
 * The batch shares one pool of physical cache blocks among its sequences (the kernel gathers by
   index; modeled costs do not depend on the aliasing). `--quick` uses fewer sequences and heads;
   modeled times scale with sequences x KV heads, the ratios do not.
