@@ -115,7 +115,8 @@ def pe_matmul_transpose_blocks(dst, dst_col, parts, block_w, n_blocks, *, evac_e
     Ps = parts[0][0].shape[0]
     per_bank = max(1, B_F_SIZE // Ps)
     stride = block_w if src_stride is None else src_stride
-    for g0 in nl.static_range(0, n_blocks, per_bank):
+    for g in nl.static_range(-(-n_blocks // per_bank)):
+        g0 = g * per_bank
         n = min(per_bank, n_blocks - g0)
         t_psum = nl.ndarray((block_w, n * Ps), dtype=nl.float32, buffer=nl.psum)
         for u in nl.static_range(n):
