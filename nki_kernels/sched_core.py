@@ -39,7 +39,7 @@ def key_index_tile(rows, loads, tiled_block_size):
 
 def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, bounds,
                kernel_dtype, soft_cap=None, p_evac=None, v_stride=None, alibi=None,
-               one_sided=False, v_overlay=None):
+               one_sided=False, v_overlay=None, tiled_block_size=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -61,6 +61,11 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         one_sided: every row's visible range starts at or before this tile (no sliding window):
             the mask is ``t < c + r + 1/2`` (one ScalarE pass instead of |t - c| and a compare).
         v_overlay: None or a second V tile of ``v_rows``' layout, added into every PV product.
+        tiled_block_size: b' of the tile's rows (K^T column ``l*128*b' + s*128 + p`` is key
+            ``(l*128 + p)*b' + s``). Given on NeuronCore-v3, a masked step selects and takes the
+            row max in ONE VectorE pass per 128-key block (``nisa.range_select``: in each block
+            the keys a row sees are an interval of p) instead of a distance pass, a select pass
+            and a max pass.
         alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
             ``slope * t + off`` added (t = tile-local key index from ``kidx``), before the soft-cap.
 
@@ -69,7 +74,8 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
         S = S + slope * kidx + off                                    (ALiBi only)
         U = tanh(S / cap) if soft_cap else S;  mult = cap or 1        (score = mult * U)
         U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only;
-                                                                       one-sided: kidx < c + r + 1/2)
+                                                                       one-sided: kidx < c + r + 1/2;
+                                                                       v3: range_select, fp32.min)
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
         P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused]
         l = alpha * l + rs;  o = alpha * o + P V  (P^T by PE transposes, PV accumulated in PSUM)
@@ -96,7 +102,13 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
                                dtype=nl.float32)
         src = [nl.add(src[c], bias[:, nl.ds(c * B_F_SIZE, B_F_SIZE)], dtype=nl.float32)
                for c in range(n_c)]
-    if soft_cap is not None or bounds is not None:
+    n_k = width // B_P_SIZE
+    ranged = (bounds is not None and tiled_block_size is not None
+              and nisa.get_nc_version() == nisa.nc_version.gen3)
+    mx = None
+    if ranged:
+        src, mx = _range_masked(src, bounds, kidx, k0, n_k, rows, tiled_block_size, soft_cap)
+    elif soft_cap is not None or bounds is not None:
         if bounds is not None and one_sided:
             # every row's range starts at or before the tile (no window): t < hi = c + r + 1/2,
             # i.e. relu(c + r - t) > 0 for integer t -- one ScalarE pass, a float predicate
@@ -119,10 +131,11 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
             vals.append(u)
         src = vals
     # Step 3: running max (kept negated) and the rescale factor.
-    mx = nl.ndarray((rows, n_c), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.static_range(n_c):
-        mx[:, nl.ds(c, 1)] = nisa.tensor_reduce(np.max, src[c], axis=(1,), dtype=nl.float32,
-                                                keepdims=True)
+    if mx is None:
+        mx = nl.ndarray((rows, n_c), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.static_range(n_c):
+            mx[:, nl.ds(c, 1)] = nisa.tensor_reduce(np.max, src[c], axis=(1,), dtype=nl.float32,
+                                                    keepdims=True)
     m_tile = nisa.tensor_reduce(np.max, mx, axis=(1,), dtype=nl.float32, keepdims=True)
     nm_prev = st[:, nl.ds(col0 + d, 1)]
     nm_new = nisa.tensor_scalar(m_tile, np.multiply, -mult, op1=np.minimum, operand1=nm_prev,
@@ -138,7 +151,6 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
     row_sum = nisa.tensor_reduce(np.add, rs, axis=(1,), dtype=nl.float32, keepdims=True)
     # Step 5: P^T (keys on partitions; 128-key chunk u at columns [u*rows, (u+1)*rows)), then
     # P V accumulated over the chunks in one PSUM tile.
-    n_k = width // B_P_SIZE
     probs_t = nl.ndarray((B_P_SIZE, n_k * rows), dtype=kernel_dtype, buffer=nl.sbuf)
     pe_transpose_blocks(probs_t, 0, probs, 0, B_P_SIZE, n_k, evac_engine=p_evac)
     pv = nl.ndarray((rows, d), dtype=nl.float32, buffer=nl.psum)
@@ -154,6 +166,44 @@ def flash_step(q_slices, k_slices, v_rows, st, col0, d, *, k0, width, kidx, boun
                 pv += prod
     # Step 6: state update.
     update_state(st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
+
+
+def _range_masked(src, bounds, kidx, k0, n_k, rows, bp, soft_cap):
+    """NeuronCore-v3 masked step: per 128-key block i of the step (K^T columns
+    ``[k0 + 128i, +128)``, keys ``kidx0_i + p*b'``, p < 128), row q sees p iff
+    ``lo_q <= kidx0_i + p*b' < hi_q``, i.e. ``(lo_q - kidx0_i)/b' <= p < (hi_q - kidx0_i)/b'``
+    (exact in fp32: integers and a power-of-two divisor): one ``range_select`` keeps those
+    scores (fp32.min elsewhere) and reduces the block's row max. Returns the masked scores, one
+    SBUF tile per 512-key chunk, and the (rows, n_k) block maxima."""
+    mult = float(soft_cap) if soft_cap is not None else 1.0
+    i_r = nl.arange(rows)[:, None]
+    i_b = nl.arange(n_k)[None, :]
+    kb = kidx[i_r, k0 + i_b * B_P_SIZE]                       # key index at p = 0 of block i
+    lo = nisa.tensor_scalar(bounds[0], np.subtract, bounds[1], op1=np.add, operand1=0.5,
+                            dtype=nl.float32)                # c - r + 1/2: first key seen
+    hi = nisa.tensor_scalar(bounds[0], np.add, bounds[1], op1=np.add, operand1=0.5,
+                            dtype=nl.float32)                # c + r + 1/2: first key not seen
+    b0 = nisa.tensor_scalar(kb, np.subtract, lo, reverse0=True, op1=np.multiply,
+                            operand1=1.0 / bp, dtype=nl.float32)
+    b1 = nisa.tensor_scalar(kb, np.subtract, hi, reverse0=True, op1=np.multiply,
+                            operand1=1.0 / bp, dtype=nl.float32)
+    per = B_F_SIZE // B_P_SIZE
+    mx = nl.ndarray((rows, n_k), dtype=nl.float32, buffer=nl.sbuf)
+    vals = []
+    for c in nl.static_range(len(src)):
+        u = src[c]
+        if soft_cap is not None:
+            u = nisa.activation(np.tanh, u, scale=1.0 / mult, dtype=nl.float32)
+        out = nl.ndarray((rows, B_F_SIZE), dtype=nl.float32, buffer=nl.sbuf)
+        for i4 in nl.static_range(per):
+            i = c * per + i4
+            out[:, nl.ds(i4 * B_P_SIZE, B_P_SIZE)] = nisa.range_select(
+                on_true_tile=u[:, nl.ds(i4 * B_P_SIZE, B_P_SIZE)], comp_op0=np.greater_equal,
+                comp_op1=np.less, bound0=b0[:, nl.ds(i, 1)], bound1=b1[:, nl.ds(i, 1)],
+                reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_res=mx[:, nl.ds(i, 1)],
+                reduce_op=np.amax, range_start=0, on_false_value=nl.fp32.min, dtype=nl.float32)
+        vals.append(out)
+    return vals, mx
 
 
 def update_state(st, col0, d, *, alpha, row_sum, nm_new, pv):

@@ -73,7 +73,8 @@ def load_state(st, mi, st_col, state, *, rows, blocks, d):
 
 def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step, masked, kidx,
               kernel_dtype, keys_on_partitions, consts=None, chunk_bounds=None, it=0,
-              soft_cap=None, v_stride=None, alibi_of=None, one_sided=False, v_overlay=None):
+              soft_cap=None, v_stride=None, alibi_of=None, one_sided=False, v_overlay=None,
+              tiled_block_size=None):
     """Fold the tile's ``width`` keys into every block's state, ``step`` keys per step.
 
     ``keys_on_partitions`` (decode layout): ``sched_decode.decode_step`` with ``consts``
@@ -85,12 +86,17 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
     the free axis first); ``one_sided``: no row's visible range starts inside
     a tile (no sliding window), so masks test the upper bound only; ``v_overlay``: None or a
     second V tile of ``v_rows``' layout added into every PV product (fp8 cache rows and
-    16-bit overlay rows kept apart, each zero where the other has a row). P^T copies: decode blocks
-    (few rows) are cheap anywhere; full 128-row blocks split them 2:1 between ScalarE and
-    VectorE, which also carry the exp and the row max.
+    16-bit overlay rows kept apart, each zero where the other has a row); ``tiled_block_size``:
+    the rows' b' (lets masked query-rows steps use ``range_select`` on NeuronCore-v3).
+    P^T copies: decode blocks (few rows) are cheap anywhere; 128-row blocks put them on ScalarE (NeuronCore-v2, whose
+    slower VectorE carries the row max and the mask select) or split them 3:1 between ScalarE
+    and VectorE (v3, where range_select makes the masked max one VectorE pass).
     """
     sw = d + 2
-    p_evac = (nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == B_P_SIZE else None
+    p_evac = None
+    if rows == B_P_SIZE:    # NeuronCore-v2: VectorE (the row max, the mask select) is the busier
+        p_evac = ((nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine)
+                  if nisa.get_nc_version() == nisa.nc_version.gen3 else nisa.scalar_engine)
     for j in nl.static_range(blocks if keys_on_partitions else 0):
         bounds = None
         if masked:            # decode layout: the item's bounds broadcast to every partition
@@ -117,7 +123,7 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
                        d, k0=s0 * step, width=step, kidx=kidx, bounds=bounds,
                        kernel_dtype=kernel_dtype, soft_cap=soft_cap, p_evac=p_evac,
                        v_stride=v_stride, alibi=alibi, one_sided=one_sided,
-                       v_overlay=v_overlay)
+                       v_overlay=v_overlay, tiled_block_size=tiled_block_size)
 
 
 def _rows_to_free_axis(cols, rows, consts):

@@ -326,7 +326,7 @@ def _item(cfg, masked, mi, mf, it, ki, kf, hbm, bufs):
               step=geo["step"], masked=masked, kidx=geo["kidx"], kernel_dtype=kd, keys_on_partitions=kop, consts=bufs["consts"],
               chunk_bounds=bufs.get("b_chunk"), it=it, soft_cap=cfg["soft_cap"],
               alibi_of=alibi_of if cfg["alibi"] else None, one_sided=not cfg["windowed"],
-              v_overlay=v_ov)
+              v_overlay=v_ov, tiled_block_size=geo["bp"])
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
     # phase the output.
     store_blocks(st, mi, out_col if masked else st_col, hbm["out"], hbm["state"], rows=rows,

@@ -242,3 +242,24 @@ def test_mask_dma_bytes_equal_the_bounds_and_reset_arrays(batch_factory):
     assert sum(e.bytes for e in f32) == 2 * _mask_bytes(s)
     one_partition = sum(e.bytes for e in f32 if e.partitions == 1)
     assert one_partition == 2 * dec.partial.bounds.nbytes > 0
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_masked_prefill_steps_select_and_reduce_in_one_pass_on_trn2(target, batch_factory):
+    """Query-rows masked steps: NeuronCore-v3 selects and takes the row max with one
+    range_select per 128-key block (no distance pass, no separate select); v2 keeps the
+    distance, select and max passes (range_select does not exist there)."""
+    batch = batch_factory(3, [40, 1], [300, 700], H=4, Hkv=2, d=16, block_size=16)
+    s, overlay = _prepare(batch, 2048, 512)
+    with nki_sim.use_target(target):
+        out, trace = _launch(batch, s, overlay, s.classes, 2048)
+    assert np.abs(out - paged_attention_ref(*batch.args())).max() < 3e-2
+    prefill = [c for c in s.classes if not c.decode_layout]
+    assert prefill and prefill[0].partial.real_items > 0
+    ops = [e.op for e in trace.events if e.engine == "vector"]
+    n_sel = ops.count("range_select")
+    if target == "trn2":
+        # one per 128-key block of every masked 128-row block step (partial items x 4 blocks)
+        assert n_sel == 2 * prefill[0].partial.items * prefill[0].blocks * 4
+    else:
+        assert n_sel == 0
