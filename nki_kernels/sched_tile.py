@@ -47,10 +47,8 @@ def gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
     direct = cfg["fp8_direct"]
     k_ov = v_ov = None
     if masked:
-        k_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        v_rows = nl.ndarray((P, nL * rw), dtype=cdt, buffer=nl.sbuf)
-        k_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.gpsimd_engine)
-        v_rows[...] = nisa.memset((P, nL * rw), 0.0, dtype=cdt, engine=nisa.vector_engine)
+        k_rows = _zeroed((P, nL * rw), cdt, nisa.gpsimd_engine)
+        v_rows = _zeroed((P, nL * rw), cdt, nisa.vector_engine)
         if direct:
             k_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
             v_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
@@ -76,6 +74,18 @@ def gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
             for l in nl.static_range(nL):
                 gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
     return k_rows, v_rows, k_ov, v_ov
+
+
+def _zeroed(shape, dtype, engine):
+    """A new SBUF tile of zeros. A 1-byte (fp8) tile with an even free size is zeroed as its
+    16-bit view (all-zero bits either way): half the elements for the memset to write."""
+    if np.dtype(dtype).itemsize == 1 and shape[1] % 2 == 0:
+        t = nl.ndarray((shape[0], shape[1] // 2), dtype=nl.bfloat16, buffer=nl.sbuf)
+        t[...] = nisa.memset((shape[0], shape[1] // 2), 0.0, dtype=nl.bfloat16, engine=engine)
+        return t.view(dtype)
+    t = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+    t[...] = nisa.memset(shape, 0.0, dtype=dtype, engine=engine)
+    return t
 
 
 def transpose_keys(cfg, geo, k_rows, k_ov, eye):
