@@ -29,7 +29,8 @@ from host.masks import build_attention_mask
 from host.plan import make_plan
 from host.scheduled import run_scheduled
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
-from host.validation import check_float_array, check_integer_array, check_ndim, check_shape, fail
+from host.validation import (check_float_array, check_integer_array, check_ndim, check_power_of_two,
+                             check_shape, fail)
 from host.variants import make_variants
 
 __all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS", "GQA_PACKING", "KERNELS"]
@@ -47,7 +48,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     backend: str = "auto", gqa_packing: Any = "auto",
                     kernel: str = "scheduled", sliding_window: int | None = None,
                     logits_soft_cap: float | None = None, alibi_slopes: Any = None,
-                    sinks: Any = None, k_scale: Any = None, v_scale: Any = None) -> Any:
+                    sinks: Any = None, k_scale: Any = None, v_scale: Any = None,
+                    partial_tile_size: Any = "auto") -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``.
@@ -63,6 +65,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         softmax_scale: default 1/sqrt(d).
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: context tokens per KV tile, a power of two in [512, 8192].
+        partial_tile_size: scheduled kernel: keys per tile of the masked (partial) items, a power
+            of two in [512, large_tile_size], or "auto" (the host picks one per batch,
+            docs/layouts.md §16.3). Fix it to bound the kernel shapes a serving engine compiles.
         backend: "auto" | "sim" | "neuron" (module docstring).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
             schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
@@ -141,6 +146,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
 
     plan = make_plan(query_lens, context_lens, block_size=B, large_tile_size=large_tile_size)
+    if not (isinstance(partial_tile_size, str) and partial_tile_size == "auto"):
+        check_power_of_two("partial_tile_size", partial_tile_size, lo=512, hi=large_tile_size)
+        if kernel == "dense":
+            raise NotImplementedError("paged_attention: partial_tile_size applies to the scheduled "
+                                      "kernel; leave it 'auto' with kernel='dense'")
     if plan.num_queries != T:
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_queries}")
     bt_np, _ = to_numpy(block_tables, "block_tables")
@@ -151,7 +161,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                             plan.query_lens, plan.context_lens, scale=scale,
                             mixed_precision=bool(mixed_precision), large_tile_size=large_tile_size,
                             launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend),
-                            variants=None if variants.is_default else variants)
+                            variants=None if variants.is_default else variants,
+                            partial_tile_size=partial_tile_size)
         return from_numpy_like(out, was_torch, like=query)
     G = H // Hkv
     if gqa_packing == "auto":

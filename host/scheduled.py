@@ -162,11 +162,13 @@ def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
 
 
 def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context_lens, *, scale,
-                  mixed_precision, large_tile_size, launch, variants=None) -> np.ndarray:
+                  mixed_precision, large_tile_size, launch, variants=None,
+                  partial_tile_size="auto") -> np.ndarray:
     """Validated NumPy inputs in, ``(T, H, d)`` out (query dtype). ``launch(kernel, args,
     kwargs, grid_heads)`` runs a kernel and returns its output as NumPy. ``variants``: a
     validated ``host.variants.AttentionVariants`` or None (plain attention); an fp8 cache comes
-    with its scales there, and ``kv_cache`` is then the kernel view (``host.fp8``)."""
+    with its scales there, and ``kv_cache`` is then the kernel view (``host.fp8``).
+    ``partial_tile_size``: ``make_schedule``'s (default "auto")."""
     from nki_kernels.scheduled_attention import scheduled_paged_attention
 
     T, H, d = query.shape
@@ -179,7 +181,7 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     sched = make_schedule(query_lens, context_lens, block_tables, num_heads=H, num_kv_heads=Hkv,
                           head_size=d, block_size=B, num_blocks=N,
                           large_tile_size=large_tile_size,
-                          partial_tile_size="auto",
+                          partial_tile_size=partial_tile_size,
                           sliding_window=window,
                           alibi=alibi is not None, row_init=row_inits,
                           query_itemsize=query.dtype.itemsize,

@@ -183,3 +183,40 @@ def test_random_batches_match_reference_sweep(B, LT, heads, d, lens, mixed, dtyp
                                               batch_factory, check_reference):
     _random_batch_matches(B, LT, heads, d, lens, mixed, dtype, target, seed, batch_factory,
                           check_reference)
+
+
+@pytest.mark.parametrize("ltp", [512, 1024, 2048, "auto"])
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_every_partial_tile_size_matches_reference(ltp, target, batch_factory, tol):
+    # decodes ending just past a tile edge, a spec decode, a prefill chunk on a long context and
+    # one from scratch, with a sliding window on one pass: the partial phase in every geometry
+    from host.attention import paged_attention
+    batch = batch_factory(21, [1, 1, 4, 150, 70], [2049, 4500, 1030, 2100, 0], H=4, Hkv=2,
+                          d=32, block_size=16)
+    ref = paged_attention_ref(*batch.args())
+    with nki_sim.use_target(target):
+        out = paged_attention(*batch.args(), backend="sim", large_tile_size=2048,
+                              partial_tile_size=ltp)
+    atol, _ = tol("mixed", batch.query.dtype)
+    assert np.abs(out.astype(np.float64) - ref).max() <= atol
+    win = paged_attention_ref(*batch.args(), sliding_window=600)
+    with nki_sim.use_target(target):
+        out = paged_attention(*batch.args(), backend="sim", large_tile_size=2048,
+                              partial_tile_size=ltp, sliding_window=600)
+    assert np.abs(out.astype(np.float64) - win).max() <= atol
+
+
+@pytest.mark.parametrize("bad", [256, 1000, 4096, "small", None, 512.0])
+def test_partial_tile_size_is_validated_before_any_kernel_runs(bad, batch_factory):
+    from host.attention import paged_attention
+    batch = batch_factory(1, [1], [10], H=2, Hkv=1, d=8, block_size=16)
+    with nki_sim.tracing() as trace, pytest.raises(ValueError, match="partial_tile_size"):
+        paged_attention(*batch.args(), backend="sim", large_tile_size=2048, partial_tile_size=bad)
+    assert not trace.events
+
+
+def test_partial_tile_size_is_for_the_scheduled_kernel(batch_factory):
+    from host.attention import paged_attention
+    batch = batch_factory(1, [1], [10], H=2, Hkv=1, d=8, block_size=16)
+    with pytest.raises(NotImplementedError, match="kernel='dense'"):
+        paged_attention(*batch.args(), backend="sim", kernel="dense", partial_tile_size=512)
