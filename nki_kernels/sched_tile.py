@@ -23,8 +23,8 @@ from nki_kernels.tile_ops import pe_matmul_transpose_blocks, pe_transpose_blocks
 
 def gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
     """K and V rows of the item's tile (the phase's geometry ``geo``), ``(128, nL * b' * d)``
-    each, and the overlay rows when
-    they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
+    each, and the overlay rows when they live in tiles of their own:
+    ``(k_rows, v_rows, k_ov, v_ov)``.
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
     zeroed tile (masked items: rows no DMA writes must be exact zeros) or the phase's persistent
@@ -50,10 +50,8 @@ def gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
         k_rows = _zeroed((P, nL * rw), cdt, nisa.gpsimd_engine)
         v_rows = _zeroed((P, nL * rw), cdt, nisa.vector_engine)
         if direct:
-            k_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
-            v_ov = nl.ndarray((P, nL * rw), dtype=kd, buffer=nl.sbuf)
-            k_ov[...] = nisa.memset((P, nL * rw), 0.0, dtype=kd, engine=nisa.gpsimd_engine)
-            v_ov[...] = nisa.memset((P, nL * rw), 0.0, dtype=kd, engine=nisa.vector_engine)
+            k_ov = _zeroed((P, nL * rw), kd, nisa.gpsimd_engine)
+            v_ov = _zeroed((P, nL * rw), kd, nisa.vector_engine)
     else:
         k_rows, v_rows = bufs["kv"]
     i_p = nl.arange(P)[:, None]
@@ -65,14 +63,14 @@ def gather_kv(cfg, geo, masked, mi, ci, hbm, bufs):
         nisa.dma_copy(dst=v_rows[i_p, l * rw + i_f], src=kv_flat[1, mi[i_p, ci + l], i_f],
                       oob_mode=nisa.oob_mode.skip)
         if masked and (same or direct):
-            gather_overlay(k_ov if direct else k_rows, v_ov if direct else v_rows, overlay, mi,
+            _gather_overlay(k_ov if direct else k_rows, v_ov if direct else v_rows, overlay, mi,
                             ci + nL + l, l * rw, rw)
     if not direct and np.dtype(cdt) != np.dtype(kd):
         k_rows = nisa.tensor_copy(k_rows, dtype=kd, engine=nisa.scalar_engine)
         v_rows = nisa.tensor_copy(v_rows, dtype=kd, engine=nisa.scalar_engine)
         if masked and not same:      # overlay rows in the kernel dtype (fp8 cache)
             for l in nl.static_range(nL):
-                gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
+                _gather_overlay(k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
     return k_rows, v_rows, k_ov, v_ov
 
 
@@ -119,7 +117,7 @@ def transpose_keys(cfg, geo, k_rows, k_ov, eye):
     return k_t
 
 
-def gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
+def _gather_overlay(k_rows, v_rows, overlay, mi, col, c0, rw):
     """Overlay rows of one load into columns ``[c0, c0 + rw)`` (rows not listed are skipped)."""
     i_p = nl.arange(B_P_SIZE)[:, None]
     i_f = nl.arange(rw)[None, :]
