@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.validation import check_int, check_lens, check_power_of_two, fail
-from nki_kernels.constants import decode_layout
 from host.schedule_items import (ITEM_OVERHEAD_KEYS, TileGeometry, choose_partial_tile,
                                  item_geometry, q_blocks, schedule_items)
+from host.validation import check_int, check_lens, check_power_of_two, fail
+from nki_kernels.constants import decode_layout
 from nki_kernels.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
@@ -91,7 +91,8 @@ class PhaseArrays:
                                                      every item is preloaded per chunk instead)
                            st[j]                     state row: store (full) / load (masked)
                            out[j]                    output row or OOB             (masked only)
-                           ini[j]                    q_init row or OOB       (with row_init only)
+                           ini[j]                    q_init row or OOB       (row_init, not
+                                                     with keys on partitions)
     meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
         phases of query-rows classes c[j], r[j]: query row p of block j sees tile-local key
         index t iff |t - c| < r; with ALiBi a last column k0 = first key position of the tile
@@ -178,7 +179,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                   alibi: bool = False, row_init: bool = False, query_itemsize: int = 4,
                   cache_itemsize: int = 4, kernel_itemsize: int = 2,
                   group_blocks_cap: int | None = None,
-                  partial_tile_size: int | None = None) -> AttentionSchedule:
+                  partial_tile_size: int | str | None = None) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:

@@ -83,14 +83,14 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
     partition by a ones matmul. Otherwise ``sched_core.flash_step`` per block, block j's bounds in
     fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``; ``alibi_of(j)``: None or a function
     giving block j's ``(slope, off)`` ``(rows, 1)`` tiles (in the decode layout broadcast along
-    the free axis first); ``one_sided``: no row's visible range starts inside
-    a tile (no sliding window), so masks test the upper bound only; ``v_overlay``: None or a
-    second V tile of ``v_rows``' layout added into every PV product (fp8 cache rows and
-    16-bit overlay rows kept apart, each zero where the other has a row); ``tiled_block_size``:
-    the rows' b' (lets masked query-rows steps use ``range_select`` on NeuronCore-v3).
-    P^T copies: decode blocks (few rows) are cheap anywhere; 128-row blocks put them on ScalarE (NeuronCore-v2, whose
-    slower VectorE carries the row max and the mask select) or split them 3:1 between ScalarE
-    and VectorE (v3, where range_select makes the masked max one VectorE pass).
+    the free axis first); ``one_sided``: no row's visible range starts inside a tile (no sliding
+    window), so masks test the upper bound only; ``v_overlay``: None or a second V tile of
+    ``v_rows``' layout added into every PV product (fp8 cache rows and 16-bit overlay rows kept
+    apart, each zero where the other has a row); ``tiled_block_size``: the rows' b' (lets masked
+    query-rows steps use ``range_select`` on NeuronCore-v3). P^T copies: decode blocks (few
+    rows) are cheap anywhere; 128-row blocks put them on ScalarE on NeuronCore-v2 (whose slower
+    VectorE carries the row max and the mask select) and split them 3:1 between ScalarE and
+    VectorE on v3 (where range_select makes the masked max one VectorE pass).
     """
     sw = d + 2
     p_evac = None
