@@ -35,14 +35,18 @@ BACKENDS = ("auto", "sim", "neuron")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
-def mla_schedule(plan, block_tables: np.ndarray, large_tile_size: int, max_group_blocks: int) -> AttentionSchedule:
+def mla_schedule(plan, block_tables: np.ndarray, large_tile_size: int, max_group_blocks: int,
+                 partial_tile_size="auto") -> AttentionSchedule:
     """The schedule of a validated :class:`host.MLAPlan`: one KV head, G = H, D = R + P, context
-    ``context_lens - query_lens`` (the new tokens are the last cached ones)."""
+    ``context_lens - query_lens`` (the new tokens are the last cached ones); the partial phase's
+    tile size as ``host.schedule.make_schedule`` takes it (the kernel's ``PARTIAL_TILE_SZ`` must
+    be the schedule's ``partial_tile_size``)."""
     return make_schedule(plan.query_lens, plan.context_lens - plan.query_lens, block_tables,
                          num_heads=plan.num_heads, num_kv_heads=1,
                          head_size=plan.kv_lora_rank + plan.qk_rope_head_dim,
                          block_size=plan.block_size, num_blocks=plan.num_blocks,
-                         large_tile_size=large_tile_size, group_blocks_cap=max_group_blocks)
+                         large_tile_size=large_tile_size, group_blocks_cap=max_group_blocks,
+                         partial_tile_size=partial_tile_size)
 
 
 def mla_max_group_blocks(plan, large_tile_size: int, mixed_precision: bool, itemsize: int) -> int:
@@ -169,14 +173,14 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
     bt = check_integer_array("block_tables", to_numpy(block_tables, "block_tables")[0], ndim=2)
     blocks = mla_max_group_blocks(plan, LT, bool(mixed_precision), cache.dtype.itemsize)
     sched = mla_schedule(plan, bt, LT, blocks)
-    if 2 * plan.num_blocks * sched.tiling_factor > _INT32_MAX:
+    if 2 * plan.num_blocks * max(sched.tiling_factor, sched.partial_tiling_factor) > _INT32_MAX:
         raise NotImplementedError("kv_cache: num_blocks * rows per block is beyond the int32 row-id "
                                   "range of the gathers; split the cache into smaller tensors")
     R, D = plan.kv_lora_rank, plan.kv_lora_rank + plan.qk_rope_head_dim
     overlay = build_mla_overlay(sched, cache, bt, D)
     kwargs = dict(kv_lora_rank=R, qk_rope_head_dim=plan.qk_rope_head_dim,
                   softmax_scale=plan.softmax_scale, mixed_precision=bool(mixed_precision),
-                  LARGE_TILE_SZ=LT)
+                  LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size)
     from host.attention import _run
 
     result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)

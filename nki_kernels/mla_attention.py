@@ -56,7 +56,8 @@ _FLOAT = ("float32", "bfloat16", "float16")
 @nki.jit
 def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf,
                         meta_fi, meta_ff, rows, blocks, kv_lora_rank=512, qk_rope_head_dim=64,
-                        softmax_scale=None, mixed_precision=True, LARGE_TILE_SZ=2048):
+                        softmax_scale=None, mixed_precision=True, LARGE_TILE_SZ=2048,
+                        PARTIAL_TILE_SZ=None):
     """MLA paged attention of one class of Q blocks; grid ``[1, 1]``.
 
     Args:
@@ -73,7 +74,7 @@ def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, me
             bounds on one partition (``host.schedule.PhaseArrays.bounds``), loaded per chunk and
             broadcast in-kernel. Otherwise any (1, 1) float32 array (unused).
         kv_cache: (N, B, E) latent cache, E >= R + P, query_t's dtype (read only).
-        overlay: (R_ov, b' * E): key rows that are not whole rows of the cache below
+        overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are not whole rows of the cache below
             ``context - query`` (a sequence's partly filled rows, its new tokens included), copied
             by the host from the cache, zero past the sequence end; cache dtype.
         meta_pi, meta_pf, meta_fi, meta_ff: the partial / full phase metadata of
@@ -84,7 +85,10 @@ def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, me
         softmax_scale: default 1 / sqrt(R + P).
         mixed_precision: True: bf16 matmul inputs and probabilities; False: the input dtype.
             Scores, statistics and the output accumulator are fp32 either way.
-        LARGE_TILE_SZ: keys per KV tile before block-size tiling (power of two, 512..8192).
+        LARGE_TILE_SZ: keys per full-phase KV tile before block-size tiling (power of two,
+            512..8192).
+        PARTIAL_TILE_SZ: the same for the partial phase (power of two, 512..LARGE_TILE_SZ;
+            None: LARGE_TILE_SZ); its rows (b'_p entries) and overlay rows are of this geometry.
 
     Returns:
         (nblk * rows, R) in query_t.dtype: row ``b*rows + r`` = output of query row r of Q block
@@ -100,17 +104,20 @@ def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, me
                  KERNEL, "query_t.shape", f"be (nblk*D, rows) with D = R + P = {D}",
                  tuple(query_t.shape))
     cfg = _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-                 meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LARGE_TILE_SZ)
+                 meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LARGE_TILE_SZ,
+                 PARTIAL_TILE_SZ)
     nblk = query_t.shape[0] // D
     out = nl.ndarray((nblk * rows, R), dtype=query_t.dtype, buffer=nl.shared_hbm)
     state = nl.ndarray((nblk * rows, R + 2), dtype=nl.float32, buffer=nl.hbm)
-    _body(cfg, query_t, kv_cache.reshape((cfg["main_rows"], cfg["bp"] * cfg["E"])), overlay,
+    for geo in cfg["geo"].values():      # each phase's flat view: rows of b' entries
+        geo["kv_flat"] = kv_cache.reshape((geo["main_rows"], geo["bp"] * cfg["E"]))
+    _body(cfg, query_t, overlay,
           ((False, meta_fi, meta_ff, q_full), (True, meta_pi, meta_pf, q_part)), bounds_p, out,
           state)
     return out
 
 
-def _body(cfg, query_t, kv_flat, overlay, phases, bounds_p, out, state):
+def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
     """The item loops (full phase first, masked phase last).
 
     Pseudocode, per phase, per item t (metadata chunks preloaded):
@@ -141,23 +148,28 @@ def _body(cfg, query_t, kv_flat, overlay, phases, bounds_p, out, state):
         qr = nl.ndarray((dk, blocks * rows), dtype=query_t.dtype, buffer=nl.sbuf)
         qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
         q_raw.append(qr)
-    kidx = None
+    pg = cfg["geo"][True]
+    pg["kidx"] = None
     if cfg["items"][0] > 0:        # masked items: the tile-local key index of every column
-        kidx = (key_index_columns(cfg["loads"], cfg["bp"]) if cfg["small"]
-                else key_index_tile(rows, cfg["loads"], cfg["bp"]))
-    consts = decode_constants(rows, cfg["step"], cfg["kd"]) if cfg["small"] else None
+        pg["kidx"] = (key_index_columns(pg["loads"], pg["bp"]) if cfg["small"]
+                      else key_index_tile(rows, pg["loads"], pg["bp"]))
+    cfg["geo"][False]["kidx"] = None
+    consts = (decode_constants(rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
+              if cfg["small"] else None)
     # The KV rows of an item, zeroed ONCE: a row no DMA of an item writes keeps what an earlier
     # item gathered -- whole rows of cached context or overlay rows, always finite (block tails,
     # unreferenced blocks and beyond-the-end positions are never gathered; entry padding is
     # gathered but no engine reads it) -- and is masked, so its probability is exactly 0.
-    x_rows = nl.zeros((B_P_SIZE, cfg["loads"] * cfg["rw"]), dtype=kv_flat.dtype, buffer=nl.sbuf)
-    bufs = dict(st=st, init=init, q_raw=q_raw, kidx=kidx, x_rows=x_rows, consts=consts)
+    # (both phases use the same tile, the partial phase its first nL_p * b'_p * E columns)
+    width = max(g["loads"] * g["rw"] for g in cfg["geo"].values())
+    x_rows = nl.zeros((B_P_SIZE, width), dtype=cfg["cache_dtype"], buffer=nl.sbuf)
+    bufs = dict(st=st, init=init, q_raw=q_raw, x_rows=x_rows, consts=consts)
     for masked, mi_all, mf_all, q_all in phases:
         n_items = cfg["items"][0 if masked else 1]
         if n_items == 0:
             continue
-        ki, kf = meta_columns(loads=cfg["loads"], blocks=blocks, head_size=cfg["D"], masked=masked,
-                              rows=rows)
+        ki, kf = meta_columns(loads=cfg["geo"][masked]["loads"], blocks=blocks,
+                              head_size=cfg["D"], masked=masked, rows=rows)
         chunk = mla_chunk(n_items, cfg["chunk_cap"])
         for ch in nl.sequential_range(n_items // chunk):
             mi = nl.load(mi_all[0, :, nl.ds(ch * chunk * ki, chunk * ki)])
@@ -170,17 +182,18 @@ def _body(cfg, query_t, kv_flat, overlay, phases, bounds_p, out, state):
                                                 chunk * rows, scale=cfg["scale"],
                                                 kernel_dtype=cfg["kd"])
             for it in nl.sequential_range(chunk):
-                _item(cfg, masked, mi, mf, it, ki, kf, query_t, kv_flat, overlay, out, state,
-                      bufs)
+                _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs)
 
 
-def _item(cfg, masked, mi, mf, it, ki, kf, query_t, kv_flat, overlay, out, state, bufs):
+def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
     """Item ``it`` of the chunk: reset / carry the group state, load Q and the KV rows, fold the
     tile, store."""
     ci, cf = it * ki, it * kf
     P = B_P_SIZE
     rows, blocks, R, D, E = cfg["rows"], cfg["blocks"], cfg["R"], cfg["D"], cfg["E"]
-    nd, bp, nL, rw, kd = cfg["nd"], cfg["bp"], cfg["loads"], cfg["rw"], cfg["kd"]
+    geo = cfg["geo"][masked]
+    nd, bp, nL, rw, kd = cfg["nd"], geo["bp"], geo["loads"], geo["rw"], cfg["kd"]
+    kv_flat = geo["kv_flat"]
     st, q_raw = bufs["st"], bufs["q_raw"]
     q_col = ci + (2 * nL if masked else nL)
     st_col = q_col + (0 if cfg["small"] else blocks * nd)
@@ -214,17 +227,18 @@ def _item(cfg, masked, mi, mf, it, ki, kf, query_t, kv_flat, overlay, out, state
     k_t = []
     for k in nl.static_range(nd):
         dk = min(P, D - k * P)
-        kt = nl.ndarray((dk, cfg["W"]), dtype=kd, buffer=nl.sbuf)
+        kt = nl.ndarray((dk, geo["W"]), dtype=kd, buffer=nl.sbuf)
         for l in nl.static_range(nL):
             pe_transpose_blocks(kt, l * P * bp, x, l * rw + k * P, dk, bp, src_stride=E,
                                 evac_engine=nisa.scalar_engine)
         k_t.append(kt)
     # Step 5: fold the tile into every block's state; V = x read in place at the stride E. No
     # sliding window: every row's visible keys start at position 0 (one-sided masks).
-    fold_tile(q_scaled, k_t, x, st, mf, cf, d=R, rows=rows, blocks=blocks, width=cfg["W"],
-              step=cfg["step"], masked=masked, kidx=bufs["kidx"], kernel_dtype=kd,
+    fold_tile(q_scaled, k_t, x, st, mf, cf, d=R, rows=rows, blocks=blocks, width=geo["W"],
+              step=geo["step"], masked=masked, kidx=geo["kidx"], kernel_dtype=kd,
               keys_on_partitions=cfg["small"], consts=bufs["consts"],
-              chunk_bounds=bufs.get("b_chunk"), it=it, v_stride=E, one_sided=True)
+              chunk_bounds=bufs.get("b_chunk"), it=it, v_stride=E, one_sided=True,
+              tiled_block_size=bp)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
     store_blocks(st, mi, out_col if masked else st_col, out, state, rows=rows, blocks=blocks,
                  d=R, masked=masked)
@@ -237,7 +251,7 @@ def mla_chunk(n_items, cap):
 
 
 def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-           meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LT):
+           meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LT, LTp=None):
     """Validate every input; return the static geometry."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
     ck(len(kv_cache.shape) == 3, "kv_cache.shape", "be (num_blocks, block_size, E)",
@@ -256,18 +270,23 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
        "be a power of two in [1, 256]", B)
     ck(isinstance(LT, int) and 512 <= LT <= 8192 and (LT & (LT - 1)) == 0, "LARGE_TILE_SZ",
        "be a power of two in [512, 8192]", LT)
+    if LTp is None:
+        LTp = LT
+    ck(isinstance(LTp, int) and 512 <= LTp <= LT and (LTp & (LTp - 1)) == 0, "PARTIAL_TILE_SZ",
+       f"be None or a power of two in [512, LARGE_TILE_SZ = {LT}]", LTp)
     _, T, bp, _, nL = tile_geometry(B, LT)
+    _, Tp, bpp, _, nLp = tile_geometry(B, LTp)
     ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
        tuple(query_t.shape))
-    ck(len(overlay.shape) == 2 and overlay.shape[1] == bp * E and overlay.shape[0] >= 1,
-       "overlay.shape", f"be (R_ov >= 1, b'*E) = (R_ov, {bp * E})", tuple(overlay.shape))
+    ck(len(overlay.shape) == 2 and overlay.shape[1] == bpp * E and overlay.shape[0] >= 1,
+       "overlay.shape", f"be (R_ov >= 1, b'_p*E) = (R_ov, {bpp * E})", tuple(overlay.shape))
     ck(np.dtype(overlay.dtype) == np.dtype(kv_cache.dtype), "overlay.dtype",
        f"equal kv_cache.dtype ({np.dtype(kv_cache.dtype).name})", np.dtype(overlay.dtype).name)
     small = decode_layout(rows, blocks, False)
     items = check_phase_metadata(
         KERNEL, meta_pi, meta_pf, meta_fi, meta_ff, programs=1,
-        columns=lambda masked: meta_columns(loads=nL, blocks=blocks, head_size=D, masked=masked,
-                                            rows=rows))
+        columns=lambda masked: meta_columns(loads=nLp if masked else nL, blocks=blocks,
+                                            head_size=D, masked=masked, rows=rows))
     for name, qa, n in (("q_full", q_full, items[1]), ("q_part", q_part, items[0])):
         want = (D, n * rows) if small else None
         ck(want is None or (tuple(qa.shape) == want and np.dtype(qa.dtype) == np.dtype(query_t.dtype)),
@@ -292,7 +311,11 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
                        f"{np.dtype(kd).name} compute ({need} SBUF bytes per partition, "
                        f"{SBUF_USABLE[gen]} usable on {gen})",
                        "use a smaller LARGE_TILE_SZ, fewer Q blocks per group or mixed precision")
-    W = nL * B_P_SIZE * bp
-    return dict(R=R, D=D, E=E, nd=-(-D // B_P_SIZE), bp=bp, loads=nL, rw=bp * E, W=W, kd=kd,
-                scale=scale, items=items, main_rows=N * T, rows=rows, blocks=blocks, small=small,
-                step=min(W, decode_step_keys(rows) if small else STEP_KEYS), chunk_cap=cap)
+    step = lambda W: min(W, decode_step_keys(rows) if small else STEP_KEYS)  # noqa: E731
+    geo = {False: dict(bp=bp, loads=nL, rw=bp * E, W=nL * B_P_SIZE * bp, main_rows=N * T),
+           True: dict(bp=bpp, loads=nLp, rw=bpp * E, W=nLp * B_P_SIZE * bpp, main_rows=N * Tp)}
+    for g in geo.values():
+        g["step"] = step(g["W"])
+    return dict(R=R, D=D, E=E, nd=-(-D // B_P_SIZE), kd=kd, scale=scale, items=items, rows=rows,
+                blocks=blocks, small=small, chunk_cap=cap, geo=geo,
+                cache_dtype=np.dtype(kv_cache.dtype))

@@ -80,7 +80,7 @@ def _direct_inputs(max_group_blocks, dtype=np.float32):
     q, cache, bt, ql, cl = make_mla_batch(12, [8], [40], H=128, block_size=16, entry_size=576,
                                           dtype=dtype)
     plan = check_mla_inputs(q, cache, bt, ql, cl)
-    sched = mla_schedule(plan, bt, 2048, max_group_blocks)
+    sched = mla_schedule(plan, bt, 2048, max_group_blocks, partial_tile_size=None)  # LTp = LT
     (cls,) = sched.classes
     return mla_kernel_inputs(cls, q, cache, build_mla_overlay(sched, cache, bt, 576))
 
@@ -103,6 +103,8 @@ def test_kernel_rejects_more_blocks_than_fit_its_sbuf():
     (dict(softmax_scale=float("nan")), r"softmax_scale must be a finite real number"),
     (dict(mixed_precision=1), r"mixed_precision must be a bool"),
     (dict(LARGE_TILE_SZ=3000), r"LARGE_TILE_SZ must be a power of two"),
+    (dict(PARTIAL_TILE_SZ=1000), r"PARTIAL_TILE_SZ must be None or a power of two"),
+    (dict(PARTIAL_TILE_SZ=512), r"overlay.shape must be \(R_ov >= 1, b'_p\*E\)"),
 ])
 def test_kernel_argument_checks(kw, match):
     from nki_kernels._nki import nki
