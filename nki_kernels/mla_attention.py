@@ -232,13 +232,17 @@ def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
             pe_transpose_blocks(kt, l * P * bp, x, l * rw + k * P, dk, bp, src_stride=E,
                                 evac_engine=nisa.scalar_engine)
         k_t.append(kt)
+    # P^T copies of 128-row blocks split 2:1 between ScalarE and VectorE on both targets: ScalarE
+    # also copies the K^T of D-wide entries (5 channel slices at D = 576), the busier engine here.
+    p_evac = ((nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P
+              else None)
     # Step 5: fold the tile into every block's state; V = x read in place at the stride E. No
     # sliding window: every row's visible keys start at position 0 (one-sided masks).
     fold_tile(q_scaled, k_t, x, st, mf, cf, d=R, rows=rows, blocks=blocks, width=geo["W"],
               step=geo["step"], masked=masked, kidx=geo["kidx"], kernel_dtype=kd,
               keys_on_partitions=cfg["small"], consts=bufs["consts"],
               chunk_bounds=bufs.get("b_chunk"), it=it, v_stride=E, one_sided=True,
-              tiled_block_size=bp)
+              tiled_block_size=bp, p_evac=p_evac)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
     store_blocks(st, mi, out_col if masked else st_col, out, state, rows=rows, blocks=blocks,
                  d=R, masked=masked)

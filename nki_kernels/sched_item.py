@@ -74,7 +74,7 @@ def load_state(st, mi, st_col, state, *, rows, blocks, d):
 def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step, masked, kidx,
               kernel_dtype, keys_on_partitions, consts=None, chunk_bounds=None, it=0,
               soft_cap=None, v_stride=None, alibi_of=None, one_sided=False, v_overlay=None,
-              tiled_block_size=None):
+              tiled_block_size=None, p_evac=None):
     """Fold the tile's ``width`` keys into every block's state, ``step`` keys per step.
 
     ``keys_on_partitions`` (decode layout): ``sched_decode.decode_step`` with ``consts``
@@ -90,11 +90,11 @@ def fold_tile(q_slices, k_t, v_rows, st, mf, cf, *, d, rows, blocks, width, step
     query-rows steps use ``range_select`` on NeuronCore-v3). P^T copies: decode blocks (few
     rows) are cheap anywhere; 128-row blocks put them on ScalarE on NeuronCore-v2 (whose slower
     VectorE carries the row max and the mask select) and split them 3:1 between ScalarE and
-    VectorE on v3 (where range_select makes the masked max one VectorE pass).
+    VectorE on v3 (where range_select makes the masked max one VectorE pass); ``p_evac``
+    overrides that choice (an engine or a tuple cycled over the copies).
     """
     sw = d + 2
-    p_evac = None
-    if rows == B_P_SIZE:    # NeuronCore-v2: VectorE (the row max, the mask select) is the busier
+    if p_evac is None and rows == B_P_SIZE:   # v2: VectorE (row max, mask select) is the busier
         p_evac = ((nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine)
                   if nisa.get_nc_version() == nisa.nc_version.gen3 else nisa.scalar_engine)
     for j in nl.static_range(blocks if keys_on_partitions else 0):
