@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from nki_kernels._assert import kernel_check
-from nki_kernels.constants import B_P_SIZE
+from nki_kernels.constants import B_P_SIZE, tile_geometry
 
 
 def check_phase_metadata(kernel, meta_pi, meta_pf, meta_fi, meta_ff, *, programs, columns):
@@ -51,3 +51,19 @@ def softmax_scale_value(kernel, softmax_scale, key_width):
                  and math.isfinite(float(softmax_scale)), kernel, "softmax_scale",
                  "be a finite real number or None", softmax_scale)
     return float(softmax_scale)
+
+
+def tile_geometries(kernel, block_size, large_tile, partial_tile):
+    """Check ``LARGE_TILE_SZ`` (a power of two in [512, 8192]) and ``PARTIAL_TILE_SZ`` (None =
+    the large tile, or a power of two in [512, LARGE_TILE_SZ]); return the full and the partial
+    phase's ``(T, b', nL)`` (``constants.tile_geometry``)."""
+    LT = large_tile
+    kernel_check(isinstance(LT, int) and 512 <= LT <= 8192 and (LT & (LT - 1)) == 0, kernel,
+                 "LARGE_TILE_SZ", "be a power of two in [512, 8192]", LT)
+    LTp = LT if partial_tile is None else partial_tile
+    kernel_check(isinstance(LTp, int) and 512 <= LTp <= LT and (LTp & (LTp - 1)) == 0, kernel,
+                 "PARTIAL_TILE_SZ", f"be None or a power of two in [512, LARGE_TILE_SZ = {LT}]",
+                 LTp)
+    _, T, bp, _, nL = tile_geometry(block_size, LT)
+    _, Tp, bpp, _, nLp = tile_geometry(block_size, LTp)
+    return (T, bp, nL), (Tp, bpp, nLp)

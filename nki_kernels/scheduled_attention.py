@@ -47,12 +47,12 @@ import numpy as np
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels._nki import nki, nl, nisa
-from nki_kernels.constants import B_P_SIZE, M_FLOOR, decode_layout, tile_geometry
+from nki_kernels.constants import B_P_SIZE, M_FLOOR, decode_layout
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sbuf_plan import SbufBudgetWarning
 from nki_kernels.sched_plan import (SBUF_USABLE, block_bytes, fixed_bytes, max_group_blocks,
                                     meta_columns)
-from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value
+from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value, tile_geometries
 from nki_kernels.sched_core import key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
@@ -381,14 +381,7 @@ def _check(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_f
     ck(isinstance(blocks, int) and 1 <= blocks <= 64, "blocks", "be an int in [1, 64]", blocks)
     ck(B >= 1 and (B & (B - 1)) == 0 and B <= 256, "kv_cache.shape[3] (block_size)",
        "be a power of two in [1, 256]", B)
-    ck(isinstance(LT, int) and LT >= 512 and LT <= 8192 and (LT & (LT - 1)) == 0, "LARGE_TILE_SZ",
-       "be a power of two in [512, 8192]", LT)
-    if LTp is None:
-        LTp = LT
-    ck(isinstance(LTp, int) and 512 <= LTp <= LT and (LTp & (LTp - 1)) == 0, "PARTIAL_TILE_SZ",
-       f"be None or a power of two in [512, LARGE_TILE_SZ = {LT}]", LTp)
-    _, T, bp, L, nL = tile_geometry(B, LT)
-    _, Tp, bpp, Lp, nLp = tile_geometry(B, LTp)
+    (T, bp, nL), (Tp, bpp, nLp) = tile_geometries(KERNEL, B, LT, LTp)
     ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
        tuple(query_t.shape))
     ck(len(overlay.shape) == 3 and overlay.shape[0] == 2 and overlay.shape[2] == bpp * d

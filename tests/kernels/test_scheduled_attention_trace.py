@@ -263,3 +263,20 @@ def test_masked_prefill_steps_select_and_reduce_in_one_pass_on_trn2(target, batc
         assert n_sel == 2 * prefill[0].partial.items * prefill[0].blocks * 4
     else:
         assert n_sel == 0
+
+
+@pytest.mark.parametrize("ltp, match", [(1000, r"PARTIAL_TILE_SZ must be None or a power of two"),
+                                        (4096, r"PARTIAL_TILE_SZ must be None or a power of two"),
+                                        (512, r"overlay.shape must be \(2, Hkv\*R_ov, b'_p\*d\)")])
+def test_kernel_checks_the_partial_tile_size(ltp, match, batch_factory):
+    # the schedule was built with one tile size for both phases (LTp = LT = 2048): another
+    # PARTIAL_TILE_SZ is refused (bad value, larger than LARGE_TILE_SZ, or rows of another width)
+    batch = batch_factory(2, [1, 3], [3000, 20], H=4, Hkv=2, d=16, block_size=16)
+    s, overlay = _prepare(batch, 2048)
+    T, H, d = batch.query.shape
+    cls = s.classes[0]
+    args = kernel_inputs(cls, pack_queries(cls, batch.query, 2), row_init(cls, H, 2),
+                         batch.kv_cache, overlay)
+    with pytest.raises(ValueError, match=match):
+        _nki.nki.simulate_kernel(scheduled_paged_attention[1, 2], *args, LARGE_TILE_SZ=2048,
+                                 PARTIAL_TILE_SZ=ltp)
