@@ -14,8 +14,11 @@ __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "s
 
 P = 128
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
-# partial_tile_size="auto" weighs against the keys a smaller tile saves.
-ITEM_OVERHEAD_KEYS = 2048
+# partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
+# model (MODELED): every value from 3072 to at least 6144 makes "auto" pick the fastest size on
+# each workload of scripts/bench_paged_attention.py and scripts/bench_variants.py (2048 missed
+# the 4 x 512-token mixed batch, 1024 also the sliding window).
+ITEM_OVERHEAD_KEYS = 4096
 
 
 def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
