@@ -168,10 +168,6 @@ class AttentionSchedule:
     def keys_per_tile(self) -> int:
         return self.loads * P * self.tiled_block_size
 
-    @property
-    def keys_per_partial_tile(self) -> int:
-        return self.partial_loads * P * self.partial_tiled_block_size
-
 
 def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, *, num_heads: int,
                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
