@@ -290,7 +290,8 @@ def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
                in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=dst.shape[0] if dst.shape else 1,
                free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-               nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {})
+               nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {},
+               src_buffer=src.buffer, reads=(src.alloc.id,), writes=dst.alloc.id)
 
 
 def assign(t: Tensor, key, value) -> None:
@@ -310,6 +311,8 @@ def assign(t: Tensor, key, value) -> None:
             m = None if pm is None else fit_value(pm, dst.shape)
             write(dst, vals, m, op="assign")
             value.fresh = False
+            if state.traces:
+                trace.note_write(dst.alloc.id, value.alloc.id)
             if (value.producer or ("",))[0] == "tensor" and dst.buffer != "psum":
                 # TensorE writes PSUM: the compiler adds the PSUM -> SBUF evacuation copy
                 _emit_copy(value, dst, implicit=True)
@@ -328,7 +331,7 @@ def assign(t: Tensor, key, value) -> None:
         trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype,
                    partitions=dst.shape[0] if dst.shape else 1,
                    free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-                   nbytes=dst.size * dst.itemsize)
+                   nbytes=dst.size * dst.itemsize, writes=dst.alloc.id)
         return
     raise TypeError(f"cannot assign a {type(value).__name__} to NKI tensor {t.name}; "
                     "assign a tile, a scalar, or the result of an nl/nisa op")
@@ -343,11 +346,15 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
         vals, _ = read(other, op="matmul accumulate")
         write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
         other.fresh = False
+        src = other
     else:
         res = getattr(_lang("elementwise"), fname)(t, other)
         vals, _ = read(res, res.pmask, op=fname)
         write(t, vals, op=fname)
         res.fresh = False
+        src = res
+    if state.traces:
+        trace.note_write(t.alloc.id, src.alloc.id)
     out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax, lay=t._lay)
     out.fresh = "acc"
     return out

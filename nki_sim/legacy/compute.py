@@ -232,7 +232,11 @@ def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=Non
         out_dtype = out.arr.dtype
     else:
         shape, nbytes, out_dtype = (), 0, ""
+    srcs = [o.t.alloc for o in ins if isinstance(o.t, Tensor)]
     trace.emit(engine, op, name=name,
+               src_buffer="psum" if any(a.buffer == "psum" for a in srcs) else
+               (srcs[0].buffer if srcs else ""),
+               reads=[a.id for a in srcs], writes=out.alloc.id if out is not None else None,
                in_shapes=[o.shape for o in ins],
                out_shape=shape,
                in_dtypes=[o.dtype for o in ins],

@@ -113,7 +113,8 @@ def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extr
                free_elems=free_size(onchip.shape), nbytes=count * isz,
                dma_kind="indirect" if indirect else "direct",
                src_buffer=_bufname(src), dst_buffer=_bufname(dst),
-               descriptor_bytes=tuple(desc), skipped_rows=skipped, attrs=attrs)
+               descriptor_bytes=tuple(desc), skipped_rows=skipped, attrs=attrs,
+               reads=(src.alloc.id,), writes=dst.alloc.id)
 
 
 def _contiguous(acc) -> bool:
