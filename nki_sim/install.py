@@ -52,8 +52,8 @@ def real_nki_available() -> bool:
 
 
 def _modules() -> dict:
-    from . import compiler, isa, language, nki_api, nki_typing
-    from .isa import constants
+    from .legacy import compiler, isa, language, nki_api, nki_typing
+    from .legacy.isa import constants
     root = types.ModuleType("neuronxcc", "nki_sim stand-in for the neuronxcc package")
     root.__nki_sim__ = True
     root.__path__ = []

@@ -31,7 +31,7 @@ _MODES = _SIM_MODES + _DEVICE_MODES + ("jax", "torchxla")
 
 
 def _is_mutable_annotation(ann) -> bool:
-    from .nki_typing import mutable_tensor
+    from .legacy.nki_typing import mutable_tensor
     if ann is mutable_tensor or isinstance(ann, type) and issubclass(ann, mutable_tensor):
         return True
     if getattr(ann, "_nki_mutable", False):

@@ -144,11 +144,11 @@ class Tensor:
         return view_dtype(self, dtype)
 
     def astype(self, dtype):
-        from .language import copy
+        from .legacy.language import copy
         return copy(self, dtype=dtype)
 
     def broadcast_to(self, shape):
-        from .language.elementwise import broadcast_to
+        from .legacy.language.elementwise import broadcast_to
         return broadcast_to(self, shape=tuple(shape))
 
     def expand_dims(self, axis):
@@ -162,7 +162,7 @@ class Tensor:
 
     @property
     def T(self):
-        from .language import transpose
+        from .legacy.language import transpose
         return transpose(self)
 
     # ---- operators (Vector engine element-wise ops) -------------------------------------
@@ -189,15 +189,15 @@ class Tensor:
     del _op
 
     def __neg__(self):
-        from . import language as nl
+        from .legacy import language as nl
         return nl.negative(self)
 
     def __invert__(self):
-        from . import language as nl
+        from .legacy import language as nl
         return nl.invert(self)
 
     def __abs__(self):
-        from . import language as nl
+        from .legacy import language as nl
         return nl.abs(self)
 
     def _inplace(self, other, fname):
@@ -217,7 +217,7 @@ def _lang(name):
     m = _LANG.get(name)
     if m is None:
         import importlib
-        m = _LANG[name] = importlib.import_module(f"{__package__}.language.{name}")
+        m = _LANG[name] = importlib.import_module(f"{__package__}.legacy.language.{name}")
     return m
 
 

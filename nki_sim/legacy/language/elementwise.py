@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as D
-from .. import errors as E
-from ..alu import ALU, apply_act
+from ... import dtypes as D
+from ... import errors as E
+from ...alu import ALU, apply_act
 from ..compute import operand, result_tile, require_kernel
-from ..indexing import MaskExpr, left_shape, mask_array
-from ..tensor import Tensor
+from ...indexing import MaskExpr, left_shape, mask_array
+from ...tensor import Tensor
 
 
 def _out_shape(op, xs):

@@ -12,15 +12,15 @@ import math
 
 import numpy as np
 
-from . import dtypes as D
-from . import errors as E
-from . import trace
-from .access import Access, read
-from .indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
-from .memory import Alloc
-from .state import state
-from .target import get_target
-from .tensor import Tensor
+from .. import dtypes as D
+from .. import errors as E
+from .. import trace
+from ..access import Access, read
+from ..indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
+from ..memory import Alloc
+from ..state import state
+from ..target import get_target
+from ..tensor import Tensor
 
 
 class Operand:
@@ -214,7 +214,7 @@ def _propagate(m, shape, op):
             if len(shape) >= 1 and pm.shape[0] == shape[0] and free_size(shape) == 1:
                 pmb = broadcast_left(pm.reshape(pm.shape[0], -1).all(axis=1), shape)   # per-row reduction
             else:
-                from .access import uninitialized
+                from ..access import uninitialized
                 uninitialized(x, pm, op)
                 continue
         m = pmb.copy() if m is None else (m & pmb)

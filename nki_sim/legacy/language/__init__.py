@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as _np
 
-from .. import dtypes as _D
-from .. import sdk as _sdk
-from ..errors import not_emulated as _not_emulated
-from ..indexing import arange, ds, mgrid, par_dim  # noqa: F401
-from ..loops import affine_range, sequential_range, static_range  # noqa: F401
+from ... import dtypes as _D
+from ... import sdk as _sdk
+from ...errors import not_emulated as _not_emulated
+from ...indexing import arange, ds, mgrid, par_dim  # noqa: F401
+from ...loops import affine_range, sequential_range, static_range  # noqa: F401
 from ..dma import load, load_transpose2d, store  # noqa: F401
 from .creation import (  # noqa: F401
     Buffer, device_print, empty_like, full, full_like, hbm, nc, ndarray, num_programs, ones,
@@ -67,7 +67,7 @@ class _TileSize:
             if not _sdk.has((2, 26)):
                 raise AttributeError("nl.tile_size.total_available_sbuf_size was added in Neuron SDK "
                                      f"2.26; nki_sim simulates SDK {_sdk.fmt(_sdk._config().sdk)}")
-            from ..target import get_target
+            from ...target import get_target
             return get_target().sbuf_usable_bytes_per_partition
         raise AttributeError(f"nl.tile_size has no attribute {name!r}")
 

@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 
-from .. import dtypes as D
-from .. import errors as E
-from ..alu import reduce_values
+from ... import dtypes as D
+from ... import errors as E
+from ...alu import reduce_values
 from ..compute import operand, require_kernel, result_tile
-from ..indexing import mask_array
-from ..tensor import Tensor
+from ...indexing import mask_array
+from ...tensor import Tensor
 
 
 def norm_axes(axis, ndim, api):

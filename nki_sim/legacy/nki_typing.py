@@ -20,8 +20,8 @@ class mutable_tensor(tensor):
 
 def scalar(x):
     """On-device scalar (used for runtime trip counts); not emulated beyond identity on ints."""
-    from .tensor import Tensor
+    from ..tensor import Tensor
     if isinstance(x, Tensor):
-        from .errors import not_emulated
+        from ..errors import not_emulated
         raise not_emulated("nt.scalar(<tile>) (runtime trip counts)")
     return x

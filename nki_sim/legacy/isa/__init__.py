@@ -5,8 +5,8 @@ Names of the real module that are not emulated raise ``NotImplementedError`` nam
 
 from __future__ import annotations
 
-from .. import sdk as _sdk
-from ..target import get_target as _get_target
+from ... import sdk as _sdk
+from ...target import get_target as _get_target
 from ..dma import dma_copy, dma_transpose  # noqa: F401
 from . import constants  # noqa: F401
 from .constants import dge_mode, engine, nc_version, oob_mode, reduce_cmd  # noqa: F401

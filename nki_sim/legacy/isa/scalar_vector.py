@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as D
-from .. import errors as E
-from .. import sdk
-from .. import trace
-from ..access import write
-from ..alu import ALU, act_name, alu_name, apply_act, reduce_values
+from ... import dtypes as D
+from ... import errors as E
+from ... import sdk
+from ... import trace
+from ...access import write
+from ...alu import ALU, act_name, alu_name, apply_act, reduce_values
 from ..compute import check_same_partitions, free_size, operand, require_kernel, result_tile
-from ..indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
+from ...indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
 from ..language.reduce import reduce_op
-from ..state import state
-from ..target import get_target
-from ..tensor import Tensor
+from ...state import state
+from ...target import get_target
+from ...tensor import Tensor
 from .constants import engine as _engine
 from .constants import reduce_cmd as _reduce_cmd
 
@@ -60,7 +60,7 @@ def warn_accumulator_chain(api: str):
     k = state.kernel
     if not any(f.kind == "affine" and f.n > 1 for f in k.loops):
         return
-    from ..trace import kernel_src_loc
+    from ...trace import kernel_src_loc
     loc = kernel_src_loc()
     seen = k.acc_warned
     if seen is None:

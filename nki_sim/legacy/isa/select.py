@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as D
-from .. import errors as E
-from .. import sdk
-from ..access import write
-from ..alu import ALU, alu_name
+from ... import dtypes as D
+from ... import errors as E
+from ... import sdk
+from ...access import write
+from ...alu import ALU, alu_name
 from ..compute import emit_compute, free_size, operand, require_kernel, result_tile
-from ..indexing import mask_array
-from ..target import get_target
-from ..tensor import Tensor
+from ...indexing import mask_array
+from ...target import get_target
+from ...tensor import Tensor
 from .constants import reduce_cmd as _reduce_cmd
 from .scalar_vector import _accumulators, _pvec, warn_accumulator_chain
 

@@ -13,13 +13,13 @@ import warnings
 
 import numpy as np
 
-from .. import dtypes as D
-from .. import errors as E
+from ... import dtypes as D
+from ... import errors as E
 from ..compute import operand, require_kernel, result_tile
-from ..indexing import mask_array
-from ..state import state
-from ..target import get_target
-from ..tensor import Tensor
+from ...indexing import mask_array
+from ...state import state
+from ...target import get_target
+from ...tensor import Tensor
 
 
 def _limit(op, pname, shape, dim, limit):

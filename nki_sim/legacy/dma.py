@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dtypes as D
-from . import errors as E
-from . import sdk
-from . import trace
-from .access import Access, read, write
-from .config import config
+from .. import dtypes as D
+from .. import errors as E
+from .. import sdk
+from .. import trace
+from ..access import Access, read, write
+from ..config import config
 from .compute import check_partitions, free_size, mask_for_input, require_kernel, result_tile
-from .indexing import mask_array
-from .state import state
-from .target import get_target
-from .tensor import Tensor
+from ..indexing import mask_array
+from ..state import state
+from ..target import get_target
+from ..tensor import Tensor
 
 def _oob(mode) -> str:
     if mode is None:
@@ -240,7 +240,7 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
         wmask = m
         skipped = 0
     if dst_rmw_op is not None:
-        from .alu import alu_name
+        from ..alu import alu_name
         if alu_name(dst_rmw_op, "nisa.dma_copy dst_rmw_op") != "add":
             raise NotImplementedError("nisa.dma_copy: only dst_rmw_op=np.add is supported")
         if oob == "skip":

@@ -6,18 +6,18 @@ import math
 
 import numpy as np
 
-from .. import dtypes as D
-from .. import errors as E
-from .. import trace
+from ... import dtypes as D
+from ... import errors as E
+from ... import trace
 from ..compute import check_partitions, require_kernel
-from ..config import config
-from ..indexing import ParDim
+from ...config import config
+from ...indexing import ParDim
 from ..kernel_scope import outside_kernel_level, warn_at_kernel_line
-from ..memory import HBM_BUFFERS, Alloc, new_alloc
-from ..sdk import fmt as sdk_fmt
-from ..state import state
-from ..target import get_target
-from ..tensor import Tensor
+from ...memory import HBM_BUFFERS, Alloc, new_alloc
+from ...sdk import fmt as sdk_fmt
+from ...state import state
+from ...target import get_target
+from ...tensor import Tensor
 
 
 class Buffer:
@@ -259,7 +259,7 @@ def spmd_dim(*dims):
 
 
 def device_print(prefix, x, **kwargs):
-    from ..access import read_values
+    from ...access import read_values
     if isinstance(x, Tensor):
         print(prefix, np.asarray(read_values(x, op="device_print")))
     else:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .. import errors as E
-from .. import sdk
+from ... import errors as E
+from ... import sdk
 from ..compute import require_kernel
 from ..language.tensor_engine import matmul_core, transpose_core
-from ..target import get_target
-from ..tensor import Tensor
+from ...target import get_target
+from ...tensor import Tensor
 from .constants import engine as _engine
 
 

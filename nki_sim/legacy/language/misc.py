@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as D
+from ... import dtypes as D
 from ..compute import operand, require_kernel, result_tile
-from ..indexing import mask_array
-from ..tensor import Tensor
+from ...indexing import mask_array
+from ...tensor import Tensor
 from .reduce import norm_axes
 
 
