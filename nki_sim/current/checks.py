@@ -19,6 +19,14 @@ class NkiValidationError(E.NkiSimError, AssertionError):
     """Raised when hardware constraints are violated (``nisa.NkiValidationError``)."""
 
 
+def require_kernel(api: str):
+    """NKI calls outside a kernel are errors."""
+    from ..state import state
+    if state.kernel is None:
+        raise E.NkiCompileError(f"'{api}' called outside of an NKI kernel; call it from a function "
+                                "launched by nki.jit / nki.simulate")
+
+
 def fail(msg: str):
     raise NkiValidationError(msg)
 

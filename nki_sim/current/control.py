@@ -16,8 +16,8 @@ import threading
 import warnings
 
 from .. import trace
-from ..compute import require_kernel
 from . import version
+from .checks import require_kernel
 from .scalars import NkiScalar, VirtualRegister, value_of
 
 

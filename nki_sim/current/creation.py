@@ -13,12 +13,11 @@ import math
 import numpy as np
 
 from .. import dtypes as D
-from ..compute import require_kernel
 from ..memory import Alloc
 from ..state import state
 from ..target import get_target
 from . import dtypes as T
-from .checks import fail
+from .checks import require_kernel, fail
 from .tensor import MemoryRegion, NkiTensor, contiguous_strides, sbuf
 
 PSUM_BANK_BYTES = 2048

@@ -13,12 +13,11 @@ import warnings
 import numpy as np
 
 from ..alu import ALU, act_name, alu_name
-from ..compute import require_kernel
 from ..engines import gpsimd as G, scalar as S, tensor_engine as TE, vector as V
 from ..engines.common import pe_written, written_mask
 from ..target import get_target
 from . import version
-from .checks import buffer_in, fail, partitions, same_partition_layout, tile
+from .checks import require_kernel, buffer_in, fail, partitions, same_partition_layout, tile
 from .enums import ENGINE_NAMES, engine as _engine, matmul_perf_mode, member, reduce_cmd as _rc
 from .tensor import NkiTensor
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from .. import errors as E
 from ..alu import alu_name
-from ..compute import require_kernel
 from ..engines import dma as dma_engine
 from ..target import get_target
 from . import control
-from .checks import buffer_in, fail, partitions, same_elements, tile
+from .checks import require_kernel, buffer_in, fail, partitions, same_elements, tile
 from .enums import dge_mode as _dge, engine as _engine, oob_mode as _oob, member
 
 

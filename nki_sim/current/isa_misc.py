@@ -12,10 +12,9 @@ import warnings
 import numpy as np
 
 from ..access import read_values, write
-from ..compute import require_kernel
 from ..target import get_target
 from . import version
-from .checks import fail, tile
+from .checks import require_kernel, fail, tile
 from .enums import nc_version
 from .scalars import NkiScalar, VirtualRegister, value_of
 

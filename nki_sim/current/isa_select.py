@@ -8,10 +8,9 @@ import math
 import numpy as np
 
 from ..alu import alu_name
-from ..compute import require_kernel
 from ..engines import gpsimd as G, vector as V
 from ..target import get_target
-from .checks import buffer_in, fail, partitions, same_partition_layout, tile
+from .checks import require_kernel, buffer_in, fail, partitions, same_partition_layout, tile
 from .enums import member, reduce_cmd as _rc
 from .tensor import NkiTensor
 

@@ -13,9 +13,8 @@ import math
 
 import numpy as np
 
-from ..compute import require_kernel
 from . import isa_compute as C, isa_dma as M
-from .checks import no_broadcast, tile
+from .checks import require_kernel, no_broadcast, tile
 from .creation import allocate
 from .tensor import NkiTensor, psum, sbuf
 

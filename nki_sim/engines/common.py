@@ -7,14 +7,13 @@
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import numpy as np
 
 from .. import errors as E
 from ..access import Access, read, write
-from ..compute import Operand, emit_compute
+from .events import Operand, emit_compute, free_size
 from ..state import state
 from ..tensor import Tensor
 
@@ -39,10 +38,6 @@ def pvec(o: Operand, P: int, name: str, op: str):
     if o.shape[0] not in (1, P) or free_size(o.shape) != 1:
         raise E.NkiCompileError(f"'{op}': {name} must be a scalar or a [{P}, 1] tile; got {list(o.shape)}")
     return np.asarray(o.v, np.float32).reshape(o.shape[0], 1)
-
-
-def free_size(shape) -> int:
-    return math.prod(shape[1:]) if len(shape) > 1 else 1
 
 
 def as_rows(v: np.ndarray, P: int) -> np.ndarray:

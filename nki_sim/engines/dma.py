@@ -14,8 +14,7 @@ import numpy as np
 
 from .. import trace
 from ..access import Access, read, write
-from ..compute import free_size
-from ..dma import descriptors
+from .events import descriptors, free_size
 from ..state import state
 from ..tensor import Tensor
 from .common import note_psum_write
@@ -62,10 +61,7 @@ def _fit(mask, shape):
         return None
     if mask.shape == tuple(shape):
         return mask
-    if mask.size == int(np.prod(shape)):
-        return mask.reshape(shape)
-    from ..compute import mask_for_input
-    return mask_for_input(mask, shape)
+    return mask.reshape(shape)
 
 
 def copy(dst: Tensor, src: Tensor, *, oob: str = "error", rmw: str | None = None, name: str = "",
