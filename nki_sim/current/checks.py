@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .. import errors as E
-from .tensor import NkiTensor, is_hbm
+from .tensor import TensorBase as NkiTensor, is_hbm
 
 
 class NkiValidationError(E.NkiSimError, AssertionError):

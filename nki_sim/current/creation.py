@@ -18,7 +18,8 @@ from ..state import state
 from ..target import get_target
 from . import dtypes as T
 from .checks import require_kernel, fail
-from .tensor import MemoryRegion, NkiTensor, contiguous_strides, sbuf
+from .tensor import MemoryRegion, contiguous_strides, sbuf
+from .ndarray import NkiTensor
 
 PSUM_BANK_BYTES = 2048
 

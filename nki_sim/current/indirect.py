@@ -18,7 +18,7 @@ from .. import errors as E
 from ..access import read_index_tile
 from ..tensor import Tensor
 from .scalars import NkiScalar
-from .tensor import NkiTensor
+from .tensor import TensorBase as NkiTensor
 
 
 def scalar_value(x) -> int:

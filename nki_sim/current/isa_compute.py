@@ -19,7 +19,7 @@ from ..target import get_target
 from . import version
 from .checks import require_kernel, buffer_in, fail, partitions, same_partition_layout, tile
 from .enums import ENGINE_NAMES, engine as _engine, matmul_perf_mode, member, reduce_cmd as _rc
-from .tensor import NkiTensor
+from .ndarray import NkiTensor
 
 
 def _engine_name(engine, default):

@@ -12,7 +12,7 @@ from ..engines import gpsimd as G, vector as V
 from ..target import get_target
 from .checks import require_kernel, buffer_in, fail, partitions, same_partition_layout, tile
 from .enums import member, reduce_cmd as _rc
-from .tensor import NkiTensor
+from .ndarray import NkiTensor
 
 FP32_MIN = float(np.finfo(np.float32).min)
 

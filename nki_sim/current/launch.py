@@ -27,7 +27,7 @@ from ..memory import Alloc, Live
 from ..state import KernelContext, state
 from ..target import get_target
 from . import version
-from .tensor import NkiTensor, wrap_alloc
+from .ndarray import NkiTensor, wrap_alloc
 from . import dtypes as T
 
 

@@ -18,7 +18,8 @@ from . import control, creation, enums, isa_compute, isa_dma, isa_misc, isa_sele
 from . import version
 from .checks import NkiValidationError
 from .scalars import NkiScalar, VirtualRegister
-from .tensor import NkiTensor, hbm, private_hbm, psum, sbuf, shared_hbm
+from .tensor import hbm, private_hbm, psum, sbuf, shared_hbm
+from .ndarray import NkiTensor
 
 _NOT_EMULATED = {
     "nki.isa": {"nc_stream_shuffle", "local_gather", "max8", "nc_find_index8", "nc_match_replace8",

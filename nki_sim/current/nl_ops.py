@@ -16,7 +16,8 @@ import numpy as np
 from . import isa_compute as C, isa_dma as M
 from .checks import require_kernel, no_broadcast, tile
 from .creation import allocate
-from .tensor import NkiTensor, psum, sbuf
+from .tensor import psum, sbuf
+from .ndarray import NkiTensor
 
 
 def load(src, dtype=None, name=""):

@@ -19,7 +19,6 @@ from numpy.lib.stride_tricks import as_strided
 from .. import errors as E
 from ..memory import HBM_BUFFERS
 from ..tensor import Tensor
-from . import dtypes as T
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -80,8 +79,9 @@ class Indirect:
         self.kind, self.index, self.dim, self.base_shape = kind, index, dim, tuple(base_shape)
 
 
-class NkiTensor:
-    """A tensor (view) of the current NKI API.  ``dtype`` is an NKI dtype string."""
+class TensorBase:
+    """The descriptor of a tensor (view) of the current NKI API (view methods:
+    :class:`nki_sim.current.ndarray.NkiTensor`).  ``dtype`` is an NKI dtype string."""
 
     __slots__ = ("_alloc", "shape", "strides", "offset", "_dt", "_ind", "__weakref__")
     __array_ufunc__ = None
@@ -134,85 +134,18 @@ class NkiTensor:
 
     __hash__ = object.__hash__
 
-    def _new(self, shape, strides, offset, dtype=None, ind=None):
-        return NkiTensor(self._alloc, shape, strides, offset, dtype or self._dt, ind)
+    def _new(self, shape, strides, offset, dtype=None, ind=None, alloc=None):
+        return type(self)(alloc or self._alloc, shape, strides, offset, dtype or self._dt, ind)
 
     def _static(self, what):
         if self._ind is not None:
             raise E.IndexingError(f"{what} of indirect view of tensor `{self.name}`: an indirect "
                                   "view cannot be re-indirected, sliced or reshaped (is_indirect())")
 
-    # ---- resolution -----------------------------------------------------------------
-    def core(self) -> Tensor:
-        """The checked core view of this descriptor (reads index tiles of indirect views)."""
-        from .indirect import resolve
-        return resolve(self)
-
     def _core_static(self, offset=None) -> Tensor:
         off = self.offset if offset is None else offset
         arr = strided(self._alloc.data, off, self.shape or (1,), self.strides or (1,))
         return Tensor(self._alloc, arr, lay=(off, self.strides or (1,)) if arr.size else None)
-
-    # ---- indexing -------------------------------------------------------------------
-    def __getitem__(self, key):
-        from .views import subscript
-        return subscript(self, key)
-
-    def __setitem__(self, key, value):
-        raise E.NotEmulatedError(
-            "assignment into an NKI tensor (t[...] = v) is not part of the current nki API; write "
-            "it with an instruction (nisa.tensor_copy(dst=t[...], src=v), nisa.memset, nl.store)")
-
-    def slice(self, dim, start, end, step=1):
-        from .views import slice_dim
-        return slice_dim(self, dim, start, end, step)
-
-    def select(self, dim, index):
-        from .views import select
-        return select(self, dim, index)
-
-    def vector_select(self, dim, index):
-        from .views import vector_select
-        return vector_select(self, dim, index)
-
-    def permute(self, *dims):
-        from .views import permute
-        return permute(self, dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
-
-    def broadcast(self, dim, size):
-        from .views import broadcast
-        return broadcast(self, dim, size)
-
-    def expand_dim(self, dim):
-        from .views import expand_dim
-        return expand_dim(self, dim)
-
-    def squeeze_dim(self, dim):
-        from .views import squeeze_dim
-        return squeeze_dim(self, dim)
-
-    def reshape(self, *shape):
-        from .views import reshape
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return reshape(self, shape)
-
-    def reshape_dim(self, dim, shape):
-        from .views import reshape_dim
-        return reshape_dim(self, dim, shape)
-
-    def flatten_dims(self, start, end):
-        from .views import flatten_dims
-        return flatten_dims(self, start, end)
-
-    def view(self, dtype):
-        from .views import view_dtype
-        return view_dtype(self, dtype)
-
-    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0,
-           dtype=None):
-        from .views import access_pattern
-        return access_pattern(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
 
     def get_pattern(self):
         return [[s, n] for s, n in zip(self.strides, self.shape)]
@@ -228,13 +161,6 @@ class NkiTensor:
     def is_indirect(self) -> bool:
         return self._ind is not None
 
-    def rearrange(self, *a, **k):
-        raise E.not_emulated("NkiTensor.rearrange", "compose permute / reshape instead")
-
-    @property
-    def T(self):
-        raise E.not_emulated("NkiTensor.T", "use nisa.nc_transpose / nisa.dma_transpose")
-
     # ---- no operators: the current nl ops are functions -----------------------------
     def _no_op(self, *a):
         raise TypeError("arithmetic operators on NKI tensors are not part of the current nki API; "
@@ -245,7 +171,7 @@ class NkiTensor:
     __and__ = __or__ = __xor__ = __iadd__ = __imul__ = __isub__ = _no_op
 
 
-def is_hbm(t: NkiTensor) -> bool:
+def is_hbm(t: TensorBase) -> bool:
     return t._alloc.buffer in HBM_BUFFERS
 
 
@@ -255,9 +181,3 @@ def contiguous_strides(shape) -> tuple:
         out.append(acc)
         acc *= n
     return tuple(reversed(out))
-
-
-def wrap_alloc(alloc, dtype_name: str) -> NkiTensor:
-    """The whole-allocation view of a core allocation."""
-    shape = alloc.data.shape
-    return NkiTensor(alloc, shape, contiguous_strides(shape), 0, dtype_name)

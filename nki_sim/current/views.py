@@ -1,4 +1,4 @@
-"""View methods of :class:`~nki_sim.current.tensor.NkiTensor` (all zero-cost descriptors).
+"""View methods of :class:`~nki_sim.current.ndarray.NkiTensor` (all zero-cost descriptors).
 
 Indexing rules (NKI language guide, "Tensor Indexing"): on chip an int on dim 0 keeps it at
 size 1 and an int on a free dim drops it unless the view would fall below 2-D (then the last
@@ -16,7 +16,7 @@ import numpy as np
 from .. import errors as E
 from ..memory import Alloc
 from . import dtypes as T
-from .tensor import Indirect, NkiTensor, _oob, contiguous_strides, is_hbm
+from .tensor import Indirect, TensorBase, _oob, contiguous_strides
 
 
 def _norm_key(t, key):
@@ -36,7 +36,7 @@ def _int(v, what):
     return int(v)
 
 
-def subscript(t: NkiTensor, key) -> NkiTensor:
+def subscript(t, key):
     t._static("indexing")
     key = _norm_key(t, key)
     shape, strides, off = [], [], t.offset
@@ -59,7 +59,7 @@ def subscript(t: NkiTensor, key) -> NkiTensor:
             off += a * s
             shape.append(cnt)
             strides.append(s * c)
-        elif isinstance(k, NkiTensor):
+        elif isinstance(k, TensorBase):
             if dyn is not None:
                 raise E.NotEmulatedError("more than one dynamic index in one subscript is not emulated")
             dyn = (k, s)
@@ -238,7 +238,7 @@ def view_dtype(t, dtype):
     name = T.name_of(dtype)
     old, new = T.itemsize(t.dtype), T.itemsize(name)
     if old == new:
-        return NkiTensor(alias_alloc(t._alloc, name), t.shape, t.strides, t.offset, name)
+        return t._new(t.shape, t.strides, t.offset, name, alloc=alias_alloc(t._alloc, name))
     if t.strides[-1] != 1 and t.shape[-1] != 1:
         raise ValueError(f"view of `{t.name}` as {name} needs a contiguous last dim (stride 1)")
     nbytes_last = t.shape[-1] * old
@@ -247,7 +247,7 @@ def view_dtype(t, dtype):
                          "the offsets must be whole multiples of the new element size")
     shape = t.shape[:-1] + (nbytes_last // new,)
     strides = tuple(s * old // new for s in t.strides[:-1]) + (1,)
-    return NkiTensor(alias_alloc(t._alloc, name), shape, strides, t.offset * old // new, name)
+    return t._new(shape, strides, t.offset * old // new, name, alloc=alias_alloc(t._alloc, name))
 
 
 # ---------------------------------------------------------------------------- access patterns
@@ -280,7 +280,7 @@ def access_pattern(t, pattern, offset, scalar_offset, vector_offset, indirect_di
                 "accessed contiguously, strided partitions are illegal")
     shape = [n for _, n in pairs]
     strides = [s for s, _ in pairs]
-    out = NkiTensor(alloc, shape, strides, off, name)
+    out = t._new(shape, strides, off, name, alloc=alloc)
     if vector_offset is not None and scalar_offset is not None:
         raise ValueError(".ap: vector_offset and scalar_offset are mutually exclusive")
     if vector_offset is not None:
@@ -298,7 +298,7 @@ def access_pattern(t, pattern, offset, scalar_offset, vector_offset, indirect_di
     return out
 
 
-def check_static_bounds(t: NkiTensor, offset=None):
+def check_static_bounds(t, offset=None):
     """The elements a static view addresses lie inside its allocation."""
     if t.size == 0:
         return
