@@ -15,7 +15,7 @@ import numpy as np
 from .. import dtypes as D
 from .. import errors as E
 from .. import trace
-from ..access import Access, read
+from ..access import Access, read, uninitialized
 from ..indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
 from ..memory import Alloc
 from ..state import state
@@ -191,7 +191,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
         np.copyto(full, data, casting="unsafe", where=m)
         alloc = Alloc(full, buffer, name=name, written=np.array(m, dtype=bool, copy=True, order="C"))
     alloc.temp = True
-    t = Tensor(alloc, alloc.data)
+    t = state.kernel.tensor_type(alloc, alloc.data)     # the launch's tensor type
     t.fresh = fresh
     t.producer = (engine, op)
     t.pmask = None if m is None else alloc.written
@@ -214,7 +214,6 @@ def _propagate(m, shape, op):
             if len(shape) >= 1 and pm.shape[0] == shape[0] and free_size(shape) == 1:
                 pmb = broadcast_left(pm.reshape(pm.shape[0], -1).all(axis=1), shape)   # per-row reduction
             else:
-                from ..access import uninitialized
                 uninitialized(x, pm, op)
                 continue
         m = pmb.copy() if m is None else (m & pmb)

@@ -17,6 +17,7 @@ from .. import errors as E
 from .. import sdk
 from .. import trace
 from ..access import Access, read, write
+from ..alu import alu_name
 from ..config import config
 from .compute import check_partitions, free_size, mask_for_input, require_kernel, result_tile
 from ..indexing import mask_array
@@ -241,7 +242,6 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
         wmask = m
         skipped = 0
     if dst_rmw_op is not None:
-        from ..alu import alu_name
         if alu_name(dst_rmw_op, "nisa.dma_copy dst_rmw_op") != "add":
             raise NotImplementedError("nisa.dma_copy: only dst_rmw_op=np.add is supported")
         if oob == "skip":

@@ -27,6 +27,7 @@ import sys
 import textwrap
 import warnings
 
+from ..errors import NkiFrontEndWarning
 from ..trace import in_simulator
 
 _LOOPS = (ast.For, ast.While, ast.With, ast.Try, ast.AsyncFor, ast.AsyncWith)
@@ -153,7 +154,6 @@ def outside_kernel_level(kernel_code) -> str:
         if kind == "unclear":
             unclear.append(test)
     if unclear:
-        from ..errors import NkiFrontEndWarning
         warn_at_kernel_line(
             f"shared_hbm tensor created under 'if {unclear[0]}', whose condition calls a function "
             "nki_sim cannot classify: accepted as a trace-time constant; if it depends on "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ..errors import not_emulated
+from ..tensor import Tensor
+
 
 class _Subscriptable(type):
     def __getitem__(cls, item):
@@ -20,8 +23,6 @@ class mutable_tensor(tensor):
 
 def scalar(x):
     """On-device scalar (used for runtime trip counts); not emulated beyond identity on ints."""
-    from ..tensor import Tensor
     if isinstance(x, Tensor):
-        from ..errors import not_emulated
         raise not_emulated("nt.scalar(<tile>) (runtime trip counts)")
     return x

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ... import dtypes as D
@@ -60,15 +62,13 @@ def warn_accumulator_chain(api: str):
     k = state.kernel
     if not any(f.kind == "affine" and f.n > 1 for f in k.loops):
         return
-    from ...trace import kernel_src_loc
-    loc = kernel_src_loc()
+    loc = trace.kernel_src_loc()
     seen = k.acc_warned
     if seen is None:
         seen = k.acc_warned = set()
     if loc in seen:
         return
     seen.add(loc)
-    import warnings
     warnings.warn(f"{api} with reduce_cmd=reduce at {loc[0]}:{loc[1]} continues an engine-accumulator "
                   "chain inside a multi-iteration nl.affine_range: iterations may be pipelined on "
                   "hardware, and nothing orders accumulator state between them; keep the chain in one "

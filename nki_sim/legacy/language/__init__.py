@@ -10,6 +10,8 @@ import numpy as _np
 
 from ... import dtypes as _D
 from ... import sdk as _sdk
+from ...config import config as _config
+from ...target import get_target as _get_target
 from ...errors import not_emulated as _not_emulated
 from ...indexing import arange, ds, mgrid, par_dim  # noqa: F401
 from ...loops import affine_range, sequential_range, static_range  # noqa: F401
@@ -66,9 +68,8 @@ class _TileSize:
         if name == "total_available_sbuf_size":    # usable SBUF bytes per partition (SDK 2.26)
             if not _sdk.has((2, 26)):
                 raise AttributeError("nl.tile_size.total_available_sbuf_size was added in Neuron SDK "
-                                     f"2.26; nki_sim simulates SDK {_sdk.fmt(_sdk._config().sdk)}")
-            from ...target import get_target
-            return get_target().sbuf_usable_bytes_per_partition
+                                     f"2.26; nki_sim simulates SDK {_sdk.fmt(_config.sdk)}")
+            return _get_target().sbuf_usable_bytes_per_partition
         raise AttributeError(f"nl.tile_size has no attribute {name!r}")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from ... import dtypes as D
 from ... import errors as E
 from ... import trace
+from ...access import read_values
 from ..compute import check_partitions, require_kernel
 from ...config import config
 from ...indexing import ParDim
@@ -146,15 +147,15 @@ def _allocate(shape, dtype, buffer, name, fill, api):
                     raise E.KernelSignatureError(
                         f"shared_hbm allocation #{k.shared_cursor} differs between SPMD programs: "
                         f"{a.shape} {a.dtype.name} vs {dims} {d.name}")
-                return Tensor(a, a.data)
+                return k.tensor_type(a, a.data)
             a = new_alloc(dims, d, buf, name=name, kind="output")
             k.shared_allocs.append(a)
             k.shared_cursor += 1
-            return Tensor(a, a.data)
+            return k.tensor_type(a, a.data)
         a = new_alloc(dims, d, buf, name=name)
-        return Tensor(a, a.data)
+        return k.tensor_type(a, a.data)
     a = new_alloc(dims, d, buf, name=name, par_axis=par_axis, fill=fill)
-    t = Tensor(a, a.data, pax=par_axis)
+    t = k.tensor_type(a, a.data, pax=par_axis)
     if fill is not None:
         pshape = dims[par_axis:]
         trace.emit("vector", "memset", name=name, out_shape=dims, out_dtype=d,
@@ -207,7 +208,7 @@ def shared_constant(constant, dtype=None, **kwargs):
     d = D.as_dtype(dtype or arr.dtype, "nl.shared_constant: dtype")
     a = Alloc(np.ascontiguousarray(D.cast_for_write(arr, d)), "shared_hbm", kind="input",
               written=True, mutable=False, name="shared_constant")
-    return Tensor(a, a.data)
+    return state.kernel.tensor_type(a, a.data)
 
 
 def shared_identity_matrix(n, dtype=np.uint8, **kwargs):
@@ -259,7 +260,6 @@ def spmd_dim(*dims):
 
 
 def device_print(prefix, x, **kwargs):
-    from ...access import read_values
     if isinstance(x, Tensor):
         print(prefix, np.asarray(read_values(x, op="device_print")))
     else:
