@@ -1,12 +1,14 @@
 """What the trace gives the cost model beyond shapes: the events each instruction depends on
 (attr ``deps``, allocation granularity), the memory its inputs come from (``src_buffer``) and
-whether the kernel left the engine to the compiler (``engine_unspecified``)."""
+whether the kernel left the engine to the compiler (``engine_unspecified``); and the engine the
+cost model charges (``nki_sim.cost.assigned_engine``)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import nki_sim
+from nki_sim import cost
 
 nki_sim.install()
 import neuronxcc.nki as nki  # noqa: E402
@@ -63,6 +65,18 @@ def test_src_buffer_and_engine_unspecified_are_recorded():
                      ("tensor_scalar", "sbuf", True), ("tensor_scalar", "sbuf", False),
                      ("tensor_scalar", "sbuf", True)]
     assert [e.attr("ops") for e in ev[2:]] == [("multiply", "add"), ("multiply",), ("maximum",)]
+    # the compiler's engine choices the profiles show; an explicit engine= is kept
+    assert [cost.assigned_engine(e, cost.TRN1) for e in ev] == [
+        "tensor", "scalar", "scalar", "vector", "vector"]
+
+
+def test_charged_engine_moves_the_busy_time():
+    x = np.ones((128, 128), np.float32)
+    ev = _trace(_psum_copy_and_scalars, x, x)
+    rep = cost.estimate(ev, "trn1")
+    assert rep.instructions["scalar"] == 2 and rep.instructions["vector"] == 2
+    off = cost.dataclasses.replace(cost.TRN1, compiler_copies_on_scalar=0.0)
+    assert cost.estimate(ev, off).instructions["vector"] == 4
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
