@@ -108,6 +108,10 @@ class HardwareConstants:
         "GB/s", DERIVED, "HBM per chip / physical cores: trn1 820/2 = 410, trn2 2900/8 = 362.5")
     overlap_inefficiency: float = _c(
         "x", ESTIMATE, "beta in modeled = busiest + beta * sum(others) + fill/drain latency")
+    instruction_overhead_cycles: float = _c(
+        "cycles", FIT, "per VectorE / ScalarE instruction beyond its formula; trn1 profiles:"
+        " ScalarE silu 144, adamw 115, VectorE rope 108 (mean 122); perf guide: static"
+        " instruction overhead ~100 cycles")
     compiler_copies_on_scalar: float = _c(
         "0/1", FIT, "trn1 profiles (NKIBench bmm, rope, silu, adamw): nl.copy / compiler copies"
         " and tensor_scalar(engine unspecified, multiply/add) run on ScalarE; trn2 assumed alike")
@@ -138,7 +142,7 @@ TRN1 = HardwareConstants(
     dma_inflight=4.0, hwdge_ns_per_instruction=0.0, swdge_cores=8,
     swdge_cycles_per_descriptor=18.0, dma_transpose_efficiency_hbm=0.5,
     dma_transpose_efficiency_sbuf=0.5, hbm_bw_bytes_per_ns=410.0, overlap_inefficiency=0.1,
-    compiler_copies_on_scalar=1.0)
+    instruction_overhead_cycles=120.0, compiler_copies_on_scalar=1.0)
 
 TRN2 = dataclasses.replace(
     TRN1, name="trn2", tensor_clock_ghz=2.4, vector_clock_ghz=0.96, scalar_clock_ghz=1.2,
@@ -230,8 +234,18 @@ def assigned_engine(ev: Any, hw: HardwareConstants) -> str:
 
 
 def compute_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) -> float:
-    """Engine cycles of one compute instruction from the documented formulas (N = free_elems),
-    on ``engine`` (default: :func:`assigned_engine`)."""
+    """Engine cycles of one compute instruction: the documented formula (N = free_elems) plus,
+    on VectorE / ScalarE, the static per-instruction overhead; on ``engine`` (default:
+    :func:`assigned_engine`)."""
+    engine = assigned_engine(ev, hw) if engine is None else engine
+    cycles = formula_cycles(ev, hw, engine)
+    if engine in ("vector", "scalar"):
+        cycles += hw.instruction_overhead_cycles
+    return cycles
+
+
+def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) -> float:
+    """Cycles of the documented per-instruction formula alone (no static overhead)."""
     engine = assigned_engine(ev, hw) if engine is None else engine
     op = ev.op
     n = float(max(int(getattr(ev, "free_elems", 0)), 0))
