@@ -162,7 +162,7 @@ def test_vector_scalar_gpsimd_formulas():
     assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, n_in=2), hw) == 2000
     assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, dtype="bfloat16",
                                        n_in=2), hw) == 1000
-    assert cost.formula_cycles(compute("vector", "reciprocal", 100), hw) == 800
+    assert cost.formula_cycles(compute("vector", "reciprocal", 100), hw) == 350   # fitted 3.5 N
     assert cost.formula_cycles(compute("vector", "tensor_reduce", 512), hw) == 512
     assert cost.formula_cycles(compute("vector", "tensor_reduce", 512, dtype="bfloat16"),
                                hw) == 256
