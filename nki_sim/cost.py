@@ -114,6 +114,10 @@ class HardwareConstants:
         "cycles", FIT, "per VectorE / ScalarE instruction beyond its formula; trn1 profiles:"
         " ScalarE silu 144, adamw 115, VectorE rope 108 (mean 122); perf guide: static"
         " instruction overhead ~100 cycles")
+    dependent_issue_latency_cycles: float = _c(
+        "cycles", DERIVED, "perf guide: dependent 1-element ScalarE instructions issue every 264"
+        " ScalarE cycles on NeuronCore-v2 = MIN_II 64 + static overhead 120 + 80 cycles before a"
+        " consumer on the same engine may read the result (VectorE and trn2 assumed alike)")
     compiler_copies_on_scalar: float = _c(
         "0/1", FIT, "trn1 profiles (NKIBench bmm, rope, silu, adamw): nl.copy / compiler copies"
         " and tensor_scalar(engine unspecified, multiply/add) run on ScalarE; trn2 assumed alike")
@@ -144,7 +148,8 @@ TRN1 = HardwareConstants(
     dma_inflight=4.0, hwdge_ns_per_instruction=0.0, swdge_cores=8,
     swdge_cycles_per_descriptor=18.0, dma_transpose_efficiency_hbm=0.5,
     dma_transpose_efficiency_sbuf=0.5, hbm_bw_bytes_per_ns=410.0, overlap_inefficiency=0.1,
-    instruction_overhead_cycles=120.0, compiler_copies_on_scalar=1.0)
+    instruction_overhead_cycles=120.0, dependent_issue_latency_cycles=80.0,
+    compiler_copies_on_scalar=1.0)
 
 TRN2 = dataclasses.replace(
     TRN1, name="trn2", tensor_clock_ghz=2.4, vector_clock_ghz=0.96, scalar_clock_ghz=1.2,
@@ -369,6 +374,7 @@ class CostReport:
     dma_queue_us: float = 0.0            # sum(DMA latency) / dma_inflight
     dma_hbm_cap_us: float = 0.0          # HBM bytes / HBM bandwidth per core
     exposed_latency_us: float = 0.0      # fill + drain latency added to modeled_us
+    dependency_stall_us: float = 0.0     # VectorE / ScalarE waits for a result of the same engine
     instructions: Mapping[str, int] = field(default_factory=dict)
     method: str = ("modeled_us = busiest engine + overlap_inefficiency * sum(other engines)"
                    " + latency of the first and the last DMA instruction")
@@ -396,8 +402,9 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     dma_engine_ns = np.zeros(hw.dma_engines)
     latency_sum = first_lat = last_lat = 0.0
     hbm_bytes = dma_bytes = flops = n_desc = 0
-    compute_floor_ns = 0.0
+    compute_floor_ns = stall_ns = 0.0
     rotation = 0
+    done_at: dict = {}            # seq -> (engine, time its result is written) of VectorE/ScalarE ops
     for ev in events:
         engine = getattr(ev, "engine", None)
         if engine not in ENGINES:
@@ -419,7 +426,19 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
             n_desc += cost.descriptors
             hbm_bytes += nbytes * sum(b == "hbm" for b in (ev.src_buffer, ev.dst_buffer))
             continue
-        busy_ns[engine] += compute_cycles(ev, hw, engine) / hw.clock_ghz(engine)
+        clock = hw.clock_ghz(engine)
+        start = busy_ns[engine]
+        if engine in ("vector", "scalar"):
+            # in-order engine: an instruction reading the result of one on the same engine waits
+            # until that result is written (dependent-issue latency)
+            for d in _attr(ev, "deps", ()) or ():
+                prev = done_at.get(d)
+                if prev is not None and prev[0] == engine:
+                    start = max(start, prev[1] + hw.dependent_issue_latency_cycles / clock)
+            stall_ns += start - busy_ns[engine]
+        busy_ns[engine] = start + compute_cycles(ev, hw, engine) / clock
+        if engine in ("vector", "scalar"):
+            done_at[getattr(ev, "seq", -1)] = (engine, busy_ns[engine])
         f = matmul_flops(ev)
         if f:
             flops += f
@@ -443,4 +462,5 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
         dma_instructions=counts["dma"], dma_descriptors=n_desc, dma_bytes=dma_bytes,
         dma_engine_max_us=engine_max_ns / 1e3, dma_queue_us=queue_ns / 1e3,
         dma_hbm_cap_us=hbm_cap_ns / 1e3, exposed_latency_us=exposed,
+        dependency_stall_us=stall_ns / 1e3,
         instructions=MappingProxyType(counts))

@@ -85,3 +85,28 @@ def test_untraced_runs_are_unaffected(target):
     with nki_sim.use_target(target):
         out = _chain_and_independent(x)
     np.testing.assert_allclose(out, 2 * np.exp(1.0) * np.ones((128, 4)), rtol=1e-6)
+
+
+@nki.jit
+def _scalar_chain(x, n, dependent):
+    out = nl.ndarray((128, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    acc = t
+    for _ in range(n):
+        acc = nisa.activation(op=nl.exp, data=acc if dependent else t)
+    nl.store(out, value=acc)
+    return out
+
+
+def test_dependent_issue_latency_on_the_same_engine_only():
+    """The performance guide's dependent 1-element ScalarE chain issues every 264 cycles (NC-v2);
+    the same instructions without the dependency issue at MIN_II + static overhead."""
+    x = np.zeros((128, 1), np.float32)
+    dep = cost.estimate(_trace(_scalar_chain, x, 64, True), "trn1")
+    ind = cost.estimate(_trace(_scalar_chain, x, 64, False), "trn1")
+    hw = cost.TRN1
+    per_dep = dep.per_engine_us["scalar"] * 1e3 * hw.scalar_clock_ghz / 64
+    per_ind = ind.per_engine_us["scalar"] * 1e3 * hw.scalar_clock_ghz / 64
+    assert per_dep == pytest.approx(264.0, rel=0.01) and dep.dependency_stall_us > 0   # 63 of 64 wait
+    assert per_ind == pytest.approx(hw.min_ii_cycles + hw.instruction_overhead_cycles)
+    assert ind.dependency_stall_us == 0
