@@ -232,8 +232,8 @@ def assigned_engine(ev: Any, hw: HardwareConstants) -> str:
     if engine != "vector" or not hw.compiler_copies_on_scalar:
         return engine
     op = ev.op
-    if op == "copy":
-        return "scalar"
+    if op == "copy" and not _attr(ev, "staging_for"):      # (the inferred affine_select staging
+        return "scalar"                                   # copy stays on VectorE, README rule 3)
     if op == "tensor_scalar" and _attr(ev, "engine_unspecified") and \
             tuple(_attr(ev, "ops") or ()) in _SCALAR_AFFINE:
         return "scalar"
