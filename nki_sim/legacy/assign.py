@@ -135,9 +135,14 @@ def assign(t: Tensor, key, value) -> None:
                     "assign a tile, a scalar, or the result of an nl/nisa op")
 
 
+_ASSOCIATIVE = ("add", "multiply")
+
+
 def inplace_update(t: Tensor, other, fname: str) -> Tensor:
-    """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32 (exempt from
-    the affine_range dependency check); everything else is ``t[...] = t <op> other``."""
+    """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32; everything else is
+    ``t[...] = t <op> other``. ``+=`` and ``*=`` are associative reductions, which the
+    ``affine_range`` documentation does not count as loop-carried dependencies: their write is
+    exempt from the dependency check (``-=``, ``/=`` and ``t[...] = t + x`` stay checked)."""
     if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
             and t.buffer == "psum"):
         _check_psum_acc_dtype(other, t, "matmul accumulate")
@@ -148,7 +153,7 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
     else:
         res = getattr(elementwise, fname)(t, other)
         vals, _ = read(res, res.pmask, op=fname)
-        write(t, vals, op=fname)
+        write(t, vals, op=fname, exempt=fname in _ASSOCIATIVE)
         res.fresh = False
         src = res
     if state.traces:
