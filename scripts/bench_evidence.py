@@ -76,7 +76,9 @@ def _resolve(case: dict, mirror):
         mod = builders.load_module(path, "evidence_" + hashlib.sha1(str(path).encode()).hexdigest()[:8])
         fn = getattr(mod, k["function"])
         run = builder(spec, lambda p: sources.fetch(k["repo"], k["commit"], p, mirror=mirror))
-    key = hashlib.sha1(text + json.dumps([TRACE_FORMAT, spec, case["target"], case.get("sim_config", {})],
+    # the dependency checker changes no event: a trace saved with it off is the same trace
+    sim_key = {k: v for k, v in case.get("sim_config", {}).items() if k != "check_dependencies"}
+    key = hashlib.sha1(text + json.dumps([TRACE_FORMAT, spec, case["target"], sim_key],
                                          sort_keys=True).encode()).hexdigest()[:16]
     return fn, run, key
 
@@ -134,7 +136,8 @@ def run_cases(cases: list[dict], mirror=None, resimulate=False, log=print,
     for case in cases:
         row = {"id": case["id"], "kernel": _kernel_label(case), "shapes": case["shapes"],
                "dtype": case["dtype"], "target": case["target"], "source": case["source"],
-               "citation": case["citation"], "measured_us": float(case["measured_us"])}
+               "citation": case["citation"], "measured_us": float(case["measured_us"]),
+               "fits": case.get("fits", [])}
         try:
             rec = simulate(case, mirror, resimulate, saved_only)
         except (sources.SourceUnavailable, NotSimulated) as e:
