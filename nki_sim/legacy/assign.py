@@ -135,14 +135,15 @@ def assign(t: Tensor, key, value) -> None:
                     "assign a tile, a scalar, or the result of an nl/nisa op")
 
 
-_ASSOCIATIVE = ("add", "multiply")
+_REDUCTIONS = ("add", "subtract", "multiply", "divide")     # +=, -=, *=, /=
 
 
 def inplace_update(t: Tensor, other, fname: str) -> Tensor:
     """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32; everything else is
-    ``t[...] = t <op> other``. ``+=`` and ``*=`` are associative reductions, which the
-    ``affine_range`` documentation does not count as loop-carried dependencies: their write is
-    exempt from the dependency check (``-=``, ``/=`` and ``t[...] = t + x`` stay checked)."""
+    ``t[...] = t <op> other``. In-place operators are reductions, which the ``affine_range``
+    documentation does not count as loop-carried dependencies (and NKI 2.23 made ``+=, -=, /=,
+    *=`` "work consistently across loop types, PSUM, and SBUF"): their write is exempt from the
+    dependency check; the explicit ``t[...] = nl.add(t, x)`` stays checked."""
     if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
             and t.buffer == "psum"):
         _check_psum_acc_dtype(other, t, "matmul accumulate")
@@ -153,7 +154,7 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
     else:
         res = getattr(elementwise, fname)(t, other)
         vals, _ = read(res, res.pmask, op=fname)
-        write(t, vals, op=fname, exempt=fname in _ASSOCIATIVE)
+        write(t, vals, op=fname, exempt=fname in _REDUCTIONS)
         res.fresh = False
         src = res
     if state.traces:
