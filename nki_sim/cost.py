@@ -375,6 +375,7 @@ class CostReport:
     dma_hbm_cap_us: float = 0.0          # HBM bytes / HBM bandwidth per core
     exposed_latency_us: float = 0.0      # fill + drain latency added to modeled_us
     dependency_stall_us: float = 0.0     # VectorE / ScalarE waits for a result of the same engine
+    stall_by_engine_us: Mapping[str, float] = field(default_factory=dict)   # the same, per engine
     instructions: Mapping[str, int] = field(default_factory=dict)
     method: str = ("modeled_us = busiest engine + overlap_inefficiency * sum(other engines)"
                    " + latency of the first and the last DMA instruction")
@@ -389,6 +390,7 @@ class CostReport:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["per_engine_us"] = dict(self.per_engine_us)
         d["instructions"] = dict(self.instructions)
+        d["stall_by_engine_us"] = dict(self.stall_by_engine_us)
         d["bottleneck"] = self.bottleneck
         return d
 
@@ -403,6 +405,7 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     latency_sum = first_lat = last_lat = 0.0
     hbm_bytes = dma_bytes = flops = n_desc = 0
     compute_floor_ns = stall_ns = 0.0
+    stall_by_engine = {"vector": 0.0, "scalar": 0.0}
     rotation = 0
     done_at: dict = {}            # seq -> (engine, time its result is written) of VectorE/ScalarE ops
     for ev in events:
@@ -436,6 +439,7 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
                 if prev is not None and prev[0] == engine:
                     start = max(start, prev[1] + hw.dependent_issue_latency_cycles / clock)
             stall_ns += start - busy_ns[engine]
+            stall_by_engine[engine] += start - busy_ns[engine]
         busy_ns[engine] = start + compute_cycles(ev, hw, engine) / clock
         if engine in ("vector", "scalar"):
             done_at[getattr(ev, "seq", -1)] = (engine, busy_ns[engine])
@@ -463,4 +467,5 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
         dma_engine_max_us=engine_max_ns / 1e3, dma_queue_us=queue_ns / 1e3,
         dma_hbm_cap_us=hbm_cap_ns / 1e3, exposed_latency_us=exposed,
         dependency_stall_us=stall_ns / 1e3,
+        stall_by_engine_us=MappingProxyType({e: v / 1e3 for e, v in stall_by_engine.items()}),
         instructions=MappingProxyType(counts))
