@@ -58,6 +58,7 @@ def run_cores(func, bound, ctx_args: dict, lnc: int):
         state.targets[:] = targets
         ctx = KernelContext(**ctx_args)
         ctx.program_id = (core,)
+        ctx.lnc_core = core
         ctx.shared_allocs = shared
         ctx.live = Live()
         ctx.lnc_launch = launch
