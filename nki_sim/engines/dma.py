@@ -25,11 +25,13 @@ def _buf(t: Tensor) -> str:
 
 
 def _contiguous(acc) -> bool:
-    """True iff the access's HBM offsets, in (partition, free) order, are consecutive (a basic
-    view: from its strides, without building the offsets)."""
+    """Whether the access's HBM elements, in (partition, free) order, are consecutive."""
     t = acc.t
     if acc.offs is None and t.idx is None:
-        return _basic_runs(t)[3]
+        P, run, n = _basic_runs(t)
+        _, es = t.elem_layout()
+        F = run * n
+        return n <= 1 and (P == 1 or es[0] == F)
     o = (acc.offs if acc.offs is not None else t.flat_offsets()).reshape(-1)
     return o.size <= 1 or bool(np.all(np.diff(o) == 1))
 

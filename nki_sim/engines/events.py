@@ -50,11 +50,11 @@ def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=Non
 
 
 def _basic_runs(t):
-    """(partitions, run length, runs per partition, whole view contiguous) of a basic view."""
+    """(partitions, run length, runs per partition) of a basic view."""
     _, es = t.elem_layout()
     shape = t.arr.shape
     if not shape:
-        return 1, 1, 1, True
+        return 1, 1, 1
     free = [(n, s) for n, s in zip(shape[1:], es[1:]) if n != 1]
     F = math.prod(n for n, _ in free)
     run = 1
@@ -62,15 +62,14 @@ def _basic_runs(t):
         if s != run:
             break
         run *= n
-    contiguous = run == F and (shape[0] == 1 or es[0] == F)
-    return shape[0], run, (F // run if run else 0), contiguous
+    return shape[0], run, (F // run if run else 0)
 
 
 def descriptors(acc, itemsize: int) -> list:
     """Descriptor sizes (bytes) of one side of a transfer (runs of consecutive elements)."""
     t = acc.t
     if acc.offs is None and acc.valid is None and t.idx is None:
-        P, run, n, _ = _basic_runs(t)
+        P, run, n = _basic_runs(t)
         return [run * itemsize] * (P * n)
     offs = acc.offs if acc.offs is not None else t.flat_offsets()
     if offs.ndim == 0:
