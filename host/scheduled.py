@@ -169,7 +169,7 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     validated ``host.variants.AttentionVariants`` or None (plain attention); an fp8 cache comes
     with its scales there, and ``kv_cache`` is then the kernel view (``host.fp8``).
     ``partial_tile_size``: ``make_schedule``'s (default "auto")."""
-    from nki_kernels.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled_attention import SchedOptions, scheduled_paged_attention
 
     T, H, d = query.shape
     _, N, Hkv, B, _ = kv_cache.shape
@@ -193,10 +193,11 @@ def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context
     overlay = build_overlay(sched, kv_cache, key, value, block_tables,
                             dtype=kd if fp8 else None, kv_scale=scales)
     result = np.zeros((T, H, d), dtype=query.dtype)
-    kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision,
-                  LARGE_TILE_SZ=large_tile_size, PARTIAL_TILE_SZ=sched.partial_tile_size,
-                  logits_soft_cap=v.logits_soft_cap if v is not None else None,
-                  alibi=alibi is not None, row_init=row_inits, windowed=window is not None)
+    kwargs = dict(options=SchedOptions(
+        softmax_scale=scale, mixed_precision=mixed_precision, LARGE_TILE_SZ=large_tile_size,
+        PARTIAL_TILE_SZ=sched.partial_tile_size,
+        logits_soft_cap=v.logits_soft_cap if v is not None else None,
+        alibi=alibi is not None, row_init=row_inits, windowed=window is not None))
     for cls in sched.classes:
         qt = pack_queries(cls, query, Hkv, k_scale=scales[0] if fp8 else None)
         init = row_init(cls, H, Hkv, sinks=sinks, alibi_slopes=alibi)
