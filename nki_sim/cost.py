@@ -307,6 +307,10 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
         if op in ("tensor_tensor", "tensor_tensor_scan") and not (
                 op == "tensor_tensor" and (from_psum or half)):
             return max(ii, 2.0 * n)
+        if op == "tensor_scalar_reduce":                     # docstring: max(MIN_II, N) + MIN_II
+            return max(ii, n) + ii
+        if op == "bn_aggr":                                  # docstring: max(MIN_II, 13 * N / 3)
+            return max(ii, 13.0 * n / 3.0)
         if op == "tensor_reduce":
             return n / 2.0 if half else n
         if op in _PERF_MODE_OPS and half and getattr(ev, "out_dtype", "") in _HALF_DTYPES \
