@@ -36,7 +36,11 @@ def _same_region(a: Tensor, b: Tensor) -> bool:
         np.array_equal(x, y) for x, y in zip(a.idx, b.idx))
 
 
-_PSUM_ONLY = ("nc_matmul", "nc_transpose")      # ISA-level TensorE instructions
+# ISA-level TensorE instructions whose result may not be assigned outside PSUM. A TensorE
+# nc_transpose result assigned to SBUF is accepted with the PSUM -> SBUF copy the legacy front
+# end inserts (AWS's SD-attention tutorial, nki-samples' flash_attn_bwd; nki_sim/README.md
+# rule 6); an nc_matmul result stays PSUM-only.
+_PSUM_ONLY = ("nc_matmul",)
 
 
 def _check_psum_acc_dtype(value: Tensor, dst: Tensor, op: str):
