@@ -76,3 +76,22 @@ def test_documented_limits_still_fail(case, err, match):
     x = np.ones((32, 600), np.float32)
     with pytest.raises(err, match=match):
         _bad_k(x, case=case)
+
+
+@nki.jit
+def _masked_stats_k(x, *, rows):
+    out = nl.ndarray((x.shape[0], 2), dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p = nl.arange(x.shape[0])[:, None]
+    i_f = nl.arange(x.shape[1])[None, :]
+    t = nl.load(x[i_p, i_f], mask=(i_p < rows))                # rows >= `rows` never written
+    st = nisa.bn_stats(t[i_p, i_f], mask=(i_p < rows))
+    mv = nisa.bn_aggr(st, mask=(i_p < rows))
+    nl.store(out[i_p, nl.arange(2)[None, :]], value=mv, mask=(i_p < rows))
+    return out
+
+
+def test_masked_statistics_compute_the_selected_rows_only():
+    x = np.random.default_rng(4).standard_normal((32, 40)).astype(np.float32)
+    out = _masked_stats_k(x, rows=20)
+    np.testing.assert_allclose(out[:20, 0], x[:20].astype(np.float64).mean(axis=1), atol=1e-6)
+    np.testing.assert_allclose(out[:20, 1], x[:20].astype(np.float64).var(axis=1), rtol=1e-5)

@@ -10,6 +10,9 @@ cast on output).
   the odd elements of the (at most 512-element, ``nl.tile_size.bn_stats_fmax``) free axis.
 * ``bn_aggr(data)``: aggregates (count, mean, variance * count) triples into (mean, variance) per
   partition (population variance).
+
+``mask=`` on ``bn_stats`` / ``bn_aggr`` selects output rows (a row is computed when any of its
+input elements is selected); ``tensor_scalar_reduce`` takes no mask here.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ... import errors as E
 from ...access import write
 from ...alu import ALU, alu_name, reduce_values
 from ...tensor import Tensor
+from ...indexing import mask_array
 from ..compute import free_size, operand, require_kernel, result_tile
 
 BN_STATS_FMAX = 512
@@ -36,6 +40,18 @@ def _no_mask(mask, api):
     if mask is not None:
         raise NotImplementedError(f"{api}: mask= is not emulated by nki_sim; slice the input tile "
                                   "instead")
+
+
+def _row_masks(mask, data, width):
+    """(input mask, output mask) of a per-partition statistics instruction: an output row is
+    written when any element of its input row is selected."""
+    if mask is None:
+        return None, None
+    m = mask_array(mask, data.shape)
+    if m is None:
+        return None, None
+    rows = np.asarray(m).reshape(data.shape[0], -1).any(axis=1)
+    return m, np.repeat(rows[:, None], width, axis=1)
 
 
 def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
@@ -83,13 +99,13 @@ def bn_stats(data, *, mask=None, dtype=None, name="", **kw):
     api = "nisa.bn_stats"
     require_kernel(api)
     _tile(data, api, "data")
-    _no_mask(mask, api)
+    m_in, m_out = _row_masks(mask, data, 6)
     P, n = data.shape[0], free_size(data.shape)
     if n > BN_STATS_FMAX:
         raise E.SizeLimitError(f"{api}: free size {n} exceeds nl.tile_size.bn_stats_fmax "
                                f"({BN_STATS_FMAX}); call bn_stats per 512 elements and aggregate "
                                "with one bn_aggr")
-    a = operand(data, "data", "bn_stats")
+    a = operand(data, "data", "bn_stats", m_in)
     x = np.asarray(a.v, np.float64).reshape(P, n)
     cols = []
     for half in (x[:, 0::2], x[:, 1::2]):
@@ -100,7 +116,7 @@ def bn_stats(data, *, mask=None, dtype=None, name="", **kw):
     out = np.stack(cols, axis=1).astype(np.float32)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     return result_tile(out, out_dt, op="bn_stats", engine="vector", inputs=(a,), name=name,
-                       shape=(P, 6), free_elems=n)
+                       shape=(P, 6), free_elems=n, mask=m_out)
 
 
 def bn_aggr(data, *, mask=None, dtype=None, name="", **kw):
@@ -108,12 +124,12 @@ def bn_aggr(data, *, mask=None, dtype=None, name="", **kw):
     api = "nisa.bn_aggr"
     require_kernel(api)
     _tile(data, api, "data")
-    _no_mask(mask, api)
+    m_in, m_out = _row_masks(mask, data, 2)
     P, n = data.shape[0], free_size(data.shape)
     if n % 3:
         raise ValueError(f"{api}: elements per partition must be a multiple of 3 "
                          f"((count, mean, variance*count) triples); got {n}")
-    a = operand(data, "data", "bn_aggr")
+    a = operand(data, "data", "bn_aggr", m_in)
     t = np.asarray(a.v, np.float64).reshape(P, n // 3, 3)
     cnt, mean, var_c = t[..., 0], t[..., 1], t[..., 2]
     total = cnt.sum(axis=1)
@@ -123,4 +139,4 @@ def bn_aggr(data, *, mask=None, dtype=None, name="", **kw):
     out = np.stack([m, var], axis=1).astype(np.float32)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     return result_tile(out, out_dt, op="bn_aggr", engine="vector", inputs=(a,), name=name,
-                       shape=(P, 2), free_elems=n)
+                       shape=(P, 2), free_elems=n, mask=m_out)
