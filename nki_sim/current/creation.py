@@ -99,27 +99,27 @@ def _shared(k, shape, dt, npdt, name) -> NkiTensor:
     return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
 
 
-def ndarray(shape, dtype, buffer=sbuf, name="", address=None, **kwargs):
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     return allocate(shape, dtype, buffer, name, address)
 
 
-def zeros(shape, dtype, buffer=sbuf, name="", **kwargs):
+def zeros(shape, dtype, buffer=sbuf, name=""):
     return allocate(shape, dtype, buffer, name, fill=0)
 
 
-def ones(shape, dtype, buffer=sbuf, name="", **kwargs):
+def ones(shape, dtype, buffer=sbuf, name=""):
     return allocate(shape, dtype, buffer, name, fill=1)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name="", **kwargs):
+def full(shape, fill_value, dtype, buffer=sbuf, name=""):
     return allocate(shape, dtype, buffer, name, fill=fill_value)
 
 
-def zeros_like(a, dtype=None, buffer=None, name="", **kwargs):
+def zeros_like(a, dtype=None, buffer=None, name=""):
     return allocate(a.shape, dtype or a.dtype, buffer or a.buffer, name, fill=0)
 
 
-def empty_like(a, dtype=None, buffer=None, name="", **kwargs):
+def empty_like(a, dtype=None, buffer=None, name=""):
     return allocate(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 

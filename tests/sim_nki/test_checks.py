@@ -196,3 +196,15 @@ def test_uninitialised_read_raises_and_garbage_propagates():
         return o
     with pytest.raises(nki_sim.errors.UninitializedReadError, match="'dma_copy' reads 512"):
         k(X)
+
+
+def test_invalid_keyword_arguments_raise():
+    def body(x, i):
+        nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf, mask=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'mask'"):
+        _run(body)
+
+    def body2(x, i):
+        nisa.tensor_tensor(dst=sb((128, 8)), data1=x, data2=x, op=nl.add, dtype=nl.float32)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dtype'"):
+        _run(body2)
