@@ -66,7 +66,27 @@ def _module(name: str, doc: str, attrs: dict, gated: dict) -> types.ModuleType:
     return m
 
 
-class NKIObject:
+class _NKIObjectMeta(type):
+    """Keyword arguments a subclass's ``__init__`` does not take become attributes: nki-library
+    builds ``@dataclass`` NKIObjects whose class attributes carry no annotations
+    (``SectionParams(section_idx=...)``), which AWS's toolchain accepts."""
+
+    def __call__(cls, *args, **kwargs):
+        import inspect
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return super().__call__(*args, **kwargs)
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in params}
+        obj = super().__call__(*args, **kwargs)
+        for k, v in extra.items():
+            setattr(obj, k, v)
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectMeta):
     """Base class kernels may derive trace-time objects from (``nl.NKIObject``)."""
 
 
