@@ -151,8 +151,8 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
             return max(ii, n) + ii
         if op == "bn_aggr":                                  # docstring: max(MIN_II, 13 * N / 3)
             return max(ii, 13.0 * n / 3.0)
-        if op == "tensor_reduce":
-            return n / 2.0 if half else n
+        if op == "tensor_reduce":        # MIN_II applies to every VectorE instruction
+            return max(ii, n / 2.0 if half else n)
         if op in _PERF_MODE_OPS and half and getattr(ev, "out_dtype", "") in _HALF_DTYPES \
                 and not from_psum:
             return max(ii, n / hw.vector_perf_mode_factor)
