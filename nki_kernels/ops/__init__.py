@@ -22,10 +22,11 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      free_view(t, ((step, count), ...), col0) (strided / broadcast free dims;
                      step 0 broadcasts), bitcast(t, dt)
     loops, programs  static_range / parallel_range / sequential_range (legacy: nl.static_range /
-                     affine_range / sequential_range; current: range); kv_heads(Hkv): the KV
-                     heads this program runs (legacy: its SPMD program, grid [1, Hkv]; current:
-                     all of them, in a loop; room for LNC=2 by splitting it per core);
-                     launch_grid(Hkv)
+                     affine_range / sequential_range; current: range); kv_heads(Hkv): the
+                     KV heads this program runs (legacy: its SPMD program; current: all of them
+                     in a loop, under LNC=2 this core's half, by ``nl.program_id(0)``);
+                     launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
+                     nl.nc(2), Hkv/2)]``; current: None); max_lnc()
     feature flags    nc_gen(), has_range_select(), has_oob_skip(), transpose_psum_dtype(dt)
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar

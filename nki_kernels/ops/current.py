@@ -94,15 +94,29 @@ parallel_range = sequential_range = static_range
 
 
 def kv_heads(num_kv_heads):
-    """The KV heads this launch runs: all of them, in a loop (no SPMD grid; a two-core launch
-    would split this range by ``nl.program_id(0)``)."""
-    return range(num_kv_heads)
+    """The KV heads this launch runs: all of them in a loop, or under LNC=2 (two physical
+    cores, ``nl.num_programs(0) == 2``) the ``Hkv / 2`` consecutive heads of this core
+    ``nl.program_id(0)`` (both cores run the same trip count; an odd Hkv cannot be split so)."""
+    cores = nl.num_programs(axes=0)
+    if cores == 1:
+        return range(num_kv_heads)
+    if num_kv_heads % cores:
+        raise NotImplementedError(f"a launch on {cores} cores splits its KV heads evenly; "
+                                  f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1")
+    per = num_kv_heads // cores
+    core = nl.program_id(axis=0)
+    return [core * per + j for j in range(per)]
 
 
-def launch_grid(num_kv_heads):
-    """No SPMD grid: one launch covers every KV head."""
-    del num_kv_heads
+def launch_grid(num_kv_heads, lnc=1):
+    """No SPMD grid: one launch covers every KV head (``lnc`` cores split them in-kernel)."""
+    del num_kv_heads, lnc
     return None
+
+
+def max_lnc():
+    """Physical cores one launch can use: 2 on NeuronCore-v3+ (LNC=2), 1 on v2."""
+    return 1 if nc_gen() == "gen2" else 2
 
 
 # ---- trace-time feature flags -----------------------------------------------------------------
@@ -274,16 +288,22 @@ def load(dst, src):
     nisa.dma_copy(dst=dst, src=src)
 
 
-def _rows(table, idx, idx_col, parts, n, lead, col0):
-    """``table`` (``(*lead_dims, R, F)`` HBM) as an indirect view of ``parts`` rows of ``n``
-    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``."""
+def _flat(table, lead):
+    """``table`` (``(*lead_dims, R, F)`` HBM) as 2-D rows of F elements, and the element offset
+    of row 0 of the ``lead`` slice: ``(flat, offset, F)``."""
     shape = tuple(table.shape)
     R, F = shape[-2], shape[-1]
     lead_rows = 0
     for k, i in enumerate(lead):
         lead_rows = lead_rows * shape[k] + i
-    flat = table.reshape((int(np.prod(shape[:-1])), F))
-    return flat.ap([[F, parts], [1, n]], offset=lead_rows * R * F + col0,
+    return table.reshape((int(np.prod(shape[:-1])), F)), lead_rows * R * F, F
+
+
+def _rows(table, idx, idx_col, parts, n, lead, col0):
+    """``table`` (``(*lead_dims, R, F)`` HBM) as an indirect view of ``parts`` rows of ``n``
+    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``."""
+    flat, base, F = _flat(table, lead)
+    return flat.ap([[F, parts], [1, n]], offset=base + col0,
                    vector_offset=idx[0:parts, idx_col:idx_col + 1], indirect_dim=0)
 
 

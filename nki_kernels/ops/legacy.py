@@ -102,9 +102,26 @@ def kv_heads(num_kv_heads):
     return (nl.program_id(axis=1),)
 
 
-def launch_grid(num_kv_heads):
-    """The SPMD grid of a launch over ``num_kv_heads`` KV heads."""
-    return (1, num_kv_heads)
+def launch_grid(num_kv_heads, lnc=1):
+    """The SPMD grid of a launch over ``num_kv_heads`` KV heads: ``[1, Hkv]``; with ``lnc=2``
+    ``[1, nl.spmd_dim(nl.nc(2), Hkv / 2)]`` (physical core 0 runs programs ``0 .. Hkv/2 - 1``,
+    core 1 the rest; ``program_id(1)`` is still the KV head)."""
+    if lnc == 1:
+        return (1, num_kv_heads)
+    if lnc != max_lnc():
+        raise NotImplementedError(
+            f"lnc={lnc}: this legacy NKI front end cannot place programs on two physical cores "
+            "(nl.nc needs neuronxcc on a NeuronCore-v3 target); use lnc=1")
+    if num_kv_heads % lnc:
+        raise NotImplementedError(f"lnc={lnc} splits the KV heads evenly over the cores; Hkv = "
+                                  f"{num_kv_heads} is not a multiple of {lnc}: use lnc=1")
+    return (1, nl.spmd_dim(nl.nc(lnc), num_kv_heads // lnc))
+
+
+def max_lnc():
+    """Physical cores one launch can use: 2 on NeuronCore-v3 when the API places SPMD programs
+    on cores (``nl.nc``), else 1."""
+    return 2 if nc_gen() == "gen3" and hasattr(nl, "nc") else 1
 
 
 # ---- trace-time feature flags -----------------------------------------------------------------
