@@ -320,6 +320,31 @@ def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
     nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
 
+def has_gather_transpose(dtype, width):
+    """Trace-time flag: an indirect (gather) DMA transpose of rows of ``width`` elements of
+    ``dtype`` (NeuronCore-v3+, swdge, a 2-byte dtype, ``width <= 128``; NKI >= 0.4)."""
+    from nki_kernels.ops import itemsize
+
+    return nc_gen() != "gen2" and itemsize(dtype) == 2 and 1 <= width <= 128
+
+
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
+    """``dst[c, col0 + s*P + p] = table[*lead, idx[p, idx_col], s*width + c]`` for the P = 128
+    gathered rows p, ``s < tokens``, ``c < width`` (``dst`` (width, ...) SBUF, ``table``
+    ``(*lead_dims, R, >= tokens*width)`` HBM): one indirect ``dma_transpose`` (4-D src
+    ``(P, 1, tokens, width)``, axes (3, 1, 2, 0), swdge), out-of-bounds rows skipped (their
+    columns keep ``dst``'s values)."""
+    flat, base, F = _flat(table, lead)
+    parts = 128
+    ids = bitcast(idx, nl.uint32)[0:parts, idx_col:idx_col + 1]
+    src = flat.ap([[F, parts], [1, 1], [width, tokens], [1, width]], offset=base,
+                  vector_offset=ids, indirect_dim=0)
+    out = dst.ap([[dst.strides[0], width], [1, 1], [parts, tokens], [1, parts]],
+                 offset=dst.offset + col0)
+    nisa.dma_transpose(dst=out, src=src, axes=(3, 1, 2, 0), dge_mode=nisa.dge_mode.swdge,
+                       oob_mode=nisa.oob_mode.skip)
+
+
 def engine_names(engine):
     """Engine names are the interface here already."""
     return engine

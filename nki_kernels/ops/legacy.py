@@ -276,6 +276,17 @@ def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
     nisa.dma_copy(dst=dst, src=src[i_p, i_f], oob_mode=nisa.oob_mode.skip)
 
 
+def has_gather_transpose(dtype, width):
+    """Trace-time flag: an indirect (gather) DMA transpose; the legacy API documents none."""
+    del dtype, width
+    return False
+
+
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
+    raise NotImplementedError("the legacy NKI API has no indirect DMA transpose; check "
+                              "has_gather_transpose() and use PE transposes")
+
+
 def engine_names(engine):
     """Engine name(s) of legacy engine object(s) (None, one, or a tuple)."""
     if isinstance(engine, tuple):
