@@ -151,14 +151,15 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
     """One JSON row: modeled cost, useful work, efficiency and the work ratios. With ``lnc``
     physical cores the modeled time is the slower core's (``nki_sim.cost.estimate_cores``) and
     the useful roofline that of ``lnc`` cores (efficiency per physical core used); the row's
-    target label is then ``<target>-lnc<lnc>``. Totals (bytes, FLOPs, instructions, engine
-    times) are of all cores."""
+    target label is then ``<target>-lnc<lnc>``. Per-engine and DMA times are the slower core's;
+    bytes, FLOPs and instruction counts are of all cores."""
     from nki_sim import cost
     rep = cost.estimate(trace, target)
     launch = cost.estimate_cores(trace, target)
     work = useful_work(w, **(geometry or {}))
     roof = useful_roofline_us(work, target)
     roof_us = roof["us"] / lnc
+    slow = launch.per_core[launch.slowest_core]      # per-engine figures: the slower core's
     return dict(
         workload=w.name, kind=w.kind, target=target if lnc == 1 else f"{target}-lnc{lnc}",
         kernel=kernel, block_size=block_size, api=api, lnc=lnc,
@@ -174,9 +175,9 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
         dma_instructions=rep.dma_instructions,
         dma_indirect_instructions=sum(e.engine == "dma" and e.dma_kind == "indirect"
                                       for e in trace.events),
-        per_engine_us=dict(rep.per_engine_us), bottleneck=rep.bottleneck,
-        dma_engine_max_us=rep.dma_engine_max_us, dma_queue_us=rep.dma_queue_us,
-        dma_hbm_cap_us=rep.dma_hbm_cap_us, exposed_latency_us=rep.exposed_latency_us,
+        per_engine_us=dict(slow.per_engine_us), bottleneck=slow.bottleneck,
+        dma_engine_max_us=slow.dma_engine_max_us, dma_queue_us=slow.dma_queue_us,
+        dma_hbm_cap_us=slow.dma_hbm_cap_us, exposed_latency_us=slow.exposed_latency_us,
         cost_model_fraction_of_roofline=rep.fraction_of_roofline,
         instructions=len(trace.events), sim_seconds=sim_s,
         meta={k: v for k, v in meta.items() if k not in ("mask_bytes", "index_bytes")})

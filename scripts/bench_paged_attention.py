@@ -55,14 +55,16 @@ AUTO_API = {"trn1": "legacy", "trn2": "nki"}     # --api auto: the API each targ
 
 def expand_lnc(jobs, lncs, api: str):
     """(workload, block, kernel, target) jobs -> (..., api, lnc): the scheduled kernel on trn2 at
-    every LNC of ``lncs`` (trn1: 1 only), the dense kernels at LNC 1 on the legacy API."""
+    every LNC of ``lncs`` (trn1 and the block-size sensitivity rows: 1 only), the dense kernels
+    at LNC 1 on the legacy API."""
     out = []
     for w, b, k, t in jobs:
         if k != "scheduled":
             out.append((w, b, k, t, "legacy", 1))
             continue
         a = AUTO_API[t] if api == "auto" else api
-        out += [(w, b, k, t, a, n) for n in sorted(set(lncs)) if n == 1 or t != "trn1"]
+        out += [(w, b, k, t, a, n) for n in sorted(set(lncs))
+                if n == 1 or (t != "trn1" and b == BLOCK)]     # block-size rows: LNC 1 only
     return out
 
 
