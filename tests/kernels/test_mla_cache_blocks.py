@@ -77,8 +77,8 @@ def test_copy_blocks_separate_layer_allocations(rng):
         assert got.tobytes() == want.tobytes()
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_swap_blocks_between_mla_caches(rng, target):
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")])
+def test_swap_blocks_between_mla_caches(rng, target, api):
     src = allocate_mla_cache(6, 16, entry_alignment_bytes=256)
     src[..., :576] = filled(rng, src[..., :576].shape)
     dst = allocate_mla_cache(4, 16, entry_alignment_bytes=256)
@@ -88,7 +88,7 @@ def test_swap_blocks_between_mla_caches(rng, target):
     expected = dst.copy()
     expected[bm[:, 1]] = src[bm[:, 0]]
     with nki_sim.use_target(target):
-        swap_blocks(src, dst, bm)
+        swap_blocks(src, dst, bm, api=api)
     assert dst.tobytes() == expected.tobytes()
     assert src.tobytes() == src_before
 
