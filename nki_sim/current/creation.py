@@ -62,10 +62,9 @@ def allocate(shape, dtype, buffer, name="", address=None, fill=None) -> NkiTenso
             fail(f"PSUM address {address} must start at a bank (2 KiB) boundary")
     k = state.kernel
     if buf == "shared_hbm" and k is not None and len(k.grid) and math.prod(k.grid) > 1:
-        if k.shared_cursor < len(k.shared_allocs):
-            a = k.shared_allocs[k.shared_cursor]
-            k.shared_cursor += 1
-            return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
+        from .lnc import shared_lock
+        with shared_lock():
+            return _shared(k, shape, dt, npdt, name)
     a = Alloc(np.empty(shape, dtype=npdt), buf, name=name)
     if fill is not None:
         a.data[...] = D.cast_for_write(np.asarray(fill), npdt)
@@ -80,6 +79,23 @@ def allocate(shape, dtype, buffer, name="", address=None, fill=None) -> NkiTenso
         k.shared_cursor += 1
     if buf in ("sbuf", "psum"):
         _capacity(buf, a)
+    return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
+
+
+def _shared(k, shape, dt, npdt, name) -> NkiTensor:
+    """The shared_hbm allocation at this core's allocation position (created by the first core)."""
+    if k.shared_cursor < len(k.shared_allocs):
+        a = k.shared_allocs[k.shared_cursor]
+        if a.data.shape != shape or a.data.dtype != npdt:
+            fail(f"shared_hbm allocation #{k.shared_cursor} differs between logical cores: "
+                 f"{list(a.data.shape)} vs {list(shape)}")
+    else:
+        a = Alloc(np.empty(shape, dtype=npdt), "shared_hbm", name=name)
+        a.lazy_poison = not D.is_int(npdt)
+        if D.is_int(npdt):
+            a.data.fill(4)
+        k.shared_allocs.append(a)
+    k.shared_cursor += 1
     return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
 
 

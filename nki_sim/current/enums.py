@@ -41,7 +41,9 @@ class matmul_perf_mode(enum.Enum):
     double_row = 1
 
 
-class nc_version(enum.Enum):
+class nc_version(enum.IntEnum):
+    """Ordered (kernels compare ``get_nc_version() >= nc_version.gen3``)."""
+
     gen2 = 2
     gen3 = 3
     gen4 = 4

@@ -271,3 +271,36 @@ def memset(dst, value, engine=None, name=""):
     eng = _engine_name(engine, "vector")
     _no_psum_gpsimd("memset", eng, dst)
     V.memset(dst.core(), value, engine=eng, name=name)
+
+
+def nc_stream_shuffle(src, dst, shuffle_mask, name=""):
+    """``dst[i] = src[shuffle_mask[i]]`` across at most 32 partitions (255 keeps ``dst[i]``)."""
+    require_kernel("nisa.nc_stream_shuffle")
+    src, dst = tile(src, "nc_stream_shuffle", "src"), tile(dst, "nc_stream_shuffle", "dst")
+    mask = [int(m) for m in shuffle_mask]
+    if dst.shape[0] > 32 or src.shape[0] > 32 or len(mask) != 32:
+        fail(f"nc_stream_shuffle: src / dst span at most 32 partitions and shuffle_mask has 32 entries; "
+             f"got src {list(src.shape)}, dst {list(dst.shape)}, {len(mask)} mask entries")
+    if any(m != 255 and not 0 <= m < src.shape[0] for m in mask[:dst.shape[0]]):
+        fail(f"nc_stream_shuffle: shuffle_mask entries must index src partitions (< {src.shape[0]}) or be 255")
+    if math.prod(src.shape[1:]) != math.prod(dst.shape[1:]):
+        fail("nc_stream_shuffle: src and dst must have the same elements per partition")
+    V.stream_shuffle(dst.core(), src.core(), mask, name=name)
+
+
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+                         engine=None, name=""):
+    """``dst = (data op0 operand0) op1 operand1`` (operand0 scalar or [P, 1], operand1 a tile)."""
+    require_kernel("nisa.scalar_tensor_tensor")
+    dst, data = tile(dst, "scalar_tensor_tensor", "dst"), tile(data, "scalar_tensor_tensor", "data")
+    t1 = tile(operand1, "scalar_tensor_tensor", "operand1")
+    same_partition_layout("scalar_tensor_tensor", [("dst", dst), ("data", data), ("operand1", t1)])
+    _check_parts("scalar_tensor_tensor", dst=dst, data=data)
+    P = data.shape[0]
+    if isinstance(operand0, NkiTensor) and (operand0.shape[0] != P or math.prod(operand0.shape[1:]) != 1):
+        fail(f"scalar_tensor_tensor: operand0 must be a scalar or a [{P}, 1] tile; got {list(operand0.shape)}")
+    eng = _engine_name(engine, "vector")
+    _no_psum_gpsimd("scalar_tensor_tensor", eng, dst, data, t1)
+    V.scalar_tensor_tensor(dst.core(), data.core(), alu_name(op0, "nisa.scalar_tensor_tensor op0"),
+                           _c(operand0), alu_name(op1, "nisa.scalar_tensor_tensor op1"), t1.core(),
+                           reverse0=bool(reverse0), reverse1=bool(reverse1), engine=eng, name=name)

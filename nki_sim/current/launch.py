@@ -160,27 +160,26 @@ def run(func, lnc, args, kwargs):
         raise E.TargetError("LNC=2 needs trn2 (NeuronCore-v3): trn1 has one core per logical core")
     with single_threaded(), np.errstate(all="ignore"):
         bound, copies, torch_in = _convert_args(func, args, kwargs, "shared_hbm" if lnc == 2 else "hbm")
-        ctx = KernelContext(name=func.__name__, grid=(lnc,), target=tgt,
-                            code=getattr(inspect.unwrap(func), "__code__", None))
+        ctx_args = dict(name=func.__name__, grid=(lnc,), target=tgt,
+                        code=getattr(inspect.unwrap(func), "__code__", None))
         for tr in state.traces:
             tr._note_run(tgt)
-        state.kernel = ctx
-        ret = None
-        try:
-            for core in range(lnc):
-                ctx.program_id = (core,)
-                ctx.live = Live()
-                ctx.shared_cursor = 0
-                ctx.accumulators = None
-                r = func(*bound.args, **bound.kwargs)
-                if core == 0:
-                    ret = r
-        except Exception as e:
-            from ..runtime import _add_context_note
-            _add_context_note(e, ctx)
-            raise
-        finally:
-            state.kernel = None
+        if lnc > 1:
+            from .lnc import run_cores
+            ret = run_cores(func, bound, ctx_args, lnc)
+        else:
+            ctx = KernelContext(**ctx_args)
+            ctx.program_id = (0,)
+            ctx.live = Live()
+            state.kernel = ctx
+            try:
+                ret = func(*bound.args, **bound.kwargs)
+            except Exception as e:
+                from ..runtime import _add_context_note
+                _add_context_note(e, ctx)
+                raise
+            finally:
+                state.kernel = None
         out = _output(ret, bool(torch_in))
         _copy_back(copies)
         return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import types
 
 from ..errors import NotEmulatedError
-from . import control, creation, enums, isa_compute, isa_dma, isa_misc, isa_select, launch, nl_ops
+from . import control, creation, enums, isa_compute, isa_dma, isa_misc, isa_select, launch, lnc, nl_ops
 
 from . import version
 from .checks import NkiValidationError
@@ -22,21 +22,22 @@ from .tensor import hbm, private_hbm, psum, sbuf, shared_hbm
 from .ndarray import NkiTensor
 
 _NOT_EMULATED = {
-    "nki.isa": {"nc_stream_shuffle", "local_gather", "max8", "nc_find_index8", "nc_match_replace8",
-                "bn_stats", "bn_aggr", "dropout", "scalar_tensor_tensor", "tensor_scalar_reduce",
+    "nki.isa": {"local_gather", "max8", "nc_find_index8", "nc_match_replace8",
+                "bn_stats", "bn_aggr", "dropout", "tensor_scalar_reduce",
                 "tensor_partition_reduce", "sequence_bounds", "tensor_tensor_scan", "exponential",
                 "nc_matmul_mx", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed",
                 "tensor_scalar_cumulative", "nonzero_with_count", "quantize_mx", "dma_copy_dynamic",
-                "core_barrier", "sendrecv_compute", "builtin_custom_op"},
+                "sendrecv_compute", "builtin_custom_op"},
     "nki.language": {"rand", "random_seed", "softmax", "mean", "var", "prod", "all", "any",
                      "rms_norm", "gather_flattened", "tiles", "blocks", "alloc_tiles", "alloc_blocks",
                      "shared_constant", "shared_identity_matrix", "full_like", "ones_like", "exp2",
                      "invert", "bitwise_not", "logical_not", "static_cast", "broadcast_to"},
-    "nki.lnc": {"sendrecv", "sendrecv_compute", "core_barrier"},
+    "nki.lnc": {"sendrecv_compute"},
 }
 # name -> (first version, last version or None)
 _GATED = {
-    "nki.isa": {"scalar_load": ((0, 7), None), "scalar_store": ((0, 7), None), "NkiScalar": ((0, 7), None)},
+    "nki.isa": {"scalar_load": ((0, 7), None), "scalar_store": ((0, 7), None), "NkiScalar": ((0, 7), None),
+                "sendrecv": ((0, 6), (0, 7)), "core_barrier": ((0, 6), (0, 7))},
     "nki.language": {"if_else": ((0, 8), None), "dynamic_range": ((0, 6), (0, 6)), "int64": ((0, 7), None)},
     "nki": {"lnc": ((0, 8), None)},
 }
@@ -100,7 +101,7 @@ def _isa():
     a = {n: getattr(isa_compute, n) for n in (
         "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor",
         "tensor_scalar", "tensor_reduce", "tensor_copy", "tensor_copy_predicated", "reciprocal",
-        "memset")}
+        "memset", "nc_stream_shuffle", "scalar_tensor_tensor")}
     a.update({n: getattr(isa_select, n) for n in ("iota", "affine_select", "range_select", "select_reduce")})
     a.update({n: getattr(isa_dma, n) for n in ("dma_copy", "dma_transpose", "dma_compute")})
     a.update({n: getattr(isa_misc, n) for n in (
@@ -108,6 +109,7 @@ def _isa():
         "register_move", "register_load", "register_store")})
     a.update({n: getattr(enums, n) for n in (
         "engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine")})
+    a.update(sendrecv=lnc.sendrecv, core_barrier=lnc.core_barrier)
     a.update(NkiScalar=NkiScalar, VirtualRegister=VirtualRegister, NkiValidationError=NkiValidationError,
              tensor_engine=enums.engine.tensor, vector_engine=enums.engine.vector,
              scalar_engine=enums.engine.scalar, gpsimd_engine=enums.engine.gpsimd,
@@ -150,18 +152,19 @@ def build() -> dict:
                      {"tensor": tensor, "mutable_tensor": mutable_tensor, "scalar": int}, {})
     compiler = _module("nki.compiler", "nki.compiler configuration objects",
                        {"CompileConfig": CompileConfig, "SpecializationConfig": SpecializationConfig}, {})
-    lnc = _module("nki.lnc", "nki.lnc (NKI 0.8)", {}, {})
+    lnc_mod = _module("nki.lnc", "nki.lnc (NKI 0.8)", {"sendrecv": lnc.sendrecv,
+                                                         "core_barrier": lnc.core_barrier}, {})
     simulator = _module("nki.simulator", "nki.simulator", {"simulate_kernel": launch.simulate_kernel}, {})
     collectives = _module("nki.collectives", "nki.collectives (not emulated)", {}, {})
     root_attrs = {"jit": launch.jit, "simulate": launch.simulate, "language": lang, "isa": isa,
-                  "typing": typing, "compiler": compiler, "lnc": lnc, "simulator": simulator,
+                  "typing": typing, "compiler": compiler, "lnc": lnc_mod, "simulator": simulator,
                   "collectives": collectives, "__version__": "0.8.0"}
     root = _module("nki", "nki_sim emulation of the current NKI API (nki 0.8)", root_attrs, _GATED["nki"])
     root.__path__ = []
-    for m in (lang, isa, consts, typing, compiler, lnc, simulator, collectives):
+    for m in (lang, isa, consts, typing, compiler, lnc_mod, simulator, collectives):
         m.__nki_sim__ = True
     return {"nki": root, "nki.language": lang, "nki.isa": isa, "nki.isa.constants": consts,
-            "nki.typing": typing, "nki.compiler": compiler, "nki.lnc": lnc,
+            "nki.typing": typing, "nki.compiler": compiler, "nki.lnc": lnc_mod,
             "nki.simulator": simulator, "nki.collectives": collectives}
 
 

@@ -1,5 +1,10 @@
 """Shared plumbing of the engine ops: operand reads, destination writes, events, PSUM state.
 
+``Poison propagation``: an element-wise instruction (``operand(..., propagate=True)``) may read a
+partly written tile; the destination elements computed from never-written input elements are
+left never-written (and poisoned, NaN / integer max) instead of raising, as garbage rows flow on
+hardware; reading them later in a non-element-wise way (matmul, DMA, cross-partition) raises.
+
 ``PSUM provenance``: every engine write into PSUM records, per element, whether TensorE
 (a matmul) wrote it last (:func:`note_psum_write`); ``nc_matmul(accumulate=...)`` consults it
 (accumulating onto PSUM written by another instruction is undefined on NeuronCore-v2/v3).
@@ -20,11 +25,16 @@ from ..tensor import Tensor
 _PE_WRITTEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # Alloc -> bool array
 
 
-def operand(x, name: str, op: str) -> Operand:
-    """Checked read of a tile (core view) or a Python / NumPy scalar."""
+def operand(x, name: str, op: str, propagate: bool = False) -> Operand:
+    """Checked read of a tile (core view) or a Python / NumPy scalar (``propagate``: see module)."""
     if isinstance(x, Tensor):
-        v, _ = read(x, op=op)
-        return Operand(v, x.arr.dtype, x.shape, x.buffer, x)
+        w = None
+        if propagate and x.alloc.written is not None:
+            wm = np.asarray(Access(x).gather(x.alloc.written))
+            if not wm.all():
+                w = np.array(wm, dtype=bool)
+        v, _ = read(x, w, op=op)
+        return Operand(v, x.arr.dtype, x.shape, x.buffer, x, w)
     if isinstance(x, (bool, int, float, np.number, np.bool_)):
         from ..dtypes import scalar_dtype
         return Operand(np.asarray(x), scalar_dtype(x), (), "", None)
@@ -44,17 +54,62 @@ def as_rows(v: np.ndarray, P: int) -> np.ndarray:
     return np.asarray(v).reshape(P, -1)
 
 
-def write_dst(dst: Tensor, values, op: str, mask=None, *, accumulate=False, pe=False) -> Access:
-    """Write ``values`` (reshaped to ``dst.shape`` in C order when the counts match) into ``dst``."""
+def _input_mask(o: Operand, dst: Tensor, op: str):
+    """An input's written mask on the destination grid (same count, or a per-partition operand)."""
+    w = o.w
+    if w.size == dst.size:
+        return w.reshape(dst.shape)
+    P = dst.shape[0]
+    if w.shape and w.shape[0] == P and free_size(w.shape) == 1:
+        return np.broadcast_to(w.reshape((P,) + (1,) * (dst.ndim - 1)), dst.shape)
+    if w.shape and w.shape[0] == P:                       # per-row reduction of the input
+        return np.broadcast_to(w.reshape(P, -1).all(axis=1).reshape((P,) + (1,) * (dst.ndim - 1)),
+                               dst.shape)
+    from ..access import uninitialized
+    uninitialized(o.t, w, op)
+    return None
+
+
+def write_dst(dst: Tensor, values, op: str, mask=None, *, accumulate=False, pe=False,
+              inputs=()) -> Access:
+    """Write ``values`` (reshaped to ``dst.shape`` in C order when the counts match) into ``dst``;
+    elements computed from never-written ``inputs`` elements become never-written."""
     v = np.asarray(values)
     if v.shape != dst.shape and v.size == dst.size:
         v = v.reshape(dst.shape)
     if mask is not None and mask.shape != dst.shape and mask.size == dst.size:
         mask = mask.reshape(dst.shape)
+    garbage = None
+    for o in inputs:
+        if o is not None and o.w is not None:
+            m = _input_mask(o, dst, op)
+            if m is not None:
+                garbage = ~m if garbage is None else (garbage | ~m)
+    if garbage is not None:
+        if mask is not None:
+            garbage = garbage & mask
+            mask = mask & ~garbage
+        else:
+            mask = ~garbage
     acc = write(dst, v, mask, op=op, accumulate=accumulate)
+    if garbage is not None and garbage.any():
+        mark_unwritten(dst, garbage)
     if dst.buffer == "psum":
         note_psum_write(dst, acc, pe)
     return acc
+
+
+def mark_unwritten(dst: Tensor, where: np.ndarray) -> None:
+    """Make the ``where`` elements of ``dst`` never-written again (poisoned)."""
+    from ..dtypes import poison_value
+    alloc = dst.alloc
+    if alloc.written is None:
+        alloc.written = np.ones(alloc.data.shape, dtype=bool)
+        alloc.unwritten = 0
+    acc = Access(dst, np.ascontiguousarray(where))
+    acc.scatter(alloc.written, False)
+    acc.scatter(alloc.data, np.full(dst.shape, poison_value(alloc.data.dtype), dtype=alloc.data.dtype))
+    alloc.unwritten = int(alloc.written.size - np.count_nonzero(alloc.written))
 
 
 def note_psum_write(dst: Tensor, acc: Access, pe: bool) -> None:

@@ -21,10 +21,11 @@ class Operand:
     """An operand as read by an instruction: values, dtype, shape, buffer and its view (None for
     a scalar)."""
 
-    __slots__ = ("v", "dtype", "shape", "buffer", "t")
+    __slots__ = ("v", "dtype", "shape", "buffer", "t", "w")
 
-    def __init__(self, v, dtype, shape, buffer="", t=None):
+    def __init__(self, v, dtype, shape, buffer="", t=None, w=None):
         self.v, self.dtype, self.shape, self.buffer, self.t = v, dtype, shape, buffer, t
+        self.w = w          # written-element mask when the operand is only partly written
 
     @property
     def is_scalar(self):

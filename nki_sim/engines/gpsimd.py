@@ -36,8 +36,8 @@ def affine_select(dst, pattern, channel_multiplier, on_true, on_false_value, *, 
                   offset=0, name="") -> None:
     """``dst = cmp(affine, 0) ? on_true : on_false_value`` (fp32 select)."""
     P = dst.shape[0]
-    a = operand(on_true, "on_true_tile", "affine_select")
+    a = operand(on_true, "on_true_tile", "affine_select", True)
     pred = ALU[cmp][0](affine_values(P, pattern, offset, channel_multiplier), 0).reshape(dst.shape)
     r = np.where(pred, np.asarray(a.v, np.float32).reshape(dst.shape), np.float32(on_false_value))
-    write_dst(dst, r, "affine_select")
+    write_dst(dst, r, "affine_select", inputs=(a,))
     emit("gpsimd", "affine_select", (a,), dst, name=name)

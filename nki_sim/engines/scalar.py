@@ -12,15 +12,15 @@ from .common import accumulators, emit, operand, pvec, write_dst
 def activation(dst, fn: str, data, *, bias=None, scale=1.0, reduce_alu=None, reduce_res=None,
                reduce_cmd: str = "idle", op: str = "activation", name: str = "") -> None:
     """``dst[P, F] = fn(data * scale + bias)``; ``bias`` / ``scale`` scalars or [P, 1] tiles."""
-    a = operand(data, "data", op)
+    a = operand(data, "data", op, True)
     P = a.shape[0] if a.shape else 1
     so = operand(scale, "scale", op)
-    bo = operand(bias, "bias", op) if bias is not None else None
+    bo = operand(bias, "bias", op, True) if bias is not None else None
     z = np.asarray(a.v, np.float32).reshape(P, -1) * pvec(so, P, "scale", op)
     if bo is not None:
         z = z + pvec(bo, P, "bias", op)
     out = apply_act(fn, z)
-    write_dst(dst, out, op)
+    write_dst(dst, out, op, inputs=(a, bo))
     reduces = op == "activation_reduce" or reduce_res is not None or reduce_cmd != "idle"
     emit("scalar", op, tuple(o for o in (a, bo, so) if o is not None), dst, name=name,
          attrs={"reduce": True} if reduces else None)
