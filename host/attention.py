@@ -49,7 +49,7 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     kernel: str = "scheduled", sliding_window: int | None = None,
                     logits_soft_cap: float | None = None, alibi_slopes: Any = None,
                     sinks: Any = None, k_scale: Any = None, v_scale: Any = None,
-                    partial_tile_size: Any = "auto") -> Any:
+                    partial_tile_size: Any = "auto", api: str | None = None) -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``.
@@ -69,6 +69,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             of two in [512, large_tile_size], or "auto" (the host picks one per batch,
             docs/layouts.md §16.3). Fix it to bound the kernel shapes a serving engine compiles.
         backend: "auto" | "sim" | "neuron" (module docstring).
+        api: scheduled kernel: the NKI API it runs on, "legacy" (``neuronxcc.nki``, trn1) or
+            "nki" (the current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic
+            choice of ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only.
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
             schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
@@ -156,11 +159,14 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     bt_np, _ = to_numpy(block_tables, "block_tables")
     active = active_block_table(plan, bt_np, num_blocks=N)
     if kernel == "scheduled":
+        from nki_kernels import _nki
+
+        _nki.resolve_api(api)                      # a bad api / combination fails before work
         bt_checked = check_integer_array("block_tables", bt_np, ndim=2)
         out = run_scheduled(q, k, v, kernel_cache_view(np.ascontiguousarray(cache)), bt_checked,
                             plan.query_lens, plan.context_lens, scale=scale,
                             mixed_precision=bool(mixed_precision), large_tile_size=large_tile_size,
-                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend),
+                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend, api),
                             variants=None if variants.is_default else variants,
                             partial_tile_size=partial_tile_size)
         return from_numpy_like(out, was_torch, like=query)
@@ -287,9 +293,21 @@ def _launch(q, k, v, kv_cache, block_table, mask, scale, mixed_precision, large_
     return _run(flash_paged_attention, (q, k, v, kv_cache, block_table, mask), kwargs, Hkv, backend)
 
 
-def _run(kernel, args, kwargs, Hkv, backend):
-    """Run ``kernel`` on grid [1, Hkv] on the chosen backend; returns its output as NumPy."""
+def _run(kernel, args, kwargs, Hkv, backend, api=None):
+    """Run ``kernel`` over Hkv KV heads on the chosen backend; returns its output as NumPy.
+    Kernels of both APIs (``nki_kernels.ops.KernelFamily``) run on ``resolve_api(api)``;
+    legacy-only kernels on grid [1, Hkv]."""
     from nki_kernels import _nki
+    from nki_kernels.ops import KernelFamily
+
+    if isinstance(kernel, KernelFamily):
+        chosen = _nki.resolve_api(api)
+        device = backend == "neuron" or (backend == "auto" and not chosen.simulated)
+        if chosen.simulated and chosen.name == _nki.CURRENT:
+            # nki.simulate writes its array arguments back: hand it writable ones
+            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
+                         else a for a in args)
+        return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=Hkv, device=device))
 
     on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
     if on_device:

@@ -31,6 +31,8 @@ from nki_kernels.ops import APIS  # noqa: E402  ("legacy", "nki")
 LEGACY, CURRENT = APIS
 API_ENV = "NKI_PA_API"            # "legacy" | "nki" | "auto": overrides the automatic choice
 TARGETS = ("trn1", "trn2", "trn3")
+# The API the simulator runs when none is asked for, per target.
+SIMULATOR_DEFAULT = {"trn1": LEGACY, "trn2": LEGACY, "trn3": CURRENT}
 
 _VALID = ("auto", "sim", "neuron")
 BACKEND_REQUEST = os.environ.get("NKI_PA_BACKEND", "auto").strip().lower() or "auto"
@@ -171,8 +173,8 @@ def resolve_api(api: str | None = None, target: str | None = None) -> Api:
         api: "legacy", "nki", or None / "auto": the environment variable ``NKI_PA_API`` if set,
             else automatic: the real current ``nki`` when installed (trn2 / trn3), else the real
             legacy ``neuronxcc.nki`` when installed (trn1, SDK <= 2.28), else the simulator with
-            the API the target's users get (trn1: legacy; trn2: the current API when this
-            nki_sim provides it, legacy otherwise).
+            the API of :data:`SIMULATOR_DEFAULT` for the target (the current API only when
+            this nki_sim provides it).
         target: the simulator target ("trn1" | "trn2"; None: ``nki_sim.get_target()``); ignored
             with a real package (the device decides).
 
@@ -201,9 +203,9 @@ def resolve_api(api: str | None = None, target: str | None = None) -> Api:
         if real_leg:
             return Api(LEGACY, False, None)
         t = _sim_target(target)
-        if t == "trn1" or not simulator_has_current():
-            return Api(LEGACY, True, t)
-        return Api(CURRENT, True, t)
+        if SIMULATOR_DEFAULT[t] == CURRENT and simulator_has_current():
+            return Api(CURRENT, True, t)
+        return Api(LEGACY, True, t)
     if api == LEGACY:
         if real_leg:
             return Api(LEGACY, False, None)

@@ -150,11 +150,13 @@ class Constants:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One metadata chunk of a phase in SBUF: ``mi`` int32 / ``mf`` fp32 columns, and in the
-    decode layout the chunk's scaled Q^T slices, bounds (masked) and init rows (row_init)."""
+    """One metadata chunk of a phase in SBUF: ``mi`` int32 / ``mf`` fp32 columns, the items'
+    reset flags as predicates (``ops.flags``), and in the decode layout the chunk's scaled Q^T
+    slices, bounds (masked) and init rows (row_init)."""
 
     mi: Any
     mf: Any
+    resets: Any = None
     q: Any = None
     bounds: Any = None
     init: Any = None

@@ -222,7 +222,8 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
             init = ops.sbuf((rows, chunk * Q_INIT_COLUMNS), ops.float32)
             ops.load(init, i_all[ops.ds(head * rows, rows),
                                  ops.ds(ch * chunk * Q_INIT_COLUMNS, chunk * Q_INIT_COLUMNS)])
-        data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init)
+        data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init,
+                     resets=ops.flags(mf, m.reset, kf, chunk))
         for it in ops.sequential_range(chunk):
             _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles)
 
@@ -249,8 +250,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles):
             if cfg.opts.alibi:
                 ops.gather(al[:, ops.ds(j * 2, 2)], ins.q_init, mi, ci + m.ini + j,
                            col0=Q_INIT_SLOPE)
-    reset = mf[0:rows, ops.ds(cf + m.reset, 1)]
-    ops.where(st, reset, init, st)
+    ops.where(st, data.resets.column(it, rows), init, st)
     if cfg.decode:       # decode layout: one block, Q^T preloaded per chunk
         qs = [q[:, ops.ds(it * rows, rows)] for q in data.q]
     else:

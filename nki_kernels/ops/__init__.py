@@ -30,7 +30,8 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar
                      tensor_tensor scale_add divide where tensor_reduce range_select_max
-                     matmul (accumulate=) transpose; engines by name ("scalar", "vector",
+                     matmul (accumulate=) transpose; flags(src, col0, stride, n): 0/1 float
+                     columns as predicates (``.column(i, rows)``; current API: converted once); engines by name ("scalar", "vector",
                      "gpsimd"), ALU ops and activation functions by name ("add", "exp", ...)
     DMA              load(dst, src) direct; gather(dst, table, idx, idx_col, lead=, col0=) and
                      scatter(table, idx, idx_col, src, lead=, col0=): row p moves table row

@@ -187,7 +187,7 @@ def scale_add(dst, a, col, b):
     """``dst = a * col + b`` (``col`` a (P, 1) column): ``tensor_scalar`` then ``tensor_tensor``
     (``nisa.scalar_tensor_tensor`` would do it in one pass)."""
     nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=col)
-    nisa.tensor_tensor(dst=dst, data1=dst, data2=b, op=nl.add)
+    nisa.tensor_tensor(dst=dst, data1=b, data2=dst, op=nl.add)
 
 
 def divide(dst, a, col):
@@ -218,11 +218,30 @@ def where(dst, pred, on_true, on_false):
         p = _columns(p, dst.shape[1])
     if _is_column(on_true, dst):
         on_true = _columns(on_true, dst.shape[1])
-    if isinstance(on_false, (int, float)):
-        nisa.memset(dst=dst, value=float(on_false))
-    elif on_false is not dst:
+    if isinstance(on_false, (int, float)):     # one pass: a select without its reduction
+        nisa.select_reduce(dst=dst, predicate=p, on_true=on_true, on_false=float(on_false))
+        return
+    if on_false is not dst:
         nisa.tensor_copy(dst=dst, src=on_false)
     nisa.tensor_copy_predicated(dst=dst, src=on_true, predicate=p)
+
+
+class _Flags:
+    def __init__(self, tile):
+        self.tile = tile
+
+    def column(self, i, rows):
+        return self.tile[0:rows, i:i + 1]
+
+
+def flags(src, col0, stride, count):
+    """The 0 / 1 float columns ``col0 + i * stride`` (i < count) of ``src`` (P, F) as
+    predicates: converted once (``src > 0`` into a uint8 (P, count) tile); ``.column(i, rows)``
+    is flag column i of the first ``rows`` partitions."""
+    p = sbuf((src.shape[0], count), PRED)
+    nisa.tensor_scalar(dst=p, data=free_view(src, ((stride, count),), col0=col0), op0=nl.greater,
+                       operand0=0.0)
+    return _Flags(p)
 
 
 def tensor_reduce(dst, op, data, axis, keepdims=False):

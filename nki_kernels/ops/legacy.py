@@ -192,6 +192,22 @@ def where(dst, pred, on_true, on_false):
     dst[...] = nl.where(pred, on_true, on_false, dtype=dst.dtype)
 
 
+class _Flags:
+    def __init__(self, src, col0, stride):
+        self.src, self.col0, self.stride = src, col0, stride
+
+    def column(self, i, rows):
+        return self.src[0:rows, nl.ds(self.col0 + i * self.stride, 1)]
+
+
+def flags(src, col0, stride, count):
+    """The 0 / 1 float columns ``col0 + i * stride`` (i < count) of ``src`` as predicates
+    (``nl.where`` takes float predicates: no instruction); ``.column(i, rows)`` is flag column
+    i of the first ``rows`` partitions."""
+    del count
+    return _Flags(src, col0, stride)
+
+
 def tensor_reduce(dst, op, data, axis, keepdims=False):
     kw = {"keepdims": True} if keepdims else {}
     dst[...] = nisa.tensor_reduce(_ALU[op], data, axis=axis, dtype=dst.dtype, **kw)

@@ -22,15 +22,18 @@ def toolchain(monkeypatch):
     return set_
 
 
-@pytest.mark.parametrize("target, want", [("trn1", "legacy"), ("trn2", "nki")])
-def test_simulator_default_is_the_targets_api(toolchain, target, want):
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_simulator_default_is_the_tables(toolchain, target):
     toolchain()
+    want = _nki.SIMULATOR_DEFAULT[target]
     assert _nki.resolve_api(target=target) == _nki.Api(want, True, target)
     assert _nki.resolve_api("auto", target) == _nki.Api(want, True, target)
+    assert _nki.SIMULATOR_DEFAULT["trn1"] == "legacy"      # trn1 users have the legacy API
 
 
-def test_simulator_without_current_front_end_runs_legacy_by_default(toolchain):
+def test_simulator_without_current_front_end_runs_legacy_by_default(toolchain, monkeypatch):
     toolchain(sim_current=False)
+    monkeypatch.setitem(_nki.SIMULATOR_DEFAULT, "trn2", "nki")
     assert _nki.resolve_api(target="trn2").name == "legacy"
     with pytest.raises(NotImplementedError, match="no current-API"):
         _nki.resolve_api("nki", "trn2")
