@@ -15,7 +15,7 @@ from host.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_
                             kv_caches_share_buffer, swap_blocks)
 
 pytestmark = pytest.mark.simulation
-APIS = ("legacy", "nki")      # the default target trn2 runs "nki"; these tests run both
+APIS = ("legacy", "nki")      # tests with ``api`` run both NKI APIs (trn2)
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 

@@ -214,3 +214,21 @@ def test_batched_baseline_checks(rng):
     assert caches.tobytes() == expected.tobytes()
     with pytest.raises(ValueError, match="batch_sizes"):
         copy_rows_batched(caches, pairs, row_elems=8, batch_sizes=(3, 4))
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_block_copies_on_the_legacy_floor_sdk(rng, target):
+    """copy / swap need nothing newer than Neuron SDK 2.21 (nl.load / nl.store of an indirect row
+    view; no oob_mode): they run on the project's legacy floor, with traced-loop checks."""
+    import nki_sim
+
+    caches, pairs = copy_args(rng)
+    expected = caches.copy()
+    expected[:, :, 4:6] = expected[:, :, 0:2]
+    src = caches[0].copy()
+    dst = np.zeros_like(src)
+    with nki_sim.configure(sdk="2.21", traced_loops="error"), nki_sim.use_target(target):
+        copy_cache_blocks.for_api("legacy")(caches, pairs, row_elems=8)
+        swap_cache_blocks.for_api("legacy")(src, dst, pairs[:4], row_elems=8)
+    assert caches.tobytes() == expected.tobytes()
+    assert dst[:, 4:6].tobytes() == src[:, 0:2].tobytes()

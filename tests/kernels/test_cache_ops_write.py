@@ -1,8 +1,8 @@
 """reshape_and_cache (host.cache_ops) and its kernel nki_kernels.kv_cache_update on the simulator.
 
 Reference: a per-token loop written from the definition (cache[0, s // B, :, s % B, :] = key[t]),
-sharing no code with the host's row-index builder. The simulator's default target (trn2) runs the
-current NKI API; ``api`` parametrises the tests where the legacy front end adds coverage.
+sharing no code with the host's row-index builder. ``api`` runs a test on both NKI APIs (the
+legacy and the current front end, trn2) where the second API adds coverage.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ definition of the latent cache (docs/layouts.md §12), not with the host cache b
 ``[kv_c (R) | k_pe (P) | padding]``, token j of sequence i in block ``block_tables[i, j // B]``,
 offset ``j % B``; the new tokens are the last ``query_lens[i]`` of ``context_lens[i]`` cached
 tokens. Contexts stay small (a few tiles) so each kernel run takes well under a few seconds.
-The simulator runs the target's API by default (trn1 legacy, trn2 the current ``nki``); ``api``
-adds the legacy front end on trn2 where it adds coverage.
+``api`` runs a test on a given NKI API (None: the simulator's default for the target); the
+current API (trn2) and the legacy one (trn1, trn2) each run the sweeps where they add coverage.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def check(batch, tol, *, mixed_precision=True, target="trn2", large_tile_size=20
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("entry_size", [576, 640], ids=["unaligned576", "aligned640"])
 def test_matches_reference_entry_layouts_and_block_sizes(entry_size, block_size, target, tol):
-    """(The target's API: trn1 legacy, trn2 current.)"""
-    _matches_reference(entry_size, block_size, target, None, tol)
+    """trn1: the legacy API; trn2: the current API."""
+    _matches_reference(entry_size, block_size, target, "legacy" if target == "trn1" else "nki",
+                       tol)
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
@@ -88,7 +89,7 @@ def _matches_reference(entry_size, block_size, target, api, tol):
 
 
 @pytest.mark.parametrize("H, mixed_precision, api", [
-    (16, True, None), (16, False, None), (128, True, None), (128, False, None),
+    (16, True, "nki"), (16, False, "nki"), (128, True, "nki"), (128, False, "nki"),
     (16, True, "legacy"),
 ], ids=["16-mixed_bf16", "16-fp32", "128-mixed_bf16", "128-fp32", "16-mixed_bf16-legacy"])
 def test_mixed_prefill_and_decode_batch(H, mixed_precision, api, tol):
@@ -149,14 +150,15 @@ def test_inputs_are_never_modified():
         assert a.tobytes() == b.tobytes()
 
 
-def test_one_gather_per_row_tile_and_padding_moves_no_bytes():
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_one_gather_per_row_tile_and_padding_moves_no_bytes(api):
     """Decode batch, 512-key tiles (b' = 4): every key row crosses HBM exactly once -- one
     descriptor of b' whole entries (keys and values alike) per row of ceil(context / b') -- so
     there is no second (value) gather, and padding items / rows move nothing."""
     clens = [1, 130, 515, 1100, 64]
     q, cache, bt, ql, cl = make_mla_batch(7, [1] * 5, clens, H=16, block_size=16, entry_size=640)
     with nki_sim.tracing() as trace:
-        mla_paged_attention(q, cache, bt, ql, cl, backend="sim", large_tile_size=512)
+        mla_paged_attention(q, cache, bt, ql, cl, backend="sim", large_tile_size=512, api=api)
     bp, row_bytes = 4, 4 * 640 * 2
     gathers = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"
                and tuple(e.out_shape) == (128, bp * 640)]

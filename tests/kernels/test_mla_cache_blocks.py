@@ -32,16 +32,16 @@ def mapping(rng, n_blocks, n_copy):
     return np.stack([ids[:n_copy], ids[n_copy:]], axis=1)
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "nki")])
 @pytest.mark.parametrize("block_size,align", [(16, 256), (32, None), (64, 256)])
-def test_copy_blocks_one_mla_layer(rng, block_size, align, target):
+def test_copy_blocks_one_mla_layer(rng, block_size, align, target, api):
     cache = allocate_mla_cache(9, block_size, entry_alignment_bytes=align)
     cache[..., :576] = filled(rng, cache[..., :576].shape)
     bm = mapping(rng, 9, 4)
     expected = cache.copy()
     expected[bm[:, 1]] = expected[bm[:, 0]]
     with nki_sim.use_target(target):
-        copy_blocks([cache], bm)
+        copy_blocks([cache], bm, api=api)
     assert cache.tobytes() == expected.tobytes()
     assert not cache[..., 576:].astype(np.float32).any()
 

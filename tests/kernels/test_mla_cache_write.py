@@ -63,11 +63,11 @@ def assert_same_bits(actual, expected):
 # ----------------------------------------------------------------------------- must-pass
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "nki")])
 @pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("align", [None, 256], ids=["unaligned", "aligned256"])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
-def test_write_matches_reference(rng, block_size, align, dtype, target):
+def test_write_matches_reference(rng, block_size, align, dtype, target, api):
     """DeepSeek dims (576 of 576 / 640 elements): 150 tokens = one 128-token tile + a tail."""
     n_blocks = -(-200 // block_size)
     cache = random_cache(rng, n_blocks, block_size, dtype=dtype, align=align)
@@ -75,7 +75,7 @@ def test_write_matches_reference(rng, block_size, align, dtype, target):
     expected = reference_write(kv_c, k_pe, cache, slots)
     padding = cache[..., 576:].copy()
     with nki_sim.use_target(target):
-        result = concat_and_cache_mla(kv_c, k_pe, cache, slots)
+        result = concat_and_cache_mla(kv_c, k_pe, cache, slots, api=api)
     assert result is cache
     assert_same_bits(cache, expected)
     assert_same_bits(cache[..., 576:], padding)                 # padding never written
