@@ -40,9 +40,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from host._arrays import is_torch_tensor, to_numpy
+from host.block_kv import block_kv_layers, check_new_kv, is_block_kv, reshape_and_cache_blocks
 from host.fp8 import cache_write_row_scales, is_fp8_cache_dtype, kernel_cache_view, normalize_kv_scales
 from host.mla_layout import check_mla_cache
-from host.validation import (check_float_array, check_index_range, check_integer_array,
+from host.validation import (check_index_range, check_integer_array,
                              check_slot_mapping, fail)
 
 __all__ = [
@@ -156,7 +157,9 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
     Args:
         key, value: (T, Hkv, d), floating (cast to the cache dtype, RNE).
         kv_cache: (2, N, Hkv, B, d) float32 / bfloat16 / float16 / float8_e4m3fn / float8_e5m2,
-            C-contiguous, updated in place.
+            C-contiguous, updated in place; or vLLM's block-KV layout, a (key_cache,
+            value_cache) pair of (N, B, Hkv, d) float32 / bfloat16 / float16 caches
+            (host/block_kv.py), updated in place (returned as given).
         slot_mapping: (T,) integer; slot = block * B + offset. Negative slots (padding) are skipped
             and touch nothing; every other slot must be < N * B and appear at most once.
         k_scale, v_scale: fp8 caches only (then both required): a positive float or float32
@@ -174,16 +177,15 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
             non-fp8 cache, an unknown ``api`` -- all before anything is written.
     """
     run_api = _resolve(api)
+    if is_block_kv(kv_cache):       # vLLM block-KV: (key_cache, value_cache), host/block_kv.py
+        return reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, k_scale=k_scale,
+                                        v_scale=v_scale, run_api=run_api, writable=_writable,
+                                        check_int32=_check_int32)
     cache = _writable(kv_cache, "kv_cache")
     _check_cache("kv_cache", cache)
     _, n_blocks, n_heads, block_size, head_size = cache.shape
     k_sc, v_sc = normalize_kv_scales(cache.dtype, n_heads, k_scale, v_scale)
-    k = check_float_array("key", key, ndim=3)
-    v = check_float_array("value", value, ndim=3)
-    if k.shape[1:] != (n_heads, head_size):
-        fail("key", f"have shape (T, {n_heads}, {head_size}) to match kv_cache", f"shape {k.shape}")
-    if v.shape != k.shape:
-        fail("value", f"have the shape of key {k.shape}", f"shape {v.shape}")
+    k, v = check_new_kv(key, value, n_heads, head_size)
     n_slots = n_blocks * block_size
     slots = check_slot_mapping(slot_mapping, num_tokens=k.shape[0], num_slots=n_slots, tokens_arg="key")
     _check_int32("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
@@ -332,7 +334,9 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
 
     Args:
         kv_caches: list of per-layer (2, N, Hkv, B, d) caches (same shape and dtype, C-contiguous,
-            writeable), or one (L, 2, N, Hkv, B, d) array.
+            writeable), or one (L, 2, N, Hkv, B, d) array; or a list of per-layer vLLM block-KV
+            (key_cache, value_cache) pairs of (N, B, Hkv, d) caches (host/block_kv.py: one
+            zero-copy launch per run of caches that are consecutive pieces of one buffer).
         block_mapping: (n, 2) integer [src, dst] block ids in [0, N); destinations unique; no block
             both a source and a destination.
         max_row_bytes: upper bound for one DMA row (a partition's share); rows are contiguous
@@ -343,6 +347,11 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         ValueError: anything invalid (an unknown ``api`` included), before anything is written.
     """
     run_api = _resolve(api)
+    runs = block_kv_layers(kv_caches, _writable, kv_caches_share_buffer)
+    if runs is not None:            # vLLM block-KV pairs: zero-copy launches (host/block_kv.py)
+        for run in runs:
+            copy_blocks(run, block_mapping, max_row_bytes=max_row_bytes, api=api)
+        return
     if isinstance(kv_caches, np.ndarray) or is_torch_tensor(kv_caches):
         whole = _writable(kv_caches, "kv_caches")
         if whole.ndim not in (6, 4):

@@ -57,6 +57,15 @@ Pseudocode:
             cache_rows[1, idx[p, t], :] = v[p, t, :]  (skip OOB)   # 1 indirect DMA, 128 rows
     tail tile (rem rows): the same with rows 128 * n_tiles + p
 
+vLLM's block-KV layout (``kv_cache_update_blocks``; vLLM / vllm-neuron hand over one (N, B, Hkv, d)
+tensor per K and per V, block 0 their null block). Slot s = block * B + offset holds its Hkv heads
+contiguously, so one token's write is ONE contiguous row of Hkv * d elements: the caches are viewed
+as (N * B, Hkv * d) rows (free reshapes), row = slot, and each 128-token tile is one indirect DMA
+per K / V with one descriptor of Hkv * d * itemsize bytes per token (the (2, N, Hkv, B, d) layout
+needs Hkv descriptors of d * itemsize per token). Rows over 16 KiB fall back to (token, head) rows
+of d elements (row = slot * Hkv + head). Same chunking, padding skip (row N * B * Hkv * d / F) and
+DMA counts with R = T (or T * Hkv) rows; the caches are written in place, never copied.
+
 FP8 caches (``kv_cache_update_fp8``). The cache is float8_e4m3 or float8_e5m2 (the host passes a
 float8_e4m3fn cache as its float8_e4m3 byte view, see docs/attention-variants.md); key / value
 stay in their float dtype and every row carries its inverse scales ``row_scale[q] = [1/k_scale,
@@ -76,6 +85,7 @@ from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows, require_oob_s
 
 KERNEL = "kv_cache_update"
 KERNEL_FP8 = "kv_cache_update_fp8"
+KERNEL_BLOCKS = "kv_cache_update_blocks"
 # Per-partition SBUF bytes for one chunk's K rows + V rows + indices. 32 KiB of the ~176-208 KiB
 # usable per partition (trn1 / trn2) leaves room for the compiler to double-buffer chunks.
 CHUNK_BUDGET_BYTES = 32 * 1024
@@ -167,8 +177,67 @@ def _build_fp8(ops):
     return kv_cache_update_fp8
 
 
+def _build_blocks(ops):
+    def kv_cache_update_blocks(key, value, key_cache: ops.MUTABLE, value_cache: ops.MUTABLE,
+                               row_index, row_elems=0):
+        """Scatter new K / V into vLLM's block-KV layout (one tensor per K and per V); returns
+        ``(key_cache, value_cache)``.
+
+        Args:
+            key, value: (T, Hkv, d) HBM, the cache dtype (float32 / bfloat16 / float16).
+            key_cache, value_cache: (N, B, Hkv, d) HBM each (vLLM / vllm-neuron block-KV; slot
+                s = block * B + offset holds its Hkv heads contiguously). Written in place.
+            row_index: (R, 1) int32 / uint32, R = T * Hkv * d / row_elems: destination row of
+                input row q in the (N*B*Hkv*d / F, F) view of either cache (the same row in
+                both); a row >= that count is skipped (the host uses the count).
+            row_elems: F (compile-time int): Hkv * d (one row per token: row = slot) or d (one
+                row per (token, head): row = slot * Hkv + head).
+
+        Returns:
+            (key_cache, value_cache), written in place.
+
+        Raises:
+            ValueError: shapes / dtypes inconsistent, or row_elems not Hkv * d or d.
+            NotImplementedError: an fp8 or other unsupported cache dtype, a row over 16 KiB, or
+                a legacy NKI toolchain older than Neuron SDK 2.23.
+        """
+        name = KERNEL_BLOCKS
+        kernel_check(len(key.shape) == 3 and tuple(value.shape) == tuple(key.shape), name,
+                     "key / value", "be (T, Hkv, d) of equal shape",
+                     (tuple(key.shape), tuple(value.shape)))
+        n_tok, n_heads, d = key.shape
+        for arg, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+            kernel_check(len(c.shape) == 4 and tuple(c.shape[2:]) == (n_heads, d), name,
+                         f"{arg}.shape", f"be (N, B, {n_heads}, {d})", tuple(c.shape))
+        kernel_check(tuple(value_cache.shape) == tuple(key_cache.shape), name, "value_cache.shape",
+                     f"equal key_cache.shape {tuple(key_cache.shape)}", tuple(value_cache.shape))
+        kernel_check(key.dtype == key_cache.dtype and value.dtype == key_cache.dtype
+                     and value_cache.dtype == key_cache.dtype, name, "dtypes",
+                     f"all equal key_cache.dtype {key_cache.dtype}",
+                     (str(key.dtype), str(value.dtype), str(value_cache.dtype)))
+        kernel_check(row_elems in (n_heads * d, d), name, "row_elems",
+                     f"be Hkv * d = {n_heads * d} or d = {d}", row_elems)
+        rows = n_tok * n_heads * d // row_elems
+        kernel_check(tuple(row_index.shape) == (rows, 1) and _index_dtype(row_index.dtype), name,
+                     "row_index", f"be ({rows}, 1) int32 or uint32",
+                     (tuple(row_index.shape), str(row_index.dtype)))
+        row_bytes = row_elems * cache_itemsize(ops, key_cache.dtype, name)
+        kernel_unsupported(_fp8_saturation(ops, key_cache.dtype) is None, name,
+                           f"a {key_cache.dtype} block-KV cache",
+                           "write fp8 caches in the (2, N, Hkv, B, d) layout (kv_cache_update_fp8)")
+        n_cache = key_cache.shape[0] * key_cache.shape[1] * n_heads * d // row_elems
+        _scatter_rows(ops, name, (key.reshape((rows, row_elems)), value.reshape((rows, row_elems))),
+                      ((key_cache.reshape((n_cache, row_elems)), ()),
+                       (value_cache.reshape((n_cache, row_elems)), ())),
+                      row_index, None, 2 * row_bytes + 4, row_bytes, None)
+        return key_cache, value_cache
+
+    return kv_cache_update_blocks
+
+
 kv_cache_update = KernelFamily(_build, KERNEL)
 kv_cache_update_fp8 = KernelFamily(_build_fp8, KERNEL_FP8)
+kv_cache_update_blocks = KernelFamily(_build_blocks, KERNEL_BLOCKS)
 
 
 def _check_shapes(name, key, value, kv_cache, row_index):
@@ -196,31 +265,40 @@ def _index_dtype(dtype) -> bool:
 
 def _write_rows(ops, key, value, kv_cache, row_index, row_scale, bytes_per_tile, row_bytes,
                 name=KERNEL):
-    """Chunk loop over the (token, head) rows; ``row_scale`` None = plain copy, else fp8 quantize."""
+    """The (2, N, Hkv, B, d) layout: (token, head) rows of d elements into the (2, N*Hkv*B, d)
+    cache view (K half lead 0, V half lead 1); ``row_scale`` None = plain copy, else fp8 quantize."""
     d = key.shape[2]
-    kernel_unsupported(row_bytes <= MAX_ROW_BYTES, name, f"a head size of {d} elements "
-                       f"({row_bytes} bytes per row)", f"keep d * itemsize <= {MAX_ROW_BYTES}")
-    require_oob_skip(ops, name)
-
-    # Free views: (token, head) rows of the inputs, and the cache with (N, Hkv, B) flattened.
     _, n_blocks, n_heads, block_size, _ = kv_cache.shape
     rows = key.shape[0] * n_heads
-    ins = (key.reshape((rows, d)), value.reshape((rows, d)), row_index, row_scale)
+    # Free views: (token, head) rows of the inputs, and the cache with (N, Hkv, B) flattened.
     cache_rows = kv_cache.reshape((2, n_blocks * n_heads * block_size, d))
-    bound = _fp8_saturation(ops, kv_cache.dtype)
+    _scatter_rows(ops, name, (key.reshape((rows, d)), value.reshape((rows, d))),
+                  ((cache_rows, (0,)), (cache_rows, (1,))), row_index, row_scale, bytes_per_tile,
+                  row_bytes, _fp8_saturation(ops, kv_cache.dtype))
 
-    plan = plan_rows(rows, bytes_per_tile, CHUNK_BUDGET_BYTES)
+
+def _scatter_rows(ops, name, rows_in, targets, row_index, row_scale, bytes_per_tile, row_bytes,
+                  bound):
+    """Chunk loop over the input rows ``rows_in`` = (K rows, V rows), 2-D (R, F) HBM views;
+    row q goes to row ``row_index[q]`` of ``targets`` = ((K table, lead), (V table, lead))."""
+    d = rows_in[0].shape[1]
+    kernel_unsupported(row_bytes <= MAX_ROW_BYTES, name, f"a row of {d} elements ({row_bytes} "
+                       "bytes: the head size, or Hkv * head size in the block-KV layout)",
+                       f"keep d * itemsize <= {MAX_ROW_BYTES}")
+    require_oob_skip(ops, name)
+    ins = rows_in + (row_index, row_scale)
+    plan = plan_rows(rows_in[0].shape[0], bytes_per_tile, CHUNK_BUDGET_BYTES)
     # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
     # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
     # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
     # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
     for c in ops.sequential_range(plan.n_full_chunks):
-        _write_chunk(ops, ins, cache_rows, bound, plan.n_tiles, c * plan.chunk, plan.chunk)
+        _write_chunk(ops, ins, targets, bound, plan.n_tiles, c * plan.chunk, plan.chunk)
     if plan.last_chunk > 0:
-        _write_chunk(ops, ins, cache_rows, bound, plan.n_tiles, plan.n_full_chunks * plan.chunk,
+        _write_chunk(ops, ins, targets, bound, plan.n_tiles, plan.n_full_chunks * plan.chunk,
                      plan.last_chunk)
     if plan.rem > 0:
-        _write_tail(ops, ins, cache_rows, bound, plan.n_tiles * PMAX, plan.rem)
+        _write_tail(ops, ins, targets, bound, plan.n_tiles * PMAX, plan.rem)
 
 
 def _quantize(ops, x, inv_scale, bound, dtype):
@@ -232,9 +310,10 @@ def _quantize(ops, x, inv_scale, bound, dtype):
     return q
 
 
-def _write_chunk(ops, ins, cache_rows, bound, n_tiles, first, n_chunk):
+def _write_chunk(ops, ins, targets, bound, n_tiles, first, n_chunk):
     """Tiles first .. first + n_chunk - 1 of the bulk rows (row p * n_tiles + t on partition p)."""
     key_rows, value_rows, row_index, row_scale = ins
+    (k_table, k_lead), (v_table, v_lead) = targets
     d = key_rows.shape[1]
     idx = ops.sbuf((PMAX, n_chunk, 1), row_index.dtype)            # (128, n_chunk, 1) int32
     ops.load(idx, ops.row_block(row_index, first, n_tiles, PMAX, n_chunk))
@@ -248,16 +327,17 @@ def _write_chunk(ops, ins, cache_rows, bound, n_tiles, first, n_chunk):
     for t in ops.parallel_range(n_chunk):
         k_out, v_out = k[:, t, :], v[:, t, :]
         if row_scale is not None:
-            k_out = _quantize(ops, k_out, inv[:, t, 0:1], bound, cache_rows.dtype)
-            v_out = _quantize(ops, v_out, inv[:, t, 1:2], bound, cache_rows.dtype)
+            k_out = _quantize(ops, k_out, inv[:, t, 0:1], bound, k_table.dtype)
+            v_out = _quantize(ops, v_out, inv[:, t, 1:2], bound, v_table.dtype)
         col = idx[:, t, :]
-        ops.scatter(cache_rows, col, 0, k_out, lead=(0,))
-        ops.scatter(cache_rows, col, 0, v_out, lead=(1,))
+        ops.scatter(k_table, col, 0, k_out, lead=k_lead)
+        ops.scatter(v_table, col, 0, v_out, lead=v_lead)
 
 
-def _write_tail(ops, ins, cache_rows, bound, start, n):
+def _write_tail(ops, ins, targets, bound, start, n):
     """The last R % 128 rows, start + p on partition p."""
     key_rows, value_rows, row_index, row_scale = ins
+    (k_table, k_lead), (v_table, v_lead) = targets
     d = key_rows.shape[1]
     idx = ops.sbuf((n, 1), row_index.dtype)                        # (n, 1) int32
     ops.load(idx, ops.rows(row_index, start, n))
@@ -268,7 +348,7 @@ def _write_tail(ops, ins, cache_rows, bound, start, n):
     if row_scale is not None:
         inv = ops.sbuf((n, 2), ops.float32)                        # (n, 2) fp32
         ops.load(inv, ops.rows(row_scale, start, n))
-        k = _quantize(ops, k, inv[:, 0:1], bound, cache_rows.dtype)
-        v = _quantize(ops, v, inv[:, 1:2], bound, cache_rows.dtype)
-    ops.scatter(cache_rows, idx, 0, k, lead=(0,))
-    ops.scatter(cache_rows, idx, 0, v, lead=(1,))
+        k = _quantize(ops, k, inv[:, 0:1], bound, k_table.dtype)
+        v = _quantize(ops, v, inv[:, 1:2], bound, v_table.dtype)
+    ops.scatter(k_table, idx, 0, k, lead=k_lead)
+    ops.scatter(v_table, idx, 0, v, lead=v_lead)
