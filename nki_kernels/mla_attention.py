@@ -73,9 +73,10 @@ def _build(ops):
                 bounds on one partition (``host.schedule.PhaseArrays.bounds``), loaded per chunk and
                 broadcast in-kernel. Otherwise any (1, 1) float32 array (unused).
             kv_cache: (N, B, E) latent cache, E >= R + P, query_t's dtype (read only).
-            overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are not whole rows of the cache below
-                ``context - query`` (a sequence's partly filled rows, its new tokens included), copied
-                by the host from the cache, zero past the sequence end; cache dtype.
+            overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are
+                not whole rows of the cache below ``context - query`` (a sequence's partly filled
+                rows, its new tokens included), copied by the host from the cache, zero past the
+                sequence end; cache dtype.
             meta_pi, meta_pf, meta_fi, meta_ff: the partial / full phase metadata of
                 ``host.schedule.PhaseArrays`` with Hkv = 1: (1, 128, I * ki) int32 and (128, I * kf)
                 float32 (I items, may be 0; main rows index the flat view (N*T, b'*E)).
