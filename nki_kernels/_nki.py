@@ -50,10 +50,15 @@ else:
 
     SIMULATED = nki_sim.install(force=(BACKEND_REQUEST == "sim")) or nki_sim.is_installed()
 
-import neuronxcc.nki as nki  # noqa: E402  (resolved to real NKI or nki_sim above)
-import neuronxcc.nki.isa as nisa  # noqa: E402
-import neuronxcc.nki.language as nl  # noqa: E402
-import neuronxcc.nki.typing as nt  # noqa: E402  (nt.mutable_tensor for in-place kernel arguments)
+try:        # resolved to real NKI or nki_sim above
+    import neuronxcc.nki as nki  # noqa: E402
+    import neuronxcc.nki.isa as nisa  # noqa: E402
+    import neuronxcc.nki.language as nl  # noqa: E402
+    import neuronxcc.nki.typing as nt  # noqa: E402  (nt.mutable_tensor: in-place arguments)
+    LEGACY_IMPORT_ERROR = None
+except ImportError as _err:     # SDK 2.34: no neuronxcc.nki; the current API still works
+    nki = nisa = nl = nt = None
+    LEGACY_IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = ["nki", "nl", "nisa", "nt", "SIMULATED", "BACKEND_REQUEST", "LEGACY", "CURRENT",
            "APIS", "API_ENV", "LNC_ENV", "PLATFORM_LNC", "Api", "resolve_api", "load_current", "real_current_available",
@@ -67,7 +72,16 @@ def _ours(mod) -> bool:
 
 def real_legacy_available() -> bool:
     """A real (not simulated) ``neuronxcc.nki`` is the active legacy package."""
-    return not SIMULATED
+    return not SIMULATED and LEGACY_IMPORT_ERROR is None
+
+
+def _require_legacy() -> None:
+    """RuntimeError naming what to install when no ``neuronxcc.nki`` (real or simulated) imports."""
+    if LEGACY_IMPORT_ERROR is not None:
+        raise RuntimeError("api='legacy' needs neuronx-cc with the neuronxcc.nki namespace (Neuron "
+                           "SDK <= 2.28 for trn1; SDK 2.34 removed it), which does not import here "
+                           f"({LEGACY_IMPORT_ERROR}): use api='nki' on trn2 / trn3, or install "
+                           "neuronx-cc from Neuron SDK 2.28")
 
 
 def real_current_available() -> bool:
@@ -251,8 +265,10 @@ def resolve_api(api: str | None = None, target: str | None = None) -> Api:
         if real_leg:
             return Api(LEGACY, False, None)
         t = _sim_target(target)
-        if SIMULATOR_DEFAULT[t] == CURRENT and simulator_has_current():
+        if simulator_has_current() and t != "trn1" and (SIMULATOR_DEFAULT[t] == CURRENT
+                                                         or LEGACY_IMPORT_ERROR is not None):
             return Api(CURRENT, True, t)
+        _require_legacy()
         return Api(LEGACY, True, t)
     if api == LEGACY:
         if real_leg:
@@ -262,6 +278,7 @@ def resolve_api(api: str | None = None, target: str | None = None) -> Api:
                                "(Neuron SDK <= 2.28 for trn1; SDK 2.34 removed it), but only the "
                                "current nki package is installed: use api='nki', or install "
                                "neuronx-cc from Neuron SDK 2.28")
+        _require_legacy()
         return Api(LEGACY, True, _sim_target(target))
     if real_cur:
         return Api(CURRENT, False, None)

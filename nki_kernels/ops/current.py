@@ -348,3 +348,42 @@ def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0
 def engine_names(engine):
     """Engine names are the interface here already."""
     return engine
+
+
+# ---- cache kernels: row-tile views of HBM row tensors and in-place arguments -----------------
+# (added for the KV-cache write / block copy / MLA cache kernels; see the ops package docstring)
+MUTABLE = None      # no annotation: the current API updates every HBM argument in place
+
+
+def row_block(table, first, stride, parts, count):
+    """View ``(parts, count, F)`` of a 2-D HBM row tensor ``table`` (R, F):
+    ``[p, t, :] = table[p * stride + first + t, :]`` (an ``.ap`` pattern in elements)."""
+    F = table.shape[1]
+    return table.ap([[stride * F, parts], [F, count], [1, F]], offset=table.offset + first * F)
+
+
+def rows(table, start, n):
+    """View ``(n, F)`` of rows ``start .. start + n - 1`` of a 2-D HBM row tensor ``table``."""
+    return table[start:start + n, :]
+
+
+def gather_rows(dst, table, idx, idx_col):
+    """``dst[p, :] = table[idx[p, idx_col], :]`` (2-D ``table``); every index must be in bounds
+    (``oob_mode.error``). ``dma_copy`` from ``table.ap(vector_offset=..., indirect_dim=0)``."""
+    P, n = dst.shape
+    src = table.ap([[table.shape[1], P], [1, n]], offset=table.offset,
+                   vector_offset=idx[0:P, idx_col:idx_col + 1], indirect_dim=0)
+    nisa.dma_copy(dst=dst, src=src)
+
+
+def scatter_rows(table, idx, idx_col, src):
+    """``table[idx[p, idx_col], :] = src[p, :]`` (2-D ``table``); every index in bounds."""
+    P, n = src.shape
+    dst = table.ap([[table.shape[1], P], [1, n]], offset=table.offset,
+                   vector_offset=idx[0:P, idx_col:idx_col + 1], indirect_dim=0)
+    nisa.dma_copy(dst=dst, src=src)
+
+
+def dma(dst, src):
+    """Direct DMA ``dst <- src`` (``nisa.dma_copy``; the same instruction as :func:`load`)."""
+    nisa.dma_copy(dst=dst, src=src)

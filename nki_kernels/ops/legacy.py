@@ -295,3 +295,47 @@ def engine_names(engine):
         if obj is engine or (obj is not None and engine is not None and obj == engine):
             return name
     raise ValueError(f"unknown legacy engine {engine!r}")
+
+
+# ---- cache kernels: row-tile views of HBM row tensors and in-place arguments -----------------
+# (added for the KV-cache write / block copy / MLA cache kernels; see the ops package docstring)
+from nki_kernels._nki import nt  # noqa: E402
+
+MUTABLE = nt.mutable_tensor     # annotation of a kernel argument the kernel writes in place
+
+
+def row_block(table, first, stride, parts, count):
+    """View ``(parts, count, F)`` of a 2-D HBM row tensor ``table`` (R, F):
+    ``[p, t, :] = table[p * stride + first + t, :]`` (one ``nl.arange`` index expression)."""
+    i_p = nl.arange(parts)[:, None, None]
+    i_t = nl.arange(count)[None, :, None]
+    i_f = nl.arange(table.shape[1])[None, None, :]
+    return table[i_p * stride + first + i_t, i_f]
+
+
+def rows(table, start, n):
+    """View ``(n, F)`` of rows ``start .. start + n - 1`` of a 2-D HBM row tensor ``table``."""
+    i_p = nl.arange(n)[:, None]
+    i_f = nl.arange(table.shape[1])[None, :]
+    return table[start + i_p, i_f]
+
+
+def gather_rows(dst, table, idx, idx_col):
+    """``dst[p, :] = table[idx[p, idx_col], :]`` (2-D ``table``); every index must be in bounds
+    (no skip: an out-of-bounds row is an error). ``nl.load`` of an ``nl.arange`` expression."""
+    i_p = nl.arange(dst.shape[0])[:, None]
+    i_f = nl.arange(dst.shape[1])[None, :]
+    dst[...] = nl.load(table[idx[i_p, idx_col], i_f])
+
+
+def scatter_rows(table, idx, idx_col, src):
+    """``table[idx[p, idx_col], :] = src[p, :]`` (2-D ``table``); every index in bounds."""
+    i_p = nl.arange(src.shape[0])[:, None]
+    i_f = nl.arange(src.shape[1])[None, :]
+    nl.store(table[idx[i_p, idx_col], i_f], value=src)
+
+
+def dma(dst, src):
+    """Direct DMA ``dst <- src`` written as ``nisa.dma_copy`` (e.g. into a column range of an
+    existing tile; :func:`load` is the ``nl.load`` form)."""
+    nisa.dma_copy(dst=dst, src=src)

@@ -36,8 +36,9 @@ def tensor_tensor(dst, data1, data2, alu: str, *, engine="vector", name=""):
     emit(engine, "tensor_tensor", (a, b), dst, name=name, attrs={"alu": alu})
 
 
-def tensor_scalar(dst, data, stages, *, engine="vector", name=""):
-    """``dst = ((data op0 s0) op1 s1)``; ``stages`` = [(alu, operand, reverse), ...]."""
+def tensor_scalar(dst, data, stages, *, engine="vector", name="", unspecified=False):
+    """``dst = ((data op0 s0) op1 s1)``; ``stages`` = [(alu, operand, reverse), ...];
+    ``unspecified``: the kernel left the engine to the compiler (trace attr for nki_sim.cost)."""
     a = operand(data, "data", "tensor_scalar", True)
     P = a.shape[0] if a.shape else 1
     ops = [(n, operand(o, f"operand{i}", "tensor_scalar", True), rev) for i, (n, o, rev) in enumerate(stages)]
@@ -52,7 +53,10 @@ def tensor_scalar(dst, data, stages, *, engine="vector", name=""):
             y = y.reshape((y.shape[0],) + (1,) * (x.ndim - 1))
         cur = fn(y, x) if rev else fn(x, y)
     write_dst(dst, cur, "tensor_scalar", inputs=(a,) + tuple(o for _, o, _ in ops))
-    emit(engine, "tensor_scalar", (a,) + tuple(o for _, o, _ in ops), dst, name=name)
+    attrs = {"ops": tuple(n for n, _, _ in stages)}
+    if unspecified:
+        attrs["engine_unspecified"] = True
+    emit(engine, "tensor_scalar", (a,) + tuple(o for _, o, _ in ops), dst, name=name, attrs=attrs)
 
 
 def tensor_reduce(dst, data, alu: str, axes, *, negate=False, keepdims=False, name=""):
