@@ -116,6 +116,35 @@ def _language():
     return a
 
 
+class NkiInstruction:
+    """Handle an ISA instruction returns (SDK 2.28+); ``depends_on`` adds an ordering edge, which
+    the eager simulator already satisfies (every instruction completes before the next)."""
+
+    __slots__ = ("op", "name")
+
+    def __init__(self, op, name=""):
+        self.op, self.name = op, name
+
+    def depends_on(self, *others):
+        return self
+
+    def __repr__(self):
+        return f"<NkiInstruction {self.op}{' ' + self.name if self.name else ''}>"
+
+
+def _instruction(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        fn(*args, **kwargs)
+        return NkiInstruction(fn.__name__, kwargs.get("name", ""))
+    return op
+
+
+_RETURNS_VALUE = {"get_nc_version", "get_nc_sub_version", "scalar_load", "register_alloc"}
+
+
 def _isa():
     a = {n: getattr(isa_compute, n) for n in (
         "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor",
@@ -130,7 +159,10 @@ def _isa():
     a.update({n: getattr(enums, n) for n in (
         "engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine")})
     a.update(sendrecv=lnc.sendrecv, core_barrier=lnc.core_barrier)
-    a.update(NkiScalar=NkiScalar, VirtualRegister=VirtualRegister, NkiValidationError=NkiValidationError,
+    a = {n: (_instruction(f) if callable(f) and not isinstance(f, type) and n not in _RETURNS_VALUE else f)
+         for n, f in a.items()}
+    a.update(NkiInstruction=NkiInstruction, NkiScalar=NkiScalar, VirtualRegister=VirtualRegister,
+             NkiValidationError=NkiValidationError,
              tensor_engine=enums.engine.tensor, vector_engine=enums.engine.vector,
              scalar_engine=enums.engine.scalar, gpsimd_engine=enums.engine.gpsimd,
              unknown_engine=enums.engine.unknown)
