@@ -87,22 +87,36 @@ class NotSimulated(RuntimeError):
     """--saved-only and no saved trace for the case."""
 
 
+class KernelRejected(RuntimeError):
+    """--saved-only: an earlier run found that nki_sim rejects the kernel (the saved reason)."""
+
+
 def simulate(case: dict, mirror, resimulate: bool, saved_only: bool = False) -> dict:
     """Trace + check of one case, from the cache when possible. Raises SourceUnavailable."""
     fn, run, key = _resolve(case, mirror)
     saved = sources.cache_dir() / "traces" / f"{case['id']}-{key}.pkl"
+    failed = saved.with_suffix(".fail")
     if saved.is_file() and not resimulate:
         with saved.open("rb") as f:
             return pickle.load(f)
     if saved_only:
+        if failed.is_file():
+            raise KernelRejected(failed.read_text())
         raise NotSimulated("not simulated in this run (no saved trace; run without --saved-only)")
     import nki_sim
     t0 = time.time()
-    with warnings.catch_warnings(record=True) as caught, \
-            nki_sim.use_target(case["target"]), \
-            nki_sim.configure(**case.get("sim_config", {})), nki_sim.tracing() as trace:
-        warnings.simplefilter("always")
-        out = fn(*run.args, **run.kwargs)
+    try:
+        with warnings.catch_warnings(record=True) as caught, \
+                nki_sim.use_target(case["target"]), \
+                nki_sim.configure(**case.get("sim_config", {})), nki_sim.tracing() as trace:
+            warnings.simplefilter("always")
+            out = fn(*run.args, **run.kwargs)
+    except MemoryError:
+        raise
+    except Exception as e:              # remembered, so that --saved-only reports it too
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        failed.write_text(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        raise
     err = run.check(out)
     rec = {"events": trace.events, "max_rel_error": err, "tolerance": run.tolerance,
            "sim_s": time.time() - t0, "warnings": sorted({type(w.message).__name__ for w in caught})}
@@ -144,6 +158,8 @@ def run_cases(cases: list[dict], mirror=None, resimulate=False, log=print,
             row["status"] = f"skipped: {e}"
         except MemoryError:
             row["status"] = "skipped: out of memory (nki_sim holds every on-chip tensor as a NumPy array)"
+        except KernelRejected as e:
+            row["status"] = f"does not run on nki_sim: {e}"
         except Exception as e:                      # a kernel nki_sim rejects: reported, not hidden
             row["status"] = f"does not run on nki_sim: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
         else:
