@@ -44,11 +44,13 @@ from host.mla_reference import mla_paged_attention_ref
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
 from host.schedule import AttentionSchedule, make_schedule
+from host.step_plan import AttentionPlan, plan_paged_attention
 from host.variants import AttentionVariants, alibi_slopes, make_variants
 
 # name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
 _LAZY = {
     "paged_attention": "host.attention",
+    "run_paged_attention": "host.attention",
     "flash_attn_varlen_nkifunc": "host.attention",
     "reshape_and_cache": "host.cache_ops",
     "copy_blocks": "host.cache_ops",
@@ -79,7 +81,7 @@ def __dir__():
 
 
 __all__ = [
-    "PagedAttentionPlan", "make_plan",
+    "AttentionPlan", "plan_paged_attention", "PagedAttentionPlan", "make_plan",
     "active_block_table", "transform_block_tables", "transform_block_tables_all_heads",
     "inverse_transform_block_tables", "to_partition_first", "from_partition_first",
     "load_column_tokens", "loaded_cache_slots",

@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, to_numpy
+from host.launch import check_backend, launch_kernel
 from host.mla import check_mla_inputs
 from host.schedule import AttentionSchedule, make_schedule
-from host.scheduled import item_queries, pack_queries, unpack_output
+from host.scheduled import UNUSED_F32, item_queries, pack_queries, unpack_output
 from host.validation import check_integer_array, check_power_of_two, fail
 
 __all__ = ["mla_paged_attention", "build_mla_overlay", "mla_schedule", "mla_kernel_inputs",
            "mla_max_group_blocks"]
 
-BACKENDS = ("auto", "sim", "neuron")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -112,9 +112,12 @@ def mla_kernel_inputs(cls, q: np.ndarray, kv_cache: np.ndarray, overlay: np.ndar
     decode-layout classes the per-item Q^T of both phases (``host.scheduled.item_queries``) and
     the partial items' one-partition mask bounds."""
     qt = pack_queries(cls, q, 1)
-    bounds = cls.partial.bounds if cls.partial.bounds is not None else np.zeros((1, 1), np.float32)
-    return (qt, item_queries(cls, qt, cls.full, 1), item_queries(cls, qt, cls.partial, 1), bounds,
-            kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
+    bounds = cls.partial.bounds if cls.partial.bounds is not None else UNUSED_F32
+    if cls.decode_layout:
+        q_full, q_part = item_queries(cls, qt, cls.full, 1), item_queries(cls, qt, cls.partial, 1)
+    else:
+        q_full = q_part = np.zeros((1, 1), qt.dtype)       # signature placeholders, not read
+    return (qt, q_full, q_part, bounds, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
             cls.full.meta_f, cls.rows, cls.blocks)
 
 
@@ -159,8 +162,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
                             softmax_scale=softmax_scale)
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        fail("backend", f"be one of {BACKENDS}", repr(backend))
+    check_backend(backend)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
     B = plan.block_size
     if B & (B - 1) or B > 256:
@@ -181,10 +183,9 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
     kwargs = dict(kv_lora_rank=R, qk_rope_head_dim=plan.qk_rope_head_dim,
                   softmax_scale=plan.softmax_scale, mixed_precision=bool(mixed_precision),
                   LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size)
-    from host.attention import _run
-
     result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)
     for cls in sched.classes:
-        out = _run(kernel, mla_kernel_inputs(cls, q_np, cache, overlay), kwargs, 1, backend)
+        out = launch_kernel(kernel, mla_kernel_inputs(cls, q_np, cache, overlay), kwargs,
+                            grid_heads=1, backend=backend)
         unpack_output(cls, out, result)
     return from_numpy_like(result, was_torch, like=q)

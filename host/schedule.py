@@ -47,7 +47,7 @@ from nki_kernels.constants import decode_layout
 from nki_kernels.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
-           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "ITEM_OVERHEAD_KEYS", "item_geometry",
+           "build_schedule", "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "ITEM_OVERHEAD_KEYS", "item_geometry",
            "meta_columns"]
 
 P = 128
@@ -207,6 +207,24 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         check_power_of_two("partial_tile_size", partial_tile_size, lo=512, hi=LT)
     if sliding_window is not None:
         sliding_window = check_int("sliding_window", sliding_window, min_value=1)
+    return build_schedule(q, c, block_tables, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                          head_size=head_size, block_size=B, num_blocks=num_blocks,
+                          large_tile_size=LT, sliding_window=sliding_window, alibi=alibi,
+                          row_init=row_init, query_itemsize=query_itemsize,
+                          cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
+                          group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size)
+
+
+def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, num_heads: int,
+                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
+                   large_tile_size: int, sliding_window: int | None, alibi: bool, row_init: bool,
+                   query_itemsize: int, cache_itemsize: int, kernel_itemsize: int,
+                   group_blocks_cap: int | None,
+                   partial_tile_size: int | str | None) -> AttentionSchedule:
+    """:func:`make_schedule` on arguments it has validated (``q`` / ``c`` int64 (S,) length
+    vectors, ``block_size`` / ``large_tile_size`` / ``partial_tile_size`` / ``sliding_window``
+    checked); what ``host.plan_paged_attention`` calls after its own single validation."""
+    B, LT = block_size, large_tile_size
     G = num_heads // num_kv_heads
     full_geo = TileGeometry(*item_geometry(B, LT))
     nd = -(-head_size // P)
@@ -241,7 +259,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
     if partial_tile_size is None:
         LTp = LT
     elif partial_tile_size == "auto":
-        LTp = choose_partial_tile(specs, B=B, LT=LT, c=c, keys=keys, window=sliding_window)
+        LTp = choose_partial_tile(specs, B=B, LT=LT, c=c, keys=keys, sliding_window=sliding_window)
     else:
         LTp = int(partial_tile_size)
     part_geo = TileGeometry(*item_geometry(B, LTp))
@@ -259,7 +277,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
     # Step 2: items and phase arrays of every class.
     classes = tuple(
         _class_schedule(kind, rows, blocks, qb, q=q, c=c, Hkv=Hkv, d=head_size, nd=nd,
-                        geo={False: full_geo, True: part_geo}, window=sliding_window,
+                        geo={False: full_geo, True: part_geo}, sliding_window=sliding_window,
                         ov_off=ov_off, block_tables=block_tables, num_blocks=num_blocks,
                         ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1),
                         alibi=alibi, row_init=row_init, seqs=seqs)
@@ -274,7 +292,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         overlay_pos0=readonly(overlay_pos0), classes=classes)
 
 
-def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov_off,
+def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_window, ov_off,
                     block_tables, num_blocks, ov_sentinel, ov_rows_per_head, alibi, row_init,
                     seqs):
     """The two phases of one class (``qb``: ``host.schedule_items.q_blocks``); see :class:`PhaseArrays` for
@@ -283,7 +301,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
     keys = c + q
     nblk, row_real, row_pos, groups = qb["nblk"], qb["row_real"], qb["row_pos"], qb["groups"]
     full_items, part_items, group_lo = schedule_items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
-                                              window=window)
+                                              sliding_window=sliding_window)
     full_groups = {g for g, _ in full_items}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.
@@ -370,7 +388,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
                         mi[h, :, t, out_col + jj] = _pad_rows(v, Hkv * nblk * rows)
                 if masked:
                     pos = row_pos[b]
-                    lo = pos - window + 1 if window is not None else np.zeros_like(pos)
+                    lo = pos - sliding_window + 1 if sliding_window is not None else np.zeros_like(pos)
                     lo = np.maximum(lo, 0) - k * W
                     hi = pos + 1 - k * W
                     lo = np.where(real, lo, 0)

@@ -45,7 +45,7 @@ class TileGeometry:
         return self.L * self.bp
 
 
-def choose_partial_tile(specs, *, B, LT, c, keys, window) -> int:
+def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
     """``"auto"`` partial tile size: the power of two in [512, LT] whose partial items cost the
     least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (the
     per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
@@ -58,7 +58,7 @@ def choose_partial_tile(specs, *, B, LT, c, keys, window) -> int:
         pg = TileGeometry(*item_geometry(B, ltp))
         cost = 0
         for _, _, _, _, qb in specs:
-            _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, window=window)
+            _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, sliding_window=sliding_window)
             nblk = [len(qb["groups"][g][1]) for g, _ in part]
             cost += sum(nblk) * pg.W + len(part) * ITEM_OVERHEAD_KEYS
         if best is None or cost < best[0]:
@@ -102,7 +102,7 @@ def q_blocks(seqs, rows, blocks, *, q, c, G, tok_off) -> dict:
                 row_real=row_real, groups=groups)
 
 
-def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, window):
+def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, sliding_window):
     """Step 2 of a class: ``(full_items, part_items, group_lo)``. A large tile (``fg``) is FULL
     when every real row of the group sees all of it and all its rows are cached; otherwise its
     partial tiles (``pg``) that some row sees are PARTIAL items. Items are (group index, tile
@@ -112,9 +112,9 @@ def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, win
     per_tile = fg.W // pg.W                           # partial tiles per large tile
     for gi, (i, blist) in enumerate(qb["groups"]):
         pos = qb["row_pos"][blist][qb["row_real"][blist]]
-        lo_min = 0 if window is None else max(0, int(pos.min()) - window + 1)
+        lo_min = 0 if sliding_window is None else max(0, int(pos.min()) - sliding_window + 1)
         group_lo[gi] = lo_min
-        lo_max = 0 if window is None else max(0, int(pos.max()) - window + 1)
+        lo_max = 0 if sliding_window is None else max(0, int(pos.max()) - sliding_window + 1)
         hi_min, hi_max = int(pos.min()) + 1, int(pos.max()) + 1
         end = int(keys[i])
         for k in range(-(-end // fg.W)):
