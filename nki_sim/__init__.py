@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import errors  # noqa: F401
 from .config import config, configure  # noqa: F401
 from .install import install, is_installed, real_nki_available, uninstall  # noqa: F401
-from .runtime import jit, simulate_kernel  # noqa: F401
+from .legacy.launch import jit, simulate_kernel  # noqa: F401
 from .target import TARGETS, Target, get_target, use_target  # noqa: F401
 from .trace import Event, Trace, tracing  # noqa: F401
 

@@ -1,6 +1,7 @@
 """Checked reads and writes of tensor views (the memory model's single entry point).
 
-Every read / write of kernel-visible memory goes through :func:`read` / :func:`write`:
+Every read / write of kernel-visible memory goes through :func:`read` / :func:`write`
+(``t`` is any :class:`nki_sim.tensor.Tensor` view, of any front end's subclass):
 bounds (static and indirect, honouring ``mask=`` and ``oob_mode``), uninitialized reads
 (written bitmap), immutable parameters, the ``affine_range`` dependency checker
 (per-element write/read epochs) and dtype casting on write.  Compute code never indexes
@@ -17,12 +18,9 @@ from . import deps
 from . import dtypes as D
 from . import errors as E
 from .config import config
-from .indexing import IndexExpr, broadcast_left
-from . import trace
-from .state import state
-from .target import get_target
+from .indexing import broadcast_left
 from .positions import Access  # noqa: F401  (re-exported: the access of a view)
-from .tensor import Tensor, _lang
+from .state import state
 
 
 # ---------------------------------------------------------------------------- checks
@@ -225,129 +223,3 @@ def _rmw_add(acc: Access, vals) -> None:
     np.add.at(sums, inv, v.astype(cdt))
     flat = alloc.data.reshape(-1)
     flat[u] = D.cast_for_write(flat[u].astype(cdt) + sums, alloc.dtype)
-
-
-# ---------------------------------------------------------------------------- assignment
-def _same_region(a: Tensor, b: Tensor) -> bool:
-    if not (a.alloc is b.alloc and a.shape == b.shape and a.arr.shape == b.arr.shape
-            and a.elem_layout() == b.elem_layout()):
-        return False
-    if a.idx is None or b.idx is None:
-        return a.idx is None and b.idx is None
-    return len(a.idx) == len(b.idx) and all(
-        np.array_equal(x, y) for x, y in zip(a.idx, b.idx))
-
-
-_PSUM_ONLY = ("nc_matmul", "nc_transpose")      # ISA-level TensorE instructions
-
-
-def _check_psum_acc_dtype(value: Tensor, dst: Tensor, op: str):
-    """Matmul results land in PSUM as fp32 on NeuronCore-v2/v3 (bf16 PSUM only from v4)."""
-    if (value.producer or ("", ""))[1] in ("matmul", "nc_matmul") and dst.buffer == "psum" \
-            and value.dtype == D.float32 and dst.dtype not in (D.float32, D.int32):
-        raise E.DtypeError(
-            f"'{op}' result written into PSUM tensor {dst.name} of dtype {dst.dtype.name}: matmul "
-            "results in PSUM must be float32 on NeuronCore-v2/v3; allocate the PSUM tile as float32 "
-            "and cast when copying it to SBUF")
-
-
-def _check_pe_transpose_psum(value: Tensor, dst: Tensor):
-    """PE-array transposes write PSUM as fp32 on NeuronCore-v2 and in the source dtype on v3
-    (AWS kernels: psum_dtype = src.dtype if gen3 else float32)."""
-    prod = value.producer or ()
-    if len(prod) < 3 or prod[:2] != ("tensor", "nc_transpose") or dst.buffer != "psum":
-        return
-    src = prod[2]
-    if get_target().nc_version == "gen2":
-        if dst.dtype != D.float32:
-            raise E.DtypeError(
-                f"nisa.nc_transpose on the Tensor Engine writes PSUM as float32 on NeuronCore-v2; "
-                f"destination {dst.name} is {dst.dtype.name} (allocate the PSUM tile as float32)")
-    elif dst.dtype != src:
-        warnings.warn(
-            f"nisa.nc_transpose of a {np.dtype(src).name} tile into {dst.dtype.name} PSUM tensor "
-            f"{dst.name}: on NeuronCore-v3 PE-array outputs must match the input dtype",
-            RuntimeWarning, stacklevel=4)
-
-
-def _check_producer(value: Tensor, dst: Tensor):
-    """The instruction that made ``value`` writes ``dst`` directly: check its engine's memories."""
-    _check_pe_transpose_psum(value, dst)
-    eng, op = (value.producer or ("", ""))[:2]
-    if eng == "tensor" and op in _PSUM_ONLY and dst.buffer != "psum":
-        raise E.MemorySpaceError(
-            f"the Tensor Engine writes PSUM only: result of 'nisa.{op}' assigned to {dst.buffer} "
-            f"tensor {dst.name}; assign it to a PSUM tile (then nl.copy / nisa.tensor_copy to SBUF)")
-    _check_psum_acc_dtype(value, dst, op)
-    if eng == "gpsimd" and dst.buffer == "psum":
-        raise E.MemorySpaceError(
-            f"the GpSimd engine cannot access PSUM: result of '{op}' assigned to PSUM tensor "
-            f"{dst.name}; assign it to an SBUF tile")
-
-
-def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
-    trace.emit("vector", "copy", in_shapes=(src.shape,), out_shape=dst.shape,
-               in_dtypes=(src.dtype,), out_dtype=dst.dtype,
-               partitions=dst.shape[0] if dst.shape else 1,
-               free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-               nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {})
-
-
-def assign(t: Tensor, key, value) -> None:
-    """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
-    dst = t[key]
-    if isinstance(value, Tensor):
-        if value.fresh == "acc" and _same_region(dst, value):
-            return
-        if not dst.onchip or not value.onchip:
-            raise E.MemorySpaceError(
-                f"assignment between {value.buffer} tensor {value.name} and {dst.buffer} tensor "
-                f"{dst.name}: use nl.load / nl.store / nisa.dma_copy to move data to or from HBM")
-        if value.fresh:
-            _check_producer(value, dst)
-            pm = value.pmask
-            vals, _ = read(value, pm, op="assign")
-            m = None if pm is None else fit_value(pm, dst.shape)
-            write(dst, vals, m, op="assign")
-            value.fresh = False
-            if (value.producer or ("",))[0] == "tensor" and dst.buffer != "psum":
-                # TensorE writes PSUM: the compiler adds the PSUM -> SBUF evacuation copy
-                _emit_copy(value, dst, implicit=True)
-            return
-        vals, _ = read(value, op="copy")
-        write(dst, vals, op="copy")
-        _emit_copy(value, dst)
-        return
-    if isinstance(value, IndexExpr):
-        raise TypeError("cannot assign an nl.arange / nl.mgrid index to a tensor "
-                        "(err_cannot_assign_to_index); convert it with nisa.iota first")
-    if isinstance(value, (bool, int, float, np.number, np.bool_)):
-        if not dst.onchip:
-            raise E.MemorySpaceError(f"scalar assignment to {dst.buffer} tensor {dst.name}: use nl.store")
-        write(dst, np.asarray(value), op="memset")
-        trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype,
-                   partitions=dst.shape[0] if dst.shape else 1,
-                   free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-                   nbytes=dst.size * dst.itemsize)
-        return
-    raise TypeError(f"cannot assign a {type(value).__name__} to NKI tensor {t.name}; "
-                    "assign a tile, a scalar, or the result of an nl/nisa op")
-
-
-def inplace_update(t: Tensor, other, fname: str) -> Tensor:
-    """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32 (exempt from
-    the affine_range dependency check); everything else is ``t[...] = t <op> other``."""
-    if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
-            and t.buffer == "psum"):
-        _check_psum_acc_dtype(other, t, "matmul accumulate")
-        vals, _ = read(other, op="matmul accumulate")
-        write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
-        other.fresh = False
-    else:
-        res = getattr(_lang("elementwise"), fname)(t, other)
-        vals, _ = read(res, res.pmask, op=fname)
-        write(t, vals, op=fname)
-        res.fresh = False
-    out = Tensor(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax, lay=t._lay)
-    out.fresh = "acc"
-    return out

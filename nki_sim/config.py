@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, fields
 
 from .state import state
+from .versions import parse as _parse_sdk
 
 
 @dataclass
@@ -50,8 +51,7 @@ class Config:
 
 def _normalise(name, value):
     if name == "sdk":
-        from .sdk import parse
-        return parse(value)
+        return _parse_sdk(value)
     return value
 
 
@@ -110,8 +110,7 @@ def configure(**changes):
         if k in _CHOICES and v not in _CHOICES[k]:
             raise ValueError(f"configure: {k} must be one of {_CHOICES[k]}; got {v!r}")
     if "sdk" in changes:
-        from .sdk import parse
-        changes["sdk"] = parse(changes["sdk"])      # validate before changing anything
+        changes["sdk"] = _parse_sdk(changes["sdk"])      # validate before changing anything
     ov = state.overrides
     missing = object()
     old = {k: ov.get(k, missing) for k in changes}

@@ -12,6 +12,8 @@ import operator
 
 import numpy as np
 
+from .errors import NkiCompileError
+
 
 def _val(x):
     if isinstance(x, IndexExpr):
@@ -205,7 +207,6 @@ def mask_array(mask, shape):
         return None if mask else np.zeros(shape, dtype=bool)
     if isinstance(mask, MaskExpr):
         if not mask.affine:
-            from .errors import NkiCompileError
             raise NkiCompileError(
                 "mask= predicate uses a non-affine expression of the indices (%, // or a product of "
                 "indices); masks must be affine in nl.arange / loop variables / program ids, combined "

@@ -52,8 +52,8 @@ def real_nki_available() -> bool:
 
 
 def _modules() -> dict:
-    from . import compiler, isa, language, nki_api, nki_typing
-    from .isa import constants
+    from .legacy import compiler, isa, language, nki_api, nki_typing
+    from .legacy.isa import constants
     root = types.ModuleType("neuronxcc", "nki_sim stand-in for the neuronxcc package")
     root.__nki_sim__ = True
     root.__path__ = []
@@ -66,7 +66,9 @@ def _modules() -> dict:
 
 
 def install(force: bool = False) -> bool:
-    """Register nki_sim as ``neuronxcc.nki``; returns True if it (re)installed the modules."""
+    """Register nki_sim as ``neuronxcc.nki`` and as ``nki`` (the current API, where no real
+    ``nki`` is importable); returns True if it (re)installed the legacy modules."""
+    install_current(force)
     if is_installed():
         return False
     if not force and real_nki_available():
@@ -83,6 +85,53 @@ def uninstall() -> bool:
     removed = False
     for n in list(sys.modules):
         if (n == "neuronxcc" or n.startswith("neuronxcc.")) and _ours(sys.modules[n]):
+            del sys.modules[n]
+            removed = True
+    return removed
+
+
+# ---- the current API (``import nki``) ---------------------------------------------------------
+def current_installed() -> bool:
+    return _ours(sys.modules.get("nki"))
+
+
+def real_current_nki_available() -> bool:
+    """Whether a real, importable ``nki`` package exists on sys.path (placeholder = no)."""
+    if importlib.machinery.PathFinder.find_spec("nki") is None:
+        return False
+    saved = {n: sys.modules.pop(n) for n in list(sys.modules)
+             if (n == "nki" or n.startswith("nki.")) and _ours(sys.modules[n])}
+    try:
+        mod = importlib.import_module("nki")
+        ok = not _ours(mod) and hasattr(mod, "jit")
+    except Exception:      # the PyPI placeholder raises on import: absent
+        ok = False
+    finally:
+        for n in list(sys.modules):
+            if (n == "nki" or n.startswith("nki.")) and (saved or not ok):
+                del sys.modules[n]
+        sys.modules.update(saved)
+    return ok
+
+
+def install_current(force: bool = False) -> bool:
+    """Register nki_sim's current front end as ``nki`` / ``nki.language`` / ``nki.isa`` ..."""
+    if current_installed():
+        return False
+    if not force and real_current_nki_available():
+        return False
+    from .current import modules
+    for n in list(sys.modules):
+        if n == "nki" or n.startswith("nki."):
+            del sys.modules[n]
+    sys.modules.update(modules())
+    return True
+
+
+def uninstall_current() -> bool:
+    removed = False
+    for n in list(sys.modules):
+        if (n == "nki" or n.startswith("nki.")) and _ours(sys.modules[n]):
             del sys.modules[n]
             removed = True
     return removed

@@ -9,8 +9,11 @@ iteration's epoch window (see :mod:`nki_sim.access`).
 from __future__ import annotations
 
 import sys
+import warnings
 
+from . import errors as E
 from .config import config
+from .deps import loop_var
 from .state import LoopFrame, state
 
 
@@ -46,7 +49,6 @@ class _Loop:
             k.affine.append(frame)
         traced = config.traced_loops != "off"
         if traced:
-            from .deps import loop_var
             name = loop_var(frame)
         wrap = traced and self.kind != "static"
         s, starts, values = state, frame.starts, frame.values
@@ -124,8 +126,6 @@ class LoopPredicate:
 
 
 def _traced_use(what: str):
-    import warnings
-    from . import errors as E
     msg = (f"{what}: legacy NKI traces nl.affine_range / nl.sequential_range bodies once, so Python "
            "decisions on loop variables are not made per iteration; use nl.static_range for Python-"
            "level control flow, or mask= / nl.where for per-iteration predicates")

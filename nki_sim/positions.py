@@ -13,7 +13,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import errors as E
-from .tensor import Tensor
 
 
 class Access:

@@ -1,45 +1,44 @@
-"""Kernel launch: ``nki.jit``, grid launch ``kernel[d0, d1](...)``, ``nki.simulate_kernel``.
+"""Kernel launch (front-end neutral): :func:`run_kernel`.
 
-A top-level call wraps NumPy arguments as HBM tensors (immutable unless annotated
-``nt.mutable_tensor``), runs the SPMD programs serially in row-major grid order (each with
-fresh SBUF/PSUM/private HBM; ``shared_hbm`` allocations are shared by position), and
-converts returned tensors back to NumPy.  A jit function called while a kernel runs is an
-ordinary inline call.
+A launch wraps NumPy arguments as HBM tensors of the front end's tensor class (immutable
+unless the parameter's annotation sets ``_nki_mutable``, e.g. ``nt.mutable_tensor``), runs the
+SPMD programs serially in row-major grid order (each with fresh SBUF/PSUM/private HBM;
+``shared_hbm`` allocations are shared by position), and converts returned tensors back to
+NumPy.  The legacy decorators (``nki.jit``, ``kernel[grid]``, ``simulate_kernel``) are in
+:mod:`nki_sim.legacy.launch`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import itertools
+import os
 
 import numpy as np
 
 from . import dtypes as D
 from . import errors as E
+from .access import Access
 from .blas import single_threaded
 from .config import config
 from .memory import Alloc, Live
 from .state import KernelContext, state
-from .target import get_target, resolve_target, use_target
+from .target import get_target, use_target
 from .tensor import Tensor
-
-_DEVICE_MODES = ("baremetal", "benchmark", "profile")
-_SIM_MODES = ("auto", "simulation", "trace")
-_MODES = _SIM_MODES + _DEVICE_MODES + ("jax", "torchxla")
+from .trace import in_simulator
 
 
 def _is_mutable_annotation(ann) -> bool:
-    from .nki_typing import mutable_tensor
-    if ann is mutable_tensor or isinstance(ann, type) and issubclass(ann, mutable_tensor):
-        return True
+    """Whether a parameter annotation marks a kernel input the kernel may write: a front end's
+    mutable annotation class sets ``_nki_mutable`` (legacy ``nt.mutable_tensor``, also
+    subscripted); a string annotation (postponed evaluation) naming ``mutable_tensor``."""
     if getattr(ann, "_nki_mutable", False):
         return True
     return isinstance(ann, str) and "mutable_tensor" in ann
 
 
-def _wrap_input(name: str, arr: np.ndarray, mutable: bool) -> Tensor:
+def _wrap_input(name: str, arr: np.ndarray, mutable: bool, tensor_type=Tensor) -> Tensor:
     d = arr.dtype
     if d not in D.SUPPORTED:
         raise ValueError(
@@ -54,7 +53,7 @@ def _wrap_input(name: str, arr: np.ndarray, mutable: bool) -> Tensor:
         data.flags.writeable = False
     a = Alloc(data, "hbm", name=name, kind="input", written=True, mutable=mutable)
     a.user_array = arr
-    return Tensor(a, data)
+    return tensor_type(a, data)
 
 
 def _output(x, ctx, inputs_by_alloc):
@@ -83,7 +82,6 @@ def _output(x, ctx, inputs_by_alloc):
 
 def _materialize(x: Tensor) -> np.ndarray:
     """A NumPy copy of a returned tensor view (basic or advanced)."""
-    from .access import Access
     x.alloc.poison()
     if x.idx is None:
         return np.array(x.arr)
@@ -104,8 +102,6 @@ def _returned_allocs(x, out):
 
 def _add_context_note(e: BaseException, ctx) -> None:
     """Record where in the kernel an error happened as ``e.nki_context`` (str(e) is unchanged)."""
-    import os
-    from .trace import in_simulator
     loc = None
     tb = e.__traceback__
     while tb is not None:
@@ -124,8 +120,11 @@ def _add_context_note(e: BaseException, ctx) -> None:
         pass
 
 
-def run_kernel(func, grid, args, kwargs, platform_target=None):
-    """Simulate ``func`` over ``grid`` with NumPy arguments; returns NumPy outputs."""
+def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Tensor):
+    """Simulate ``func`` over ``grid`` with NumPy arguments; returns NumPy outputs.
+
+    ``tensor_type``: the front end's tensor class (a :class:`~nki_sim.tensor.Tensor` subclass)
+    of the inputs and of every tensor the kernel creates (``KernelContext.tensor_type``)."""
     if state.kernel is not None:
         raise E.KernelSignatureError(
             "calling a grid-launched / top-level kernel from inside another kernel "
@@ -147,7 +146,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
         def wrap(pname, val, param):
             if isinstance(val, np.ndarray):
                 mutable = _is_mutable_annotation(param.annotation) or config.legacy_inplace_outputs
-                t = _wrap_input(pname, val, mutable)
+                t = _wrap_input(pname, val, mutable, tensor_type)
                 inputs.append(t)
                 return t
             if hasattr(val, "__array__") and type(val).__module__.startswith("torch"):
@@ -164,7 +163,8 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
             else:
                 bound.arguments[pname] = wrap(pname, val, param)
         ctx = KernelContext(name=func.__name__, grid=grid, target=get_target(),
-                            code=getattr(inspect.unwrap(func), "__code__", None))
+                            code=getattr(inspect.unwrap(func), "__code__", None),
+                            tensor_type=tensor_type)
         for tr in state.traces:
             tr._note_run(ctx.target)
         programs = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
@@ -196,93 +196,3 @@ def run_kernel(func, grid, args, kwargs, platform_target=None):
                 if a.data is not a.user_array:
                     np.copyto(a.user_array, a.data)
         return _output(ret, ctx, None)
-
-
-class Kernel:
-    """Result of ``nki.jit`` (and of ``nki.baremetal`` / ``benchmark`` / ``profile``)."""
-
-    def __init__(self, func, mode="auto", platform_target=None, **options):
-        if mode not in _MODES:
-            raise ValueError(f"nki.jit: mode must be one of {_MODES}; got {mode!r}")
-        if platform_target is not None:
-            resolve_target(platform_target)
-        self.func = func
-        self.mode = mode
-        self.platform_target = platform_target
-        self.options = options
-        functools.update_wrapper(self, func)
-
-    def _check_mode(self):
-        if self.mode in _DEVICE_MODES:
-            raise E.DeviceRequiredError(
-                f"nki.{self.mode} requires a Neuron device (Trainium / Inferentia); none is available "
-                "under nki_sim. Use nki.simulate_kernel(kernel, ...) or nki.jit(mode='simulation').")
-        if self.mode in ("jax", "torchxla"):
-            raise NotImplementedError(
-                f"nki.jit(mode={self.mode!r}) needs the Neuron framework integration; call the kernel "
-                "with NumPy arrays (simulation) instead")
-
-    def __call__(self, *args, **kwargs):
-        if state.kernel is not None:            # @nki.jit helper called inside a kernel: inline
-            return self.func(*args, **kwargs)
-        self._check_mode()
-        return run_kernel(self.func, (), args, kwargs, self.platform_target)
-
-    def __getitem__(self, grid):
-        return GridLaunch(self, grid)
-
-    def __repr__(self):
-        return f"<nki_sim kernel {self.func.__name__} mode={self.mode}>"
-
-
-class GridLaunch:
-    """``kernel[d0, d1, ...]``: an SPMD launch configuration."""
-
-    def __init__(self, kernel, grid):
-        if not isinstance(grid, tuple):
-            grid = (grid,)
-        self.kernel = kernel
-        self.grid = tuple(int(g) for g in grid)
-
-    def __call__(self, *args, **kwargs):
-        if state.kernel is not None:
-            raise E.KernelSignatureError(
-                "a grid-launched kernel cannot be called from inside another kernel "
-                "(err_nested_kernel_with_spmd_grid)", code="err_nested_kernel_with_spmd_grid")
-        self.kernel._check_mode()
-        return run_kernel(self.kernel.func, self.grid, args, kwargs, self.kernel.platform_target)
-
-
-def jit(func=None, mode="auto", platform_target=None, **kwargs):
-    """``@nki.jit`` / ``nki.jit(func, mode=..., platform_target=...)``."""
-    if func is None:
-        return lambda f: Kernel(f, mode=mode, platform_target=platform_target, **kwargs)
-    return Kernel(func, mode=mode, platform_target=platform_target, **kwargs)
-
-
-def _device_decorator(mode):
-    def deco(kernel=None, **kwargs):
-        if kernel is None:
-            return lambda f: Kernel(getattr(f, "func", f), mode=mode, **kwargs)
-        return Kernel(getattr(kernel, "func", kernel), mode=mode, **kwargs)
-    deco.__name__ = mode
-    deco.__doc__ = f"nki.{mode}: needs a Neuron device (calling raises); simulate_kernel still works."
-    return deco
-
-
-baremetal = _device_decorator("baremetal")
-benchmark = _device_decorator("benchmark")
-profile = _device_decorator("profile")
-
-
-def simulate_kernel(kernel, *args, **kwargs):
-    """Run ``kernel`` (jit / baremetal kernel, ``kernel[grid]`` or plain function) on NumPy args."""
-    if isinstance(kernel, GridLaunch):
-        k = kernel.kernel
-        return run_kernel(k.func, kernel.grid, args, kwargs, k.platform_target)
-    if isinstance(kernel, Kernel):
-        return run_kernel(kernel.func, (), args, kwargs, kernel.platform_target)
-    if callable(kernel):
-        return run_kernel(kernel, (), args, kwargs)
-    raise TypeError(f"simulate_kernel: kernel must be an nki.jit kernel, kernel[grid] or a function; "
-                    f"got {type(kernel).__name__}")

@@ -14,17 +14,10 @@ from __future__ import annotations
 import sys
 import types
 
+from .config import config
+from .errors import not_emulated as _not_emulated
+from .versions import MAX_SDK, MIN_SDK, fmt, parse  # noqa: F401  (the SDK release numbers)
 
-_CFG = []
-
-
-def _config():
-    if not _CFG:
-        from .config import config      # late: config.py imports this module while it initialises
-        _CFG.append(config)
-    return _CFG[0]
-
-MIN_SDK, MAX_SDK = (2, 21), (2, 27)     # 2.27: last release with the legacy namespace
 
 # module-level names: (module, name) -> first SDK release that has it
 NAMES = {
@@ -45,29 +38,8 @@ NAMES = {
 }
 
 
-def parse(v) -> tuple:
-    """(major, minor) from "2.24", 2.24 or (2, 24); ValueError outside 2.21-2.26."""
-    if isinstance(v, str):
-        parts = v.strip().split(".")
-    elif isinstance(v, float):
-        parts = f"{v:.2f}".split(".")
-    else:
-        parts = list(v)
-    try:
-        t = (int(parts[0]), int(parts[1]))
-    except (ValueError, IndexError, TypeError):
-        raise ValueError(f"sdk must look like '2.24' or (2, 24); got {v!r}") from None
-    if not MIN_SDK <= t <= MAX_SDK:
-        raise ValueError(f"sdk must be a legacy-NKI Neuron SDK release between 2.21 and 2.27; got {v!r}")
-    return t
-
-
-def fmt(t) -> str:
-    return f"{t[0]}.{t[1]}"
-
-
 def has(version) -> bool:
-    return tuple(_config().sdk) >= tuple(version)
+    return tuple(config.sdk) >= tuple(version)
 
 
 def check_kwargs(api: str, version, **given) -> None:
@@ -83,7 +55,7 @@ def check_kwargs(api: str, version, **given) -> None:
         if v is not None:
             raise TypeError(
                 f"{api}() got an unexpected keyword argument '{k}' (added in Neuron SDK "
-                f"{fmt(version)}; nki_sim simulates SDK {fmt(_config().sdk)})")
+                f"{fmt(version)}; nki_sim simulates SDK {fmt(config.sdk)})")
 
 
 _REGISTRY: dict = {}      # module name -> (namespace dict, {gated name: object})
@@ -143,7 +115,6 @@ def module_getattr(module: str, short: str, namespace: dict, not_emulated: set):
     module, per thread; it explains an absent gated name, names real-but-not-emulated NKI
     APIs with ``NotImplementedError``, and raises ``AttributeError`` for anything else.
     """
-    from .errors import not_emulated as _not_emulated
     gated = {name: namespace.pop(name) for (mod, name) in NAMES if mod == module}
     _REGISTRY[module] = (namespace, gated)
     namespace["_sdk_gate"] = (module, gated)
@@ -159,7 +130,7 @@ def module_getattr(module: str, short: str, namespace: dict, not_emulated: set):
                 return gated[name]
             raise AttributeError(
                 f"module 'neuronxcc.nki.{module}' has no attribute '{name}' (added in Neuron SDK "
-                f"{fmt(need)}; nki_sim simulates SDK {fmt(_config().sdk)}: nki_sim.configure(sdk=...) or "
+                f"{fmt(need)}; nki_sim simulates SDK {fmt(config.sdk)}: nki_sim.configure(sdk=...) or "
                 "env NKI_SIM_SDK)")
         if name in not_emulated:
             raise _not_emulated(f"{short}.{name}")

@@ -47,6 +47,7 @@ class KernelContext:
     code: object = None       # code object of the top-level kernel function
     accumulators: dict = None  # engine accumulator registers (nisa.activation reduce_cmd)
     acc_warned: set = None     # source locations already warned about accumulator chains
+    tensor_type: type = None   # the front end's tensor class (nki_sim.tensor.Tensor subclass)
 
 
 class _State(threading.local):

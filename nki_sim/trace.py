@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .dtypes import dname
 from .state import state
+from .target import TARGETS, get_target
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _PKG = __name__.split(".")[0]          # "nki_sim"
@@ -85,7 +86,6 @@ class Trace:
         ev = self.events
         dma = [e for e in ev if e.engine == "dma"]
         eng = Counter(e.engine for e in ev)
-        from .target import TARGETS, get_target
         names = list(self.targets)
         t = TARGETS[names[-1]] if names else get_target()
         over = {b: any(p[b] > (TARGETS[n].sbuf_usable_bytes_per_partition if b == "sbuf"

@@ -36,9 +36,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import nki_sim  # noqa: E402
 from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
-from nki_sim import isa as nisa  # noqa: E402
-from nki_sim import language as nl  # noqa: E402
-from nki_sim import nki_api as nki  # noqa: E402
+from nki_sim.legacy import isa as nisa  # noqa: E402
+from nki_sim.legacy import language as nl  # noqa: E402
+from nki_sim.legacy import nki_api as nki  # noqa: E402
 
 
 def _kernel(q, kv, *, n):

@@ -179,7 +179,7 @@ def test_get_nc_version_follows_target(monkeypatch):
     assert run(k, x)[0, 0] == int(nisa.nc_version.gen3)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "gen2")
     assert run(k, x)[0, 0] == int(nisa.nc_version.gen2)
-    from nki_sim import nki_api as nki
+    from nki_sim.legacy import nki_api as nki
     assert nki.simulate_kernel(nki.jit(k, platform_target="trn2"), x)[0, 0] == int(nisa.nc_version.gen3)
     with pytest.raises(ValueError, match="platform_target"):
         nki.jit(k, platform_target="trn9")
@@ -196,7 +196,7 @@ def test_not_emulated_names_raise_not_implemented():
 
 
 def test_device_modes_need_a_device(rng):
-    from nki_sim import nki_api as nki
+    from nki_sim.legacy import nki_api as nki
 
     def k(x):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)

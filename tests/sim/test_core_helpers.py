@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_sim import isa as nisa  # noqa: F401
-from nki_sim import language as nl  # noqa: F401
-from nki_sim import nki_api as nki  # noqa: F401
-from nki_sim import nki_typing as nt  # noqa: F401
+from nki_sim.legacy import isa as nisa  # noqa: F401
+from nki_sim.legacy import language as nl  # noqa: F401
+from nki_sim.legacy import nki_api as nki  # noqa: F401
+from nki_sim.legacy import nki_typing as nt  # noqa: F401
 
 
 def run(body, *args, grid=(), **kwargs):

@@ -149,7 +149,7 @@ def _scatter(base, src, idx):
 
 
 def test_indirect_store_scatter(rng):
-    from nki_sim.nki_typing import mutable_tensor
+    from nki_sim.legacy.nki_typing import mutable_tensor
 
     def k(base: mutable_tensor, src, idx):
         return _scatter(base, src, idx)

@@ -104,7 +104,7 @@ def test_works_when_imported_through_a_non_normalized_path(tmp_path):
         import sys
         sys.path.insert(0, {str(ROOT / "tests")!r} + "/..")     # as scripts/ do: not normalized
         import numpy as np, nki_sim
-        from nki_sim import nki_api as nki, language as nl
+        from nki_sim.legacy import nki_api as nki, language as nl
         def k(x):
             out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
             nl.store(out, nl.load(x))

@@ -50,7 +50,7 @@ def test_keywords_follow_the_sdk(rng, monkeypatch):
     idx = np.array([[1], [3]], np.int32)
     with nki_sim.configure(sdk="2.22"):
         assert np.array_equal(run(_copy_skip, x, idx, use_oob=False), x[[1, 3]])
-        from nki_sim.isa.constants import oob_mode
+        from nki_sim.legacy.isa.constants import oob_mode
         monkeypatch.setattr(nisa, "oob_mode", oob_mode, raising=False)   # as if the enum existed
         with pytest.raises(TypeError, match="unexpected keyword argument 'oob_mode'.*2.23"):
             run(_copy_skip, x, idx, use_oob=True)

@@ -17,9 +17,9 @@ import pytest
 import nki_sim
 from nki_sim import blas
 from nki_sim import errors as E
-from nki_sim import isa as nisa
-from nki_sim import language as nl
-from nki_sim import nki_api as nki
+from nki_sim.legacy import isa as nisa
+from nki_sim.legacy import language as nl
+from nki_sim.legacy import nki_api as nki
 
 pytestmark = pytest.mark.simulation
 

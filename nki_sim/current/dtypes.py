@@ -1,0 +1,62 @@
+"""Dtypes of the current ``nki`` API: strings (``nl.bfloat16 == "bfloat16"``) mapped to storage.
+
+``to_np(dt)`` gives the NumPy storage dtype (bf16 / fp8 through ml_dtypes) of a dtype string;
+NumPy / ml_dtypes dtype objects are accepted too (AWS documents strings only).  ``tfloat32``
+is stored as fp32 (reads and writes do not round to tf32: see nki_sim/README.md).  The NKI 0.5+
+packed types (``float8_e8m0fnu``, ``*_x4``) are not emulated.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .. import dtypes as D
+from ..errors import NotEmulatedError
+
+_STORAGE = {
+    "float32": D.float32, "float16": D.float16, "bfloat16": D.bfloat16, "tfloat32": D.float32,
+    "float8_e4m3": D.float8_e4m3, "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": D.float8_e5m2,
+    "int8": D.int8, "int16": D.int16, "int32": D.int32,
+    "uint8": D.uint8, "uint16": D.uint16, "uint32": D.uint32, "bool": D.bool_,
+}
+_PACKED = ("float8_e8m0fnu", "float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4")
+_BY_NP = {}
+for _k, _v in _STORAGE.items():
+    if _k != "tfloat32":
+        _BY_NP.setdefault(_v, _k)
+del _k, _v
+
+
+def name_of(dt) -> str:
+    """The NKI dtype string of ``dt`` (a string or a NumPy / ml_dtypes dtype)."""
+    if isinstance(dt, str):
+        if dt in _STORAGE:
+            return dt
+        if dt in _PACKED:
+            raise NotEmulatedError(f"nki.language.{dt} (packed / MX dtype) is not emulated by nki_sim")
+        if dt == "bool_":
+            return "bool"
+        raise ValueError(f"dtype must be an NKI dtype (nl.float32, nl.bfloat16, ...); got {dt!r}")
+    try:
+        d = np.dtype(dt)
+    except TypeError:
+        raise ValueError(f"dtype must be an NKI dtype (nl.float32, nl.bfloat16, ...); got {dt!r}") from None
+    if d not in _BY_NP:
+        raise ValueError(f"dtype must be an NKI dtype (nl.float32, nl.bfloat16, (u)int8/16/32, ...); "
+                         f"got {d.name}")
+    return _BY_NP[d]
+
+
+def to_np(dt) -> np.dtype:
+    """Storage dtype (NumPy) of an NKI dtype string or NumPy dtype."""
+    return _STORAGE[name_of(dt)]
+
+
+def itemsize(dt) -> int:
+    return to_np(dt).itemsize
+
+
+def is_float_name(dt) -> bool:
+    return name_of(dt).startswith(("float", "bfloat", "tfloat"))

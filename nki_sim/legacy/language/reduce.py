@@ -1,0 +1,101 @@
+"""``nl`` reductions along the trailing free axes (VectorE): max/min/sum/prod/mean/all/any/var."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import dtypes as D
+from ... import errors as E
+from ...alu import reduce_values
+from ..compute import operand, require_kernel, result_tile
+from ...indexing import mask_array
+from ...tensor import Tensor
+
+
+def norm_axes(axis, ndim, api):
+    """Validate reduction axes: free axes only, the last contiguous ones ([1], [1,2], ...)."""
+    if axis is None:
+        raise ValueError(f"{api}: axis is required (free axes, e.g. axis=1)")
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(sorted(int(a) % ndim if ndim else int(a) for a in axes))
+    if not axes or 0 in axes or axes != tuple(range(ndim - len(axes), ndim)):
+        raise E.NkiCompileError(
+            f"{api}: reduction axis {axis!r} of a rank-{ndim} tile must be the last contiguous free "
+            f"dim(s): [1], [1,2], ... (the partition axis 0 cannot be reduced)")
+    return axes
+
+
+def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate=False, api=None,
+              engine="vector", tname=""):
+    api = api or f"nl.{name}"
+    require_kernel(api)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{api}: x must be a tile; got {type(x).__name__}")
+    axes = norm_axes(axis, x.ndim, api)
+    m = mask_array(mask, x.shape) if mask is not None else None
+    a = operand(x, "x", name, m)
+    int_in = D.is_int(a.dtype) or a.dtype == D.bool_
+    cdt = np.int64 if (int_in and kind in ("add", "multiply", "maximum", "minimum", "bitwise_and",
+                                            "bitwise_or", "bitwise_xor", "logical_and",
+                                            "logical_or", "logical_xor")) else np.float32
+    v = np.asarray(a.v, dtype=cdt)
+    if m is not None:     # masked-out elements do not take part
+        ident = {"add": 0, "multiply": 1, "maximum": -np.inf, "minimum": np.inf,
+                 "logical_and": 1, "logical_or": 0}.get(kind, 0)
+        if cdt == np.int64 and not np.isfinite(ident):
+            ident = np.iinfo(np.int64).min if ident < 0 else np.iinfo(np.int64).max
+        v = np.where(m, v, np.asarray(ident).astype(cdt))
+    if kind == "mean":
+        r = np.mean(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
+    elif kind == "var":
+        r = np.var(np.asarray(v, np.float32), axis=axes, keepdims=keepdims, dtype=np.float32)
+    elif kind == "all":
+        r = np.all(v != 0, axis=axes, keepdims=keepdims)
+    elif kind == "any":
+        r = np.any(v != 0, axis=axes, keepdims=keepdims)
+    else:
+        r = reduce_values(kind, v, axes, keepdims)
+    if negate:
+        r = -r
+    if dtype is not None:
+        out_dt = D.as_dtype(dtype)
+    elif kind in ("mean", "var") and int_in:
+        out_dt = D.float32
+    elif kind in ("all", "any"):
+        out_dt = D.bool_
+    else:
+        out_dt = a.dtype
+    out_shape = np.shape(r)
+    if len(out_shape) == 0:
+        r = np.reshape(r, (1,))
+    free = math.prod(x.shape[1:]) if x.ndim > 1 else 1
+    out_m = None
+    if m is not None:
+        out_m = m.any(axis=axes, keepdims=keepdims)
+        if out_m.all():
+            out_m = None
+    return result_tile(r, out_dt, op=name, engine=engine, inputs=(a,), mask=out_m, name=tname,
+                       free_elems=free)
+
+
+def _make(opname, kind, doc):
+    def f(x, axis, *, dtype=None, mask=None, keepdims=False, name="", **kwargs):
+        return reduce_op(opname, kind, x, axis, dtype=dtype, mask=mask, keepdims=keepdims, tname=name)
+    f.__name__ = opname
+    f.__qualname__ = opname
+    f.__doc__ = doc
+    if kind in ("add", "maximum", "minimum", "multiply"):
+        f._alu = kind
+    return f
+
+
+max = _make("max", "maximum", "maximum over the trailing free axes")   # noqa: A001
+min = _make("min", "minimum", "minimum over the trailing free axes")   # noqa: A001
+sum = _make("sum", "add", "sum over the trailing free axes")           # noqa: A001
+prod = _make("prod", "multiply", "product over the trailing free axes")
+mean = _make("mean", "mean", "mean (fp32 for integer inputs)")
+var = _make("var", "var", "variance")
+all = _make("all", "all", "logical all")                               # noqa: A001
+any = _make("any", "any", "logical any")                               # noqa: A001

@@ -1,0 +1,1 @@
+"""Hardware-evidence suite: published measurements vs the cost model (see scripts/bench_evidence.py)."""
