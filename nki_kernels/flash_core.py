@@ -131,7 +131,7 @@ def visible_values(v_tile, mask_tile, ones, *, head_size, kernel_dtype):
     P = B_P_SIZE
     d = head_size
     n_k = mask_tile.shape[1] // P
-    mask_k = nl.copy(mask_tile, dtype=kernel_dtype)
+    mask_k = nisa.tensor_copy(mask_tile, dtype=kernel_dtype, engine=nisa.gpsimd_engine)   # idle engine
     seen = nl.ndarray((P, n_k), dtype=nl.float32, buffer=nl.psum)
     for k in nl.affine_range(n_k):
         seen[:, nl.ds(k, 1)] = nisa.nc_matmul(mask_k[:, nl.ds(k * P, P)], ones)
