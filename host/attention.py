@@ -15,6 +15,7 @@ H / Hkv query / KV heads, d head size, N cache blocks, B block size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from host._arrays import from_numpy_like, is_torch_tensor, to_numpy
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
 from host.gqa_packing import pack_kv, pack_query, unpack_output
-from host.launch import BACKENDS, launch_kernel
+from host.launch import BACKENDS, check_api, launch_kernel
 from host.scheduled import build_overlay, launch_args, pack_queries
 from host.scheduled import unpack_output as unpack_class_output
 from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
@@ -41,7 +42,7 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     kernel: str = "scheduled", sliding_window: int | None = None,
                     logits_soft_cap: float | None = None, alibi_slopes: Any = None,
                     sinks: Any = None, k_scale: Any = None, v_scale: Any = None,
-                    partial_tile_size: Any = "auto") -> Any:
+                    partial_tile_size: Any = "auto", api: str | None = None) -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``. One call is
@@ -63,6 +64,10 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             of two in [512, large_tile_size], or "auto" (the host picks one per batch,
             docs/layouts.md §16.3). Fix it to bound the kernel shapes a serving engine compiles.
         backend: "auto" | "sim" | "neuron" (``host.launch``).
+        api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
+            current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
+            ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only (api="nki" raises
+            NotImplementedError).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
             schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
@@ -100,7 +105,7 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                                 backend=backend, gqa_packing=gqa_packing, kernel=kernel,
                                 sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                                 alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale,
-                                v_scale=v_scale)
+                                v_scale=v_scale, api=api)
     if plan.num_tokens != T:
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
     return from_numpy_like(_run(plan, q, k, v, cache, {}), was_torch, like=query)
@@ -132,7 +137,7 @@ def check_attention_tensors(query: Any, key: Any, value: Any, kv_cache: Any) -> 
 
 def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, kv_cache: Any, *,
                         alibi_slopes: Any = None, sinks: Any = None, k_scale: Any = None,
-                        v_scale: Any = None) -> Any:
+                        v_scale: Any = None, api: str | None = None) -> Any:
     """One layer of a planned step: ``(T, H, d)`` attention output.
 
     Args:
@@ -141,6 +146,8 @@ def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, k
             in ``plan.kv_cache_dtype`` (not modified): T, H, Hkv, d, N, B those of the plan.
         alibi_slopes, sinks, k_scale, v_scale: this layer's values of the variants the plan was
             built with (default: the plan's); given only for variants the plan has.
+        api: the NKI API of this layer's launches ("legacy" | "nki"; None: the plan's). The
+            plan's inputs are the same for both APIs.
 
     Returns:
         (T, H, d) in query's dtype; a torch tensor if ``query`` was one.
@@ -159,6 +166,9 @@ def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, k
                  (2, plan.num_blocks, plan.num_kv_heads, plan.block_size, plan.head_size),
                  plan.kv_cache_dtype, "(2, num_blocks, Hkv, block_size, d) of the plan")
     layer = dict(alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+    if api is not None:
+        plan = dataclasses.replace(plan, api=check_api(api, kernel=plan.kernel,
+                                                       both_apis=plan.kernel == "scheduled"))
     return from_numpy_like(_run(plan, q, k, v, cache, layer), was_torch, like=query)
 
 
@@ -196,7 +206,7 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     for launch in launches:
         qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
         out = launch_kernel(scheduled_paged_attention, launch_args(launch, qt, cache, overlay),
-                            kwargs, grid_heads=Hkv, backend=plan.backend)
+                            kwargs, grid_heads=Hkv, backend=plan.backend, api=plan.api)
         unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
     return result
 
@@ -222,7 +232,7 @@ def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
     out = launch_kernel(flash_paged_attention,
                         (q_in, k_in, v_in, np.ascontiguousarray(kv_cache), dense.active_table,
                          dense.mask), dict(plan.kernel_kwargs), grid_heads=Hkv,
-                        backend=plan.backend)
+                        backend=plan.backend, api=plan.api)
     result = np.ascontiguousarray(np.asarray(out)[0, :, :T, :].transpose(1, 0, 2))
     return unpack_output(result, H) if Hq != H else result
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, to_numpy
-from host.launch import check_backend, launch_kernel
+from host.launch import check_api, check_backend, launch_kernel
 from host.mla import check_mla_inputs
 from host.schedule import AttentionSchedule, make_schedule
 from host.scheduled import UNUSED_F32, item_queries, pack_queries, unpack_output
@@ -124,7 +124,8 @@ def mla_kernel_inputs(cls, q: np.ndarray, kv_cache: np.ndarray, overlay: np.ndar
 def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any,
                         context_lens: Any, *, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                         softmax_scale: float | None = None, mixed_precision: bool = True,
-                        large_tile_size: int = 2048, backend: str = "auto") -> Any:
+                        large_tile_size: int = 2048, backend: str = "auto",
+                        api: str | None = None) -> Any:
     """MLA attention of a flat batch of new tokens over a paged latent cache.
 
     Same arguments, convention and result as :func:`host.mla_paged_attention_ref` (the new tokens
@@ -142,6 +143,8 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: keys per KV tile, a power of two in [512, 8192].
         backend: "auto" | "sim" | "neuron" (as :func:`host.paged_attention`).
+        api: None / "auto" / "legacy" (``host.launch.check_api``); the MLA kernel runs on the
+            legacy NKI API only, so "nki" raises NotImplementedError.
 
     Returns:
         (T, H, R) in q's dtype (a torch tensor if ``q`` was one).
@@ -163,6 +166,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
     check_backend(backend)
+    api = check_api(api, kernel="MLA attention", both_apis=False)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
     B = plan.block_size
     if B & (B - 1) or B > 256:
@@ -186,6 +190,6 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
     result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)
     for cls in sched.classes:
         out = launch_kernel(kernel, mla_kernel_inputs(cls, q_np, cache, overlay), kwargs,
-                            grid_heads=1, backend=backend)
+                            grid_heads=1, backend=backend, api=api)
         unpack_output(cls, out, result)
     return from_numpy_like(result, was_torch, like=q)

@@ -33,7 +33,7 @@ from host._arrays import readonly, to_numpy
 from host.block_tables import active_table_of, check_block_tables
 from host.fp8 import is_fp8_cache_dtype
 from host.gqa_packing import choose_gqa_packing, packed_attention_mask
-from host.launch import check_backend
+from host.launch import check_api, check_backend
 from host.masks import build_attention_mask
 from host.plan import PagedAttentionPlan, make_plan
 from host.schedule import AttentionSchedule, build_schedule
@@ -76,7 +76,8 @@ class AttentionPlan:
 
     Geometry: num_heads H, num_kv_heads Hkv, head_size d, block_size B, num_blocks N, dtype
     (query / key / value dtype name), kv_cache_dtype (cache dtype name), num_tokens T,
-    query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend,
+    query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend, api
+    (None = resolved per launch by ``nki_kernels._nki.resolve_api``; "legacy" | "nki"),
     softmax_scale (resolved), mixed_precision, large_tile_size, variants (validated
     ``host.variants.AttentionVariants``), kernel_kwargs (keyword arguments of every launch,
     read-only mapping). Scheduled kernel: schedule, launches (one :class:`ClassLaunch` per
@@ -99,6 +100,7 @@ class AttentionPlan:
     mixed_precision: bool = False
     large_tile_size: int = 2048
     backend: str = "auto"
+    api: str | None = None
     variants: AttentionVariants | None = None
     kernel_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
     schedule: AttentionSchedule | None = field(default=None, repr=False)
@@ -152,7 +154,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                          softmax_scale: float | None = None, mixed_precision: bool = True,
                          large_tile_size: int = 2048, partial_tile_size: Any = "auto",
                          backend: str = "auto", gqa_packing: Any = "auto",
-                         kernel: str = "scheduled", **variant_options: Any) -> AttentionPlan:
+                         kernel: str = "scheduled", api: str | None = None,
+                         **variant_options: Any) -> AttentionPlan:
     """Validate a step's batch and options once and build its frozen :class:`AttentionPlan`.
 
     Args:
@@ -167,7 +170,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         kv_cache_dtype: the cache dtype (default ``dtype``; float8_e4m3fn / float8_e5m2 with
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
-        gqa_packing, kernel, and the variant options sliding_window, logits_soft_cap,
+        gqa_packing, kernel, api, and the variant options sliding_window, logits_soft_cap,
         alibi_slopes, sinks, k_scale, v_scale: as ``host.paged_attention``. The values of
         alibi_slopes, sinks, k_scale and v_scale are the plan's defaults; a layer may give its
         own to ``run_paged_attention`` (a plan built with one of them needs one per layer).
@@ -175,7 +178,9 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     Raises:
         ValueError: any bad argument, named (before anything is built).
         NotImplementedError: valid but unsupported combinations (variants or fp8 with the dense
-            kernel, gqa_packing=False with the scheduled kernel, partial_tile_size with dense).
+            kernel, gqa_packing=False with the scheduled kernel, partial_tile_size with dense,
+            api="nki" with the legacy-only dense kernel).
+        RuntimeError: an ``api`` the installed toolchain cannot run (``host.launch.check_api``).
     """
     unknown = sorted(set(variant_options) - set(_VARIANT_OPTIONS))
     if unknown:
@@ -194,6 +199,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                             num_blocks=N, mixed_precision=mixed_precision, backend=backend,
                             gqa_packing=gqa_packing)
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
+    api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
     variants = make_variants(H, Hkv, cdt, **variant_options)
     if kernel == "dense" and not variants.is_default:
         raise NotImplementedError(
@@ -224,7 +230,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     common = dict(num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
                   dtype=dt.name, kv_cache_dtype=cdt.name, num_tokens=int(q.sum()), query_lens=q,
                   context_lens=c, softmax_scale=scale, mixed_precision=bool(mixed_precision),
-                  large_tile_size=LT, backend=backend,
+                  large_tile_size=LT, backend=backend, api=api,
                   variants=None if variants.is_default else variants)
     if kernel == "dense":
         return _dense_plan(bt, q, c, common, gqa_packing)
@@ -254,11 +260,13 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
                            cache_itemsize=np.dtype(common["kv_cache_dtype"]).itemsize,
                            kernel_itemsize=2 if common["mixed_precision"] else itemsize,
                            group_blocks_cap=None, partial_tile_size=partial_tile_size)
-    kwargs = MappingProxyType(dict(
+    from nki_kernels.sched_config import SchedOptions
+
+    kwargs = MappingProxyType(dict(options=SchedOptions(
         softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
         LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
         logits_soft_cap=v.logits_soft_cap if v is not None else None,
-        alibi=alibi is not None, row_init=with_row_init, windowed=window is not None))
+        alibi=alibi is not None, row_init=with_row_init, windowed=window is not None)))
     launches = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
     return AttentionPlan(kernel="scheduled", kernel_kwargs=kwargs, schedule=sched,
                          launches=launches, block_tables=readonly(bt.copy()), **common)

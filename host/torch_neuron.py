@@ -5,9 +5,9 @@ torch tensors on the Neuron device: torch-neuronx detects the framework from the
 inserts the kernel into the XLA graph as a custom call (legacy API, SDK 2.21-2.27:
 ``kernel[1, Hkv](...)`` on ``torch_xla`` tensors; ``torch_neuronx.nki_jit`` was the older
 spelling, removed in 2.24). With the current ``nki`` API (trn2 / trn3, torch-neuronx or
-TorchNeuron) a kernel is launched as ``kernel[lnc](...)`` -- one number, the logical NeuronCore
-count, not an SPMD grid -- and returns its outputs. :func:`launch` does both
-(:func:`launch_grid` picks the bracket).
+TorchNeuron) a kernel is launched without an SPMD grid (``kernel[lnc]`` takes one number, the
+logical NeuronCore count, which defaults to the environment's) and returns its outputs.
+:func:`launch` does both; the API of a kernel with both is ``nki_kernels._nki.resolve_api``'s.
 
 Kernel choice: the SAME as for CPU tensors. ``paged_attention`` runs the plan that
 ``host.plan_paged_attention`` makes for the batch (``attention_kernel`` as on the CPU: the
@@ -33,7 +33,6 @@ kernel.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 import numpy as np
@@ -46,7 +45,7 @@ from host.scheduled_index import output_index, overlay_index, query_index
 from host.step_plan import layer_launches
 from host.validation import check_slot_mapping, fail
 
-__all__ = ["toolchain_status", "require_toolchain", "launch", "launch_grid",
+__all__ = ["toolchain_status", "require_toolchain", "launch",
            "register_device_kernels", "device_paged_attention", "device_reshape_and_cache",
            "device_copy_blocks"]
 
@@ -77,20 +76,21 @@ def require_toolchain(op: str) -> None:
             "to run the kernels through the host API instead.")
 
 
-def launch_grid(num_programs: int | None) -> Any:
-    """The launch bracket: the legacy API's SPMD grid ``(1, num_programs)`` (None: no grid), or,
-    with the current ``nki`` API, the logical NeuronCore count (``NEURON_LOGICAL_NC_CONFIG``,
-    default 1; the kernel loops over its KV heads itself)."""
-    from nki_kernels import _nki
+def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | None = None,
+           **kwargs: Any) -> Any:
+    """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)
+    and return its output. A legacy-only kernel runs as ``kernel[grid](...)`` (``grid`` None: no
+    grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
+    ``nki_kernels._nki.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
+    Hkv)``, current ``kernel(...)`` -- one launch at the logical NeuronCore count of the
+    environment (``NEURON_LOGICAL_NC_CONFIG``), the kernel looping over its KV heads."""
+    from nki_kernels.ops import KernelFamily
 
-    if getattr(_nki, "API", "legacy") == "nki":
-        return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "1"))
-    return None if num_programs is None else (1, num_programs)
+    if isinstance(kernel, KernelFamily):
+        from nki_kernels import _nki
 
-
-def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph);
-    ``grid`` from :func:`launch_grid`. Returns the kernel's output."""
+        chosen = _nki.resolve_api(api)
+        return chosen.launch(kernel, args, kwargs, num_kv_heads=grid[1], device=True)
     return (kernel[grid] if grid else kernel)(*args, **kwargs)
 
 
@@ -106,7 +106,7 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                          softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                          gqa_packing=None, attention_kernel=None, sliding_window=None,
                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                         v_scale=None):
+                         v_scale=None, api=None):
     require_toolchain("paged_attention")
     if k_scale is not None or v_scale is not None:
         raise NotImplementedError("the XLA device path reads float32 / bfloat16 / float16 caches "
@@ -119,7 +119,7 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                                   mixed_precision=mixed_precision, large_tile_size=large_tile_size,
                                   kernel=attention_kernel or "scheduled",
                                   sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                                  alibi_slopes=alibi_slopes, sinks=sinks)
+                                  alibi_slopes=alibi_slopes, sinks=sinks, api=api)
 
 
 def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
@@ -138,7 +138,7 @@ def _copy_blocks_xla(kv_caches, block_mapping):
 def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens, context_lens, *,
                            softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                            kernel="scheduled", sliding_window=None, logits_soft_cap=None,
-                           alibi_slopes=None, sinks=None):
+                           alibi_slopes=None, sinks=None, api=None):
     """:func:`host.paged_attention` with torch tensors kept on their device (module docstring).
 
     Shapes as ``host.paged_attention``; the plan is ``host.plan_cache.cached_plan`` of the
@@ -163,7 +163,7 @@ def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens
                        mixed_precision=mixed_precision, large_tile_size=large_tile_size,
                        backend="neuron", gqa_packing=False if kernel == "dense" else "auto",
                        kernel=kernel, sliding_window=sliding_window,
-                       logits_soft_cap=logits_soft_cap, **layer)
+                       logits_soft_cap=logits_soft_cap, api=api, **layer)
     if plan.num_tokens != T:
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
     if plan.kernel == "dense":
@@ -198,7 +198,8 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
                            item_q=tuple(_item_queries(cls, qt, p, Hkv, idx)
                                         for p in (cls.full, cls.partial)))
         args = tuple(idx(a) if isinstance(a, np.ndarray) else a for a in args)
-        out = launch(scheduled_paged_attention, launch_grid(Hkv), *args, **plan.kernel_kwargs)
+        out = launch(scheduled_paged_attention, (1, Hkv), *args, api=plan.api,
+                     **plan.kernel_kwargs)
         rows, dst = output_index(cls, H, Hkv)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)
     return result.reshape(T, H, d)
@@ -236,7 +237,7 @@ def _device_dense(plan, query, key, value, kv_cache):
     k_in[0, :, :, :T] = key.permute(1, 2, 0)
     v_in = query.new_zeros((1, Hkv, Qpad, d))
     v_in[0, :, :T, :] = value.permute(1, 0, 2)
-    out = launch(flash_paged_attention, launch_grid(Hkv), q_in, k_in, v_in, kv_cache, active,
+    out = launch(flash_paged_attention, (1, Hkv), q_in, k_in, v_in, kv_cache, active,
                  mask, **plan.kernel_kwargs)
     return out[0, :, :T, :].permute(1, 0, 2).contiguous()
 
@@ -258,7 +259,7 @@ def device_reshape_and_cache(key, value, kv_cache, slot_mapping) -> None:
     rows = cache_write_row_index(slots, num_blocks=N, num_kv_heads=Hkv, block_size=B)
     from nki_kernels.kv_cache_update import kv_cache_update
 
-    out = launch(kv_cache_update, launch_grid(None), key.to(kv_cache.dtype).contiguous(),
+    out = launch(kv_cache_update, None, key.to(kv_cache.dtype).contiguous(),
                  value.to(kv_cache.dtype).contiguous(), kv_cache,
                  torch.from_numpy(rows).to(kv_cache.device))
     _write_back(kv_cache, out)
@@ -282,7 +283,7 @@ def device_copy_blocks(kv_caches, block_mapping) -> None:
                                  n_sub=slab // f)
     from nki_kernels.block_copy import copy_cache_blocks
 
-    out = launch(copy_cache_blocks, launch_grid(None), whole, torch.from_numpy(pairs).to(whole.device),
+    out = launch(copy_cache_blocks, None, whole, torch.from_numpy(pairs).to(whole.device),
                  row_elems=f)
     _write_back(whole, out)
 

@@ -27,7 +27,8 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
                     softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                     gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
                     logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
-                    k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head))
+                    k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head),
+                    api=None ("legacy" | "nki": the NKI API of the launch))
                     -> (T,H,d)                                     [pure]
     reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,),
                       k_scale=None, v_scale=None)                   [mutates kv_cache]
@@ -88,7 +89,7 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                     attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
                     logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
                     sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
-                    v_scale: Optional[Tensor] = None) -> Tensor:
+                    v_scale: Optional[Tensor] = None, api: Optional[str] = None) -> Tensor:
     """CPU: ``host.run_paged_attention`` with the step's plan (``host.plan_cache``: the layers
     of a step share one plan); module docstring for shapes. Returns a new (T, H, d) tensor."""
     from host.attention import run_paged_attention
@@ -103,7 +104,8 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
     plan = step_plan(query, key, value, kv_cache, block_tables, query_lens, context_lens,
                      softmax_scale=softmax_scale, mixed_precision=mixed_precision,
                      large_tile_size=large_tile_size,
-                     gqa_packing="auto" if gqa_packing is None else gqa_packing, **extra, **layer)
+                     gqa_packing="auto" if gqa_packing is None else gqa_packing, api=api, **extra,
+                     **layer)
     return run_paged_attention(plan, query, key, value, kv_cache, **layer)
 
 
@@ -150,7 +152,7 @@ def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens,
                           softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                           gqa_packing=None, attention_kernel=None, sliding_window=None,
                           logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                          v_scale=None):
+                          v_scale=None, api=None):
     check_devices("paged_attention", query=query, key=key, value=value, kv_cache=kv_cache,
                   block_tables=block_tables, query_lens=query_lens, context_lens=context_lens,
                   alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)

@@ -41,6 +41,9 @@ from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
                                     load_state, store_blocks)
 from nki_kernels.sched_plan import meta_columns
+from nki_kernels.ops import legacy as legacy_ops
+from nki_kernels.sched_core import KVTile, StepConfig
+from nki_kernels.sched_item import FoldConfig
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 KERNEL = "mla_paged_attention"
@@ -150,10 +153,10 @@ def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
     pg = cfg["geo"][True]
     pg["kidx"] = None
     if cfg["items"][0] > 0:        # masked items: the tile-local key index of every column
-        pg["kidx"] = (key_index_columns(pg["loads"], pg["bp"]) if cfg["small"]
-                      else key_index_tile(rows, pg["loads"], pg["bp"]))
+        pg["kidx"] = (key_index_columns(legacy_ops, pg["loads"], pg["bp"]) if cfg["small"]
+                      else key_index_tile(legacy_ops, rows, pg["loads"], pg["bp"]))
     cfg["geo"][False]["kidx"] = None
-    consts = (decode_constants(rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
+    consts = (decode_constants(legacy_ops, rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
               if cfg["small"] else None)
     # The KV rows of an item, zeroed ONCE: a row no DMA of an item writes keeps what an earlier
     # item gathered -- whole rows of cached context or overlay rows, always finite (block tails,
@@ -177,7 +180,7 @@ def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
                 bufs["b_chunk"] = nl.load(bounds_p[0:1, nl.ds(ch * chunk * 2 * rows,
                                                               chunk * 2 * rows)])
             if cfg["small"]:       # decode layout: the chunk's Q^T, scaled once
-                bufs["q_chunk"] = chunk_queries(q_all, 0, cfg["D"], ch * chunk * rows,
+                bufs["q_chunk"] = chunk_queries(legacy_ops, q_all, 0, cfg["D"], ch * chunk * rows,
                                                 chunk * rows, scale=cfg["scale"],
                                                 kernel_dtype=cfg["kd"])
             for it in nl.sequential_range(chunk):
@@ -205,10 +208,10 @@ def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
     if cfg["small"]:
         q_scaled = [q[:, nl.ds(it * rows, rows)] for q in bufs["q_chunk"]]
     else:
-        q_scaled = load_q_slices(q_raw, query_t, mi, q_col, rows=rows, blocks=blocks,
+        q_scaled = load_q_slices(legacy_ops, q_raw, query_t, mi, q_col, rows=rows, blocks=blocks,
                                  scale=cfg["scale"], kernel_dtype=kd)
     if masked:          # Step 3: the group's state left by the full phase
-        load_state(st, mi, st_col, state, rows=rows, blocks=blocks, d=R)
+        load_state(legacy_ops, st, mi, st_col, state, rows=rows, blocks=blocks, d=R)
     # Step 4: ONE gather per 128 rows of b' entries; keys and values are the same rows.
     x = bufs["x_rows"]
     i_p = nl.arange(P)[:, None]
@@ -233,17 +236,17 @@ def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
         k_t.append(kt)
     # P^T copies of 128-row blocks split 2:1 between ScalarE and VectorE on both targets: ScalarE
     # also copies the K^T of D-wide entries (5 channel slices at D = 576), the busier engine here.
-    p_evac = ((nisa.scalar_engine, nisa.scalar_engine, nisa.vector_engine) if rows == P
-              else None)
+    p_evac = ("scalar", "scalar", "vector") if rows == P else None
     # Step 5: fold the tile into every block's state; V = x read in place at the stride E. No
     # sliding window: every row's visible keys start at position 0 (one-sided masks).
-    fold_tile(q_scaled, k_t, x, st, mf, cf, d=R, rows=rows, blocks=blocks, width=geo["W"],
-              step=geo["step"], masked=masked, kidx=geo["kidx"], kernel_dtype=kd,
-              keys_on_partitions=cfg["small"], consts=bufs["consts"],
-              chunk_bounds=bufs.get("b_chunk"), it=it, v_stride=E, one_sided=True,
-              tiled_block_size=bp, p_evac=p_evac)
+    step = StepConfig(d=R, kernel_dtype=kd, v_stride=E, one_sided=True, tiled_block_size=bp,
+                      p_evac=p_evac)
+    fc = FoldConfig(step=step, rows=rows, blocks=blocks, width=geo["W"], step_keys=geo["step"],
+                    masked=masked, keys_on_partitions=cfg["small"])
+    fold_tile(legacy_ops, fc, q_scaled, KVTile(k_t=k_t, v_rows=x, kidx=geo["kidx"]), st, mf, cf,
+              consts=bufs["consts"], chunk_bounds=bufs.get("b_chunk"), it=it)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
-    store_blocks(st, mi, out_col if masked else st_col, out, state, rows=rows, blocks=blocks,
+    store_blocks(legacy_ops, st, mi, out_col if masked else st_col, out, state, rows=rows, blocks=blocks,
                  d=R, masked=masked)
 
 
@@ -271,14 +274,15 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
        f"be an int in [1, {MLA_MAX_GROUP_BLOCKS}]", blocks)
     ck(B >= 1 and (B & (B - 1)) == 0 and B <= 256, "kv_cache.shape[1] (block_size)",
        "be a power of two in [1, 256]", B)
-    (T, bp, nL), (Tp, bpp, nLp) = tile_geometries(KERNEL, B, LT, LTp)
+    g_full, g_part = tile_geometries(KERNEL, B, LT, LTp)
+    (T, bp, nL), (Tp, bpp, nLp) = (g_full.T, g_full.bp, g_full.nL), (g_part.T, g_part.bp, g_part.nL)
     ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
        tuple(query_t.shape))
     ck(len(overlay.shape) == 2 and overlay.shape[1] == bpp * E and overlay.shape[0] >= 1,
        "overlay.shape", f"be (R_ov >= 1, b'_p*E) = (R_ov, {bpp * E})", tuple(overlay.shape))
     ck(np.dtype(overlay.dtype) == np.dtype(kv_cache.dtype), "overlay.dtype",
        f"equal kv_cache.dtype ({np.dtype(kv_cache.dtype).name})", np.dtype(overlay.dtype).name)
-    small = decode_layout(rows, blocks, False)
+    small = decode_layout(rows, blocks)
     items = check_phase_metadata(
         KERNEL, meta_pi, meta_pf, meta_fi, meta_ff, programs=1,
         columns=lambda masked: meta_columns(loads=nLp if masked else nL, blocks=blocks,

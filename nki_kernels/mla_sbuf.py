@@ -20,13 +20,9 @@ Per-partition bytes the kernel keeps live (an upper bound, every phase counted a
 
 from __future__ import annotations
 
-from nki_kernels.constants import B_P_SIZE, STEP_KEYS
-
-# Usable SBUF bytes per partition (the values of nki_kernels.sbuf_plan.SBUF_USABLE): trn1 (gen2)
-# 192 KiB minus the compiler reserve; trn2 (gen3) nl.tile_size.total_available_sbuf_size.
-from nki_kernels.sbuf_plan import SBUF_USABLE
-
-MAX_CHUNK_ITEMS = 64
+from nki_kernels.contract import MAX_CHUNK as MAX_CHUNK_ITEMS  # noqa: F401 (items per chunk)
+from nki_kernels.contract import PARTITIONS as B_P_SIZE
+from nki_kernels.contract import SBUF_USABLE, STEP_KEYS
 SLACK = 4 * 1024
 # Decode layout: bytes per partition of a metadata chunk's scaled Q^T (all channel slices); the
 # chunk is cut to fit (``decode_chunk_cap``).

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PMAX = 128  # partitions per tile (nl.tile_size.pmax on trn1 and trn2)
+from nki_kernels.contract import PARTITIONS
+
+PMAX = PARTITIONS  # partitions per tile (nl.tile_size.pmax on trn1 and trn2)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import warnings
 
-from nki_kernels.constants import B_P_SIZE, STATE_BUDGET_BYTES, STEP_KEYS
-
-# Usable SBUF bytes per partition: trn1 (gen2) 192 KiB minus the 16 KiB compiler reserve
-# (direct-allocation guide); trn2 (gen3) nl.tile_size.total_available_sbuf_size (KLR).
-SBUF_USABLE = {"gen2": 180224, "gen3": 212984}
+from nki_kernels.contract import (PARTITIONS as B_P_SIZE, SBUF_USABLE,  # noqa: F401
+                                  STATE_BUDGET_BYTES, STEP_KEYS)
 # Slack for the allocator (alignment, the small per-step (128, 1) tiles, PSUM-evacuation copies).
 SBUF_MARGIN = 16 * 1024
 

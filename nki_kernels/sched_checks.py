@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from nki_kernels._assert import kernel_check
-from nki_kernels.constants import B_P_SIZE, tile_geometry
+from nki_kernels.contract import MAX_TILE_SIZE, MIN_TILE_SIZE, PARTITIONS as B_P_SIZE, tile_geometry
 
 
 def check_phase_metadata(kernel, meta_pi, meta_pf, meta_fi, meta_ff, *, programs, columns):
@@ -54,16 +54,15 @@ def softmax_scale_value(kernel, softmax_scale, key_width):
 
 
 def tile_geometries(kernel, block_size, large_tile, partial_tile):
-    """Check ``LARGE_TILE_SZ`` (a power of two in [512, 8192]) and ``PARTIAL_TILE_SZ`` (None =
-    the large tile, or a power of two in [512, LARGE_TILE_SZ]); return the full and the partial
-    phase's ``(T, b', nL)`` (``constants.tile_geometry``)."""
+    """Check ``LARGE_TILE_SZ`` (a power of two in [MIN_TILE_SIZE, MAX_TILE_SIZE]) and
+    ``PARTIAL_TILE_SZ`` (None = the large tile, or a power of two in [MIN_TILE_SIZE,
+    LARGE_TILE_SZ]); return the full and the partial phase's ``contract.TileGeometry``."""
     LT = large_tile
-    kernel_check(isinstance(LT, int) and 512 <= LT <= 8192 and (LT & (LT - 1)) == 0, kernel,
-                 "LARGE_TILE_SZ", "be a power of two in [512, 8192]", LT)
+    lo, hi = MIN_TILE_SIZE, MAX_TILE_SIZE
+    kernel_check(isinstance(LT, int) and lo <= LT <= hi and (LT & (LT - 1)) == 0, kernel,
+                 "LARGE_TILE_SZ", f"be a power of two in [{lo}, {hi}]", LT)
     LTp = LT if partial_tile is None else partial_tile
-    kernel_check(isinstance(LTp, int) and 512 <= LTp <= LT and (LTp & (LTp - 1)) == 0, kernel,
-                 "PARTIAL_TILE_SZ", f"be None or a power of two in [512, LARGE_TILE_SZ = {LT}]",
+    kernel_check(isinstance(LTp, int) and lo <= LTp <= LT and (LTp & (LTp - 1)) == 0, kernel,
+                 "PARTIAL_TILE_SZ", f"be None or a power of two in [{lo}, LARGE_TILE_SZ = {LT}]",
                  LTp)
-    _, T, bp, _, nL = tile_geometry(block_size, LT)
-    _, Tp, bpp, _, nLp = tile_geometry(block_size, LTp)
-    return (T, bp, nL), (Tp, bpp, nLp)
+    return tile_geometry(block_size, LT), tile_geometry(block_size, LTp)

@@ -18,21 +18,21 @@ per-partition bytes, every phase counted:
 
 from __future__ import annotations
 
-from nki_kernels.constants import B_P_SIZE, decode_layout, tile_geometry
+from nki_kernels.contract import (MAX_CHUNK, PARTITIONS as B_P_SIZE, SBUF_USABLE,  # noqa: F401
+                                  STEP_KEYS, channel_slices, decode_layout, meta_layout,
+                                  tile_geometry)
 
-# Usable SBUF bytes per partition (as nki_kernels.sbuf_plan) and the allocator slack.
-SBUF_USABLE = {"gen2": 180224, "gen3": 212984}
+# Allocator slack.
 SBUF_MARGIN = 8 * 1024
-MAX_CHUNK = 64
 
 
 def fixed_bytes(*, block_size, large_tile, head_size, cache_itemsize, kernel_itemsize,
                 keys_on_partitions, rows):
     """Per-partition bytes that do not grow with the number of Q blocks in a group."""
-    _, _, bp, L, nL = tile_geometry(block_size, large_tile)
-    W = L * bp
+    g = tile_geometry(block_size, large_tile)
+    W, nL = g.W, g.nL
     d = head_size
-    nd = -(-d // B_P_SIZE)
+    nd = channel_slices(d)
     row_elems = W * d // B_P_SIZE
     kv = 2 * row_elems * cache_itemsize      # one phase's K and V rows live at a time
     if cache_itemsize != kernel_itemsize:
@@ -43,7 +43,7 @@ def fixed_bytes(*, block_size, large_tile, head_size, cache_itemsize, kernel_ite
         steps = 4 * step * 4 + 2 * step * kernel_itemsize
         kidx = 4 * (W // B_P_SIZE)
     else:
-        step = min(W, 2048)
+        step = min(W, STEP_KEYS)
         steps = step * (4 + 4 + 1) + 2 * step * kernel_itemsize
         kidx = 4 * W
     meta = MAX_CHUNK * 4 * (2 * nL + 4 * nd + 8)
@@ -53,7 +53,7 @@ def fixed_bytes(*, block_size, large_tile, head_size, cache_itemsize, kernel_ite
 def block_bytes(*, head_size, rows, query_itemsize, kernel_itemsize):
     """Per-partition bytes of one Q block of a group (state, init, raw and scaled Q^T: one
     tile per <= 128-channel slice, each on the same partitions)."""
-    nd = -(-head_size // B_P_SIZE)
+    nd = channel_slices(head_size)
     return 2 * 4 * (head_size + 2) + nd * rows * (query_itemsize + kernel_itemsize)
 
 
@@ -70,13 +70,9 @@ def max_group_blocks(*, nc_gen, block_size, large_tile, head_size, rows, cache_i
 
 
 def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=False, rows=None):
-    """``(ki, kf)``: int32 and fp32 metadata columns per item of a scheduled-kernel phase
-    (``host.schedule.PhaseArrays``); decode-layout classes (``constants.decode_layout``) keep
-    their bounds in a separate one-partition array, not in meta_f, and their row init values in
-    per-item arrays preloaded per chunk (no ``ini`` columns)."""
-    nd = -(-head_size // B_P_SIZE)
-    kop = rows is not None and decode_layout(rows, blocks, alibi)
-    ki = ((2 * loads if masked else loads) + (0 if kop else blocks * nd) + blocks
-          + (blocks if masked else 0) + (blocks if row_init and not kop else 0))
-    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)
-    return ki, kf
+    """``(ki, kf)`` of :func:`nki_kernels.contract.meta_layout` (``rows`` given: a decode-layout
+    class, ``contract.decode_layout``, has no bounds / ini / q columns)."""
+    m = meta_layout(loads=loads, blocks=blocks, head_size=head_size, masked=masked, alibi=alibi,
+                    row_init=row_init,
+                    keys_on_partitions=rows is not None and decode_layout(rows, blocks))
+    return m.ki, m.kf

@@ -167,6 +167,33 @@ def constants_table(markdown: bool = True) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ApiConstants:
+    """Constants of the events the current ``nki`` API adds (one set for both targets)."""
+
+    fori_iteration_ns: float = field(default=9000.0, metadata={
+        "unit": "ns", "status": DOC, "source": "nki-library dynamic_fa_design_spec: ~9 us scheduling"
+        " barrier per nl.fori_loop iteration, no prefetch across iterations"})
+    dma_transpose_4byte_factor: float = field(default=0.5, metadata={
+        "unit": "x", "status": ESTIMATE, "source": "DMA transpose is a 2-byte-element hardware mode;"
+        " 4-byte elements modeled at half its throughput (not published)"})
+    lnc_launch_ns: float = field(default=0.0, metadata={
+        "unit": "ns", "status": ESTIMATE, "source": "logical-core launch / barrier overhead: not"
+        " published, modeled as 0 (launch time = the slower core)"})
+
+
+API = ApiConstants()
+
+
+def api_constants_table() -> str:
+    """Markdown table of :data:`API` (the current-API event constants)."""
+    lines = ["| constant | value | unit | status | source |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(ApiConstants):
+        m = f.metadata
+        lines.append(f"| {f.name} | {getattr(API, f.name):.4g} | {m['unit']} | {m['status']} | {m['source']} |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------
 # per-instruction costs
 # ----------------------------------------------------------------------------------------------
@@ -285,18 +312,25 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
     if is_transpose:
         on_chip = "hbm" not in (getattr(ev, "src_buffer", ""), getattr(ev, "dst_buffer", ""))
         bw *= hw.dma_transpose_efficiency_sbuf if on_chip else hw.dma_transpose_efficiency_hbm
+        if getattr(ev, "out_dtype", "") in ("float32", "int32", "uint32"):
+            bw *= API.dma_transpose_4byte_factor
     transfer = np.bincount(eng, weights=hw.dma_desc_overhead_ns + descs / bw, minlength=n_eng)
     semaphore = hw.dma_desc_overhead_ns + hw.dma_semaphore_bytes / hw.dma_engine_bw_bytes_per_ns
     engine_ns = transfer + semaphore
     # descriptors as modeled: the trace's count (before per-engine merging); for a DMA
     # transpose, one per partition (see above)
     n_desc = partitions if is_transpose else int(len(trace_descs) or descs.size)
-    if kind == "indirect":
+    dge = _attr(ev, "dge")        # the current API's dge_mode, when the kernel names one
+    if dge is None and _attr(ev, "scalar_offset") and hw.hwdge_ns_per_instruction == 0.0:
+        dge = "swdge"             # runtime offsets without hardware DGE: descriptors on GpSimd
+    if kind == "indirect" or dge == "swdge":
         rows = n_desc + int(getattr(ev, "skipped_rows", 0) or 0)
         gen_cycles = hw.gpsimd_start_cycles + hw.swdge_cycles_per_descriptor * math.ceil(
             rows / hw.swdge_cores)
         gpsimd_ns = gen_cycles / hw.gpsimd_clock_ghz
         gen_ns = gpsimd_ns
+    elif dge == "none":           # descriptors precomputed on the host
+        gpsimd_ns, gen_ns = 0.0, 0.0
     else:
         gpsimd_ns, gen_ns = 0.0, hw.hwdge_ns_per_instruction
     latency = hw.dma_fixed_latency_ns + gen_ns + float(engine_ns.max())
@@ -327,6 +361,7 @@ class CostReport:
     dma_hbm_cap_us: float = 0.0          # HBM bytes / HBM bandwidth per core
     exposed_latency_us: float = 0.0      # fill + drain latency added to modeled_us
     instructions: Mapping[str, int] = field(default_factory=dict)
+    sync_us: float = 0.0                 # fori_loop iteration barriers (added serially)
     method: str = ("modeled_us = busiest engine + overlap_inefficiency * sum(other engines)"
                    " + latency of the first and the last DMA instruction")
 
@@ -355,8 +390,13 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     hbm_bytes = dma_bytes = flops = n_desc = 0
     compute_floor_ns = 0.0
     rotation = 0
+    sync_ns = 0.0
     for ev in events:
         engine = getattr(ev, "engine", None)
+        if engine == "sync" and getattr(ev, "op", "") == "loop_iteration":
+            # nl.fori_loop / while_loop iteration barrier (serial)
+            sync_ns += API.fori_iteration_ns
+            continue
         if engine not in ENGINES:
             raise ValueError(f"event engine must be one of {ENGINES}; got {engine!r}")
         counts[engine] += 1
@@ -388,8 +428,8 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     lower = max(per_engine_us.values())
     total = sum(per_engine_us.values())
     exposed = (first_lat + (last_lat if counts["dma"] > 1 else 0.0)) / 1e3
-    modeled = lower + hw.overlap_inefficiency * (total - lower) + exposed
-    upper = total + exposed
+    modeled = lower + hw.overlap_inefficiency * (total - lower) + exposed + sync_ns / 1e3
+    upper = total + exposed + sync_ns / 1e3
     roofline = max(hbm_cap_ns, compute_floor_ns) / 1e3
     return CostReport(
         target=hw.name, per_engine_us=MappingProxyType(per_engine_us), lower_bound_us=lower,
@@ -398,4 +438,28 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
         dma_instructions=counts["dma"], dma_descriptors=n_desc, dma_bytes=dma_bytes,
         dma_engine_max_us=engine_max_ns / 1e3, dma_queue_us=queue_ns / 1e3,
         dma_hbm_cap_us=hbm_cap_ns / 1e3, exposed_latency_us=exposed,
-        instructions=MappingProxyType(counts))
+        instructions=MappingProxyType(counts), sync_us=sync_ns / 1e3)
+
+
+@dataclass(frozen=True)
+class LaunchReport:
+    """A logical-core launch (LNC=2): one CostReport per core; the launch takes as long as the
+    slower core (plus :data:`API` ``lnc_launch_ns``).  All figures MODELED."""
+
+    per_core: Mapping[int, CostReport]
+    launch_us: float
+    slowest_core: int
+
+
+def estimate_cores(trace_or_events: Any, target: Any = "trn2") -> LaunchReport:
+    """Model each logical core of a trace separately (events carry their core in ``attrs``
+    ``core``; events without one belong to core 0)."""
+    events = list(getattr(trace_or_events, "events", trace_or_events))
+    cores: dict = {}
+    for ev in events:
+        cores.setdefault(int(_attr(ev, "core", 0) or 0), []).append(ev)
+    per = {c: estimate(evs, target) for c, evs in sorted(cores.items())}
+    if not per:
+        per = {0: estimate([], target)}
+    slow = max(per, key=lambda c: per[c].modeled_us)
+    return LaunchReport(MappingProxyType(per), per[slow].modeled_us + API.lnc_launch_ns / 1e3, slow)

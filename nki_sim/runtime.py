@@ -120,6 +120,17 @@ def _add_context_note(e: BaseException, ctx) -> None:
         pass
 
 
+def _lnc_axis(grid):
+    """(axis, programs per core) of the first grid axis marked with logical cores, or None
+    (``kernel[nl.nc(2), 2]``: core = program id on that axis; ``nl.spmd_dim(nl.nc(2), 2)``: the
+    axis of 4 is split in 2 contiguous halves, per the nl.nc / nl.spmd_dim docs)."""
+    for ax, g in enumerate(grid):
+        k = getattr(g, "nki_lnc", 0)
+        if k:
+            return ax, max(1, int(g) // int(k))
+    return None
+
+
 def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Tensor):
     """Simulate ``func`` over ``grid`` with NumPy arguments; returns NumPy outputs.
 
@@ -129,6 +140,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
         raise E.KernelSignatureError(
             "calling a grid-launched / top-level kernel from inside another kernel "
             "(err_nested_kernel_with_spmd_grid)", code="err_nested_kernel_with_spmd_grid")
+    lnc_axis = _lnc_axis(grid)
     grid = tuple(int(g) for g in grid)
     if any(g <= 0 for g in grid):
         raise ValueError(f"SPMD grid sizes must be positive; got {list(grid)}")
@@ -173,6 +185,9 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
         try:
             for pid in programs:
                 ctx.program_id = pid
+                if lnc_axis is not None:      # nl.nc / nl.spmd_dim(nl.nc(k), ..) grid axis
+                    ax, per = lnc_axis
+                    ctx.lnc_core = pid[ax] // per
                 ctx.live = Live()
                 ctx.shared_cursor = 0
                 ctx.loops.clear()

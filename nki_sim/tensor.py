@@ -221,6 +221,17 @@ def _basic(t: Tensor, key) -> Tensor:
         n = shape[ax]
         if type(k) is slice or isinstance(k, slice):
             start, stop, step = k.start, k.stop, k.step
+            if step is None and (stop is None or type(stop) is int) and (start is None or type(start) is int):
+                # the common case (``:``, ``a:b``, ``nl.ds``): the checks below, without the loop
+                if stop is not None and stop > n:
+                    raise _oob(t, ax, 0 if start is None else (start if start >= 0 else start + n),
+                               stop - 1, n)
+                if start:
+                    if start > n or start < -n:
+                        raise _oob(t, ax, start, start, n)
+                    off += (start if start >= 0 else start + n) * es[ax]
+                out.append(k)
+                continue
             for v in (start, stop, step):
                 if v is not None and not isinstance(v, (int, np.integer)):
                     raise TypeError(f"slice bounds must be ints (loop variables); got {type(v).__name__}")

@@ -116,15 +116,17 @@ class Trace:
 
         Timestamps are the issue sequence (1 unit per event per engine), not a time model.
         """
-        tids = {e: i for i, e in enumerate(ENGINES)}
-        clock = dict.fromkeys(ENGINES, 0)
-        out = [{"ph": "M", "name": "thread_name", "pid": 0, "tid": i, "args": {"name": e}}
-               for e, i in tids.items()]
+        tids = {e: i for i, e in enumerate(ENGINES + ("sync",))}
+        clock: dict = {}
+        cores = sorted({e.attr("core", 0) for e in self.events}) or [0]
+        out = [{"ph": "M", "name": "thread_name", "pid": c, "tid": i, "args": {"name": e}}
+               for c in cores for e, i in tids.items()]
         for e in self.events:
-            ts = clock[e.engine]
-            clock[e.engine] = ts + 1
+            pid = e.attr("core", 0)            # one process row group per logical core
+            ts = clock.get((pid, e.engine), 0)
+            clock[(pid, e.engine)] = ts + 1
             out.append({
-                "name": e.op + (f":{e.name}" if e.name else ""), "ph": "X", "pid": 0,
+                "name": e.op + (f":{e.name}" if e.name else ""), "ph": "X", "pid": pid,
                 "tid": tids[e.engine], "ts": ts, "dur": 1,
                 "args": {"seq": e.seq, "shape": list(e.out_shape), "dtype": e.out_dtype,
                          "bytes": e.bytes, "src": f"{e.src_loc[0]}:{e.src_loc[1]}",
@@ -240,6 +242,9 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
         "descriptor_bytes": descriptor_bytes, "skipped_rows": skipped_rows,
         "attrs": tuple(sorted(attrs.items())) if attrs else (),
     }
+    core = getattr(k, "lnc_core", None) if k is not None else None
+    if core is not None:                  # a logical-core launch: the core's own timeline
+        fields["attrs"] = tuple(sorted(dict(fields["attrs"], core=core).items()))
     last = traces[-1]
     for t in traces:
         ev = _new(Event)                    # the frozen dataclass, without its per-field __init__

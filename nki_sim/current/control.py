@@ -45,11 +45,8 @@ def _induction(i):
     return VirtualRegister(i) if not version.has((0, 7)) else NkiScalar(i)
 
 
-EMIT_LOOP_EVENTS = False     # until nki_sim.cost charges "sync" events
-
-
 def _iteration_event(kind, i):
-    if EMIT_LOOP_EVENTS and trace.active():
+    if trace.active():
         trace.emit("sync", "loop_iteration", attrs={"loop": kind, "iteration": i})
 
 

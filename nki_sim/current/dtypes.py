@@ -1,5 +1,9 @@
 """Dtypes of the current ``nki`` API: strings (``nl.bfloat16 == "bfloat16"``) mapped to storage.
 
+``NKI_PRECISE_FP=0`` (read at each launch; AWS's default is 1 since NKI 0.4) stores bf16 / fp16 /
+fp8 on-chip and output tensors as fp32 like AWS's simulator; values are cast to the declared
+dtype when outputs are returned.
+
 ``to_np(dt)`` gives the NumPy storage dtype (bf16 / fp8 through ml_dtypes) of a dtype string;
 NumPy / ml_dtypes dtype objects are accepted too (AWS documents strings only).  ``tfloat32``
 is stored as fp32 (reads and writes do not round to tf32: see nki_sim/README.md).  The NKI 0.5+
@@ -7,6 +11,8 @@ packed types (``float8_e8m0fnu``, ``*_x4``) are not emulated.
 """
 
 from __future__ import annotations
+
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -49,13 +55,41 @@ def name_of(dt) -> str:
     return _BY_NP[d]
 
 
+class _Precise(threading.local):
+    def __init__(self):
+        self.on = True
+
+
+_precise = _Precise()
+
+
+def set_precise(on: bool) -> None:
+    """Per thread: whether narrow float tensors are stored in their own dtype (NKI_PRECISE_FP)."""
+    _precise.on = bool(on)
+
+
 def to_np(dt) -> np.dtype:
     """Storage dtype (NumPy) of an NKI dtype string or NumPy dtype."""
+    n = name_of(dt)
+    if not _precise.on and n in _NARROW:
+        return D.float32
+    return _STORAGE[n]
+
+
+def declared_np(dt) -> np.dtype:
+    """The declared dtype's NumPy type, whatever the storage (outputs are returned in it)."""
     return _STORAGE[name_of(dt)]
 
 
+def precise() -> bool:
+    return _precise.on
+
+
 def itemsize(dt) -> int:
-    return to_np(dt).itemsize
+    return _STORAGE[name_of(dt)].itemsize
+
+
+_NARROW = ("bfloat16", "float16", "float8_e4m3", "float8_e4m3fn", "float8_e5m2")
 
 
 def is_float_name(dt) -> bool:

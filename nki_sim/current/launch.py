@@ -137,6 +137,9 @@ def _output(x, torch_out):
         core = x.core()
         arr = np.array(core.arr) if core.idx is None else np.array(Access(core).gather(a.data))
         arr = arr.reshape(x.shape)
+        want = T.declared_np(x.dtype)
+        if arr.dtype != want:                  # NKI_PRECISE_FP=0: fp32 storage of a narrow dtype
+            arr = arr.astype(want)
         if torch_out:
             import torch
             if arr.dtype == D.bfloat16:
@@ -156,6 +159,10 @@ def run(func, lnc, args, kwargs):
     if lnc not in (1, 2):
         raise ValueError(f"the logical core count must be 1 or 2; got {lnc!r}")
     tgt = _check_target()
+    pfp = os.environ.get("NKI_PRECISE_FP", "1").strip()
+    if pfp not in ("0", "1"):
+        raise ValueError(f"NKI_PRECISE_FP must be 0 or 1; got {pfp!r}")
+    T.set_precise(pfp == "1")
     if lnc == 2 and tgt.nc_version == "gen2":
         raise E.TargetError("LNC=2 needs trn2 (NeuronCore-v3): trn1 has one core per logical core")
     with single_threaded(), np.errstate(all="ignore"):

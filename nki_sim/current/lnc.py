@@ -51,13 +51,17 @@ def run_cores(func, bound, ctx_args: dict, lnc: int):
     overrides = dict(state.overrides)
     targets = list(state.targets)
     ver = version.current()
+    from . import dtypes as T
+    precise = T.precise()
     results, errors, core_traces = [None] * lnc, [None] * lnc, [None] * lnc
 
     def main(core):
         state.overrides.update(overrides)
+        T.set_precise(precise)
         state.targets[:] = targets
         ctx = KernelContext(**ctx_args)
         ctx.program_id = (core,)
+        ctx.lnc_core = core
         ctx.shared_allocs = shared
         ctx.live = Live()
         ctx.lnc_launch = launch

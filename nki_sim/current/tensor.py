@@ -14,13 +14,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from .. import errors as E
 from ..memory import HBM_BUFFERS
 from ..tensor import Tensor
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 class MemoryRegion:
@@ -55,13 +53,11 @@ REGIONS = {r.core: r for r in (sbuf, psum, hbm, private_hbm, shared_hbm)}
 
 def strided(data: np.ndarray, offset: int, shape, strides) -> np.ndarray:
     """NumPy view of C-contiguous ``data`` at element ``offset`` with element ``strides``."""
-    flat = data.reshape(-1)
-    isz = flat.itemsize
+    isz = data.itemsize
     if math.prod(shape) == 0:
-        return flat[:0].reshape(tuple(shape)) if not shape or 0 in shape else flat[:0]
-    u = flat.view(_UINT[isz])
-    v = as_strided(u[offset:], shape=tuple(shape), strides=tuple(s * isz for s in strides))
-    return v.view(flat.dtype)
+        return data.reshape(-1)[:0]
+    return np.ndarray(tuple(shape), data.dtype, buffer=data, offset=offset * isz,
+                      strides=tuple(s * isz for s in strides))
 
 
 def _oob(name, dim, lo, hi, n):
@@ -83,7 +79,7 @@ class TensorBase:
     """The descriptor of a tensor (view) of the current NKI API (view methods:
     :class:`nki_sim.current.ndarray.NkiTensor`).  ``dtype`` is an NKI dtype string."""
 
-    __slots__ = ("_alloc", "shape", "strides", "offset", "_dt", "_ind", "__weakref__")
+    __slots__ = ("_alloc", "shape", "strides", "offset", "_dt", "_ind", "_cc", "__weakref__")
     __array_ufunc__ = None
 
     def __init__(self, alloc, shape, strides, offset, dtype, ind=None):
@@ -93,6 +89,7 @@ class TensorBase:
         self.offset = int(offset)
         self._dt = dtype
         self._ind = ind
+        self._cc = None           # cached core view of a static descriptor
 
     # ---- metadata ----------------------------------------------------------------
     @property
@@ -143,9 +140,14 @@ class TensorBase:
                                   "view cannot be re-indirected, sliced or reshaped (is_indirect())")
 
     def _core_static(self, offset=None) -> Tensor:
+        if offset is None and self._cc is not None:
+            return self._cc
         off = self.offset if offset is None else offset
         arr = strided(self._alloc.data, off, self.shape or (1,), self.strides or (1,))
-        return Tensor(self._alloc, arr, lay=(off, self.strides or (1,)) if arr.size else None)
+        t = Tensor(self._alloc, arr, lay=(off, self.strides or (1,)) if arr.size else None)
+        if offset is None:
+            self._cc = t
+        return t
 
     def get_pattern(self):
         return [[s, n] for s, n in zip(self.strides, self.shape)]

@@ -209,6 +209,9 @@ def alias_alloc(alloc: Alloc, dtype_name: str) -> Alloc:
     d = T.to_np(dtype_name)
     if d == alloc.data.dtype:
         return alloc
+    if not T.precise():
+        raise E.NotEmulatedError("dtype views (.view / .ap(dtype=)) under NKI_PRECISE_FP=0 are not "
+                                 "emulated: narrow floats are stored as fp32 there")
     flat = alloc.data.reshape(-1)
     if (flat.size * flat.itemsize) % d.itemsize:
         raise ValueError(f"view of `{alloc.name}` as {dtype_name}: {flat.size * flat.itemsize} bytes "

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import trace
 from ..access import Access, read, write
-from .events import descriptors, free_size
+from .events import _basic_runs, descriptors, free_size
 from ..state import state
 from ..tensor import Tensor
 from .common import note_psum_write
@@ -25,11 +25,14 @@ def _buf(t: Tensor) -> str:
 
 
 def _contiguous(acc) -> bool:
+    """Whether the access's HBM elements, in (partition, free) order, are consecutive."""
     t = acc.t
     if acc.offs is None and t.idx is None:
-        o = t.flat_offsets().reshape(-1)
-    else:
-        o = (acc.offs if acc.offs is not None else t.flat_offsets()).reshape(-1)
+        P, run, n = _basic_runs(t)
+        _, es = t.elem_layout()
+        F = run * n
+        return n <= 1 and (P == 1 or es[0] == F)
+    o = (acc.offs if acc.offs is not None else t.flat_offsets()).reshape(-1)
     return o.size <= 1 or bool(np.all(np.diff(o) == 1))
 
 

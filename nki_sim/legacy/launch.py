@@ -70,7 +70,8 @@ class GridLaunch:
         if not isinstance(grid, tuple):
             grid = (grid,)
         self.kernel = kernel
-        self.grid = tuple(int(g) for g in grid)
+        # int values, keeping nl.nc / nl.spmd_dim(nl.nc(k), ..) markers (logical cores)
+        self.grid = tuple(g if getattr(g, "nki_lnc", 0) else int(g) for g in grid)
 
     def __call__(self, *args, **kwargs):
         if state.kernel is not None:

@@ -52,7 +52,7 @@ def test_plan_is_frozen_and_read_only():
         assert not a.flags.writeable
     dense = _plan(bt, kernel="dense")
     assert not dense.dense.mask.flags.writeable and not dense.dense.active_table.flags.writeable
-    assert dict(plan.kernel_kwargs)["PARTIAL_TILE_SZ"] == plan.schedule.partial_tile_size
+    assert plan.kernel_kwargs["options"].PARTIAL_TILE_SZ == plan.schedule.partial_tile_size
     with pytest.raises(TypeError):
         plan.kernel_kwargs["alibi"] = True                  # a read-only mapping
 
@@ -175,3 +175,39 @@ def test_device_gathers_equal_the_numpy_builders(LT, LTp):
         got_out[dst] = out[rows]
         # rows of other classes are zero in both
         assert got_out.reshape(T, H, D).tobytes() == want.tobytes()
+
+
+def test_api_option_is_validated_once_and_named():
+    *_, bt = _batch()
+    with pytest.raises(ValueError, match=r"^api must be one of \('auto', 'legacy', 'nki'\) or None; "
+                                         r"got 'cuda'"):
+        _plan(bt, api="cuda")
+    with pytest.raises(NotImplementedError, match="dense kernel runs on the legacy NKI API only"):
+        _plan(bt, kernel="dense", api="nki")
+    assert _plan(bt, api="legacy").api == "legacy" and _plan(bt, api="auto").api is None
+    plan = _plan(bt)
+    q, k, v, cache, _ = _batch()
+    with pytest.raises(ValueError, match=r"^api must be one of"):
+        host.run_paged_attention(plan, q, k, v, cache, api=1)
+    from host import mla_paged_attention
+
+    with pytest.raises(NotImplementedError, match="MLA attention kernel runs on the legacy"):
+        mla_paged_attention(np.zeros((1, 2, 576), np.float32), np.zeros((2, 16, 576), np.float32),
+                            np.array([[0]]), [1], [1], api="nki")
+
+
+@pytest.mark.simulation
+def test_run_on_the_current_api_matches_the_legacy_run_bit_for_bit():
+    import nki_sim
+    from nki_kernels import _nki
+
+    if not _nki.simulator_has_current():
+        pytest.skip("this nki_sim has no current front end")
+    q, k, v, cache, bt = _batch(7)
+    plan = _plan(bt, mixed_precision=False)
+    with nki_sim.use_target("trn2"):
+        legacy = host.run_paged_attention(plan, q, k, v, cache, api="legacy")
+        current = host.run_paged_attention(plan, q, k, v, cache, api="nki")
+    ref = host.paged_attention_ref(q, k, v, cache, bt, QLENS, CLENS)
+    np.testing.assert_allclose(current, ref, atol=1e-3)
+    np.testing.assert_allclose(current, legacy, atol=1e-5)

@@ -256,10 +256,16 @@ def simulated_device(monkeypatch):
     CPU tensors); returns the list of (kernel, grid) launches."""
     calls = []
 
-    def launch(kernel, grid, *a, **kw):
+    from nki_kernels.ops import KernelFamily
+
+    def launch(kernel, grid, *a, api=None, **kw):
         calls.append((kernel, grid))
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
-        out = _nki.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
+        if isinstance(kernel, KernelFamily):          # the API choice of the real path
+            out = _nki.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
+                                               device=False)
+        else:
+            out = _nki.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
         return torch.from_numpy(np.ascontiguousarray(out))
 
     monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))

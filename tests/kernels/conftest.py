@@ -164,3 +164,17 @@ def _block_dimensions_are_errors():
     import nki_sim
     with nki_sim.configure(block_dims="error"):
         yield
+
+
+@pytest.fixture
+def on_api(monkeypatch):
+    """``on_api(api, target="trn2")``: the scheduled kernel's launches in this test run on
+    ``api`` ("legacy" | "nki", through ``NKI_PA_API``) for ``target``; returns the target
+    context to enter."""
+    import nki_sim
+    from nki_kernels import _nki
+
+    def set_(api, target="trn2"):
+        monkeypatch.setenv(_nki.API_ENV, api)
+        return nki_sim.use_target(target)
+    return set_

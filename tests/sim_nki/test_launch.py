@@ -210,3 +210,22 @@ def test_threads_keep_their_own_version_and_results():
     for i, (r, n, has) in out.items():
         np.testing.assert_array_equal(r, ref)
         assert n == 3 and has == (i % 2 == 0)
+
+
+def test_precise_fp_switch(monkeypatch):
+    x = (np.arange(16, dtype=np.float32).reshape(4, 4) / 3).astype(np.float32)
+
+    @nki.jit
+    def k(x):
+        t = sb((4, 4), nl.bfloat16)
+        nisa.dma_copy(dst=t, src=x)
+        r = sb((4, 4), nl.float32)
+        nisa.tensor_copy(dst=r, src=t)
+        return out_of(r), out_of(t)
+
+    r, t = k(x)
+    np.testing.assert_array_equal(r, x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    r0, t0 = k(x)
+    np.testing.assert_array_equal(r0, x)                   # fp32 storage: no bf16 rounding
+    assert t0.dtype == ml_dtypes.bfloat16

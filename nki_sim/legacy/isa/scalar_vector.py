@@ -130,7 +130,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         raise E.NkiCompileError(f"nisa.{_api}: a scale tile must be float32; got {scale.dtype.name} "
                                 "(err_activation_scale_invalid_type)", code="err_activation_scale_invalid_type")
     s, so = _pvec(scale, "scale", _api, P)
-    x = np.asarray(a.v, np.float32).reshape(P, -1)     # (P, free): (128,) ~ (128, 1)
+    x = D.as_f32(a.v).reshape(P, -1)     # (P, free): (128,) ~ (128, 1)
     z = x * s
     if b is not None:
         z = z + b

@@ -252,11 +252,24 @@ def program_ndim():
 
 
 class nc(int):
-    """``nl.nc(n)``: logical-core count marker in SPMD grids (simulated serially)."""
+    """``nl.nc(n)``: logical-core count marker in SPMD grids (cores simulated one after another;
+    events carry their core, see nki_sim/runtime.py)."""
+
+    @property
+    def nki_lnc(self) -> int:
+        return int(self)
+
+
+class _SpmdDim(int):
+    """A grid dimension built by ``nl.spmd_dim(nl.nc(k), ...)``: split over ``nki_lnc`` cores."""
+
+    nki_lnc = 0
 
 
 def spmd_dim(*dims):
-    return int(np.prod([int(d) for d in dims]))
+    d = _SpmdDim(int(np.prod([int(x) for x in dims])))
+    d.nki_lnc = sum(int(x) for x in dims[:1] if isinstance(x, nc))
+    return d if d.nki_lnc else int(d)
 
 
 def device_print(prefix, x, **kwargs):

@@ -39,7 +39,7 @@ def _compute_arrays(ops, name, fn_kind):
     rank = max((len(o.shape) for o in ops), default=0)
     vals = []
     for o in ops:
-        v = np.asarray(o.v, dtype=cdt)
+        v = D.as_f32(o.v) if cdt is D.float32 else np.asarray(o.v, dtype=cdt)
         if 0 < v.ndim < rank:
             v = v.reshape(v.shape + (1,) * (rank - v.ndim))
         vals.append(v)

@@ -1,0 +1,305 @@
+"""The op layer on the current API (``import nki``, NKI 0.8 / Neuron SDK 2.34; trn2 / trn3).
+
+One of the two modules that name an NKI package (the other is :mod:`nki_kernels.ops.legacy`);
+the interface is documented in :mod:`nki_kernels.ops`. Every op is the documented
+destination-passing call (``nisa.op(dst=..., ...)``; reference: the NKI 0.6 API stubs and the
+0.7 / 0.8 release pages): string dtypes, engines and ALU operators by their ``nki`` names,
+indirect DMAs through ``.ap(..., vector_offset=<(P, 1) int32 SBUF column>, indirect_dim=0)``
+with ``oob_mode.skip``, strided and broadcast views through ``.ap`` patterns (stride 0
+broadcasts), plain ``range`` loops, no ``mask=``, no SPMD grid (the kernel loops over its KV
+heads), outputs in ``shared_hbm``. Where the current API lacks a legacy form the lowering is
+spelled out next to the op (selects through ``tensor_copy_predicated`` with an integer
+predicate, ``o / l`` as a reciprocal and a multiply). docs/nki-compatibility-review.md lists each construct with its source.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels._nki import load_current
+
+nki, nl, nisa = load_current()
+
+NAME = "nki"
+
+float32, bfloat16, float16, int32, uint8 = nl.float32, nl.bfloat16, nl.float16, nl.int32, nl.uint8
+float8_e4m3, float8_e5m2 = nl.float8_e4m3, nl.float8_e5m2
+PRED = nl.uint8            # comparison results: the predicate dtype of tensor_copy_predicated
+FLAG = nl.uint8            # 0 / 1 tiles built once and selected with
+FP32_MIN = float(np.finfo(np.float32).min)      # range_select's required on_false_value
+
+_ENGINES = {None: None, "scalar": nisa.engine.scalar, "vector": nisa.engine.vector,
+            "gpsimd": nisa.engine.gpsimd}
+_ALU = {"add": nl.add, "subtract": nl.subtract, "multiply": nl.multiply, "maximum": nl.maximum,
+        "minimum": nl.minimum, "max": nl.maximum, "less": nl.less, "equal": nl.equal,
+        "greater": nl.greater}
+_ACT = {"exp": nl.exp, "tanh": nl.tanh, "abs": nl.abs, "relu": nl.relu, "copy": nl.copy}
+_FLOAT_NAMES = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2")
+
+
+def jit(fn):
+    """The API's kernel decorator."""
+    return nki.jit(fn)
+
+
+# ---- allocation and views ---------------------------------------------------------------------
+def sbuf(shape, dtype):
+    return nl.ndarray(tuple(shape), dtype=dtype, buffer=nl.sbuf)
+
+
+def psum(shape, dtype):
+    return nl.ndarray(tuple(shape), dtype=dtype, buffer=nl.psum)
+
+
+def zeros(shape, dtype):
+    t = sbuf(shape, dtype)
+    nisa.memset(dst=t, value=0.0)
+    return t
+
+
+# HBM tensors are created by the kernel function itself (outputs at its top level):
+# ``ops.ndarray(shape, dtype=dt, buffer=ops.SHARED_HBM)``.
+ndarray = nl.ndarray
+SHARED_HBM = nl.shared_hbm      # outputs
+PRIVATE_HBM = nl.private_hbm    # scratch
+
+
+def ds(start, size):
+    return slice(start, start + size)
+
+
+def bitcast(t, dtype):
+    return t.view(dtype)
+
+
+def free_view(t, dims, col0=0):
+    """View of a 2-D on-chip tile ``t`` (P, F): partitions kept, free dims ``dims`` =
+    ``((step, count), ...)`` in elements from column ``col0``; step 0 broadcasts. An ``.ap``
+    pattern: the partition step is the storage's free size (``t.strides[0]``)."""
+    pattern = [[t.strides[0], t.shape[0]]] + [[step, count] for step, count in dims]
+    return t.ap(pattern, offset=t.offset + col0)
+
+
+def _columns(t, n):
+    """A (P, 1) column ``t`` broadcast to (P, n) (stride-0 view)."""
+    return free_view(t, ((0, n),))
+
+
+# ---- loops and programs -----------------------------------------------------------------------
+def static_range(n):
+    return range(n)
+
+
+parallel_range = sequential_range = static_range
+
+
+def kv_heads(num_kv_heads):
+    """The KV heads this launch runs: all of them, in a loop (no SPMD grid; a two-core launch
+    would split this range by ``nl.program_id(0)``)."""
+    return range(num_kv_heads)
+
+
+def launch_grid(num_kv_heads):
+    """No SPMD grid: one launch covers every KV head."""
+    del num_kv_heads
+    return None
+
+
+# ---- trace-time feature flags -----------------------------------------------------------------
+def nc_gen():
+    v = nisa.get_nc_version()
+    for name in ("gen2", "gen3", "gen4"):
+        if v == getattr(nisa.nc_version, name):
+            return name
+    return "gen3"
+
+
+def has_range_select():
+    return nc_gen() != "gen2"
+
+
+def has_oob_skip():
+    return True
+
+
+def transpose_psum_dtype(src_dtype):
+    """PSUM dtype of a PE transpose: the source dtype (nc_transpose requires equal dtypes)."""
+    return src_dtype
+
+
+# ---- compute ----------------------------------------------------------------------------------
+def _engine_kw(engine):
+    return {} if engine is None else {"engine": _ENGINES[engine]}
+
+
+def memset(dst, value, engine=None):
+    nisa.memset(dst=dst, value=value, **_engine_kw(engine))
+
+
+def iota(dst, *, step, offset=0, partition_step=0):
+    """``dst[p, j] = offset + p * partition_step + j * step`` (2-D ``dst``)."""
+    nisa.iota(dst=dst, pattern=[[step, dst.shape[1]]], offset=offset,
+              channel_multiplier=partition_step)
+
+
+def copy(dst, src, engine=None):
+    nisa.tensor_copy(dst=dst, src=src, **_engine_kw(engine))
+
+
+def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):
+    """``dst = func(data * scale + bias)``; ``row_sum``: a (P, 1) fp32 tile receiving the sum of
+    each row (``activation_reduce``)."""
+    if row_sum is None:
+        nisa.activation(dst=dst, op=_ACT[func], data=data, bias=bias, scale=scale)
+    else:
+        nisa.activation_reduce(dst=dst, op=_ACT[func], data=data, reduce_op=nl.add,
+                               reduce_res=row_sum, bias=bias, scale=scale)
+
+
+def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False):
+    kw = {}
+    if op1 is not None:
+        kw = {"op1": _ALU[op1], "operand1": operand1}
+    nisa.tensor_scalar(dst=dst, data=data, op0=_ALU[op0], operand0=operand0, reverse0=reverse0,
+                       **kw)
+
+
+def _is_column(b, a):
+    return (not isinstance(b, (int, float)) and len(b.shape) == 2 and b.shape[1] == 1
+            and tuple(a.shape) != tuple(b.shape))
+
+
+def tensor_tensor(dst, a, b, op):
+    """Elementwise ``a op b``: ``b`` a tile of ``a``'s shape (a broadcast view is one), a (P, 1)
+    column (``tensor_scalar``) or a Python number (``tensor_scalar``)."""
+    if isinstance(b, (int, float)) or _is_column(b, a):
+        nisa.tensor_scalar(dst=dst, data=a, op0=_ALU[op], operand0=b)
+    else:
+        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=_ALU[op])
+
+
+def absolute(dst, src):
+    """``dst = |src|`` (ScalarE)."""
+    nisa.activation(dst=dst, op=nl.abs, data=src)
+
+
+def scale_add(dst, a, col, b):
+    """``dst = a * col + b`` (``col`` a (P, 1) column): ``tensor_scalar`` then ``tensor_tensor``
+    (``nisa.scalar_tensor_tensor`` would do it in one pass)."""
+    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=col)
+    nisa.tensor_tensor(dst=dst, data1=b, data2=dst, op=nl.add)
+
+
+def divide(dst, a, col):
+    """``dst = a / col`` (``col`` a (P, 1) column): ``a * reciprocal(col)``."""
+    r = sbuf((col.shape[0], 1), nl.float32)
+    nisa.reciprocal(dst=r, data=col)
+    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
+
+
+def _predicate(pred):
+    """An integer predicate: ``pred`` itself, or ``pred > 0`` of a float 0 / positive tile."""
+    from nki_kernels.ops import dtype_name
+
+    if dtype_name(pred.dtype) not in _FLOAT_NAMES:
+        return pred
+    p = sbuf(pred.shape, PRED)
+    nisa.tensor_scalar(dst=p, data=pred, op0=nl.greater, operand0=0.0)
+    return p
+
+
+def where(dst, pred, on_true, on_false):
+    """``dst = on_true where pred else on_false`` (a select: NaN in the unselected operand does
+    not leak). ``pred``: an integer tile, or a float tile whose positive entries select;
+    ``on_true``: a tile of ``dst``'s shape or a (P, 1) column; ``on_false``: a number or a tile
+    (``dst`` itself: a predicated copy into it). A (P, 1) ``pred`` selects whole rows."""
+    p = _predicate(pred)
+    if tuple(p.shape) != tuple(dst.shape):
+        p = _columns(p, dst.shape[1])
+    if _is_column(on_true, dst):
+        on_true = _columns(on_true, dst.shape[1])
+    if isinstance(on_false, (int, float)):     # one pass: a select without its reduction
+        nisa.select_reduce(dst=dst, predicate=p, on_true=on_true, on_false=float(on_false))
+        return
+    if on_false is not dst:
+        nisa.tensor_copy(dst=dst, src=on_false)
+    nisa.tensor_copy_predicated(dst=dst, src=on_true, predicate=p)
+
+
+class _Flags:
+    def __init__(self, tile):
+        self.tile = tile
+
+    def column(self, i, rows):
+        return self.tile[0:rows, i:i + 1]
+
+
+def flags(src, col0, stride, count):
+    """The 0 / 1 float columns ``col0 + i * stride`` (i < count) of ``src`` (P, F) as
+    predicates: converted once (``src > 0`` into a uint8 (P, count) tile); ``.column(i, rows)``
+    is flag column i of the first ``rows`` partitions."""
+    p = sbuf((src.shape[0], count), PRED)
+    nisa.tensor_scalar(dst=p, data=free_view(src, ((stride, count),), col0=col0), op0=nl.greater,
+                       operand0=0.0)
+    return _Flags(p)
+
+
+def tensor_reduce(dst, op, data, axis, keepdims=False):
+    nisa.tensor_reduce(dst=dst, op=_ALU[op], data=data, axis=axis, keepdims=keepdims)
+
+
+def range_select_max(dst, data, lo, hi, row_max):
+    """``dst[p, j] = data[p, j]`` where ``lo[p] <= j < hi[p]`` else FP32_MIN; ``row_max[p]`` =
+    the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+)."""
+    nisa.range_select(dst=dst, on_true_tile=data, comp_op0=nl.greater_equal, comp_op1=nl.less,
+                      bound0=lo, bound1=hi, reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                      reduce_res=row_max, reduce_op=nl.maximum, range_start=0,
+                      on_false_value=FP32_MIN)
+
+
+def matmul(dst, stationary, moving, accumulate=False):
+    """``dst (PSUM) = stationary.T @ moving``, added onto ``dst`` when ``accumulate`` (whose
+    earlier content must come from a matmul)."""
+    nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
+
+
+def transpose(dst, src):
+    """PE transpose of ``src`` (SBUF) into ``dst`` (PSUM, ``src``'s dtype)."""
+    nisa.nc_transpose(dst=dst, data=src)
+
+
+# ---- DMA --------------------------------------------------------------------------------------
+def load(dst, src):
+    """Direct DMA of an HBM region into an on-chip tile."""
+    nisa.dma_copy(dst=dst, src=src)
+
+
+def _rows(table, idx, idx_col, parts, n, lead, col0):
+    """``table`` (``(*lead_dims, R, F)`` HBM) as an indirect view of ``parts`` rows of ``n``
+    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``."""
+    shape = tuple(table.shape)
+    R, F = shape[-2], shape[-1]
+    lead_rows = 0
+    for k, i in enumerate(lead):
+        lead_rows = lead_rows * shape[k] + i
+    flat = table.reshape((int(np.prod(shape[:-1])), F))
+    return flat.ap([[F, parts], [1, n]], offset=lead_rows * R * F + col0,
+                   vector_offset=idx[0:parts, idx_col:idx_col + 1], indirect_dim=0)
+
+
+def gather(dst, table, idx, idx_col, *, lead=(), col0=0):
+    """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
+    rows whose index is out of bounds are skipped (``dst`` keeps them)."""
+    src = _rows(table, idx, idx_col, dst.shape[0], dst.shape[1], lead, col0)
+    nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+
+
+def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
+    """``table[*lead, idx[p, idx_col], col0 : col0 + n] = src[p, :]``; out-of-bounds rows skipped."""
+    dst = _rows(table, idx, idx_col, src.shape[0], src.shape[1], lead, col0)
+    nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+
+
+def engine_names(engine):
+    """Engine names are the interface here already."""
+    return engine

@@ -1,0 +1,269 @@
+"""The op layer on the legacy API (``neuronxcc.nki``, NKI "Beta 1"; trn1 on Neuron SDK <= 2.28).
+
+One of the two modules that name an NKI package (the other is :mod:`nki_kernels.ops.current`);
+the interface is documented in :mod:`nki_kernels.ops`. Each op writes its destination with the
+legacy call the kernels used before the op layer existed (``dst[...] = nisa.op(..., dtype=
+dst.dtype)``, ``nl.*`` elementwise ops with NumPy broadcasting, ``nl.arange`` index expressions
+for indirect DMAs and strided views), so a kernel ported onto the layer traces the same
+instructions as its hand-written legacy form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels._nki import nki, nl, nisa
+
+NAME = "legacy"
+
+float32, bfloat16, float16, int32, uint8 = nl.float32, nl.bfloat16, nl.float16, nl.int32, nl.uint8
+float8_e4m3, float8_e5m2 = nl.float8_e4m3, nl.float8_e5m2
+PRED = nl.bool_            # comparison results
+FLAG = nl.float32          # 0 / 1 tiles built once and selected with (nl.where takes floats)
+FP32_MIN = float(np.finfo(np.float32).min)
+
+_ENGINES = {None: None, "scalar": nisa.scalar_engine, "vector": nisa.vector_engine,
+            "gpsimd": nisa.gpsimd_engine}
+_ALU = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+        "minimum": np.minimum, "max": np.max}
+_NL = {"add": nl.add, "subtract": nl.subtract, "multiply": nl.multiply, "maximum": nl.maximum,
+       "minimum": nl.minimum, "less": nl.less, "equal": nl.equal, "divide": nl.divide}
+_ACT = {"exp": np.exp, "tanh": np.tanh, "abs": np.abs, "relu": nl.relu, "copy": np.copy}
+
+
+def jit(fn):
+    """The API's kernel decorator."""
+    return nki.jit(fn)
+
+
+# ---- allocation and views ---------------------------------------------------------------------
+def sbuf(shape, dtype):
+    return nl.ndarray(tuple(shape), dtype=dtype, buffer=nl.sbuf)
+
+
+def psum(shape, dtype):
+    return nl.ndarray(tuple(shape), dtype=dtype, buffer=nl.psum)
+
+
+def zeros(shape, dtype):
+    return nl.zeros(tuple(shape), dtype=dtype, buffer=nl.sbuf)
+
+
+# HBM tensors are created by the kernel function itself (outputs must be allocated at the
+# kernel's top level): ``ops.ndarray(shape, dtype=dt, buffer=ops.SHARED_HBM)``.
+ndarray = nl.ndarray
+SHARED_HBM = nl.shared_hbm      # outputs
+PRIVATE_HBM = nl.hbm            # scratch
+
+
+def ds(start, size):
+    return nl.ds(start, size)
+
+
+def bitcast(t, dtype):
+    return t.view(dtype)
+
+
+def free_view(t, dims, col0=0):
+    """View of a 2-D on-chip tile ``t`` (P, F): partitions kept, free dims ``dims`` =
+    ``((step, count), ...)`` from column ``col0``; a step-0 dim is a size-1 dim here (NumPy
+    broadcasting of the legacy ``nl`` ops widens it)."""
+    sizes = tuple(count if step else 1 for step, count in dims)
+    inner = 1
+    contiguous = col0 == 0
+    for (step, count) in reversed(dims):
+        if step:
+            contiguous = contiguous and step == inner
+            inner *= count
+    if contiguous:      # a reshape (writable); broadcast dims have size 1
+        return t.reshape((t.shape[0],) + sizes)
+    n = len(dims) + 1
+
+    def axis(k, size):
+        return nl.arange(size)[tuple(slice(None) if a == k else None for a in range(n))]
+
+    expr = None
+    for k, (step, count) in enumerate(dims):
+        ar = axis(k + 1, count if step else 1)
+        term = ar if step == 1 else ar * step
+        expr = term if expr is None else expr + term
+    return t[axis(0, t.shape[0]), col0 + expr]
+
+
+# ---- loops and programs -----------------------------------------------------------------------
+static_range = nl.static_range
+parallel_range = nl.affine_range
+sequential_range = nl.sequential_range
+
+
+def kv_heads(num_kv_heads):
+    """The KV heads this program runs: one per program of the ``[1, Hkv]`` SPMD grid."""
+    del num_kv_heads
+    return (nl.program_id(axis=1),)
+
+
+def launch_grid(num_kv_heads):
+    """The SPMD grid of a launch over ``num_kv_heads`` KV heads."""
+    return (1, num_kv_heads)
+
+
+# ---- trace-time feature flags -----------------------------------------------------------------
+def nc_gen():
+    v = nisa.get_nc_version()
+    return "gen3" if v == nisa.nc_version.gen3 else "gen2"
+
+
+def has_range_select():
+    return nc_gen() == "gen3"
+
+
+def has_oob_skip():
+    return hasattr(nisa, "oob_mode")
+
+
+def transpose_psum_dtype(src_dtype):
+    """PSUM dtype of a PE transpose of ``src_dtype``: fp32 on gen2, the source dtype on gen3."""
+    return src_dtype if nc_gen() == "gen3" else nl.float32
+
+
+# ---- compute ----------------------------------------------------------------------------------
+def memset(dst, value, engine=None):
+    kw = {} if engine is None else {"engine": _ENGINES[engine]}
+    dst[...] = nisa.memset(dst.shape, value, dtype=dst.dtype, **kw)
+
+
+def iota(dst, *, step, offset=0, partition_step=0):
+    """``dst[p, j] = offset + p * partition_step + j * step`` (2-D ``dst``)."""
+    i_p = nl.arange(dst.shape[0])[:, None]
+    i_f = nl.arange(dst.shape[1])[None, :]
+    dst[...] = nisa.iota(i_p * partition_step + i_f * step + offset, dtype=dst.dtype)
+
+
+def copy(dst, src, engine=None):
+    if engine is None:
+        dst[...] = nl.copy(src, dtype=dst.dtype)
+    else:
+        dst[...] = nisa.tensor_copy(src, dtype=dst.dtype, engine=_ENGINES[engine])
+
+
+def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):
+    """``dst = func(data * scale + bias)``; ``row_sum``: a (P, 1) fp32 tile receiving the sum of
+    ``dst``'s rows (before the cast)."""
+    kw = {} if bias is None else {"bias": bias}
+    if row_sum is None:
+        dst[...] = nisa.activation(_ACT[func], data, scale=scale, dtype=dst.dtype, **kw)
+    else:
+        dst[...] = nisa.activation_reduce(_ACT[func], data, scale=scale, reduce_op=np.add,
+                                          reduce_res=row_sum, dtype=dst.dtype, **kw)
+
+
+def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False):
+    kw = {}
+    if op1 is not None:
+        kw = {"op1": _ALU[op1], "operand1": operand1}
+    if reverse0:
+        kw["reverse0"] = True
+    dst[...] = nisa.tensor_scalar(data, _ALU[op0], operand0, dtype=dst.dtype, **kw)
+
+
+def tensor_tensor(dst, a, b, op):
+    """Elementwise ``a op b`` (``b`` a tile, a (P, 1) column or a scalar; broadcasting as NumPy)."""
+    dst[...] = _NL[op](a, b, dtype=dst.dtype)
+
+
+def absolute(dst, src):
+    """``dst = |src|``."""
+    dst[...] = nl.abs(src, dtype=dst.dtype)
+
+
+def scale_add(dst, a, col, b):
+    """``dst = a * col + b`` (``col`` a (P, 1) column)."""
+    dst[...] = nl.add(nl.multiply(a, col, dtype=nl.float32), b, dtype=dst.dtype)
+
+
+def divide(dst, a, col):
+    """``dst = a / col`` (``col`` a (P, 1) column)."""
+    dst[...] = nl.divide(a, col, dtype=dst.dtype)
+
+
+def where(dst, pred, on_true, on_false):
+    """``dst = on_true where pred else on_false`` (a select: NaN in the unselected operand does
+    not leak); ``on_true`` may be a (P, 1) column, ``on_false`` a scalar or a tile."""
+    dst[...] = nl.where(pred, on_true, on_false, dtype=dst.dtype)
+
+
+class _Flags:
+    def __init__(self, src, col0, stride):
+        self.src, self.col0, self.stride = src, col0, stride
+
+    def column(self, i, rows):
+        return self.src[0:rows, nl.ds(self.col0 + i * self.stride, 1)]
+
+
+def flags(src, col0, stride, count):
+    """The 0 / 1 float columns ``col0 + i * stride`` (i < count) of ``src`` as predicates
+    (``nl.where`` takes float predicates: no instruction); ``.column(i, rows)`` is flag column
+    i of the first ``rows`` partitions."""
+    del count
+    return _Flags(src, col0, stride)
+
+
+def tensor_reduce(dst, op, data, axis, keepdims=False):
+    kw = {"keepdims": True} if keepdims else {}
+    dst[...] = nisa.tensor_reduce(_ALU[op], data, axis=axis, dtype=dst.dtype, **kw)
+
+
+def range_select_max(dst, data, lo, hi, row_max):
+    """``dst[p, j] = data[p, j]`` where ``lo[p] <= j < hi[p]`` else FP32_MIN; ``row_max[p]`` =
+    the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+)."""
+    dst[...] = nisa.range_select(on_true_tile=data, comp_op0=np.greater_equal, comp_op1=np.less,
+                                 bound0=lo, bound1=hi, reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                                 reduce_res=row_max, reduce_op=np.amax, range_start=0,
+                                 on_false_value=nl.fp32.min, dtype=dst.dtype)
+
+
+def matmul(dst, stationary, moving, accumulate=False):
+    """``dst (PSUM) = stationary.T @ moving``, added onto ``dst`` when ``accumulate``."""
+    prod = nisa.nc_matmul(stationary, moving)
+    if accumulate:
+        dst[...] += prod
+    else:
+        dst[...] = prod
+
+
+def transpose(dst, src):
+    """PE transpose of ``src`` (SBUF) into ``dst`` (PSUM)."""
+    dst[...] = nisa.nc_transpose(src)
+
+
+# ---- DMA --------------------------------------------------------------------------------------
+def load(dst, src):
+    """Direct DMA of an HBM region into an on-chip tile."""
+    dst[...] = nl.load(src)
+
+
+def gather(dst, table, idx, idx_col, *, lead=(), col0=0):
+    """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
+    rows whose index is out of bounds are skipped (``dst`` keeps them)."""
+    i_p = nl.arange(dst.shape[0])[:, None]
+    i_f = nl.arange(dst.shape[1])[None, :]
+    src = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_f if col0 else i_f)]
+    nisa.dma_copy(dst=dst[i_p, i_f], src=src, oob_mode=nisa.oob_mode.skip)
+
+
+def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
+    """``table[*lead, idx[p, idx_col], col0 : col0 + n] = src[p, :]``; out-of-bounds rows skipped."""
+    i_p = nl.arange(src.shape[0])[:, None]
+    i_f = nl.arange(src.shape[1])[None, :]
+    dst = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_f if col0 else i_f)]
+    nisa.dma_copy(dst=dst, src=src[i_p, i_f], oob_mode=nisa.oob_mode.skip)
+
+
+def engine_names(engine):
+    """Engine name(s) of legacy engine object(s) (None, one, or a tuple)."""
+    if isinstance(engine, tuple):
+        return tuple(engine_names(e) for e in engine)
+    for name, obj in _ENGINES.items():
+        if obj is engine or (obj is not None and engine is not None and obj == engine):
+            return name
+    raise ValueError(f"unknown legacy engine {engine!r}")
