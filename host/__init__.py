@@ -58,6 +58,8 @@ _LAZY = {
     "allocate_kv_caches": "host.cache_ops",
     "concat_and_cache_mla": "host.mla_cache",
     "mla_paged_attention": "host.mla_attention",
+    "plan_mla_attention": "host.mla_attention",
+    "run_mla_attention": "host.mla_attention",
 }
 # name -> submodule that needs the optional torch (+ transformers) extras; kept out of __all__
 # so that ``from host import *`` works without them.

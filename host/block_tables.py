@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, to_numpy
-from host.plan import PARTITIONS, PagedAttentionPlan
+from host.plan import PagedAttentionPlan
+from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
+                                  PARTITIONS)
+from nki_kernels.contract import tile_geometry as contract_tile_geometry
 from host.validation import (check_index_range, check_int, check_integer_array,
                              check_power_of_two, check_shape, fail)
 
@@ -42,12 +45,12 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def tile_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
-    """Validated ``(M, Tf, b', L)`` for a block size and large tile size (docs/layouts.md §3)."""
-    B = check_power_of_two("block_size", block_size, lo=1, hi=256)
-    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
-    M = LT // B
-    Tf = PARTITIONS // M if M < PARTITIONS else 1
-    return M, Tf, B // Tf, M * Tf
+    """Validated ``(M, Tf, b', L)`` for a block size and large tile size (docs/layouts.md §3):
+    ``nki_kernels.contract.tile_geometry`` after the range checks."""
+    B = check_power_of_two("block_size", block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
+    g = contract_tile_geometry(B, LT)
+    return g.M, g.T, g.bp, g.L
 
 
 def check_block_tables(block_tables: Any, context_lens: np.ndarray, *, block_size: int,

@@ -1,18 +1,18 @@
-"""Which work a batch needs (``host.schedule``, docs/layouts.md §16.2-16.3): tile geometries,
-Q blocks and groups, FULL / PARTIAL items with exact pruning, and the ``"auto"`` partial tile
+"""Which work a batch needs (``host.schedule``, docs/layouts.md §16.2-16.3): tile geometries
+(``nki_kernels.contract.TileGeometry``), Q blocks and groups, FULL / PARTIAL items with exact
+pruning, and the ``"auto"`` partial tile
 size. Plain NumPy / Python on lengths; ``host.schedule`` turns the items into kernel metadata.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
            "choose_partial_tile"]
 
-P = 128
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
 # partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
 # model (MODELED): every value from 3072 to at least 6144 makes "auto" pick the fastest size on
@@ -22,27 +22,11 @@ ITEM_OVERHEAD_KEYS = 4096
 
 
 def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
-    """``(T, b', L, nL)`` for a block size and tile size (both powers of two): T rows per block,
-    b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128 loads."""
-    M = large_tile_size // block_size
-    T = P // M if M < P else 1
-    L = M * T
-    return T, block_size // T, L, L // P
-
-
-@dataclass(frozen=True)
-class TileGeometry:
-    """One phase's tile geometry (:func:`item_geometry`): T rows per block, b' tokens per row, L rows
-    and nL loads per tile; W = L * b' keys per tile."""
-
-    T: int
-    bp: int
-    L: int
-    nL: int
-
-    @property
-    def W(self) -> int:
-        return self.L * self.bp
+    """``(T, b', L, nL)`` of ``nki_kernels.contract.tile_geometry`` (both powers of two): T rows
+    per block, b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128
+    loads."""
+    g = tile_geometry(block_size, large_tile_size)
+    return g.T, g.bp, g.L, g.nL
 
 
 def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
@@ -51,11 +35,11 @@ def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
     per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
     Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
     turn one item into several where a large tile is visible in whole (a window's lower edge)."""
-    fg = TileGeometry(*item_geometry(B, LT))
+    fg = tile_geometry(B, LT)
     best = None
-    ltp = 512
+    ltp = MIN_TILE_SIZE
     while ltp <= LT:
-        pg = TileGeometry(*item_geometry(B, ltp))
+        pg = tile_geometry(B, ltp)
         cost = 0
         for _, _, _, _, qb in specs:
             _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, sliding_window=sliding_window)

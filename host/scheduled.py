@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from host._arrays import readonly
 from host.schedule import AttentionSchedule, ClassSchedule
+from nki_kernels.contract import (M_FLOOR, Q_INIT_COLUMNS, Q_INIT_L, Q_INIT_NEG_M, Q_INIT_SLOPE,
+                                  Q_INIT_SLOPE_POS)
 
 __all__ = ["build_overlay", "pack_queries", "unpack_output", "kernel_inputs", "row_init",
            "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args",
@@ -94,22 +96,20 @@ def row_init(cls: ClassSchedule, num_heads: int, num_kv_heads: int, *, sinks=Non
     """``(Hkv * nblk * rows, 4)`` float32 per query row: initial -m and l (``-M_FLOOR, 0``; with
     an attention sink ``-sink, 1``: the sink's exp(sink - m) is the starting sum), ALiBi slope
     and slope * query position (0 without ALiBi)."""
-    from nki_kernels.constants import M_FLOOR
-
     G = num_heads // num_kv_heads
     n = cls.row_token.shape[0]
-    init = np.zeros((num_kv_heads, n, 4), np.float32)
-    init[:, :, 0] = -M_FLOOR
+    init = np.zeros((num_kv_heads, n, Q_INIT_COLUMNS), np.float32)
+    init[:, :, Q_INIT_NEG_M] = -M_FLOOR
     real = cls.row_token >= 0
     for h in range(num_kv_heads):
         heads = h * G + cls.row_head[real]
         if sinks is not None:
-            init[h, real, 0] = -sinks[heads]
-            init[h, real, 1] = 1.0
+            init[h, real, Q_INIT_NEG_M] = -sinks[heads]
+            init[h, real, Q_INIT_L] = 1.0
         if alibi_slopes is not None:
-            init[h, real, 2] = alibi_slopes[heads]
-            init[h, real, 3] = alibi_slopes[heads] * cls.row_pos[real]
-    return init.reshape(num_kv_heads * n, 4)
+            init[h, real, Q_INIT_SLOPE] = alibi_slopes[heads]
+            init[h, real, Q_INIT_SLOPE_POS] = alibi_slopes[heads] * cls.row_pos[real]
+    return init.reshape(num_kv_heads * n, Q_INIT_COLUMNS)
 
 
 def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray,
@@ -147,15 +147,14 @@ def item_row_init(cls: ClassSchedule, q_init: np.ndarray, phase, num_kv_heads: i
     """Keys-on-partitions classes: ``(Hkv * rows, items * 4)`` float32, row ``h*rows + p``,
     columns ``[t*4, t*4 + 4)`` = the ``q_init`` row of query row p of item t's Q block for KV
     head h (``-M_FLOOR, 0, 0, 0`` for padding items). Keys-on-partitions classes only."""
-    from nki_kernels.constants import M_FLOOR
-
     rows, nblk = cls.rows, cls.num_blocks
-    q4 = q_init.reshape(num_kv_heads, nblk, rows, 4)
+    q4 = q_init.reshape(num_kv_heads, nblk, rows, Q_INIT_COLUMNS)
     blk = phase.item_block
-    pad = np.array([-M_FLOOR, 0.0, 0.0, 0.0], np.float32)
+    pad = np.zeros(Q_INIT_COLUMNS, np.float32)
+    pad[Q_INIT_NEG_M] = -M_FLOOR
     sel = np.where(blk[None, :, None, None] >= 0, q4[:, np.maximum(blk, 0)], pad)
     return np.ascontiguousarray(sel.astype(np.float32).transpose(0, 2, 1, 3)
-                                .reshape(num_kv_heads * rows, blk.shape[0] * 4))
+                                .reshape(num_kv_heads * rows, blk.shape[0] * Q_INIT_COLUMNS))
 
 
 @dataclass(frozen=True, eq=False)

@@ -41,6 +41,8 @@ from host.scheduled import class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
+from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_HEAD_SIZE_DENSE, MAX_HEAD_SIZE_SCHEDULED,
+                                  MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE)
 
 __all__ = ["AttentionPlan", "DenseInputs", "plan_paged_attention", "class_launches", "KERNELS",
            "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "check_attention_options",
@@ -51,7 +53,7 @@ GQA_PACKING = ("auto", True, False)
 DTYPES = ("float32", "bfloat16", "float16")
 # Largest head size per kernel: the dense kernel keeps one SBUF partition per channel, the
 # scheduled kernel accumulates QK^T over 128-channel slices.
-MAX_HEAD_SIZE = MappingProxyType({"dense": 128, "scheduled": 512})
+MAX_HEAD_SIZE = MappingProxyType({"dense": MAX_HEAD_SIZE_DENSE, "scheduled": MAX_HEAD_SIZE_SCHEDULED})
 # Variant values that may differ per layer (run_paged_attention keywords).
 LAYER_VALUES = ("alibi_slopes", "sinks", "k_scale", "v_scale")
 _VARIANT_OPTIONS = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "k_scale",
@@ -209,11 +211,11 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     if not (isinstance(gqa_packing, (bool, np.bool_))
             or (isinstance(gqa_packing, str) and gqa_packing == "auto")):
         fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
-    B = check_power_of_two("block_size", block_size, lo=1, hi=256)
-    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    B = check_power_of_two("block_size", block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
     auto_partial = isinstance(partial_tile_size, str) and partial_tile_size == "auto"
     if not auto_partial:
-        check_power_of_two("partial_tile_size", partial_tile_size, lo=512, hi=LT)
+        check_power_of_two("partial_tile_size", partial_tile_size, lo=MIN_TILE_SIZE, hi=LT)
         if kernel == "dense":
             raise NotImplementedError("paged_attention: partial_tile_size applies to the scheduled "
                                       "kernel; leave it 'auto' with kernel='dense'")

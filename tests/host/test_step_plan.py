@@ -211,3 +211,29 @@ def test_run_on_the_current_api_matches_the_legacy_run_bit_for_bit():
     ref = host.paged_attention_ref(q, k, v, cache, bt, QLENS, CLENS)
     np.testing.assert_allclose(current, ref, atol=1e-3)
     np.testing.assert_allclose(current, legacy, atol=1e-5)
+
+
+@pytest.mark.simulation
+def test_mla_plan_runs_every_layer_bit_identical_to_the_one_shot_call():
+    rng = np.random.default_rng(4)
+    N, Bm, E, Hm, R, P = 12, 16, 96, 8, 48, 16
+    bt = np.array([[3, 5, 1], [7, -1, -1], [2, 9, -1]])
+    ql, cl = [3, 1, 2], [40, 9, 30]
+    plan = host.plan_mla_attention(bt, ql, cl, num_heads=Hm, num_blocks=N, block_size=Bm,
+                                   entry_size=E, dtype="float32", kv_lora_rank=R,
+                                   qk_rope_head_dim=P, large_tile_size=512, backend="sim")
+    for _ in range(2):
+        q = rng.uniform(-1, 1, (6, Hm, R + P)).astype(np.float32)
+        cache = rng.uniform(-1, 1, (N, Bm, E)).astype(np.float32)
+        got = host.run_mla_attention(plan, q, cache)
+        want = host.mla_paged_attention(q, cache, bt, ql, cl, kv_lora_rank=R, qk_rope_head_dim=P,
+                                        large_tile_size=512, backend="sim")
+        assert got.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match=r"^kv_cache must have shape \(12, 16, 96\) of the plan"):
+        host.run_mla_attention(plan, q, cache[:, :, :80])
+    with pytest.raises(ValueError, match=r"^entry_size must be >= 64"):
+        host.plan_mla_attention(bt, ql, cl, num_heads=Hm, num_blocks=N, block_size=Bm,
+                                entry_size=60, dtype="float32", kv_lora_rank=R, qk_rope_head_dim=P)
+    with pytest.raises(ValueError, match=r"^num_heads must be <= 128"):
+        host.plan_mla_attention(bt, ql, cl, num_heads=129, num_blocks=N, block_size=Bm,
+                                entry_size=E, dtype="float32", kv_lora_rank=R, qk_rope_head_dim=P)
