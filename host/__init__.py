@@ -4,7 +4,10 @@ Public names follow vLLM's Neuron backend where one exists (``flash_attn_varlen_
 ``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``), else vLLM's
 cache ops (``concat_and_cache_mla``).
 
-Pure-NumPy planning names (and the paged ``KVCacheManager``) are imported eagerly; the launch
+A serving step plans once and runs per layer: ``plan_paged_attention`` (a frozen, validated
+``AttentionPlan``) and ``run_paged_attention(plan, query, key, value, kv_cache)``;
+``paged_attention`` is the two in one call (``plan_mla_attention`` / ``run_mla_attention`` for
+MLA). Pure-NumPy planning names (and the paged ``KVCacheManager``) are imported eagerly; the launch
 wrappers (which import the kernels and, without ``neuronx-cc``, the ``nki_sim`` simulator) load
 on first use. With the optional extras: ``host.torch_ops`` (torch custom ops ``nki_pa::*``),
 ``host.hf_backend`` and ``host.generation`` (``host.generate``, ``host.PagedGenerator``: a

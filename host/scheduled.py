@@ -136,11 +136,11 @@ def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase, num_kv_heads: i
         return np.zeros((1, 1), query_t.dtype)
     rows, nblk = cls.rows, cls.num_blocks
     d = query_t.shape[0] // (num_kv_heads * nblk)
-    q4 = query_t.reshape(num_kv_heads, nblk, d, rows)
+    q4t = query_t.reshape(num_kv_heads, nblk, d, rows).transpose(0, 2, 1, 3)   # (Hkv, d, nblk, rows)
     blk = phase.item_block
-    sel = np.where(blk[None, :, None, None] >= 0, q4[:, np.maximum(blk, 0)], 0)
-    return np.ascontiguousarray(sel.astype(query_t.dtype).transpose(0, 2, 1, 3)
-                                .reshape(num_kv_heads * d, blk.shape[0] * rows))
+    sel = q4t[:, :, np.maximum(blk, 0)]          # one gather, already in the output order
+    sel[:, :, blk < 0] = 0
+    return sel.reshape(num_kv_heads * d, blk.shape[0] * rows)
 
 
 def item_row_init(cls: ClassSchedule, q_init: np.ndarray, phase, num_kv_heads: int) -> np.ndarray:

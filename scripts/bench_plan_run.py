@@ -65,7 +65,7 @@ def stub_launches():
 
     real = ha.launch_kernel
 
-    def stub(kernel, args, kwargs, *, grid_heads, backend):
+    def stub(kernel, args, kwargs, *, grid_heads, backend, api=None):
         if len(args) == 6:                      # dense: (1, H, Qpad, d)
             _, hq, d, qpad = args[0].shape
             return np.zeros((1, hq, qpad, d), args[0].dtype)
