@@ -81,12 +81,11 @@ def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int,
     G = H // num_kv_heads
     tok, g = cls.row_token, cls.row_head
     real = tok >= 0
-    packed = np.zeros((num_kv_heads, tok.shape[0], d), dtype=query.dtype)
-    for h in range(num_kv_heads):
-        rows = query[tok[real], h * G + g[real]]
-        if k_scale is not None:
-            rows = (rows.astype(np.float32) * k_scale[h]).astype(query.dtype)
-        packed[h, real] = rows
+    heads = np.arange(num_kv_heads)[:, None] * G + np.where(real, g, 0)[None, :]
+    packed = query[np.where(real, tok, 0)[None, :], heads]        # (Hkv, n, d): one gather
+    packed[:, ~real] = 0
+    if k_scale is not None:
+        packed = (packed.astype(np.float32) * k_scale[:, None, None]).astype(query.dtype)
     packed = packed.reshape(num_kv_heads, cls.num_blocks, cls.rows, d).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(packed.reshape(num_kv_heads * cls.num_blocks * d, cls.rows))
 
