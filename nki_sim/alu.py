@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from . import errors as E
+from .dtypes import as_f32
 
 # name -> (function on compute arrays, integer-exact?, class)
 ALU = {
@@ -149,7 +150,7 @@ def act_name(op, api: str) -> str:
 
 
 def apply_act(name: str, x: np.ndarray) -> np.ndarray:
-    return np.asarray(ACT[name](np.asarray(x, dtype=np.float32)), dtype=np.float32)
+    return np.asarray(ACT[name](as_f32(x)), dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------- reductions

@@ -182,6 +182,19 @@ def cast_for_write(values, d: np.dtype) -> np.ndarray:
     return v.astype(d)
 
 
+_WIDEN_MIN = 32768      # below this many elements ml_dtypes' own cast is as fast
+
+
+def as_f32(v) -> np.ndarray:
+    """``np.asarray(v, dtype=float32)``; a large bf16 array is widened by shifting its bits
+    (exact, the same values as the ml_dtypes cast, several times faster)."""
+    if type(v) is np.ndarray and v.dtype == bfloat16 and v.size >= _WIDEN_MIN:
+        out = np.empty(v.shape, np.uint32)
+        np.left_shift(v.view(np.uint16), 16, out=out, dtype=np.uint32)
+        return out.view(np.float32)
+    return np.asarray(v, dtype=np.float32)
+
+
 def compute_dtype(dts, int_exact: bool) -> np.dtype:
     """Internal math dtype: int64 when every input is an integer and the op is exact, else fp32."""
     if int_exact and all(is_int(d) or d == bool_ for d in dts):

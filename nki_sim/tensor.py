@@ -121,7 +121,7 @@ class Tensor:
         a = aux.itemsize
         if arr.size == 0:
             return aux.reshape(-1)[:0].reshape(self.arr.shape)
-        return np.ndarray(self.arr.shape, aux.dtype, aux, off * a, tuple(s * a for s in es))
+        return np.ndarray(arr.shape, aux.dtype, aux, off * a, tuple([s * a for s in es]))
 
     def flat_offsets(self) -> np.ndarray:
         """Element offsets into ``alloc.data`` of every element of a basic view (int64, shape)."""
@@ -168,17 +168,14 @@ def is_index(x) -> bool:
 def _norm_key(t: Tensor, key) -> tuple:
     if type(key) is not tuple:
         key = (key,)
-    n_ell = 0
-    for k in key:
+    nd = len(t.shape)
+    for i, k in enumerate(key):       # identity tests only: tiles overload ==
         if k is Ellipsis:
-            n_ell += 1
-    if n_ell:
-        if n_ell > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        i = next(j for j, k in enumerate(key) if k is Ellipsis)
-        fill = t.ndim - (len(key) - 1)
-        key = key[:i] + (slice(None),) * fill + key[i + 1:]
-    if len(key) > t.ndim:
+            if any(k2 is Ellipsis for k2 in key[i + 1:]):
+                raise IndexError("an index can only have a single ellipsis ('...')")
+            key = key[:i] + (slice(None),) * (nd - (len(key) - 1)) + key[i + 1:]
+            break
+    if len(key) > nd:
         raise IndexError(f"too many indices for tensor {t.name} of shape {list(t.shape)}: got {len(key)}")
     return key
 
@@ -221,6 +218,17 @@ def _basic(t: Tensor, key) -> Tensor:
         n = shape[ax]
         if type(k) is slice or isinstance(k, slice):
             start, stop, step = k.start, k.stop, k.step
+            if step is None and (stop is None or type(stop) is int) and (start is None or type(start) is int):
+                # the common case (``:``, ``a:b``, ``nl.ds``): the checks below, without the loop
+                if stop is not None and stop > n:
+                    raise _oob(t, ax, 0 if start is None else (start if start >= 0 else start + n),
+                               stop - 1, n)
+                if start:
+                    if start > n or start < -n:
+                        raise _oob(t, ax, start, start, n)
+                    off += (start if start >= 0 else start + n) * es[ax]
+                out.append(k)
+                continue
             for v in (start, stop, step):
                 if v is not None and not isinstance(v, (int, np.integer)):
                     raise TypeError(f"slice bounds must be ints (loop variables); got {type(v).__name__}")
@@ -271,7 +279,7 @@ def _keep_tile_rank(t: Tensor, out: list, new_pax: int) -> None:
     ints = [ax for ax, k in enumerate(out) if isinstance(k, int) and ax > t.pax]
     if not ints:
         return
-    rank = t.ndim - sum(isinstance(k, int) for k in out) - new_pax
+    rank = len(t.shape) - sum(isinstance(k, int) for k in out) - new_pax
     if rank < 2:
         ax = ints[-1]
         out[ax] = slice(out[ax], out[ax] + 1)

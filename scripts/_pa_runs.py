@@ -173,8 +173,9 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
 def breakdown(trace, target: str, top: int = 6) -> dict:
     """Where the modeled time goes: {engine: {"us": total, "kinds": [(kind, us, count), ...]}}.
 
-    Compute engines: ``nki_sim.cost.compute_cycles`` per event / engine clock, grouped by
-    (op, kernel source line). DMA: per instruction kind (op, direct/indirect, src->dst, line),
+    Compute engines: ``nki_sim.cost.compute_cycles`` per event / clock of the engine the cost
+    model charges (``assigned_engine``), grouped by (op, kernel source line), plus the
+    dependent-issue waits. DMA: per instruction kind (op, direct/indirect, src->dst, line),
     the mean busy time of the 16 DMA engines (``dma_instruction_cost``) -- the DMA total of the
     cost model is max(busiest engine, sum(latency)/dma_inflight, HBM cap), reported beside it.
     GpSimd also carries the software-DGE descriptor generation of indirect DMAs."""
@@ -196,10 +197,14 @@ def breakdown(trace, target: str, top: int = 6) -> dict:
                 g[0] += c.gpsimd_ns
                 g[1] += 1
             continue
-        a = acc[ev.engine][f"{ev.op} @{loc}"]
-        a[0] += cost.compute_cycles(ev, hw) / hw.clock_ghz(ev.engine)
+        eng = cost.assigned_engine(ev, hw)
+        a = acc[eng][f"{ev.op} @{loc}"]
+        a[0] += cost.compute_cycles(ev, hw, eng) / hw.clock_ghz(eng)
         a[1] += 1
     rep = cost.estimate(trace, target)
+    for eng, us in rep.stall_by_engine_us.items():
+        if us:
+            acc[eng]["waits for a result of the same engine"] = [us * 1e3, 0]
     out = {}
     for eng, total in rep.per_engine_us.items():
         kinds = sorted(acc[eng].items(), key=lambda kv: -kv[1][0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from .. import errors as E
+from ..state import state
 from .tensor import TensorBase as NkiTensor, is_hbm
 
 
@@ -21,7 +22,6 @@ class NkiValidationError(E.NkiSimError, AssertionError):
 
 def require_kernel(api: str):
     """NKI calls outside a kernel are errors."""
-    from ..state import state
     if state.kernel is None:
         raise E.NkiCompileError(f"'{api}' called outside of an NKI kernel; call it from a function "
                                 "launched by nki.jit / nki.simulate")

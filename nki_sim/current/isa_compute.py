@@ -205,7 +205,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
             fail(f"tensor_scalar on the Scalar engine supports multiply+add, multiply or add; got {pair}")
     V.tensor_scalar(dst.core(), data.core(), [(n, _c(o), bool(r)) for n, o, r in stages],
-                    engine=eng, name=name)
+                    engine=eng, name=name,
+                    unspecified=member(_engine, engine, "engine", _engine.unknown) is _engine.unknown)
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=""):
@@ -225,9 +226,17 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=""):
     V.tensor_reduce(dst.core(), data.core(), opn, axes, negate=bool(negate), keepdims=True, name=name)
 
 
-def tensor_copy(dst, src, engine=None, name=""):
+def tensor_copy(dst, src, engine=None, name="", dtype=None):
+    """``dst = src`` (cast through fp32 when the dtypes differ).  ``dtype=`` is not in the
+    documented signature but AWS's current-API matmul tutorial passes it (also different from
+    dst's dtype); the destination's dtype is the output dtype, a different ``dtype`` warns."""
     require_kernel("nisa.tensor_copy")
     dst, src = tile(dst, "tensor_copy", "dst"), tile(src, "tensor_copy", "src")
+    if dtype is not None:
+        from .dtypes import name_of
+        if name_of(dtype) != dst.dtype:
+            warnings.warn(f"nisa.tensor_copy: dtype={name_of(dtype)} is ignored; the output dtype is "
+                          f"dst's ({dst.dtype})", UserWarning, stacklevel=2)
     _check_parts("tensor_copy", dst=dst, src=src)
     same_partition_layout("tensor_copy", [("dst", dst), ("src", src)])
     eng = _engine_name(engine, "vector")

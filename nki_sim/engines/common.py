@@ -12,6 +12,7 @@ hardware; reading them later in a non-element-wise way (matmul, DMA, cross-parti
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..state import state
 from ..tensor import Tensor
 
 _PE_WRITTEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # Alloc -> bool array
+_PE_LOCK = threading.Lock()
 
 
 def operand(x, name: str, op: str, propagate: bool = False) -> Operand:
@@ -113,17 +115,19 @@ def mark_unwritten(dst: Tensor, where: np.ndarray) -> None:
 
 
 def note_psum_write(dst: Tensor, acc: Access, pe: bool) -> None:
-    flags = _PE_WRITTEN.get(dst.alloc)
-    if flags is None:
-        if not pe:
-            return
-        flags = _PE_WRITTEN[dst.alloc] = np.zeros(dst.alloc.data.shape, dtype=bool)
+    with _PE_LOCK:
+        flags = _PE_WRITTEN.get(dst.alloc)
+        if flags is None:
+            if not pe:
+                return
+            flags = _PE_WRITTEN[dst.alloc] = np.zeros(dst.alloc.data.shape, dtype=bool)
     acc.scatter(flags, pe)
 
 
 def pe_written(dst: Tensor) -> np.ndarray:
     """Per-element flags of ``dst``: last written by a TensorE matmul."""
-    flags = _PE_WRITTEN.get(dst.alloc)
+    with _PE_LOCK:
+        flags = _PE_WRITTEN.get(dst.alloc)
     if flags is None:
         return np.zeros(dst.shape, dtype=bool)
     return np.asarray(Access(dst).gather(flags))

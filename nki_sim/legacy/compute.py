@@ -3,35 +3,24 @@
 Compute code gets NumPy arrays from :func:`operand` (a checked read through
 :mod:`nki_sim.access`), computes, and hands the result to :func:`result_tile`, which
 allocates the fresh output tile (SBUF unless stated), writes it with the cast to the
-output dtype (masked elements only) and records the trace event.
+output dtype (masked elements only) and records the trace event (the engine layer's
+:func:`~nki_sim.engines.events.emit_compute`, so the same instruction records the same event
+in either front end).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from .. import dtypes as D
 from .. import errors as E
-from .. import trace
 from ..access import Access, read, uninitialized
+from ..engines.events import Operand, emit_compute, free_size  # noqa: F401  (the event contract)
 from ..indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
 from ..memory import Alloc
 from ..state import state
 from ..target import get_target
 from ..tensor import Tensor
-
-
-class Operand:
-    __slots__ = ("v", "dtype", "shape", "buffer", "t")
-
-    def __init__(self, v, dtype, shape, buffer="", t=None):
-        self.v, self.dtype, self.shape, self.buffer, self.t = v, dtype, shape, buffer, t
-
-    @property
-    def is_scalar(self):
-        return self.t is None
 
 
 # ``state.implied`` (per thread): masks implied by reading a masked op result (a fresh tile
@@ -153,12 +142,6 @@ def check_same_partitions(op: str, named):
             f"number of partitions (dimension 0 size of a tile) mismatch in parameters ({desc}) of '{op}'")
 
 
-def free_size(shape) -> int:
-    if not shape:
-        return 1
-    return math.prod(shape[1:]) if len(shape) > 1 else 1
-
-
 def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, shape=None,
                 buffer: str = "sbuf", name: str = "", fresh=True, free_elems=None,
                 attrs=None, emit=True) -> Tensor:
@@ -218,25 +201,3 @@ def _propagate(m, shape, op):
                 continue
         m = pmb.copy() if m is None else (m & pmb)
     return m
-
-
-def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=None, count=None):
-    if not state.traces:
-        return
-    ins = [o for o in inputs if o is not None and o.t is not None]
-    if out is not None:
-        shape = out.shape
-        n = out.size if count is None else count
-        nbytes = n * out.arr.itemsize
-        out_dtype = out.arr.dtype
-    else:
-        shape, nbytes, out_dtype = (), 0, ""
-    trace.emit(engine, op, name=name,
-               in_shapes=[o.shape for o in ins],
-               out_shape=shape,
-               in_dtypes=[o.dtype for o in ins],
-               out_dtype=out_dtype,
-               partitions=shape[0] if shape else 1,
-               free_elems=free_size(shape) if free_elems is None else free_elems,
-               nbytes=nbytes,
-               attrs=attrs)

@@ -5,7 +5,9 @@ access) gathers / scatters rows; out-of-bounds rows raise ``IndexError`` with Nu
 flattened message, or are skipped with ``oob_mode.skip`` (destination keeps its values).
 
 Descriptor rule (trace): one descriptor per (partition, maximal contiguous run in HBM) of
-the transfer, sized in bytes; masked-out / skipped elements produce none.
+the transfer, sized in bytes; masked-out / skipped elements produce none.  The events are the
+engine layer's (:func:`nki_sim.engines.dma.emit_dma`), so the same transfer records the same
+event in either front end.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import numpy as np
 from .. import dtypes as D
 from .. import errors as E
 from .. import sdk
-from .. import trace
 from ..access import Access, read, write
 from ..alu import alu_name
 from ..config import config
-from .compute import check_partitions, free_size, mask_for_input, require_kernel, result_tile
+from ..engines.dma import emit_dma as _emit_dma
+from .compute import check_partitions, mask_for_input, require_kernel, result_tile
 from ..indexing import mask_array
-from ..state import state
 from ..target import get_target
 from ..tensor import Tensor
 
@@ -32,102 +33,6 @@ def _oob(mode) -> str:
     if name.endswith("skip") or mode == 1:
         return "skip"
     return "error"
-
-
-def _bufname(t: Tensor) -> str:
-    return "hbm" if t.is_hbm else t.buffer
-
-
-def _basic_runs(t):
-    """(partitions, run length, runs per partition, whole view contiguous) of a basic view."""
-    _, es = t.elem_layout()
-    shape = t.arr.shape
-    if not shape:
-        return 1, 1, 1, True
-    P, free = shape[0], [(n, s) for n, s in zip(shape[1:], es[1:]) if n != 1]
-    F = 1
-    for n, _ in free:
-        F *= n
-    run = 1
-    for n, s in reversed(free):
-        if s != run:
-            break
-        run *= n
-    contiguous = run == F and (P == 1 or es[0] == F)
-    return P, run, (F // run if run else 0), contiguous
-
-
-def descriptors(acc, itemsize: int) -> list:
-    """Descriptor sizes (bytes) of one side of a transfer: runs of consecutive elements."""
-    t = acc.t
-    if acc.offs is None and acc.valid is None and isinstance(t, Tensor) and t.idx is None:
-        P, run, n, _ = _basic_runs(t)
-        return [run * itemsize] * (P * n)
-    offs = acc.offs if acc.offs is not None else t.flat_offsets()
-    if offs.ndim == 0:
-        offs = offs.reshape(1, 1)
-    P = offs.shape[0] if offs.ndim else 1
-    o = offs.reshape(P, -1)
-    F = o.shape[1]
-    if F == 0 or P == 0:
-        return []
-    brk = np.ones((P, F), dtype=bool)
-    if F > 1:
-        brk[:, 1:] = np.diff(o, axis=1) != 1
-    if acc.valid is None:
-        starts = np.flatnonzero(brk.reshape(-1))
-        lengths = np.diff(np.append(starts, P * F))
-    else:
-        v = np.broadcast_to(acc.valid, offs.shape).reshape(P, F)
-        st = brk.copy()
-        if F > 1:
-            st[:, 1:] |= ~v[:, :-1]
-        st &= v
-        run_id = np.cumsum(st.reshape(-1)) - 1
-        vv = v.reshape(-1)
-        lengths = np.bincount(run_id[vv], minlength=int(st.sum())) if vv.any() else np.zeros(0, int)
-    return (lengths * itemsize).tolist()
-
-
-def _emit(op, src: Tensor, dst: Tensor, hbm_acc, count, name="", skipped=0, extra_attrs=None):
-    if not state.traces:
-        return
-    onchip = dst if dst.onchip else src
-    hbm = hbm_acc.t if hbm_acc is not None else None
-    if hbm_acc is not None:
-        desc = descriptors(hbm_acc, hbm.itemsize)
-        isz = hbm.itemsize
-    else:
-        desc = descriptors(_FullAcc(src), src.itemsize)
-        isz = src.itemsize
-    indirect = hbm is not None and hbm.indirect is not None
-    attrs = dict(extra_attrs or {})
-    if hbm is not None and hbm.is_hbm:
-        attrs["hbm_contiguous"] = (not indirect) and getattr(hbm_acc, "valid", None) is None \
-            and _contiguous(hbm_acc)
-    if indirect:
-        rows = onchip.shape[0] if onchip.shape else 1
-        attrs["index_rows"] = rows - skipped
-    trace.emit("dma", op, name=name, in_shapes=(src.shape,), out_shape=dst.shape,
-               in_dtypes=(src.dtype,), out_dtype=dst.dtype,
-               partitions=onchip.shape[0] if onchip.shape else 1,
-               free_elems=free_size(onchip.shape), nbytes=count * isz,
-               dma_kind="indirect" if indirect else "direct",
-               src_buffer=_bufname(src), dst_buffer=_bufname(dst),
-               descriptor_bytes=tuple(desc), skipped_rows=skipped, attrs=attrs)
-
-
-def _contiguous(acc) -> bool:
-    """True iff the access's HBM offsets, in (partition, free) order, are consecutive."""
-    if acc.offs is None and isinstance(acc.t, Tensor) and acc.t.idx is None:
-        return _basic_runs(acc.t)[3]
-    o = (acc.offs if acc.offs is not None else acc.t.flat_offsets()).reshape(-1)
-    return o.size <= 1 or bool(np.all(np.diff(o) == 1))
-
-
-class _FullAcc:
-    def __init__(self, t):
-        self.t, self.offs, self.valid = t, None, None
 
 
 def load(src, *, mask=None, dtype=None, mode=None, oob_mode=None, name="", **kwargs):
@@ -146,7 +51,7 @@ def load(src, *, mask=None, dtype=None, mode=None, oob_mode=None, name="", **kwa
     out_dt = D.as_dtype(dtype) if dtype is not None else src.dtype
     out = result_tile(vals, out_dt, op="load", engine="dma", mask=acc.valid, shape=src.shape,
                       name=name, emit=False)
-    _emit("load", src, out, acc, acc.count(), name=name, skipped=acc.skipped)
+    _emit_dma("load", src, out, acc, acc.count(), name=name, skipped=acc.skipped)
     return out
 
 
@@ -182,7 +87,7 @@ def store(dst, value, *, mask=None, mode=None, oob_mode=None, name="", **kwargs)
     acc = write(dst, vals, m, op="store", oob=_oob(oob_mode if oob_mode is not None else mode))
     if src is None:
         src = _ScalarSrc(dst)
-    _emit("store", src, dst, acc, acc.count(), name=name, skipped=acc.skipped)
+    _emit_dma("store", src, dst, acc, acc.count(), name=name, skipped=acc.skipped)
 
 
 class _ScalarSrc:
@@ -207,7 +112,7 @@ def load_transpose2d(src, *, dtype=None, mask=None, name="", **kwargs):
     out_dt = D.as_dtype(dtype) if dtype is not None else src.dtype
     out = result_tile(np.asarray(vals).T, out_dt, op="load_transpose2d", engine="dma",
                       name=name, emit=False)
-    _emit("load_transpose2d", src, out, acc, acc.count(), name=name, extra_attrs={"transpose": True})
+    _emit_dma("load_transpose2d", src, out, acc, acc.count(), name=name, attrs={"transpose": True})
     return out
 
 
@@ -253,8 +158,8 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=No
     hbm_acc = sacc if src.is_hbm else (dacc if dst.is_hbm else None)
     if hbm_acc is None:
         hbm_acc = sacc
-    _emit("dma_copy", src, dst, hbm_acc, dacc.count(), name=name, skipped=skipped,
-          extra_attrs={"rmw": True} if dst_rmw_op is not None else None)
+    _emit_dma("dma_copy", src, dst, hbm_acc, dacc.count(), name=name, skipped=skipped,
+              attrs={"rmw": True} if dst_rmw_op is not None else None)
 
 
 _DMA_T_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
@@ -295,6 +200,6 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, name="", **kwargs):
     out = result_tile(np.transpose(np.asarray(vals), ax), out_dt, op="dma_transpose", engine="dma",
                       mask=m, name=name, emit=False)
     # descriptors follow the source read order (rows of the source), transposed in flight
-    _emit("dma_transpose", src, out, acc, out.size if m is None else int(m.sum()), name=name,
-          extra_attrs={"transpose": True})
+    _emit_dma("dma_transpose", src, out, acc, out.size if m is None else int(m.sum()), name=name,
+              attrs={"transpose": True})
     return out

@@ -84,3 +84,68 @@ def test_same_work_same_events_and_cost():
     for target in ("trn1", "trn2"):
         a, b = cost.estimate(t_old, target), cost.estimate(t_new, target)
         assert a.modeled_us == b.modeled_us and dict(a.per_engine_us) == dict(b.per_engine_us)
+
+
+@lnki.jit
+def legacy_misc(x):
+    t = lnl.ndarray((64, 32), np.float32, buffer=lnl.sbuf)
+    lnisa.dma_copy(dst=t, src=x)
+    tp = lnl.ndarray((32, 64), np.float32, buffer=lnl.psum)
+    tp[...] = lnisa.nc_transpose(t)
+    ts = lnl.ndarray((32, 64), np.float32, buffer=lnl.sbuf)
+    ts[...] = lnisa.tensor_copy(tp)
+    io = lnl.ndarray((32, 64), np.int32, buffer=lnl.sbuf)
+    io[...] = lnisa.iota(lnl.arange(64)[None, :] + 64 * lnl.arange(32)[:, None], dtype=np.int32)
+    m = lnl.ndarray((32, 64), np.float32, buffer=lnl.sbuf)
+    m[...] = lnisa.memset((32, 64), 0.5, np.float32)
+    r = lnl.ndarray((32, 64), np.float32, buffer=lnl.sbuf)
+    r[...] = lnisa.tensor_tensor(ts, m, np.multiply)
+    d = lnl.ndarray((64, 32), BF16, buffer=lnl.sbuf)
+    d[...] = lnisa.dma_transpose(_bf(r))
+    out = lnl.ndarray((64, 32), BF16, buffer=lnl.shared_hbm)
+    lnisa.dma_copy(dst=out, src=d)
+    return out
+
+
+def _bf(r):
+    b = lnl.ndarray((32, 64), BF16, buffer=lnl.sbuf)
+    b[...] = lnisa.tensor_copy(r, dtype=BF16)
+    return b
+
+
+@nki.jit
+def current_misc(x):
+    t = nl.ndarray((64, 32), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    tp = nl.ndarray((32, 64), nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=tp, data=t)
+    ts = nl.ndarray((32, 64), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=ts, src=tp)
+    io = nl.ndarray((32, 64), nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=io, pattern=[[1, 64]], offset=0, channel_multiplier=64)
+    m = nl.ndarray((32, 64), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=m, value=0.5)
+    r = nl.ndarray((32, 64), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=r, data1=ts, data2=m, op=nl.multiply)
+    b = nl.ndarray((32, 64), nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=b, src=r)
+    d = nl.ndarray((64, 32), nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=d, src=b)
+    out = nl.ndarray((64, 32), nl.bfloat16, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=d)
+    return out
+
+
+def test_second_kernel_pair_same_events_and_cost():
+    x = np.random.default_rng(3).standard_normal((64, 32)).astype(np.float32)
+    with nki_sim.tracing() as t_old:
+        r_old = legacy_misc(x)
+    with nki_sim.tracing() as t_new:
+        r_new = current_misc(x)
+    np.testing.assert_array_equal(r_old, r_new)
+    np.testing.assert_array_equal(r_new, (x * 0.5).astype(BF16))
+    old = [(e.engine, e.op) + tuple(getattr(e, f) for f in FIELDS) for e in t_old.events]
+    new = [(e.engine, e.op) + tuple(getattr(e, f) for f in FIELDS) for e in t_new.events]
+    assert old == new
+    for target in ("trn1", "trn2"):
+        assert cost.estimate(t_old, target).modeled_us == cost.estimate(t_new, target).modeled_us

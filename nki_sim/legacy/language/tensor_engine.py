@@ -75,8 +75,8 @@ def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname
     b = operand(moving, mname, op, None, require_sbuf=True)
     _warn_int_precision(op, a)
     _warn_int_precision(op, b)
-    sa = np.asarray(a.v, dtype=np.float32).reshape(s_shape)
-    mb = np.asarray(b.v, dtype=np.float32).reshape(m_shape)
+    sa = D.as_f32(a.v).reshape(s_shape)
+    mb = D.as_f32(b.v).reshape(m_shape)
     r = np.matmul(sa.T, mb)
     return result_tile(r, out_dtype, op=op, engine="tensor", inputs=(a, b), mask=m,
                        buffer="psum", fresh=fresh, free_elems=m_shape[1], name=name,
