@@ -121,7 +121,8 @@ def mla_kernel_inputs(cls, q: np.ndarray, kv_cache: np.ndarray, overlay: np.ndar
 def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any,
                         context_lens: Any, *, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                         softmax_scale: float | None = None, mixed_precision: bool = True,
-                        large_tile_size: int = 2048, backend: str = "auto") -> Any:
+                        large_tile_size: int = 2048, backend: str = "auto",
+                        api: Any = None) -> Any:
     """MLA attention of a flat batch of new tokens over a paged latent cache.
 
     Same arguments, convention and result as :func:`host.mla_paged_attention_ref` (the new tokens
@@ -139,6 +140,9 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: keys per KV tile, a power of two in [512, 8192].
         backend: "auto" | "sim" | "neuron" (as :func:`host.paged_attention`).
+        api: "legacy" | "nki" | None / "auto": the NKI API of the kernel
+            (``nki_kernels._nki.resolve_api``: the installed toolchain, else the simulator
+            target's API -- trn1 legacy, trn2 the current ``nki``).
 
     Returns:
         (T, H, R) in q's dtype (a torch tensor if ``q`` was one).
@@ -154,6 +158,9 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         for each class (decode / prefill): mla_paged_attention[1, 1](pack_queries(class, q, 1),
             kv_cache, overlay, class metadata, ...); unpack_output(class, out, result)
     """
+    from nki_kernels._nki import resolve_api
+
+    run_api = resolve_api(api)
     plan = check_mla_inputs(q, kv_cache, block_tables, query_lens, context_lens,
                             kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
                             softmax_scale=softmax_scale)
@@ -185,6 +192,13 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
 
     result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)
     for cls in sched.classes:
-        out = _run(kernel, mla_kernel_inputs(cls, q_np, cache, overlay), kwargs, 1, backend)
+        args = mla_kernel_inputs(cls, q_np, cache, overlay)
+        if run_api.name == "legacy":
+            out = _run(kernel, args, kwargs, 1, backend)
+        else:       # the current API updates every array argument in place: pass writable ones
+            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable else a
+                         for a in args)
+            device = backend == "neuron" or (backend == "auto" and not run_api.simulated)
+            out = np.asarray(run_api.launch(kernel, args, kwargs, num_kv_heads=1, device=device))
         unpack_output(cls, out, result)
     return from_numpy_like(result, was_torch, like=q)

@@ -273,8 +273,9 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     torch_neuron._copy_blocks_xla(caches, torch.tensor([[2, 9]]))
     assert torch.equal(caches[:, :, 9], caches[:, :, 2]) and torch.equal(caches[:, :, 2],
                                                                        torch.stack([b["kv_cache"], -b["kv_cache"]])[:, :, 2])
-    assert simulated_device == [(flash_paged_attention, (1, HKV)), (kv_cache_update, None),
-                                (copy_cache_blocks, None)]
+    assert simulated_device == [(flash_paged_attention, (1, HKV)),
+                                (kv_cache_update.for_api("legacy"), None),
+                                (copy_cache_blocks.for_api("legacy"), None)]
 
 
 def test_device_path_rejects_what_it_cannot_run(simulated_device):
