@@ -42,7 +42,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     kernel: str = "scheduled", sliding_window: int | None = None,
                     logits_soft_cap: float | None = None, alibi_slopes: Any = None,
                     sinks: Any = None, k_scale: Any = None, v_scale: Any = None,
-                    partial_tile_size: Any = "auto", api: str | None = None) -> Any:
+                    partial_tile_size: Any = "auto", api: str | None = None,
+                    lnc: int | None = None) -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``. One call is
@@ -68,6 +69,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
             ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only (api="nki" raises
             NotImplementedError).
+        lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
+            split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
+            else the platform's (``nki_kernels._nki.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
             schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
@@ -105,7 +109,7 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                                 backend=backend, gqa_packing=gqa_packing, kernel=kernel,
                                 sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                                 alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale,
-                                v_scale=v_scale, api=api)
+                                v_scale=v_scale, api=api, lnc=lnc)
     if plan.num_tokens != T:
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
     return from_numpy_like(_run(plan, q, k, v, cache, {}), was_torch, like=query)
@@ -206,7 +210,8 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     for launch in launches:
         qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
         out = launch_kernel(scheduled_paged_attention, launch_args(launch, qt, cache, overlay),
-                            kwargs, grid_heads=Hkv, backend=plan.backend, api=plan.api)
+                            kwargs, grid_heads=Hkv, backend=plan.backend, api=plan.api,
+                            lnc=plan.lnc)
         unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
     return result
 

@@ -11,6 +11,10 @@ kernel with ``k_scale`` / ``v_scale`` (required; per tensor or per KV head); the
 the bytes unchanged. The kernels see a float8_e4m3fn cache through its float8_e4m3 byte view
 (host/fp8.py, docs/attention-variants.md).
 
+``api``: which NKI API runs the kernel -- "legacy" (``neuronxcc.nki``; trn1), "nki" (the current
+``nki``; trn2 / trn3) or None / "auto" (``nki_kernels._nki.resolve_api``: the installed toolchain,
+else the simulator target's API); a bad value is a ValueError before anything is written.
+
 All three update the destination cache IN PLACE and validate everything (shapes, dtypes, every
 slot / block id, duplicates, overlaps) before the kernel runs, so a rejected call leaves the
 cache byte-identical. The host builds one int32 row index per moved row (cheap O(rows) NumPy);
@@ -36,9 +40,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from host._arrays import is_torch_tensor, to_numpy
+from host.block_kv import block_kv_layers, check_new_kv, is_block_kv, reshape_and_cache_blocks
 from host.fp8 import cache_write_row_scales, is_fp8_cache_dtype, kernel_cache_view, normalize_kv_scales
 from host.mla_layout import check_mla_cache
-from host.validation import (check_float_array, check_index_range, check_integer_array,
+from host.validation import (check_index_range, check_integer_array,
                              check_slot_mapping, fail)
 
 __all__ = [
@@ -46,6 +51,7 @@ __all__ = [
     "writable_array",
     "check_int32_rows",
     "copy_layers",
+    "resolve_kernel_api",
     "copy_blocks",
     "swap_blocks",
     "allocate_kv_caches",
@@ -115,6 +121,14 @@ def _block_layout(name: str, cache: np.ndarray) -> np.ndarray:
     return cache
 
 
+def resolve_kernel_api(api: Any) -> Any:
+    """``api`` resolved up front (``nki_kernels._nki.resolve_api``: a ValueError naming ``api`` and
+    the accepted values for a bad one); ``.kernel(family)`` is the family's jitted kernel."""
+    from nki_kernels._nki import resolve_api
+
+    return resolve_api(api)
+
+
 def check_int32_rows(what: str, value: int) -> None:
     if value > _INT32_MAX:
         raise NotImplementedError(f"{what} = {value} exceeds the int32 DMA index range; "
@@ -141,19 +155,22 @@ def cache_write_row_index(slot_mapping: np.ndarray, *, num_blocks: int, num_kv_h
 
 
 def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
-                      k_scale: Any = None, v_scale: Any = None) -> Any:
+                      k_scale: Any = None, v_scale: Any = None, api: Any = None) -> Any:
     """Write new tokens' K and V into the paged cache in place (vLLM ``reshape_and_cache``).
 
     Args:
         key, value: (T, Hkv, d), floating (cast to the cache dtype, RNE).
         kv_cache: (2, N, Hkv, B, d) float32 / bfloat16 / float16 / float8_e4m3fn / float8_e5m2,
-            C-contiguous, updated in place.
+            C-contiguous, updated in place; or vLLM's block-KV layout, a (key_cache,
+            value_cache) pair of (N, B, Hkv, d) float32 / bfloat16 / float16 caches
+            (host/block_kv.py), updated in place (returned as given).
         slot_mapping: (T,) integer; slot = block * B + offset. Negative slots (padding) are skipped
             and touch nothing; every other slot must be < N * B and appear at most once.
         k_scale, v_scale: fp8 caches only (then both required): a positive float or float32
             (Hkv,) per KV head. The cache receives fp8(clamp(float32(x) * float32(1 / scale), -S, S)),
             round to nearest even, S = 240 for float8_e4m3fn (not 448: host/fp8.py) and 57344 for
             float8_e5m2.
+        api: "legacy" | "nki" | None / "auto" (module docstring).
 
     Returns:
         ``kv_cache`` (the same object).
@@ -161,18 +178,18 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
     Raises:
         ValueError: bad shapes / dtypes, a slot >= N * B, duplicate non-negative slots, a
             non-contiguous or read-only cache, missing scales for an fp8 cache or scales for a
-            non-fp8 cache -- all before anything is written.
+            non-fp8 cache, an unknown ``api`` -- all before anything is written.
     """
+    run_api = resolve_kernel_api(api)
+    if is_block_kv(kv_cache):       # vLLM block-KV: (key_cache, value_cache), host/block_kv.py
+        return reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, k_scale=k_scale,
+                                        v_scale=v_scale, run_api=run_api, writable=writable_array,
+                                        check_int32=check_int32_rows)
     cache = writable_array(kv_cache, "kv_cache")
     _check_cache("kv_cache", cache)
     _, n_blocks, n_heads, block_size, head_size = cache.shape
     k_sc, v_sc = normalize_kv_scales(cache.dtype, n_heads, k_scale, v_scale)
-    k = check_float_array("key", key, ndim=3)
-    v = check_float_array("value", value, ndim=3)
-    if k.shape[1:] != (n_heads, head_size):
-        fail("key", f"have shape (T, {n_heads}, {head_size}) to match kv_cache", f"shape {k.shape}")
-    if v.shape != k.shape:
-        fail("value", f"have the shape of key {k.shape}", f"shape {v.shape}")
+    k, v = check_new_kv(key, value, n_heads, head_size)
     n_slots = n_blocks * block_size
     slots = check_slot_mapping(slot_mapping, num_tokens=k.shape[0], num_slots=n_slots, tokens_arg="key")
     check_int32_rows("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
@@ -185,13 +202,13 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
                                       block_size=block_size)
     if k_sc is not None:      # fp8: the kernel quantizes float32 / bf16 / fp16 rows (exact upcasts)
         in_dtype = k.dtype if k.dtype == v.dtype and k.dtype.name in _CACHE_DTYPES else np.float32
-        kv_cache_update_fp8(np.ascontiguousarray(k, dtype=in_dtype), np.ascontiguousarray(v, dtype=in_dtype),
+        run_api.kernel(kv_cache_update_fp8)(np.ascontiguousarray(k, dtype=in_dtype), np.ascontiguousarray(v, dtype=in_dtype),
                             kernel_cache_view(cache), row_index,
                             cache_write_row_scales(k_sc, v_sc, k.shape[0]))
         return kv_cache
     key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
     value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
-    kv_cache_update(key_c, value_c, cache, row_index)
+    run_api.kernel(kv_cache_update)(key_c, value_c, cache, row_index)
     return kv_cache
 
 
@@ -305,10 +322,10 @@ def allocate_kv_caches(num_layers: int, num_blocks: int, num_kv_heads: int, bloc
 
 
 def copy_layers(kv_caches: Any) -> list[np.ndarray]:
-    """The validated per-layer caches :func:`copy_blocks` copies in: writable, C-contiguous
-    NumPy views (CPU torch tensors shared) in the block-copy layout, all of one shape and dtype,
-    not overlapping. What :func:`copy_blocks` accepts; ``host.KVCacheManager`` checks its cache
-    with it at construction. Raises the ValueError / NotImplementedError of ``copy_blocks``."""
+    """The validated per-layer caches :func:`copy_blocks` copies in (the paged and MLA layouts):
+    writable, C-contiguous NumPy views (CPU torch tensors shared) in the block-copy layout, all
+    of one shape and dtype, not overlapping. ``host.KVCacheManager`` checks its cache with it at
+    construction. Raises the ValueError / NotImplementedError of ``copy_blocks``."""
     if isinstance(kv_caches, np.ndarray) or is_torch_tensor(kv_caches):
         whole = writable_array(kv_caches, "kv_caches")
         if whole.ndim not in (6, 4):
@@ -333,7 +350,8 @@ def copy_layers(kv_caches: Any) -> list[np.ndarray]:
     return layers
 
 
-def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
+def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+                api: Any = None) -> None:
     """Copy blocks inside every layer's cache, all layers in ONE kernel launch (vLLM ``copy_blocks``).
 
     For every layer and both K and V: ``cache[:, dst] = cache[:, src]`` for each [src, dst] row of
@@ -349,15 +367,24 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
 
     Args:
         kv_caches: list of per-layer (2, N, Hkv, B, d) caches (same shape and dtype, C-contiguous,
-            writeable), or one (L, 2, N, Hkv, B, d) array.
+            writeable), or one (L, 2, N, Hkv, B, d) array; or a list of per-layer vLLM block-KV
+            (key_cache, value_cache) pairs of (N, B, Hkv, d) caches (host/block_kv.py: one
+            zero-copy launch per run of caches that are consecutive pieces of one buffer).
         block_mapping: (n, 2) integer [src, dst] block ids in [0, N); destinations unique; no block
             both a source and a destination.
         max_row_bytes: upper bound for one DMA row (a partition's share); rows are contiguous
             pieces of a (kv, block) slab.
+        api: "legacy" | "nki" | None / "auto" (module docstring).
 
     Raises:
-        ValueError: anything invalid, before anything is written.
+        ValueError: anything invalid (an unknown ``api`` included), before anything is written.
     """
+    run_api = resolve_kernel_api(api)
+    runs = block_kv_layers(kv_caches, writable_array, kv_caches_share_buffer)
+    if runs is not None:            # vLLM block-KV pairs: zero-copy launches (host/block_kv.py)
+        for run in runs:
+            copy_blocks(run, block_mapping, max_row_bytes=max_row_bytes, api=api)
+        return
     layers = copy_layers(kv_caches)
     n_blocks = layers[0].shape[1]
     src, dst = check_block_mapping(block_mapping, n_blocks, n_blocks, same_cache=True)
@@ -379,16 +406,16 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         first = kernel_cache_view(layers[0])
         raw = np.lib.stride_tricks.as_strided(first.reshape(-1).view(np.uint8),
                                               shape=(n_layers, first.nbytes), strides=(first.nbytes, 1))
-        copy_cache_blocks(raw.view(first.dtype).reshape(n_layers, *first.shape), pairs, row_elems=f)
+        run_api.kernel(copy_cache_blocks)(raw.view(first.dtype).reshape(n_layers, *first.shape), pairs, row_elems=f)
         return
     stacked = np.stack(layers)  # host copy of all layers: see the docstring
-    copy_cache_blocks(kernel_cache_view(stacked), pairs, row_elems=f)
+    run_api.kernel(copy_cache_blocks)(kernel_cache_view(stacked), pairs, row_elems=f)
     for layer, new in zip(layers, stacked):
         layer[:, dst] = new[:, dst]
 
 
 def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
-                max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
+                max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, api: Any = None) -> None:
     """Copy blocks from one cache to another in place: ``dst_cache[:, d] = src_cache[:, s]`` (vLLM ``swap_blocks``).
 
     Args:
@@ -397,10 +424,12 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
         block_mapping: (n, 2) integer [src id in [0, Ns), dst id in [0, Nd)]; destinations unique.
             If both arguments are the same cache this is :func:`copy_blocks` on one layer (a block
             may then not be both a source and a destination); partially overlapping caches are rejected.
+        api: "legacy" | "nki" | None / "auto" (module docstring).
 
     Raises:
-        ValueError: anything invalid, before anything is written.
+        ValueError: anything invalid (an unknown ``api`` included), before anything is written.
     """
+    run_api = resolve_kernel_api(api)
     dst_given = writable_array(dst_cache, "dst_cache")
     src_given, _ = to_numpy(src_cache, "src_cache")
     src = _block_layout("src_cache", src_given)
@@ -410,7 +439,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
              f"{src.shape[2:]} and dtype {src.dtype}", f"shape {dst_given.shape}, dtype {dst.dtype}")
     if np.may_share_memory(src, dst):
         if src.shape == dst.shape and src.strides == dst.strides and _addr(src) == _addr(dst):
-            copy_blocks([dst_given], block_mapping, max_row_bytes=max_row_bytes)
+            copy_blocks([dst_given], block_mapping, max_row_bytes=max_row_bytes, api=api)
             return
         fail("src_cache", "not partially overlap dst_cache in memory", "overlapping arrays")
     s_ids, d_ids = check_block_mapping(block_mapping, src.shape[1], dst.shape[1], same_cache=False)
@@ -427,5 +456,5 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     from nki_kernels.block_copy import swap_cache_blocks
 
     # np.ascontiguousarray copies only a non-contiguous source (the source is read, never written)
-    swap_cache_blocks(kernel_cache_view(np.ascontiguousarray(src)), kernel_cache_view(dst), pairs,
+    run_api.kernel(swap_cache_blocks)(kernel_cache_view(np.ascontiguousarray(src)), kernel_cache_view(dst), pairs,
                       row_elems=f)

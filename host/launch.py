@@ -43,7 +43,7 @@ def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
         RuntimeError: from ``resolve_api`` (what to install).
     """
     if api is not None and not (isinstance(api, str) and api in APIS):
-        fail("api", f"be one of {APIS} or None", repr(api))
+        fail("api", f"be one of {APIS}", repr(api))
     api = None if api == "auto" else api
     if both_apis:
         from nki_kernels import _nki
@@ -56,11 +56,12 @@ def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
 
 
 def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
-                  backend: str, api: str | None = None) -> np.ndarray:
+                  backend: str, api: str | None = None, lnc: int | None = None) -> np.ndarray:
     """Run ``kernel`` over ``grid_heads`` KV heads on ``backend`` (already checked); returns its
     output as NumPy. A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
     ``nki_kernels._nki.resolve_api(api)`` (legacy: grid ``[1, grid_heads]``; current: one launch
-    that loops over the heads); a legacy-only kernel on grid ``[1, grid_heads]``.
+    that loops over the heads) on ``lnc`` physical cores (``Api.lnc``); a legacy-only kernel on
+    grid ``[1, grid_heads]``.
 
     Raises:
         RuntimeError: ``backend="neuron"`` while the simulator is the active NKI package.
@@ -76,7 +77,7 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
             args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
                          else a for a in args)
         return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
-                                        device=device))
+                                        device=device, lnc=lnc))
 
     on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
     if on_device:

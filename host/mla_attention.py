@@ -147,8 +147,9 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: keys per KV tile, a power of two in [512, 8192].
         backend: "auto" | "sim" | "neuron" (as :func:`host.paged_attention`).
-        api: None / "auto" / "legacy" (``host.launch.check_api``); the MLA kernel runs on the
-            legacy NKI API only, so "nki" raises NotImplementedError.
+        api: "legacy" | "nki" | None / "auto": the NKI API of the kernel
+            (``nki_kernels._nki.resolve_api``: the installed toolchain, else the simulator
+            target's API), validated with ``host.launch.check_api``.
 
     Returns:
         (T, H, R) in q's dtype (a torch tensor if ``q`` was one).
@@ -227,7 +228,7 @@ def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
     check_backend(backend)
-    api = check_api(api, kernel="MLA attention", both_apis=False)
+    api = check_api(api, kernel="MLA attention", both_apis=True)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
     B = batch.block_size
     if B & (B - 1) or B > MAX_BLOCK_SIZE:

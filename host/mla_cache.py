@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from host.cache_ops import check_int32_rows, writable_array
+from host.cache_ops import check_int32_rows, resolve_kernel_api, writable_array
 from host.mla_layout import check_mla_cache
 from host.validation import check_float_array, check_slot_mapping, fail
 
@@ -31,7 +31,8 @@ def mla_cache_write_row_index(slot_mapping: np.ndarray, *, num_blocks: int, bloc
     return rows.reshape(-1, 1).astype(np.int32)
 
 
-def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any) -> Any:
+def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any, *,
+                         api: Any = None) -> Any:
     """Write new tokens' latent ``kv_c`` and rotary key ``k_pe`` into the MLA cache in place.
 
     Args:
@@ -42,16 +43,18 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any)
             elements [0, R + P) of the written entries change.
         slot_mapping: (T,) integer; slot = block * B + offset. Negative slots (padding) are
             skipped and touch nothing; every other slot must be < N * B and appear at most once.
+        api: "legacy" | "nki" | None / "auto": the NKI API of the kernel (``host.cache_ops``).
 
     Returns:
         ``kv_cache`` (the same object).
 
     Raises:
         ValueError: bad shapes / dtypes, an entry smaller than R + P, a slot >= N * B, repeated
-            non-negative slots, a non-contiguous or read-only cache -- all before anything is
-            written.
+            non-negative slots, a non-contiguous or read-only cache, an unknown ``api`` -- all
+            before anything is written.
         NotImplementedError: an fp8 cache; N * B beyond the int32 index range.
     """
+    run_api = resolve_kernel_api(api)
     cache = writable_array(kv_cache, "kv_cache")
     latent = check_float_array("kv_c", kv_c, ndim=2)
     rope = check_float_array("k_pe", k_pe, ndim=2)
@@ -72,5 +75,5 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any)
     latent_c = np.ascontiguousarray(latent.astype(cache.dtype, copy=False))
     rope_c = np.ascontiguousarray(rope.astype(cache.dtype, copy=False))
     row_index = mla_cache_write_row_index(slots, num_blocks=N, block_size=B)
-    mla_cache_update(latent_c, rope_c, cache, row_index)
+    run_api.kernel(mla_cache_update)(latent_c, rope_c, cache, row_index)
     return kv_cache

@@ -79,7 +79,8 @@ class AttentionPlan:
     Geometry: num_heads H, num_kv_heads Hkv, head_size d, block_size B, num_blocks N, dtype
     (query / key / value dtype name), kv_cache_dtype (cache dtype name), num_tokens T,
     query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend, api
-    (None = resolved per launch by ``nki_kernels._nki.resolve_api``; "legacy" | "nki"),
+    (None = resolved per launch by ``nki_kernels._nki.resolve_api``; "legacy" | "nki"), lnc
+    (physical cores per launch, None = ``Api.lnc``'s choice per launch),
     softmax_scale (resolved), mixed_precision, large_tile_size, variants (validated
     ``host.variants.AttentionVariants``), kernel_kwargs (keyword arguments of every launch,
     read-only mapping). Scheduled kernel: schedule, launches (one :class:`ClassLaunch` per
@@ -103,6 +104,7 @@ class AttentionPlan:
     large_tile_size: int = 2048
     backend: str = "auto"
     api: str | None = None
+    lnc: int | None = None
     variants: AttentionVariants | None = None
     kernel_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
     schedule: AttentionSchedule | None = field(default=None, repr=False)
@@ -157,7 +159,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                          large_tile_size: int = 2048, partial_tile_size: Any = "auto",
                          backend: str = "auto", gqa_packing: Any = "auto",
                          kernel: str = "scheduled", api: str | None = None,
-                         **variant_options: Any) -> AttentionPlan:
+                         lnc: int | None = None, **variant_options: Any) -> AttentionPlan:
     """Validate a step's batch and options once and build its frozen :class:`AttentionPlan`.
 
     Args:
@@ -172,7 +174,9 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         kv_cache_dtype: the cache dtype (default ``dtype``; float8_e4m3fn / float8_e5m2 with
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
-        gqa_packing, kernel, api, and the variant options sliding_window, logits_soft_cap,
+        gqa_packing, kernel, api, lnc (scheduled kernel: physical cores per launch, 1 or 2;
+        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels._nki.Api.lnc``),
+        and the variant options sliding_window, logits_soft_cap,
         alibi_slopes, sinks, k_scale, v_scale: as ``host.paged_attention``. The values of
         alibi_slopes, sinks, k_scale and v_scale are the plan's defaults; a layer may give its
         own to ``run_paged_attention`` (a plan built with one of them needs one per layer).
@@ -202,6 +206,13 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                             gqa_packing=gqa_packing)
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
     api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
+    if kernel == "scheduled":
+        from nki_kernels import _nki
+
+        _nki.resolve_api(api).lnc(lnc, Hkv)      # a bad lnc / combination fails before any work
+    elif lnc not in (None, 1):
+        raise NotImplementedError("paged_attention: the dense kernel runs on one core; leave lnc "
+                                  "None (or 1) with kernel='dense'")
     variants = make_variants(H, Hkv, cdt, **variant_options)
     if kernel == "dense" and not variants.is_default:
         raise NotImplementedError(
@@ -232,7 +243,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     common = dict(num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
                   dtype=dt.name, kv_cache_dtype=cdt.name, num_tokens=int(q.sum()), query_lens=q,
                   context_lens=c, softmax_scale=scale, mixed_precision=bool(mixed_precision),
-                  large_tile_size=LT, backend=backend, api=api,
+                  large_tile_size=LT, backend=backend, api=api, lnc=lnc,
                   variants=None if variants.is_default else variants)
     if kernel == "dense":
         return _dense_plan(bt, q, c, common, gqa_packing)

@@ -259,7 +259,7 @@ def device_reshape_and_cache(key, value, kv_cache, slot_mapping) -> None:
     rows = cache_write_row_index(slots, num_blocks=N, num_kv_heads=Hkv, block_size=B)
     from nki_kernels.kv_cache_update import kv_cache_update
 
-    out = launch(kv_cache_update, None, key.to(kv_cache.dtype).contiguous(),
+    out = launch(kv_cache_update.for_api("legacy"), None, key.to(kv_cache.dtype).contiguous(),
                  value.to(kv_cache.dtype).contiguous(), kv_cache,
                  torch.from_numpy(rows).to(kv_cache.device))
     _write_back(kv_cache, out)
@@ -283,7 +283,7 @@ def device_copy_blocks(kv_caches, block_mapping) -> None:
                                  n_sub=slab // f)
     from nki_kernels.block_copy import copy_cache_blocks
 
-    out = launch(copy_cache_blocks, None, whole, torch.from_numpy(pairs).to(whole.device),
+    out = launch(copy_cache_blocks.for_api("legacy"), None, whole, torch.from_numpy(pairs).to(whole.device),
                  row_elems=f)
     _write_back(whole, out)
 

@@ -1,5 +1,12 @@
 """Coalesced KV-cache block copy as NKI kernels: indirect gather + scatter, 128 rows per DMA.
 
+One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): ``copy_cache_blocks.for_api(
+api)`` / ``swap_cache_blocks.for_api(api)`` are the jitted kernels of ``api`` ("legacy" | "nki");
+calling a family runs the legacy one. The destination cache is written in place on both APIs.
+Gathers and scatters are ``ops.gather`` / ``ops.scatter`` (legacy: ``nl.arange`` index
+expressions; current: ``.ap(..., vector_offset=<(128, 1) index column>, indirect_dim=0)``); every
+index is in range (host-validated), so the out-of-bounds skip they carry never fires.
+
 Dimensions:
     L   layers;  N  blocks per layer (Ns / Nd for the source / destination cache of a swap)
     S   = Hkv * B * d elements of one (layer, kv, block) slab, contiguous in (2, N, Hkv, B, d)
@@ -20,8 +27,8 @@ per group per layer.
 Correctness needs no ordering between tiles because the host guarantees that no row is both a
 source and a destination (src / dst block overlap is rejected) and destinations are unique, so
 every gather reads original data and no two scatters hit the same row. The tiles are therefore
-independent: tiles of a chunk use ``nl.affine_range`` (the scatter index subscript carries the loop
-variable); the chunk loop is ``nl.sequential_range`` because its scatter destinations do not mention
+independent: tiles of a chunk use ``ops.parallel_range`` (the scatter index subscript carries the loop
+variable); the chunk loop is ``ops.sequential_range`` because its scatter destinations do not mention
 the chunk variable (NKI's affine output-dependency rule cannot see through the index data).
 
 Row order and chunking as in :mod:`nki_kernels.row_tiles`: bulk row q = p * n_tiles + t;
@@ -42,7 +49,7 @@ Pseudocode:
 """
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels._nki import nki, nl, nt
+from nki_kernels.ops import KernelFamily, dtype_name
 from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
 
 
@@ -52,58 +59,70 @@ MAX_ROW_BYTES = 32 * 1024
 INDEX_CHUNK_BUDGET_BYTES = 8 * 1024
 
 
-@nki.jit
-def copy_cache_blocks(kv_caches: nt.mutable_tensor, row_pairs, row_elems=0):
-    """Copy rows inside all layers' caches: rows[dst] = rows[src]; returns ``kv_caches``.
+def _build_copy(ops):
+    def copy_cache_blocks(kv_caches: ops.MUTABLE, row_pairs, row_elems=0):
+        """Copy rows inside all layers' caches: rows[dst] = rows[src]; returns ``kv_caches``.
 
-    Args:
-        kv_caches: (L, 2, N, Hkv, B, d) HBM, mutable, float32 / bfloat16 / float16: every layer's
-            cache in one tensor; or (L, 1, N, 1, B, E), MLA latent caches (N, B, E) (one "half").
-            Viewed as (L*halves*N*n_sub, F) rows, F = row_elems, n_sub = Hkv*B*d // F.
-        row_pairs: (M, 2) int32 HBM, [source row, destination row] of that view; all rows in range,
-            destinations unique, no source row is also a destination (host-validated).
-        row_elems: F (compile-time int), a divisor of Hkv*B*d.
+        Args:
+            kv_caches: (L, 2, N, Hkv, B, d) HBM, float32 / bfloat16 / float16 (or fp8 bytes):
+                every layer's cache in one tensor; or (L, 1, N, 1, B, E), MLA latent caches
+                (N, B, E) (one "half"). Viewed as (L*halves*N*n_sub, F) rows, F = row_elems,
+                n_sub = Hkv*B*d // F. Written in place.
+            row_pairs: (M, 2) int32 HBM, [source row, destination row] of that view; all rows in
+                range, destinations unique, no source row is also a destination (host-validated).
+            row_elems: F (compile-time int), a divisor of Hkv*B*d.
 
-    Returns:
-        kv_caches, written in place.
-    """
-    name = "copy_cache_blocks"
-    kernel_check(len(kv_caches.shape) == 6 and kv_caches.shape[1] in (1, 2), name, "kv_caches.shape",
-                 "be (L, 2, N, Hkv, B, d) or (L, 1, N, 1, B, E)", tuple(kv_caches.shape))
-    rows = _row_view(name, kv_caches, row_elems)
-    _check(name, rows, rows, row_pairs)
-    _copy_rows(rows, rows, row_pairs)
-    return kv_caches
+        Returns:
+            kv_caches, written in place.
+        """
+        name = "copy_cache_blocks"
+        kernel_check(len(kv_caches.shape) == 6 and kv_caches.shape[1] in (1, 2), name,
+                     "kv_caches.shape", "be (L, 2, N, Hkv, B, d) or (L, 1, N, 1, B, E)",
+                     tuple(kv_caches.shape))
+        rows = _row_view(name, kv_caches, row_elems)
+        _check(ops, name, rows, rows, row_pairs)
+        _copy_rows(ops, rows, rows, row_pairs)
+        return kv_caches
+
+    return copy_cache_blocks
 
 
-@nki.jit
-def swap_cache_blocks(src_cache, dst_cache: nt.mutable_tensor, row_pairs, row_elems=0):
-    """Copy rows between two caches: dst rows[dst] = src rows[src]; returns ``dst_cache``.
+def _build_swap(ops):
+    def swap_cache_blocks(src_cache, dst_cache: ops.MUTABLE, row_pairs, row_elems=0):
+        """Copy rows between two caches: dst rows[dst] = src rows[src]; returns ``dst_cache``.
 
-    Args:
-        src_cache: (2, Ns, Hkv, B, d) HBM, the source cache (read only); or (1, Ns, 1, B, E), an
-            MLA latent cache (Ns, B, E).
-        dst_cache: (2 or 1, Nd, Hkv, B, d) HBM, mutable, same halves, (Hkv, B, d) and dtype.
-        row_pairs: (M, 2) int32 HBM, [row of src view, row of dst view] of the (halves*N*n_sub, F)
-            row views; destinations unique (host-validated).
-        row_elems: F (compile-time int), a divisor of Hkv*B*d.
+        Args:
+            src_cache: (2, Ns, Hkv, B, d) HBM, the source cache (read only); or (1, Ns, 1, B, E),
+                an MLA latent cache (Ns, B, E).
+            dst_cache: (2 or 1, Nd, Hkv, B, d) HBM, same halves, (Hkv, B, d) and dtype. Written
+                in place.
+            row_pairs: (M, 2) int32 HBM, [row of src view, row of dst view] of the
+                (halves*N*n_sub, F) row views; destinations unique (host-validated).
+            row_elems: F (compile-time int), a divisor of Hkv*B*d.
 
-    Returns:
-        dst_cache, written in place.
-    """
-    name = "swap_cache_blocks"
-    for arg, t in (("src_cache", src_cache), ("dst_cache", dst_cache)):
-        kernel_check(len(t.shape) == 5 and t.shape[0] in (1, 2), name, f"{arg}.shape",
-                     "be (2, N, Hkv, B, d) or (1, N, 1, B, E)", tuple(t.shape))
-    kernel_check(src_cache.shape[0] == dst_cache.shape[0], name, "dst_cache.shape[0]",
-                 f"equal src_cache.shape[0] {src_cache.shape[0]}", dst_cache.shape[0])
-    kernel_check(tuple(src_cache.shape[2:]) == tuple(dst_cache.shape[2:]), name, "dst_cache.shape[2:]",
-                 f"equal src_cache.shape[2:] {tuple(src_cache.shape[2:])}", tuple(dst_cache.shape[2:]))
-    src_rows = _row_view(name, src_cache, row_elems)
-    dst_rows = _row_view(name, dst_cache, row_elems)
-    _check(name, src_rows, dst_rows, row_pairs)
-    _copy_rows(src_rows, dst_rows, row_pairs)
-    return dst_cache
+        Returns:
+            dst_cache, written in place.
+        """
+        name = "swap_cache_blocks"
+        for arg, t in (("src_cache", src_cache), ("dst_cache", dst_cache)):
+            kernel_check(len(t.shape) == 5 and t.shape[0] in (1, 2), name, f"{arg}.shape",
+                         "be (2, N, Hkv, B, d) or (1, N, 1, B, E)", tuple(t.shape))
+        kernel_check(src_cache.shape[0] == dst_cache.shape[0], name, "dst_cache.shape[0]",
+                     f"equal src_cache.shape[0] {src_cache.shape[0]}", dst_cache.shape[0])
+        kernel_check(tuple(src_cache.shape[2:]) == tuple(dst_cache.shape[2:]), name,
+                     "dst_cache.shape[2:]", f"equal src_cache.shape[2:] {tuple(src_cache.shape[2:])}",
+                     tuple(dst_cache.shape[2:]))
+        src_rows = _row_view(name, src_cache, row_elems)
+        dst_rows = _row_view(name, dst_cache, row_elems)
+        _check(ops, name, src_rows, dst_rows, row_pairs)
+        _copy_rows(ops, src_rows, dst_rows, row_pairs)
+        return dst_cache
+
+    return swap_cache_blocks
+
+
+copy_cache_blocks = KernelFamily(_build_copy, "copy_cache_blocks")
+swap_cache_blocks = KernelFamily(_build_swap, "swap_cache_blocks")
 
 
 def _row_view(name, cache, row_elems):
@@ -117,54 +136,49 @@ def _row_view(name, cache, row_elems):
     return cache.reshape((n_slabs * (slab // row_elems), row_elems))
 
 
-def _check(name, src_rows, dst_rows, row_pairs):
+def _check(ops, name, src_rows, dst_rows, row_pairs):
     kernel_check(src_rows.dtype == dst_rows.dtype, name, "destination dtype",
                  f"equal the source dtype {src_rows.dtype}", str(dst_rows.dtype))
     kernel_check(len(row_pairs.shape) == 2 and row_pairs.shape[1] == 2, name, "row_pairs.shape",
                  "be (M, 2)", tuple(row_pairs.shape))
-    kernel_check(row_pairs.dtype == nl.int32 or row_pairs.dtype == nl.uint32, name, "row_pairs.dtype",
+    kernel_check(dtype_name(row_pairs.dtype) in ("int32", "uint32"), name, "row_pairs.dtype",
                  "be int32 or uint32", str(row_pairs.dtype))
-    row_bytes = src_rows.shape[1] * cache_itemsize(src_rows.dtype, name)
+    row_bytes = src_rows.shape[1] * cache_itemsize(ops, src_rows.dtype, name)
     kernel_unsupported(row_bytes <= MAX_ROW_BYTES, name, f"rows of {row_bytes} bytes",
                        f"pass row_elems with row_elems * itemsize <= {MAX_ROW_BYTES}")
 
 
-def _copy_rows(src_rows, dst_rows, row_pairs):
+def _copy_rows(ops, src_rows, dst_rows, row_pairs):
     """Gather rows of ``src_rows`` and scatter them into ``dst_rows``, 128 rows per DMA."""
-    f = src_rows.shape[1]
     plan = plan_rows(row_pairs.shape[0], 8, INDEX_CHUNK_BUDGET_BYTES)
     # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
     # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
     # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
     # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
-    for c in nl.sequential_range(plan.n_full_chunks):
-        _copy_chunk(src_rows, dst_rows, row_pairs, plan.n_tiles, c * plan.chunk, plan.chunk, f)
+    for c in ops.sequential_range(plan.n_full_chunks):
+        _copy_chunk(ops, src_rows, dst_rows, row_pairs, plan.n_tiles, c * plan.chunk, plan.chunk)
     if plan.last_chunk > 0:
-        _copy_chunk(src_rows, dst_rows, row_pairs, plan.n_tiles,
-                    plan.n_full_chunks * plan.chunk, plan.last_chunk, f)
+        _copy_chunk(ops, src_rows, dst_rows, row_pairs, plan.n_tiles,
+                    plan.n_full_chunks * plan.chunk, plan.last_chunk)
     if plan.rem > 0:
-        _copy_tail(src_rows, dst_rows, row_pairs, plan.n_tiles * PMAX, plan.rem, f)
+        _copy_tail(ops, src_rows, dst_rows, row_pairs, plan.n_tiles * PMAX, plan.rem)
 
 
-def _copy_chunk(src_rows, dst_rows, row_pairs, n_tiles, first, n_chunk, f):
+def _copy_chunk(ops, src_rows, dst_rows, row_pairs, n_tiles, first, n_chunk):
     """Tiles first .. first + n_chunk - 1 (pair p * n_tiles + t on partition p)."""
-    i_p = nl.arange(PMAX)[:, None, None]
-    i_t = nl.arange(n_chunk)[None, :, None]
-    i_c = nl.arange(2)[None, None, :]
-    idx = nl.load(row_pairs[i_p * n_tiles + first + i_t, i_c])     # (128, n_chunk, 2) int32
-
-    j_p = nl.arange(PMAX)[:, None]
-    j_f = nl.arange(f)[None, :]
-    for t in nl.affine_range(n_chunk):
-        rows = nl.load(src_rows[idx[j_p, t, 0], j_f])               # gather 128 rows
-        nl.store(dst_rows[idx[j_p, t, 1], j_f], value=rows)         # scatter 128 rows
+    idx = ops.sbuf((PMAX, n_chunk, 2), row_pairs.dtype)            # (128, n_chunk, 2) int32
+    ops.load(idx, ops.row_block(row_pairs, first, n_tiles, PMAX, n_chunk))
+    for t in ops.parallel_range(n_chunk):
+        pair = idx[:, t, :]
+        rows = ops.sbuf((PMAX, src_rows.shape[1]), src_rows.dtype)
+        ops.gather_rows(rows, src_rows, pair, 0)                    # gather 128 rows
+        ops.scatter_rows(dst_rows, pair, 1, rows)                   # scatter 128 rows
 
 
-def _copy_tail(src_rows, dst_rows, row_pairs, start, n, f):
+def _copy_tail(ops, src_rows, dst_rows, row_pairs, start, n):
     """The last M % 128 pairs, start + p on partition p."""
-    i_p = nl.arange(n)[:, None]
-    i_c = nl.arange(2)[None, :]
-    i_f = nl.arange(f)[None, :]
-    idx = nl.load(row_pairs[start + i_p, i_c])                     # (n, 2) int32
-    rows = nl.load(src_rows[idx[i_p, 0], i_f])
-    nl.store(dst_rows[idx[i_p, 1], i_f], value=rows)
+    idx = ops.sbuf((n, 2), row_pairs.dtype)                        # (n, 2) int32
+    ops.load(idx, ops.rows(row_pairs, start, n))
+    rows = ops.sbuf((n, src_rows.shape[1]), src_rows.dtype)
+    ops.gather_rows(rows, src_rows, idx, 0)
+    ops.scatter_rows(dst_rows, idx, 1, rows)

@@ -1,7 +1,9 @@
 """MLA (multi-head latent attention) paged attention over a latent cache, on the scheduled items.
 
-Legacy-NKI kernel (``from nki_kernels._nki import nki, nl, nisa``), grid ``[1, 1]``: MLA has ONE
-latent "KV head" shared by every query head. The host (``host/mla_attention.py``; layouts in
+One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): ``mla_paged_attention.for_api(
+api)`` is the jitted kernel of ``api`` ("legacy" | "nki"); ``mla_paged_attention[1, 1]`` is the
+legacy launch (grid ``[1, 1]``), the current API launches it once (no grid). MLA has ONE latent
+"KV head" shared by every query head. The host (``host/mla_attention.py``; layouts in
 docs/layouts.md §12 and §17) builds the same block-sparse schedule as the scheduled kernel
 (``host.schedule.make_schedule`` with one KV head and the H query heads as G = H query rows per
 token) and this kernel runs its items: (Q group, KV tile) pairs of one sequence, a full phase
@@ -28,23 +30,18 @@ nblk Q blocks of the launch; T, b', nL from ``LARGE_TILE_SZ`` and B
 
 from __future__ import annotations
 
-import numpy as np
-
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels._nki import nki, nl, nisa
 from nki_kernels.constants import B_F_SIZE, B_P_SIZE, M_FLOOR, STEP_KEYS, decode_layout
 from nki_kernels.mla_sbuf import MAX_CHUNK_ITEMS, SBUF_USABLE, decode_chunk_cap, mla_sbuf_bytes
+from nki_kernels.ops import KernelFamily, dtype_name, itemsize
 from nki_kernels.row_tiles import require_oob_skip
 from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value, tile_geometries
-from nki_kernels.sched_core import key_index_tile
+from nki_kernels.sched_core import KVTile, StepConfig, key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
-from nki_kernels.sched_item import (chunk_queries, decode_step_keys, fold_tile, load_q_slices,
-                                    load_state, store_blocks)
+from nki_kernels.sched_item import (FoldConfig, chunk_queries, decode_step_keys, fold_tile,
+                                    load_q_slices, load_state, store_blocks)
 from nki_kernels.sched_plan import meta_columns
-from nki_kernels.ops import legacy as legacy_ops
-from nki_kernels.sched_core import KVTile, StepConfig
-from nki_kernels.sched_item import FoldConfig
-from nki_kernels.tile_ops import pe_transpose_blocks
+from nki_kernels.tile_ops import transpose_blocks
 
 KERNEL = "mla_paged_attention"
 # Q blocks sharing one KV-tile load, at most (fewer when nki_kernels.mla_sbuf says they do not
@@ -55,71 +52,77 @@ MAX_VALUE_DIM = B_F_SIZE     # R: PV accumulates (rows, R) fp32 in one PSUM bank
 _FLOAT = ("float32", "bfloat16", "float16")
 
 
-@nki.jit
-def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf,
-                        meta_fi, meta_ff, rows, blocks, kv_lora_rank=512, qk_rope_head_dim=64,
-                        softmax_scale=None, mixed_precision=True, LARGE_TILE_SZ=2048,
-                        PARTIAL_TILE_SZ=None):
-    """MLA paged attention of one class of Q blocks; grid ``[1, 1]``.
+def _build(ops):
+    def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf,
+                            meta_fi, meta_ff, rows, blocks, kv_lora_rank=512, qk_rope_head_dim=64,
+                            softmax_scale=None, mixed_precision=True, LARGE_TILE_SZ=2048,
+                            PARTIAL_TILE_SZ=None):
+        """MLA paged attention of one class of Q blocks (legacy grid ``[1, 1]``; current: one launch).
 
-    Args:
-        query_t: (nblk * D, rows) float32/bfloat16/float16: row ``b*D + ch`` holds channel ch of
-            the ``rows`` query rows of Q block b (Q^T blocks, D = R + P; query row = (token,
-            head) of one sequence, ``host.scheduled.pack_queries`` with one KV head), gathered
-            when a group starts (query-rows classes).
-        q_full, q_part: decode-layout classes (``constants.decode_layout``: one block of <= 64
-            rows): the Q^T of every item of the full / partial phase, (D, items * rows) in
-            query_t's dtype, column ``t*rows + r`` = row r of item t's block
-            (``host.scheduled.item_queries``), preloaded per metadata chunk. Otherwise any (1, 1)
-            array (unused).
-        bounds_p: decode-layout classes: (1, Ip * 2 * rows) float32, the partial items' mask
-            bounds on one partition (``host.schedule.PhaseArrays.bounds``), loaded per chunk and
-            broadcast in-kernel. Otherwise any (1, 1) float32 array (unused).
-        kv_cache: (N, B, E) latent cache, E >= R + P, query_t's dtype (read only).
-        overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are not whole rows of the cache below
-            ``context - query`` (a sequence's partly filled rows, its new tokens included), copied
-            by the host from the cache, zero past the sequence end; cache dtype.
-        meta_pi, meta_pf, meta_fi, meta_ff: the partial / full phase metadata of
-            ``host.schedule.PhaseArrays`` with Hkv = 1: (1, 128, I * ki) int32 and (128, I * kf)
-            float32 (I items, may be 0; main rows index the flat view (N*T, b'*E)).
-        rows, blocks: query rows per Q block (1..128), Q blocks per group (static ints).
-        kv_lora_rank: R (1..512), the value width.  qk_rope_head_dim: P >= 0.
-        softmax_scale: default 1 / sqrt(R + P).
-        mixed_precision: True: bf16 matmul inputs and probabilities; False: the input dtype.
-            Scores, statistics and the output accumulator are fp32 either way.
-        LARGE_TILE_SZ: keys per full-phase KV tile before block-size tiling (power of two,
-            512..8192).
-        PARTIAL_TILE_SZ: the same for the partial phase (power of two, 512..LARGE_TILE_SZ;
-            None: LARGE_TILE_SZ); its rows (b'_p entries) and overlay rows are of this geometry.
+        Args:
+            query_t: (nblk * D, rows) float32/bfloat16/float16: row ``b*D + ch`` holds channel ch of
+                the ``rows`` query rows of Q block b (Q^T blocks, D = R + P; query row = (token,
+                head) of one sequence, ``host.scheduled.pack_queries`` with one KV head), gathered
+                when a group starts (query-rows classes).
+            q_full, q_part: decode-layout classes (``constants.decode_layout``: one block of <= 64
+                rows): the Q^T of every item of the full / partial phase, (D, items * rows) in
+                query_t's dtype, column ``t*rows + r`` = row r of item t's block
+                (``host.scheduled.item_queries``), preloaded per metadata chunk. Otherwise any (1, 1)
+                array (unused).
+            bounds_p: decode-layout classes: (1, Ip * 2 * rows) float32, the partial items' mask
+                bounds on one partition (``host.schedule.PhaseArrays.bounds``), loaded per chunk and
+                broadcast in-kernel. Otherwise any (1, 1) float32 array (unused).
+            kv_cache: (N, B, E) latent cache, E >= R + P, query_t's dtype (read only).
+            overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are
+                not whole rows of the cache below ``context - query`` (a sequence's partly filled
+                rows, its new tokens included), copied by the host from the cache, zero past the
+                sequence end; cache dtype.
+            meta_pi, meta_pf, meta_fi, meta_ff: the partial / full phase metadata of
+                ``host.schedule.PhaseArrays`` with Hkv = 1: (1, 128, I * ki) int32 and (128, I * kf)
+                float32 (I items, may be 0; main rows index the flat view (N*T, b'*E)).
+            rows, blocks: query rows per Q block (1..128), Q blocks per group (static ints).
+            kv_lora_rank: R (1..512), the value width.  qk_rope_head_dim: P >= 0.
+            softmax_scale: default 1 / sqrt(R + P).
+            mixed_precision: True: bf16 matmul inputs and probabilities; False: the input dtype.
+                Scores, statistics and the output accumulator are fp32 either way.
+            LARGE_TILE_SZ: keys per full-phase KV tile before block-size tiling (power of two,
+                512..8192).
+            PARTIAL_TILE_SZ: the same for the partial phase (power of two, 512..LARGE_TILE_SZ;
+                None: LARGE_TILE_SZ); its rows (b'_p entries) and overlay rows are of this geometry.
 
-    Returns:
-        (nblk * rows, R) in query_t.dtype: row ``b*rows + r`` = output of query row r of Q block
-        b (rows no item stores are left unwritten; the host never reads them).
-    """
-    R = kv_lora_rank
-    D = R + qk_rope_head_dim
-    kernel_check(isinstance(R, int) and isinstance(qk_rope_head_dim, int) and 1 <= R <= MAX_VALUE_DIM
-                 and qk_rope_head_dim >= 0, KERNEL, "kv_lora_rank, qk_rope_head_dim",
-                 f"be ints with 1 <= kv_lora_rank <= {MAX_VALUE_DIM}, qk_rope_head_dim >= 0",
-                 (kv_lora_rank, qk_rope_head_dim))
-    kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % D == 0 and query_t.shape[0] > 0,
-                 KERNEL, "query_t.shape", f"be (nblk*D, rows) with D = R + P = {D}",
-                 tuple(query_t.shape))
-    cfg = _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-                 meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LARGE_TILE_SZ,
-                 PARTIAL_TILE_SZ)
-    nblk = query_t.shape[0] // D
-    out = nl.ndarray((nblk * rows, R), dtype=query_t.dtype, buffer=nl.shared_hbm)
-    state = nl.ndarray((nblk * rows, R + 2), dtype=nl.float32, buffer=nl.hbm)
-    for geo in cfg["geo"].values():      # each phase's flat view: rows of b' entries
-        geo["kv_flat"] = kv_cache.reshape((geo["main_rows"], geo["bp"] * cfg["E"]))
-    _body(cfg, query_t, overlay,
-          ((False, meta_fi, meta_ff, q_full), (True, meta_pi, meta_pf, q_part)), bounds_p, out,
-          state)
-    return out
+        Returns:
+            (nblk * rows, R) in query_t.dtype: row ``b*rows + r`` = output of query row r of Q block
+            b (rows no item stores are left unwritten; the host never reads them).
+        """
+        R = kv_lora_rank
+        D = R + qk_rope_head_dim
+        kernel_check(isinstance(R, int) and isinstance(qk_rope_head_dim, int) and 1 <= R <= MAX_VALUE_DIM
+                     and qk_rope_head_dim >= 0, KERNEL, "kv_lora_rank, qk_rope_head_dim",
+                     f"be ints with 1 <= kv_lora_rank <= {MAX_VALUE_DIM}, qk_rope_head_dim >= 0",
+                     (kv_lora_rank, qk_rope_head_dim))
+        kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % D == 0 and query_t.shape[0] > 0,
+                     KERNEL, "query_t.shape", f"be (nblk*D, rows) with D = R + P = {D}",
+                     tuple(query_t.shape))
+        cfg = _check(ops, query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
+                     meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LARGE_TILE_SZ,
+                     PARTIAL_TILE_SZ)
+        nblk = query_t.shape[0] // D
+        out = ops.ndarray((nblk * rows, R), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
+        state = ops.ndarray((nblk * rows, R + 2), dtype=ops.float32, buffer=ops.PRIVATE_HBM)
+        for geo in cfg["geo"].values():      # each phase's flat view: rows of b' entries
+            geo["kv_flat"] = kv_cache.reshape((geo["main_rows"], geo["bp"] * cfg["E"]))
+        _body(ops, cfg, query_t, overlay,
+              ((False, meta_fi, meta_ff, q_full), (True, meta_pi, meta_pf, q_part)), bounds_p, out,
+              state)
+        return out
+
+    return mla_paged_attention
 
 
-def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
+mla_paged_attention = KernelFamily(_build, KERNEL)
+
+
+def _body(ops, cfg, query_t, overlay, phases, bounds_p, out, state):
     """The item loops (full phase first, masked phase last).
 
     Pseudocode, per phase, per item t (metadata chunks preloaded):
@@ -134,29 +137,30 @@ def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
         [full] state rows st[t] <- st    (skipped unless this is the group's last full item)
         [masked] out rows out[t] <- o / max(l, L_FLOOR)   (skipped unless the group ends here)
     """
-    require_oob_skip(KERNEL)
+    require_oob_skip(ops, KERNEL)
     rows, blocks, R = cfg["rows"], cfg["blocks"], cfg["R"]
     sw = R + 2
-    st = nl.ndarray((rows, blocks * sw), dtype=nl.float32, buffer=nl.sbuf)
-    init = nl.ndarray((rows, blocks * sw), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.affine_range(blocks):
-        init[:, nl.ds(j * sw, R)] = nisa.memset((rows, R), 0.0, dtype=nl.float32)
-        init[:, nl.ds(j * sw + R, 1)] = nisa.memset((rows, 1), -M_FLOOR, dtype=nl.float32)
-        init[:, nl.ds(j * sw + R + 1, 1)] = nisa.memset((rows, 1), 0.0, dtype=nl.float32)
-    st[...] = nl.copy(init, dtype=nl.float32)
+    f32 = ops.float32
+    st = ops.sbuf((rows, blocks * sw), f32)
+    init = ops.sbuf((rows, blocks * sw), f32)
+    for j in ops.parallel_range(blocks):
+        ops.memset(init[:, ops.ds(j * sw, R)], 0.0)
+        ops.memset(init[:, ops.ds(j * sw + R, 1)], -M_FLOOR)
+        ops.memset(init[:, ops.ds(j * sw + R + 1, 1)], 0.0)
+    ops.copy(st, init)
     q_raw = []
-    for k in nl.static_range(cfg["nd"]):
+    for k in ops.static_range(cfg["nd"]):
         dk = min(B_P_SIZE, cfg["D"] - k * B_P_SIZE)
-        qr = nl.ndarray((dk, blocks * rows), dtype=query_t.dtype, buffer=nl.sbuf)
-        qr[...] = nisa.memset((dk, blocks * rows), 0.0, dtype=query_t.dtype)
+        qr = ops.sbuf((dk, blocks * rows), query_t.dtype)
+        ops.memset(qr, 0.0)
         q_raw.append(qr)
     pg = cfg["geo"][True]
     pg["kidx"] = None
     if cfg["items"][0] > 0:        # masked items: the tile-local key index of every column
-        pg["kidx"] = (key_index_columns(legacy_ops, pg["loads"], pg["bp"]) if cfg["small"]
-                      else key_index_tile(legacy_ops, rows, pg["loads"], pg["bp"]))
+        pg["kidx"] = (key_index_columns(ops, pg["loads"], pg["bp"]) if cfg["small"]
+                      else key_index_tile(ops, rows, pg["loads"], pg["bp"]))
     cfg["geo"][False]["kidx"] = None
-    consts = (decode_constants(legacy_ops, rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
+    consts = (decode_constants(ops, rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
               if cfg["small"] else None)
     # The KV rows of an item, zeroed ONCE: a row no DMA of an item writes keeps what an earlier
     # item gathered -- whole rows of cached context or overlay rows, always finite (block tails,
@@ -164,7 +168,7 @@ def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
     # gathered but no engine reads it) -- and is masked, so its probability is exactly 0.
     # (both phases use the same tile, the partial phase its first nL_p * b'_p * E columns)
     width = max(g["loads"] * g["rw"] for g in cfg["geo"].values())
-    x_rows = nl.zeros((B_P_SIZE, width), dtype=cfg["cache_dtype"], buffer=nl.sbuf)
+    x_rows = ops.zeros((B_P_SIZE, width), cfg["cache_dtype"])
     bufs = dict(st=st, init=init, q_raw=q_raw, x_rows=x_rows, consts=consts)
     for masked, mi_all, mf_all, q_all in phases:
         n_items = cfg["items"][0 if masked else 1]
@@ -173,23 +177,27 @@ def _body(cfg, query_t, overlay, phases, bounds_p, out, state):
         ki, kf = meta_columns(loads=cfg["geo"][masked]["loads"], blocks=blocks,
                               head_size=cfg["D"], masked=masked, rows=rows)
         chunk = mla_chunk(n_items, cfg["chunk_cap"])
-        for ch in nl.sequential_range(n_items // chunk):
-            mi = nl.load(mi_all[0, :, nl.ds(ch * chunk * ki, chunk * ki)])
-            mf = nl.load(mf_all[:, nl.ds(ch * chunk * kf, chunk * kf)])
+        for ch in ops.sequential_range(n_items // chunk):
+            mi = ops.sbuf((B_P_SIZE, chunk * ki), ops.int32)
+            ops.load(mi, mi_all[0, :, ops.ds(ch * chunk * ki, chunk * ki)])
+            mf = ops.sbuf((B_P_SIZE, chunk * kf), f32)
+            ops.load(mf, mf_all[:, ops.ds(ch * chunk * kf, chunk * kf)])
             if cfg["small"] and masked:      # decode layout: the chunk's bounds, one partition
-                bufs["b_chunk"] = nl.load(bounds_p[0:1, nl.ds(ch * chunk * 2 * rows,
-                                                              chunk * 2 * rows)])
+                b_chunk = ops.sbuf((1, chunk * 2 * rows), f32)
+                ops.load(b_chunk, bounds_p[0:1, ops.ds(ch * chunk * 2 * rows, chunk * 2 * rows)])
+                bufs["b_chunk"] = b_chunk
             if cfg["small"]:       # decode layout: the chunk's Q^T, scaled once
-                bufs["q_chunk"] = chunk_queries(legacy_ops, q_all, 0, cfg["D"], ch * chunk * rows,
+                bufs["q_chunk"] = chunk_queries(ops, q_all, 0, cfg["D"], ch * chunk * rows,
                                                 chunk * rows, scale=cfg["scale"],
                                                 kernel_dtype=cfg["kd"])
-            for it in nl.sequential_range(chunk):
-                _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs)
+            for it in ops.sequential_range(chunk):
+                _item(ops, cfg, masked, (mi, mf, it, ki, kf), query_t, overlay, out, state, bufs)
 
 
-def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
-    """Item ``it`` of the chunk: reset / carry the group state, load Q and the KV rows, fold the
-    tile, store."""
+def _item(ops, cfg, masked, meta, query_t, overlay, out, state, bufs):
+    """Item ``it`` of the chunk (``meta = (mi, mf, it, ki, kf)``): reset / carry the group state,
+    load Q and the KV rows, fold the tile, store."""
+    mi, mf, it, ki, kf = meta
     ci, cf = it * ki, it * kf
     P = B_P_SIZE
     rows, blocks, R, D, E = cfg["rows"], cfg["blocks"], cfg["R"], cfg["D"], cfg["E"]
@@ -201,38 +209,36 @@ def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
     st_col = q_col + (0 if cfg["small"] else blocks * nd)
     out_col = st_col + blocks
     # Step 1: a new group starts -> every row's state is reset.
-    st[...] = nl.where(mf[0:rows, nl.ds(cf, 1)], bufs["init"], st, dtype=nl.float32)
+    ops.where(st, mf[0:rows, ops.ds(cf, 1)], bufs["init"], st)
     # Step 2: Q^T slices of every block, scaled into the kernel dtype: the item's columns of the
     # chunk's preloaded Q^T (decode layout), or gathered when a group starts (skipped rows keep
     # the group's Q).
     if cfg["small"]:
-        q_scaled = [q[:, nl.ds(it * rows, rows)] for q in bufs["q_chunk"]]
+        q_scaled = [q[:, ops.ds(it * rows, rows)] for q in bufs["q_chunk"]]
     else:
-        q_scaled = load_q_slices(legacy_ops, q_raw, query_t, mi, q_col, rows=rows, blocks=blocks,
+        q_scaled = load_q_slices(ops, q_raw, query_t, mi, q_col, rows=rows, blocks=blocks,
                                  scale=cfg["scale"], kernel_dtype=kd)
     if masked:          # Step 3: the group's state left by the full phase
-        load_state(legacy_ops, st, mi, st_col, state, rows=rows, blocks=blocks, d=R)
+        load_state(ops, st, mi, st_col, state, rows=rows, blocks=blocks, d=R)
     # Step 4: ONE gather per 128 rows of b' entries; keys and values are the same rows.
     x = bufs["x_rows"]
-    i_p = nl.arange(P)[:, None]
-    i_f = nl.arange(rw)[None, :]
-    for l in nl.static_range(nL):
-        nisa.dma_copy(dst=x[i_p, l * rw + i_f], src=kv_flat[mi[i_p, ci + l], i_f],
-                      oob_mode=nisa.oob_mode.skip)
+    for l in ops.static_range(nL):
+        ops.gather(x[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + l)
         if masked:
-            nisa.dma_copy(dst=x[i_p, l * rw + i_f], src=overlay[mi[i_p, ci + nL + l], i_f],
-                          oob_mode=nisa.oob_mode.skip)
-    if np.dtype(kv_flat.dtype) != np.dtype(kd):
-        x = nisa.tensor_copy(x, dtype=kd, engine=nisa.scalar_engine)
+            ops.gather(x[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l)
+    if dtype_name(kv_flat.dtype) != dtype_name(kd):
+        xc = ops.sbuf(x.shape, kd)
+        ops.copy(xc, x, engine="scalar")
+        x = xc
     # K^T slice k, column l*128*b' + s*128 + p = channels [128k, 128k + dk) of entry s of row
     # (l, p): the transposes of one slice read b' entries at a stride of E.
     k_t = []
-    for k in nl.static_range(nd):
+    for k in ops.static_range(nd):
         dk = min(P, D - k * P)
-        kt = nl.ndarray((dk, geo["W"]), dtype=kd, buffer=nl.sbuf)
-        for l in nl.static_range(nL):
-            pe_transpose_blocks(kt, l * P * bp, x, l * rw + k * P, dk, bp, src_stride=E,
-                                evac_engine=nisa.scalar_engine)
+        kt = ops.sbuf((dk, geo["W"]), kd)
+        for l in ops.static_range(nL):
+            transpose_blocks(ops, kt, l * P * bp, x, l * rw + k * P, dk, bp, evac="scalar",
+                             src_stride=E)
         k_t.append(kt)
     # P^T copies of 128-row blocks split 2:1 between ScalarE and VectorE on both targets: ScalarE
     # also copies the K^T of D-wide entries (5 channel slices at D = 576), the busier engine here.
@@ -243,11 +249,11 @@ def _item(cfg, masked, mi, mf, it, ki, kf, query_t, overlay, out, state, bufs):
                       p_evac=p_evac)
     fc = FoldConfig(step=step, rows=rows, blocks=blocks, width=geo["W"], step_keys=geo["step"],
                     masked=masked, keys_on_partitions=cfg["small"])
-    fold_tile(legacy_ops, fc, q_scaled, KVTile(k_t=k_t, v_rows=x, kidx=geo["kidx"]), st, mf, cf,
+    fold_tile(ops, fc, q_scaled, KVTile(k_t=k_t, v_rows=x, kidx=geo["kidx"]), st, mf, cf,
               consts=bufs["consts"], chunk_bounds=bufs.get("b_chunk"), it=it)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
-    store_blocks(legacy_ops, st, mi, out_col if masked else st_col, out, state, rows=rows, blocks=blocks,
-                 d=R, masked=masked)
+    store_blocks(ops, st, mi, out_col if masked else st_col, out, state, rows=rows,
+                 blocks=blocks, d=R, masked=masked)
 
 
 def mla_chunk(n_items, cap):
@@ -256,7 +262,7 @@ def mla_chunk(n_items, cap):
     return min(n_items & -n_items, cap)
 
 
-def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
+def _check(ops, query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
            meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LT, LTp=None):
     """Validate every input; return the static geometry."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
@@ -264,11 +270,10 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
        tuple(kv_cache.shape))
     N, B, E = kv_cache.shape
     ck(E >= D, "kv_cache.shape[2] (entry size E)", f"be >= kv_lora_rank + qk_rope_head_dim = {D}", E)
-    ck(np.dtype(query_t.dtype).name in _FLOAT, "query_t.dtype", f"be one of {_FLOAT}",
-       np.dtype(query_t.dtype).name)
-    kernel_unsupported(np.dtype(kv_cache.dtype) == np.dtype(query_t.dtype), KERNEL,
-                       f"a kv_cache of dtype {np.dtype(kv_cache.dtype).name} with "
-                       f"{np.dtype(query_t.dtype).name} queries", "cast the cache or the queries")
+    q_dt, c_dt = dtype_name(query_t.dtype), dtype_name(kv_cache.dtype)
+    ck(q_dt in _FLOAT, "query_t.dtype", f"be one of {_FLOAT}", q_dt)
+    kernel_unsupported(c_dt == q_dt, KERNEL, f"a kv_cache of dtype {c_dt} with {q_dt} queries",
+                       "cast the cache or the queries")
     ck(isinstance(rows, int) and 1 <= rows <= B_P_SIZE, "rows", "be an int in [1, 128]", rows)
     ck(isinstance(blocks, int) and 1 <= blocks <= MLA_MAX_GROUP_BLOCKS, "blocks",
        f"be an int in [1, {MLA_MAX_GROUP_BLOCKS}]", blocks)
@@ -280,8 +285,8 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
        tuple(query_t.shape))
     ck(len(overlay.shape) == 2 and overlay.shape[1] == bpp * E and overlay.shape[0] >= 1,
        "overlay.shape", f"be (R_ov >= 1, b'_p*E) = (R_ov, {bpp * E})", tuple(overlay.shape))
-    ck(np.dtype(overlay.dtype) == np.dtype(kv_cache.dtype), "overlay.dtype",
-       f"equal kv_cache.dtype ({np.dtype(kv_cache.dtype).name})", np.dtype(overlay.dtype).name)
+    ck(dtype_name(overlay.dtype) == c_dt, "overlay.dtype", f"equal kv_cache.dtype ({c_dt})",
+       dtype_name(overlay.dtype))
     small = decode_layout(rows, blocks)
     items = check_phase_metadata(
         KERNEL, meta_pi, meta_pf, meta_fi, meta_ff, programs=1,
@@ -289,26 +294,26 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
                                             head_size=D, masked=masked, rows=rows))
     for name, qa, n in (("q_full", q_full, items[1]), ("q_part", q_part, items[0])):
         want = (D, n * rows) if small else None
-        ck(want is None or (tuple(qa.shape) == want and np.dtype(qa.dtype) == np.dtype(query_t.dtype)),
+        ck(want is None or (tuple(qa.shape) == want and dtype_name(qa.dtype) == q_dt),
            name, f"be a {want} array of the query dtype (decode layout)",
-           (tuple(qa.shape), np.dtype(qa.dtype).name))
+           (tuple(qa.shape), dtype_name(qa.dtype)))
     ck(not small or (tuple(bounds_p.shape) == (1, items[0] * 2 * rows)
-                     and np.dtype(bounds_p.dtype) == np.float32),
+                     and dtype_name(bounds_p.dtype) == "float32"),
        "bounds_p", "be a float32 (1, items * 2 * rows) array (decode layout)",
-       (tuple(bounds_p.shape), np.dtype(bounds_p.dtype).name))
+       (tuple(bounds_p.shape), dtype_name(bounds_p.dtype)))
     scale = softmax_scale_value(KERNEL, softmax_scale, D)
     ck(isinstance(mixed_precision, bool), "mixed_precision", "be a bool", mixed_precision)
-    kd = nl.bfloat16 if mixed_precision else query_t.dtype
-    kds = np.dtype(kd).itemsize
+    kd = ops.bfloat16 if mixed_precision else query_t.dtype
+    kds = itemsize(kd)
     cap = decode_chunk_cap(key_width=D, rows=rows, kernel_itemsize=kds) if small else MAX_CHUNK_ITEMS
-    gen = "gen3" if nisa.get_nc_version() == nisa.nc_version.gen3 else "gen2"
+    gen = "gen2" if ops.nc_gen() == "gen2" else "gen3"
     need = mla_sbuf_bytes(loads=nL, tiled_block_size=bp, entry_size=E, key_width=D, value_width=R,
-                          rows=rows, blocks=blocks, cache_itemsize=np.dtype(kv_cache.dtype).itemsize,
-                          kernel_itemsize=kds, query_itemsize=np.dtype(query_t.dtype).itemsize,
+                          rows=rows, blocks=blocks, cache_itemsize=itemsize(c_dt),
+                          kernel_itemsize=kds, query_itemsize=itemsize(q_dt),
                           preload_cols=cap * rows if small else 0)
     kernel_unsupported(need <= SBUF_USABLE[gen], KERNEL,
                        f"LARGE_TILE_SZ={LT} with E={E}, {blocks} Q blocks of {rows} rows and "
-                       f"{np.dtype(kd).name} compute ({need} SBUF bytes per partition, "
+                       f"{dtype_name(kd)} compute ({need} SBUF bytes per partition, "
                        f"{SBUF_USABLE[gen]} usable on {gen})",
                        "use a smaller LARGE_TILE_SZ, fewer Q blocks per group or mixed precision")
     step = lambda W: min(W, decode_step_keys(rows) if small else STEP_KEYS)  # noqa: E731
@@ -318,4 +323,4 @@ def _check(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_p
         g["step"] = step(g["W"])
     return dict(R=R, D=D, E=E, nd=-(-D // B_P_SIZE), kd=kd, scale=scale, items=items, rows=rows,
                 blocks=blocks, small=small, chunk_cap=cap, geo=geo,
-                cache_dtype=np.dtype(kv_cache.dtype))
+                cache_dtype=kv_cache.dtype)

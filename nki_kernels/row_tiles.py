@@ -74,38 +74,39 @@ def plan_rows(rows: int, bytes_per_row_per_tile: int, budget_bytes: int) -> RowT
     return RowTiling(rows, n_tiles, rem, chunk, n_full_chunks, last_chunk)
 
 
-def cache_itemsize(dtype, kernel: str) -> int:
-    """Bytes per element of a supported KV-cache dtype, checked at trace time.
+def cache_itemsize(ops, dtype, kernel: str) -> int:
+    """Bytes per element of a supported KV-cache dtype, checked at trace time (either API: ``ops``
+    is the kernel's op layer, ``nki_kernels.ops.legacy`` / ``.current``).
 
     float32, bfloat16, float16, and the NKI fp8 types float8_e4m3 / float8_e5m2 (a vLLM
     float8_e4m3fn cache is passed as its float8_e4m3 byte view; docs/attention-variants.md).
     """
     from nki_kernels._assert import kernel_unsupported
-    from nki_kernels._nki import nl
+    from nki_kernels.ops import dtype_name, itemsize
 
-    sizes = ((nl.float32, 4), (nl.bfloat16, 2), (nl.float16, 2), (nl.float8_e4m3, 1), (nl.float8_e5m2, 1))
-    for known, size in sizes:
-        if dtype == known:
-            return size
-    kernel_unsupported(False, kernel, f"cache dtype {dtype}",
+    name = dtype_name(dtype)
+    kernel_unsupported(name in CACHE_DTYPES, kernel, f"cache dtype {name}",
                        "use a float32, bfloat16, float16, float8_e4m3 or float8_e5m2 cache (pass a "
                        "float8_e4m3fn cache as its float8_e4m3 byte view)")
-    return 0  # unreachable
+    return itemsize(name)
 
 
-def require_oob_skip(kernel: str) -> None:
+CACHE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2")
+
+
+def require_oob_skip(ops, kernel: str) -> None:
     """NotImplementedError on a toolchain whose indirect DMAs cannot skip out-of-bounds rows.
 
-    The cache-write kernels skip padding rows with ``nisa.dma_copy(..., oob_mode=
-    nisa.oob_mode.skip)``. ``oob_mode`` (with ``dge_mode`` and ``dst_rmw_op``) arrived in Neuron
-    SDK 2.23 (NKI release notes 2.23); the 2.21 / 2.22 ``nki.isa`` has neither ``oob_mode`` nor
-    the keyword (``dma_copy(src, dst)``). A feature check on the NKI toolchain in use, so an old
-    compiler fails with a message instead of an AttributeError deep in the kernel.
+    The cache-write kernels skip padding rows with ``oob_mode.skip`` DMAs. On the legacy API
+    ``oob_mode`` (with ``dge_mode`` and ``dst_rmw_op``) arrived in Neuron SDK 2.23 (NKI release
+    notes 2.23); the 2.21 / 2.22 ``nki.isa`` has neither ``oob_mode`` nor the keyword
+    (``dma_copy(src, dst)``); the current API always has it. A feature check on the toolchain in
+    use (``ops.has_oob_skip()``), so an old compiler fails with a message instead of an
+    AttributeError deep in the kernel.
     """
     from nki_kernels._assert import kernel_unsupported
-    from nki_kernels._nki import nisa
 
-    kernel_unsupported(hasattr(nisa, "oob_mode"), kernel,
+    kernel_unsupported(ops.has_oob_skip(), kernel,
                        "this NKI toolchain (nki.isa has no oob_mode: indirect-DMA out-of-bounds "
                        "skipping needs neuronx-cc from Neuron SDK 2.23)",
                        "upgrade to Neuron SDK >= 2.23")

@@ -29,7 +29,7 @@ class Config:
     # (err_local_variable_used_out_of_scope).
     check_scope: bool = True
     # Block dimensions (dims before par_dim): "auto" follows the simulated SDK (accepted up to
-    # 2.22, warning in 2.23-2.24, error from 2.25); "error" / "warn" / "allow" override it.
+    # 2.22, warning from 2.23 on); "error" / "warn" / "allow" override it.
     block_dims: str = "auto"
     # nl.store directly from a PSUM tile is supported from Neuron SDK 2.26 only: below that,
     # False rejects it (copy to SBUF first with nl.copy / nisa.tensor_copy).

@@ -46,152 +46,11 @@ _TRANSPOSE_OPS = frozenset({"nc_transpose", "transpose"})
 _PERF_MODE_OPS = frozenset({"tensor_copy", "tensor_scalar", "copy"})
 _HALF_DTYPES = frozenset({"bfloat16", "float16"})
 
-DOC, DERIVED, ESTIMATE = "documented", "derived", "estimate"
-
-
-def _c(unit: str, status: str, source: str):
-    """A constant field: unit, provenance status and source travel with it (see constants_table)."""
-    return field(metadata={"unit": unit, "status": status, "source": source})
-
-
-@dataclass(frozen=True)
-class HardwareConstants:
-    """All constants of the model for one target; one instance per target (TRN1, TRN2)."""
-
-    name: str = field(metadata={"unit": "", "status": DOC, "source": "target name"})
-    tensor_clock_ghz: float = _c("GHz", DOC, "NKI arch guides (trn1 2.8, trn2 2.4)")
-    vector_clock_ghz: float = _c("GHz", DOC, "NKI arch guides (trn1 1.12, trn2 0.96)")
-    scalar_clock_ghz: float = _c("GHz", DOC, "NKI arch guides (trn1 1.4, trn2 1.2)")
-    gpsimd_clock_ghz: float = _c("GHz", DOC, "NKI arch guides (trn1 1.4, trn2 1.2)")
-    tensor_peak_tflops: float = _c(
-        "TFLOPS", DERIVED, "2 x 128 x 128 x TensorE clock (docs: ~92 trn1, 79 trn2 bf16)")
-    matmul_fp32_factor: float = _c("x", DOC, "nc_matmul docstring: fp32 is 4x the bf16 cost")
-    transpose_fp32_factor: float = _c(
-        "x", DOC, "trn2 arch guide: TensorE transpose mode 2x faster for fp32 (trn1: matmul 4x)")
-    min_ii_cycles: float = _c("cycles", DOC, "nki.isa docstrings: MIN_II ~64 (Vector/Scalar)")
-    activation_reduce_extra_cycles: float = _c("cycles", DOC, "activation_reduce: +MIN_II")
-    reciprocal_factor: float = _c("x N", DOC, "nisa.reciprocal (VectorE): max(MIN_II, 8N)")
-    gpsimd_start_cycles: float = _c("cycles", DOC, "iota/affine_select: 150 + N (GPSIMD_START)")
-    vector_perf_mode_factor: float = _c(
-        "x", DOC, "trn2 arch guide: VectorE perf mode 4x for bf16/fp16 tensor_copy/tensor_scalar"
-        " on SBUF (trn1: none)")
-    dma_engines: int = _c("engines", DOC, "DMA overview: 16 DMA engines per NeuronCore (v2-v4)")
-    partitions_per_dma_engine: int = _c("partitions", DOC, "DMA overview: 128 / 16 = 8")
-    dma_engine_bw_bytes_per_ns: float = _c(
-        "B/ns", DOC, "DMA bandwidth guide, practical per engine (trn1 17, trn2 23; rated 27.2)")
-    dma_desc_overhead_ns: float = _c(
-        "ns", ESTIMATE, "chosen = 256 B / bw_engine, so a 256 B descriptor runs at 50% and a"
-        " 4 KiB one at 94% (guide: <256 B overhead-bound, >=4 KiB near peak)")
-    dma_semaphore_bytes: int = _c(
-        "B", DOC, "DMA overview: every engine writes a 4 B semaphore per transfer")
-    dma_fixed_latency_ns: float = _c(
-        "ns", DOC, "DMA bandwidth guide: ~1300 ns setup + sync + semaphore-to-start per transfer")
-    dma_inflight: float = _c(
-        "transfers", ESTIMATE, "DMA transfers whose latencies overlap (16 queues, round robin;"
-        " the usable depth is not published)")
-    hwdge_ns_per_instruction: float = _c(
-        "ns", DOC, "trn2 arch guide / DGE doc: ~600 ns per hardware-DGE DMA (trn1: static"
-        " descriptors, 0)")
-    swdge_cores: int = _c("cores", DOC, "GpSimd: 8 cores, each wired to 16 partitions")
-    swdge_cycles_per_descriptor: float = _c(
-        "cycles/core", ESTIMATE, "fitted: 128-row swdge transfer spans 468 ns on trn2 (DMA"
-        " overview) = 97 ns transfer + (150 + 18 x 128/8) cycles at 1.2 GHz")
-    dma_transpose_efficiency_hbm: float = _c(
-        "x", DOC, "trn2 arch guide: DMA transpose up to 90% HBM->SBUF (trn1: estimate 0.5)")
-    dma_transpose_efficiency_sbuf: float = _c(
-        "x", DOC, "trn2 arch guide: DMA transpose up to 50% SBUF->SBUF")
-    hbm_bw_bytes_per_ns: float = _c(
-        "GB/s", DERIVED, "HBM per chip / physical cores: trn1 820/2 = 410, trn2 2900/8 = 362.5")
-    overlap_inefficiency: float = _c(
-        "x", ESTIMATE, "beta in modeled = busiest + beta * sum(others) + fill/drain latency")
-
-    def clock_ghz(self, engine: str) -> float:
-        """Clock of a compute engine in GHz (cycles per ns)."""
-        return {"tensor": self.tensor_clock_ghz, "vector": self.vector_clock_ghz,
-                "scalar": self.scalar_clock_ghz, "gpsimd": self.gpsimd_clock_ghz}[engine]
-
-    @property
-    def dma_peak_bytes_per_ns(self) -> float:
-        """Practical peak of all DMA engines of the core, before the HBM-share cap."""
-        return self.dma_engines * self.dma_engine_bw_bytes_per_ns
-
-    def descriptor_efficiency(self, nbytes: float) -> float:
-        """Fraction of the engine bandwidth reached by back-to-back descriptors of nbytes."""
-        t_data = nbytes / self.dma_engine_bw_bytes_per_ns
-        return t_data / (t_data + self.dma_desc_overhead_ns)
-
-
-TRN1 = HardwareConstants(
-    name="trn1", tensor_clock_ghz=2.8, vector_clock_ghz=1.12, scalar_clock_ghz=1.4,
-    gpsimd_clock_ghz=1.4, tensor_peak_tflops=2 * 128 * 128 * 2.8e-3, matmul_fp32_factor=4.0,
-    transpose_fp32_factor=4.0, min_ii_cycles=64.0, activation_reduce_extra_cycles=64.0,
-    reciprocal_factor=8.0, gpsimd_start_cycles=150.0, vector_perf_mode_factor=1.0,
-    dma_engines=16, partitions_per_dma_engine=8, dma_engine_bw_bytes_per_ns=17.0,
-    dma_desc_overhead_ns=256 / 17.0, dma_semaphore_bytes=4, dma_fixed_latency_ns=1300.0,
-    dma_inflight=4.0, hwdge_ns_per_instruction=0.0, swdge_cores=8,
-    swdge_cycles_per_descriptor=18.0, dma_transpose_efficiency_hbm=0.5,
-    dma_transpose_efficiency_sbuf=0.5, hbm_bw_bytes_per_ns=410.0, overlap_inefficiency=0.1)
-
-TRN2 = dataclasses.replace(
-    TRN1, name="trn2", tensor_clock_ghz=2.4, vector_clock_ghz=0.96, scalar_clock_ghz=1.2,
-    gpsimd_clock_ghz=1.2, tensor_peak_tflops=2 * 128 * 128 * 2.4e-3, transpose_fp32_factor=2.0,
-    vector_perf_mode_factor=4.0, dma_engine_bw_bytes_per_ns=23.0, dma_desc_overhead_ns=256 / 23.0,
-    hwdge_ns_per_instruction=600.0, dma_transpose_efficiency_hbm=0.9, hbm_bw_bytes_per_ns=362.5)
-
-CONSTANTS: Mapping[str, HardwareConstants] = MappingProxyType({"trn1": TRN1, "trn2": TRN2})
-
-
-def get_constants(target: Any = "trn2") -> HardwareConstants:
-    """Constants for ``target``: "trn1"/"trn2", a HardwareConstants, or an object with ``.name``."""
-    if isinstance(target, HardwareConstants):
-        return target
-    name = getattr(target, "name", target)
-    if name not in CONSTANTS:
-        raise ValueError(f"target must be one of {sorted(CONSTANTS)}; got {target!r}")
-    return CONSTANTS[name]
-
-
-def constants_table(markdown: bool = True) -> str:
-    """The single constants table (both targets side by side) as Markdown or tab-separated text."""
-    rows = [("constant", "trn1", "trn2", "unit", "status", "source")]
-    for f in dataclasses.fields(HardwareConstants):
-        if f.name == "name":
-            continue
-        v1, v2 = getattr(TRN1, f.name), getattr(TRN2, f.name)
-        rows.append((f.name, f"{v1:.4g}", f"{v2:.4g}", f.metadata["unit"], f.metadata["status"],
-                     f.metadata["source"]))
-    if not markdown:
-        return "\n".join("\t".join(r) for r in rows)
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class ApiConstants:
-    """Constants of the events the current ``nki`` API adds (one set for both targets)."""
-
-    fori_iteration_ns: float = field(default=9000.0, metadata={
-        "unit": "ns", "status": DOC, "source": "nki-library dynamic_fa_design_spec: ~9 us scheduling"
-        " barrier per nl.fori_loop iteration, no prefetch across iterations"})
-    dma_transpose_4byte_factor: float = field(default=0.5, metadata={
-        "unit": "x", "status": ESTIMATE, "source": "DMA transpose is a 2-byte-element hardware mode;"
-        " 4-byte elements modeled at half its throughput (not published)"})
-    lnc_launch_ns: float = field(default=0.0, metadata={
-        "unit": "ns", "status": ESTIMATE, "source": "logical-core launch / barrier overhead: not"
-        " published, modeled as 0 (launch time = the slower core)"})
-
-
-API = ApiConstants()
-
-
-def api_constants_table() -> str:
-    """Markdown table of :data:`API` (the current-API event constants)."""
-    lines = ["| constant | value | unit | status | source |", "|---|---|---|---|---|"]
-    for f in dataclasses.fields(ApiConstants):
-        m = f.metadata
-        lines.append(f"| {f.name} | {getattr(API, f.name):.4g} | {m['unit']} | {m['status']} | {m['source']} |")
-    return "\n".join(lines)
+# constants live in nki_sim/cost_constants.py; nki_sim.cost is the public module (re-exported)
+from .cost_constants import (  # noqa: E402,F401
+    API, CONSTANTS, DERIVED, DOC, ESTIMATE, FIT, STATUSES, TRN1, TRN2, ApiConstants,
+    HardwareConstants, api_constants_table, constants_table, get_constants)
+from .cost_constants import SCALAR_AFFINE as _SCALAR_AFFINE  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -231,9 +90,38 @@ def _is_fp32_mm(ev: Any) -> bool:
     return bool(fp32)
 
 
-def compute_cycles(ev: Any, hw: HardwareConstants) -> float:
-    """Engine cycles of one compute instruction from the documented formulas (N = free_elems)."""
-    engine, op = ev.engine, ev.op
+def assigned_engine(ev: Any, hw: HardwareConstants) -> str:
+    """Engine the instruction is charged to. The trace records the simulator's engine; where the
+    compiler picks (``nl.copy`` and the copies it inserts, ``nisa.tensor_scalar`` without
+    ``engine=`` whose ops ScalarE's ``in * scale + bias`` datapath computes), trn1 profiles show
+    ScalarE doing the work (``compiler_copies_on_scalar``)."""
+    engine = ev.engine
+    if engine != "vector" or not hw.compiler_copies_on_scalar:
+        return engine
+    op = ev.op
+    if op == "copy" and not _attr(ev, "staging_for"):      # (the inferred affine_select staging
+        return "scalar"                                   # copy stays on VectorE, README rule 3)
+    if op == "tensor_scalar" and _attr(ev, "engine_unspecified") and \
+            tuple(_attr(ev, "ops") or ()) in _SCALAR_AFFINE:
+        return "scalar"
+    return engine
+
+
+def compute_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) -> float:
+    """Engine cycles of one compute instruction: the documented formula (N = free_elems) plus,
+    on VectorE / ScalarE, the static per-instruction overhead; on ``engine`` (default:
+    :func:`assigned_engine`)."""
+    engine = assigned_engine(ev, hw) if engine is None else engine
+    cycles = formula_cycles(ev, hw, engine)
+    if engine in ("vector", "scalar"):
+        cycles += hw.instruction_overhead_cycles
+    return cycles
+
+
+def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) -> float:
+    """Cycles of the documented per-instruction formula alone (no static overhead)."""
+    engine = assigned_engine(ev, hw) if engine is None else engine
+    op = ev.op
     n = float(max(int(getattr(ev, "free_elems", 0)), 0))
     ii = hw.min_ii_cycles
     in_dtypes = tuple(getattr(ev, "in_dtypes", ()))
@@ -259,6 +147,10 @@ def compute_cycles(ev: Any, hw: HardwareConstants) -> float:
         if op in ("tensor_tensor", "tensor_tensor_scan") and not (
                 op == "tensor_tensor" and (from_psum or half)):
             return max(ii, 2.0 * n)
+        if op == "tensor_scalar_reduce":                     # docstring: max(MIN_II, N) + MIN_II
+            return max(ii, n) + ii
+        if op == "bn_aggr":                                  # docstring: max(MIN_II, 13 * N / 3)
+            return max(ii, 13.0 * n / 3.0)
         if op == "tensor_reduce":
             return n / 2.0 if half else n
         if op in _PERF_MODE_OPS and half and getattr(ev, "out_dtype", "") in _HALF_DTYPES \
@@ -360,6 +252,8 @@ class CostReport:
     dma_queue_us: float = 0.0            # sum(DMA latency) / dma_inflight
     dma_hbm_cap_us: float = 0.0          # HBM bytes / HBM bandwidth per core
     exposed_latency_us: float = 0.0      # fill + drain latency added to modeled_us
+    dependency_stall_us: float = 0.0     # VectorE / ScalarE waits for a result of the same engine
+    stall_by_engine_us: Mapping[str, float] = field(default_factory=dict)   # the same, per engine
     instructions: Mapping[str, int] = field(default_factory=dict)
     sync_us: float = 0.0                 # fori_loop iteration barriers (added serially)
     method: str = ("modeled_us = busiest engine + overlap_inefficiency * sum(other engines)"
@@ -375,6 +269,7 @@ class CostReport:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["per_engine_us"] = dict(self.per_engine_us)
         d["instructions"] = dict(self.instructions)
+        d["stall_by_engine_us"] = dict(self.stall_by_engine_us)
         d["bottleneck"] = self.bottleneck
         return d
 
@@ -388,8 +283,10 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     dma_engine_ns = np.zeros(hw.dma_engines)
     latency_sum = first_lat = last_lat = 0.0
     hbm_bytes = dma_bytes = flops = n_desc = 0
-    compute_floor_ns = 0.0
+    compute_floor_ns = stall_ns = 0.0
+    stall_by_engine = {"vector": 0.0, "scalar": 0.0}
     rotation = 0
+    done_at: dict = {}            # seq -> (engine, time its result is written) of VectorE/ScalarE ops
     sync_ns = 0.0
     for ev in events:
         engine = getattr(ev, "engine", None)
@@ -399,6 +296,8 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
             continue
         if engine not in ENGINES:
             raise ValueError(f"event engine must be one of {ENGINES}; got {engine!r}")
+        if engine != "dma":
+            engine = assigned_engine(ev, hw)
         counts[engine] += 1
         if engine == "dma":
             cost = dma_instruction_cost(ev, hw, rotation)
@@ -414,7 +313,20 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
             n_desc += cost.descriptors
             hbm_bytes += nbytes * sum(b == "hbm" for b in (ev.src_buffer, ev.dst_buffer))
             continue
-        busy_ns[engine] += compute_cycles(ev, hw) / hw.clock_ghz(engine)
+        clock = hw.clock_ghz(engine)
+        start = busy_ns[engine]
+        if engine in ("vector", "scalar"):
+            # in-order engine: an instruction reading the result of one on the same engine waits
+            # until that result is written (dependent-issue latency)
+            for d in _attr(ev, "deps", ()) or ():
+                prev = done_at.get(d)
+                if prev is not None and prev[0] == engine:
+                    start = max(start, prev[1] + hw.dependent_issue_latency_cycles / clock)
+            stall_ns += start - busy_ns[engine]
+            stall_by_engine[engine] += start - busy_ns[engine]
+        busy_ns[engine] = start + compute_cycles(ev, hw, engine) / clock
+        if engine in ("vector", "scalar"):
+            done_at[getattr(ev, "seq", -1)] = (engine, busy_ns[engine])
         f = matmul_flops(ev)
         if f:
             flops += f
@@ -438,6 +350,8 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
         dma_instructions=counts["dma"], dma_descriptors=n_desc, dma_bytes=dma_bytes,
         dma_engine_max_us=engine_max_ns / 1e3, dma_queue_us=queue_ns / 1e3,
         dma_hbm_cap_us=hbm_cap_ns / 1e3, exposed_latency_us=exposed,
+        dependency_stall_us=stall_ns / 1e3,
+        stall_by_engine_us=MappingProxyType({e: v / 1e3 for e, v in stall_by_engine.items()}),
         instructions=MappingProxyType(counts), sync_us=sync_ns / 1e3)
 
 

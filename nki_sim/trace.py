@@ -69,6 +69,7 @@ class Trace:
         self.events: list[Event] = []
         self.peak_bytes_per_partition = {"sbuf": 0, "psum": 0}
         self.targets: dict = {}      # target name -> {"sbuf": peak, "psum": peak} of runs on it
+        self.writers: dict = {}      # allocation id -> seq of the event that last wrote it
 
     def _note_run(self, target):
         self.targets.setdefault(target.name, {"sbuf": 0, "psum": 0})
@@ -152,6 +153,15 @@ def tracing():
         state.traces.remove(t)
 
 
+def note_write(dst_alloc: int, src_alloc: int) -> None:
+    """The result in allocation ``src_alloc`` was written into ``dst_alloc`` (an instruction's
+    output tile assigned to its destination): ``dst_alloc``'s writer becomes that instruction."""
+    for t in state.traces:
+        seq = t.writers.get(src_alloc)
+        if seq is not None:
+            t.writers[dst_alloc] = seq
+
+
 def active() -> bool:
     return bool(state.traces)
 
@@ -220,10 +230,13 @@ _setattr = object.__setattr__
 
 def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_dtype="",
          partitions=0, free_elems=0, nbytes=0, dma_kind="", src_buffer="", dst_buffer="",
-         descriptor_bytes=(), skipped_rows=0, attrs=None):
+         descriptor_bytes=(), skipped_rows=0, attrs=None, reads=(), writes=None):
     """Append an event to every active trace of the calling thread (no-op when not tracing).
 
-    Dtypes may be given as NumPy dtypes or names."""
+    Dtypes may be given as NumPy dtypes or names. ``reads`` / ``writes``: ids of the allocations
+    the instruction reads / writes; the event's ``deps`` are the seqs of the events that last
+    wrote what it reads, as attr ``deps`` (allocation granularity: a write to any part of a
+    tensor counts)."""
     s = state
     traces = s.traces
     if not traces:
@@ -249,6 +262,13 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
     for t in traces:
         ev = _new(Event)                    # the frozen dataclass, without its per-field __init__
         d = fields if t is last else dict(fields)
-        d["seq"] = len(t.events)
+        d["seq"] = seq = len(t.events)
+        if reads:
+            w = t.writers
+            deps = tuple(sorted({w[a] for a in reads if a in w}))
+            if deps:
+                d["attrs"] = tuple(sorted(fields["attrs"] + (("deps", deps),)))
+        if writes is not None:
+            t.writers[writes] = seq
         _setattr(ev, "__dict__", d)
         t.events.append(ev)

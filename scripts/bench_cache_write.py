@@ -5,7 +5,11 @@ For each workload (T new tokens, Hkv heads, head size d, block size B, bf16 cach
 padding slots = -1) this runs, on the nki_sim simulator with tracing:
 
 * ``nki (128 rows/DMA)``: ``host.reshape_and_cache`` -> ``nki_kernels.kv_cache_update``: any 128
-  (token, head) rows per indirect store, K / V / index loads chunked;
+  (token, head) rows per indirect store, K / V / index loads chunked; on each NKI API of
+  ``--api`` (one kernel source; the current API is modeled on trn2 only);
+* ``nki, vLLM block-KV``: the same call on vLLM's layout, a (key_cache, value_cache) pair of
+  (N, B, Hkv, d) caches (``host/block_kv.py``): one row of Hkv * d elements per token, so one
+  DMA descriptor per token and K / V instead of Hkv;
 * ``per-token DMA``: ``nki_kernels.baselines.kv_write_per_token``: per token one index, K and V
   load and two indirect stores of Hkv rows;
 * ``nki, host-filtered`` (padded workloads only): the alternative to DMA skip -- drop the padding
@@ -21,7 +25,7 @@ valid tokens, MEASURED wall time on this machine (median of --repeats), labelled
 It is a different machine class than the modeled NeuronCore figures; compare kernels with
 kernels, and use the CPU figure only as the host-side alternative's cost.
 
-    python scripts/bench_cache_write.py [--repeats 7] [--quick] [--json out.json]
+    python scripts/bench_cache_write.py [--repeats 7] [--api legacy|nki|both] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -67,13 +71,22 @@ def make_inputs(rng, n_tok, n_heads, d, block_size, pad):
     return key, value, cache, slots
 
 
-def trace_row(trace) -> dict:
+def trace_row(trace, api="legacy") -> dict:
     s = trace.summary()
-    row = {"dma_instructions": s["dma_instructions"], "dma_indirect": s["dma_indirect_instructions"],
-           "dma_descriptors": s["dma_descriptors"], "dma_bytes": s["dma_bytes"]}
-    for target in ("trn2", "trn1"):
-        row[f"modeled_us_{target}"] = estimate(trace, target).modeled_us if estimate else None
+    row = {"api": api, "dma_instructions": s["dma_instructions"],
+           "dma_indirect": s["dma_indirect_instructions"], "dma_descriptors": s["dma_descriptors"],
+           "dma_bytes": s["dma_bytes"]}
+    for target in ("trn2", "trn1"):     # the current API supports trn2 / trn3 only
+        ok = estimate is not None and (api == "legacy" or target == "trn2")
+        row[f"modeled_us_{target}"] = estimate(trace, target).modeled_us if ok else None
     return row
+
+
+def block_kv_pair(cache):
+    """The (2, N, Hkv, B, d) cache's contents in vLLM's block-KV layout: a (key_cache,
+    value_cache) pair of (N, B, Hkv, d) views of one (2, N, B, Hkv, d) buffer."""
+    kv = np.ascontiguousarray(cache.transpose(0, 1, 3, 2, 4))
+    return kv, (kv[0], kv[1])
 
 
 def median_us(fn, repeats):
@@ -99,14 +112,22 @@ def cpu_wall_us(key, value, cache, slots, repeats):
     return median_us(run, repeats)
 
 
-def bench(repeats: int, workloads=WORKLOADS) -> list[dict]:
+def bench(repeats: int, workloads=WORKLOADS, apis=("legacy", "nki")) -> list[dict]:
     rng = np.random.default_rng(0)
     rows = []
     for label, n_tok, n_heads, d, block_size, pad in workloads:
         key, value, cache, slots = make_inputs(rng, n_tok, n_heads, d, block_size, pad)
-        ours = cache.copy()
-        with nki_sim.tracing() as t_ours:
-            reshape_and_cache(key, value, ours, slots)
+        per_api = []
+        for api in apis:
+            ours = cache.copy()
+            with nki_sim.use_target("trn2"), nki_sim.tracing() as t_ours:
+                reshape_and_cache(key, value, ours, slots, api=api)
+            kv, pair = block_kv_pair(cache)
+            with nki_sim.use_target("trn2"), nki_sim.tracing() as t_blk:
+                reshape_and_cache(key, value, pair, slots, api=api)
+            if kv.tobytes() != block_kv_pair(ours)[0].tobytes():
+                raise AssertionError(f"{label}: the block-KV write disagrees ({api})")
+            per_api.append((api, t_ours, t_blk))
         theirs = cache.copy()
         idx = cache_write_row_index(slots, num_blocks=cache.shape[1], num_kv_heads=n_heads,
                                     block_size=block_size).reshape(n_tok, n_heads, 1)
@@ -118,19 +139,23 @@ def bench(repeats: int, workloads=WORKLOADS) -> list[dict]:
             raise AssertionError(f"{label}: the three implementations disagree")
         base = {"workload": label, "T": n_tok, "Hkv": n_heads, "d": d, "B": block_size,
                 "padding": pad, "rows": n_tok * n_heads}
-        rows.append({**base, "variant": "nki (128 rows/DMA)", **trace_row(t_ours), "cpu_wall_us": None})
+        for api, t_ours, t_blk in per_api:
+            rows.append({**base, "variant": "nki (128 rows/DMA)", **trace_row(t_ours, api),
+                         "cpu_wall_us": None})
+            rows.append({**base, "variant": "nki, vLLM block-KV (N, B, Hkv, d)",
+                         **trace_row(t_blk, api), "cpu_wall_us": None})
         rows.append({**base, "variant": "per-token DMA", **trace_row(t_tok), "cpu_wall_us": None})
         if pad > 0:  # the alternative to DMA skip: compact on the host, write only valid tokens
             keep = slots >= 0
             filtered = cache.copy()
             with nki_sim.tracing() as t_filt:
-                reshape_and_cache(key[keep], value[keep], filtered, slots[keep])
+                reshape_and_cache(key[keep], value[keep], filtered, slots[keep], api="legacy")
             if filtered.tobytes() != ours.tobytes():
                 raise AssertionError(f"{label}: host filtering disagrees")
             compact = median_us(lambda: (key[keep], value[keep], slots[keep]), repeats)
             rows.append({**base, "variant": "nki, host-filtered (+ host compaction)", **trace_row(t_filt),
                          "cpu_wall_us": compact})
-        rows.append({**base, "variant": "numpy fancy-index (CPU)", "dma_instructions": None,
+        rows.append({**base, "variant": "numpy fancy-index (CPU)", "api": None, "dma_instructions": None,
                      "dma_indirect": None, "dma_descriptors": None, "dma_bytes": None,
                      "modeled_us_trn2": None, "modeled_us_trn1": None, "cpu_wall_us": wall})
     return rows
@@ -141,11 +166,13 @@ def fmt(x, spec=""):
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| workload (T x Hkv, d=128, bf16) | variant | DMA instr | indirect | descriptors | DMA bytes "
-            "| modeled trn2 us | modeled trn1 us | CPU wall us |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| workload (T x Hkv, d=128, bf16) | variant | API | DMA instr | indirect | descriptors "
+            "| DMA bytes | modeled trn2 us | modeled trn1 us | CPU wall us |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['workload']} ({r['T']}x{r['Hkv']}) | {r['variant']} | {fmt(r['dma_instructions'])} "
+        lines.append(f"| {r['workload']} ({r['T']}x{r['Hkv']}) | {r['variant']} | {fmt(r['api'])} "
+                     f"| {fmt(r['dma_instructions'])} "
                      f"| {fmt(r['dma_indirect'])} | {fmt(r['dma_descriptors'])} | {fmt(r['dma_bytes'])} "
                      f"| {fmt(r['modeled_us_trn2'], '.2f')} | {fmt(r['modeled_us_trn1'], '.2f')} "
                      f"| {fmt(r['cpu_wall_us'], '.1f')} |")
@@ -161,11 +188,14 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7, help="CPU timing repeats (median)")
+    ap.add_argument("--api", choices=("legacy", "nki", "both"), default="both",
+                    help="NKI API of the product kernel rows (default both; the baselines are legacy)")
     add_common_args(ap, quick_help="only the two decode workloads (smoke test)")
     args = parse_args(ap, argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1; got {args.repeats}")
-    rows = bench(args.repeats, WORKLOADS[:2] if args.quick else WORKLOADS)
+    apis = ("legacy", "nki") if args.api == "both" else (args.api,)
+    rows = bench(args.repeats, WORKLOADS[:2] if args.quick else WORKLOADS, apis)
     print(markdown(rows))
     write_json(args, __file__, rows, cost_model=estimate is not None, dtype="bfloat16")
     return 0

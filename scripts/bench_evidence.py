@@ -46,6 +46,7 @@ from evidence import builders, report, sources  # noqa: E402
 
 TABLE = HERE / "evidence" / "measurements.json"
 BEGIN, END = "<!-- evidence:begin -->", "<!-- evidence:end -->"
+TRACE_FORMAT = 2          # bump when the simulator's trace gains fields the cost model reads
 
 
 def load_table(path: Path = TABLE) -> list[dict]:
@@ -75,18 +76,26 @@ def _resolve(case: dict, mirror):
         mod = builders.load_module(path, "evidence_" + hashlib.sha1(str(path).encode()).hexdigest()[:8])
         fn = getattr(mod, k["function"])
         run = builder(spec, lambda p: sources.fetch(k["repo"], k["commit"], p, mirror=mirror))
-    key = hashlib.sha1(text + json.dumps([spec, case["target"], case.get("sim_config", {})],
+    # the dependency checker changes no event: a trace saved with it off is the same trace
+    sim_key = {k: v for k, v in case.get("sim_config", {}).items() if k != "check_dependencies"}
+    key = hashlib.sha1(text + json.dumps([TRACE_FORMAT, spec, case["target"], sim_key],
                                          sort_keys=True).encode()).hexdigest()[:16]
     return fn, run, key
 
 
-def simulate(case: dict, mirror, resimulate: bool) -> dict:
+class NotSimulated(RuntimeError):
+    """--saved-only and no saved trace for the case."""
+
+
+def simulate(case: dict, mirror, resimulate: bool, saved_only: bool = False) -> dict:
     """Trace + check of one case, from the cache when possible. Raises SourceUnavailable."""
     fn, run, key = _resolve(case, mirror)
     saved = sources.cache_dir() / "traces" / f"{case['id']}-{key}.pkl"
     if saved.is_file() and not resimulate:
         with saved.open("rb") as f:
             return pickle.load(f)
+    if saved_only:
+        raise NotSimulated("not simulated in this run (no saved trace; run without --saved-only)")
     import nki_sim
     t0 = time.time()
     with warnings.catch_warnings(record=True) as caught, \
@@ -121,16 +130,20 @@ def evaluate(case: dict, rec: dict) -> dict:
     return row
 
 
-def run_cases(cases: list[dict], mirror=None, resimulate=False, log=print) -> list[dict]:
+def run_cases(cases: list[dict], mirror=None, resimulate=False, log=print,
+              saved_only=False) -> list[dict]:
     rows = []
     for case in cases:
         row = {"id": case["id"], "kernel": _kernel_label(case), "shapes": case["shapes"],
                "dtype": case["dtype"], "target": case["target"], "source": case["source"],
-               "citation": case["citation"], "measured_us": float(case["measured_us"])}
+               "citation": case["citation"], "measured_us": float(case["measured_us"]),
+               "fits": case.get("fits", [])}
         try:
-            rec = simulate(case, mirror, resimulate)
-        except sources.SourceUnavailable as e:
+            rec = simulate(case, mirror, resimulate, saved_only)
+        except (sources.SourceUnavailable, NotSimulated) as e:
             row["status"] = f"skipped: {e}"
+        except MemoryError:
+            row["status"] = "skipped: out of memory (nki_sim holds every on-chip tensor as a NumPy array)"
         except Exception as e:                      # a kernel nki_sim rejects: reported, not hidden
             row["status"] = f"does not run on nki_sim: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
         else:
@@ -162,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mirror", type=Path, help="folder of local git mirrors (owner+name/repo)")
     ap.add_argument("--cases", nargs="+", metavar="SUBSTR", help="run the cases whose id contains one")
     ap.add_argument("--resimulate", action="store_true", help="ignore saved traces")
+    ap.add_argument("--saved-only", action="store_true",
+                    help="model saved traces only; cases without one are reported as not simulated")
     ap.add_argument("--markdown", type=Path, help="page whose generated block is rewritten")
     args = parse_args(ap, argv)
     if args.mirror is not None and not args.mirror.is_dir():
@@ -175,7 +190,7 @@ def main(argv=None) -> int:
         cases = [c for c in cases if any(s in c["id"] for s in args.cases)]
         if not cases:
             ap.error(f"--cases matched no case id; got {args.cases}")
-    rows = run_cases(cases, args.mirror, args.resimulate)
+    rows = run_cases(cases, args.mirror, args.resimulate, saved_only=args.saved_only)
     stats = report.stats_by_class(rows)
     for name, s in stats.items():
         if s["n"]:

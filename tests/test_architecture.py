@@ -117,6 +117,7 @@ SIM_MODULE_LAYERS = {
     "nki_sim.target": "settings", "nki_sim.config": "settings", "nki_sim.sdk": "settings",
     "nki_sim.blas": "settings",
     "nki_sim.trace": "observation", "nki_sim.cost": "observation",
+    "nki_sim.cost_constants": "observation",
     "nki_sim.indexing": "core", "nki_sim.memory": "core", "nki_sim.positions": "core",
     "nki_sim.deps": "core", "nki_sim.access": "core", "nki_sim.tensor": "core", "nki_sim.alu": "core",
     "nki_sim.runtime": "runtime", "nki_sim.loops": "runtime",
@@ -130,7 +131,7 @@ SIM_MODULE_LAYERS = {
     "nki_sim.legacy.language.reduce": "legacy", "nki_sim.legacy.language.tensor_engine": "legacy",
     "nki_sim.legacy.isa": "legacy", "nki_sim.legacy.isa.constants": "legacy",
     "nki_sim.legacy.isa.scalar_vector": "legacy", "nki_sim.legacy.isa.select": "legacy",
-    "nki_sim.legacy.isa.tensor_engine": "legacy",
+    "nki_sim.legacy.isa.tensor_engine": "legacy", "nki_sim.legacy.isa.stats": "legacy",
     "nki_sim": "package", "nki_sim.install": "package",
 }
 SIM_PACKAGE_LAYERS = {"nki_sim.engines": "engines", "nki_sim.current": "current"}

@@ -5,6 +5,7 @@ Hkv (token, head) rows travel in their own DMAs: per token one index load, one K
 and two indirect stores of Hkv rows each -- 5 * T DMA instructions (2 * T indirect) instead of
 about 2 * ceil(T * Hkv / 128) indirect ones. Negative slots are skipped the same way
 (row index 2 * NHB with ``oob_mode.skip``). Used by ``scripts/bench_cache_write.py``.
+Legacy API only (a benchmark baseline, not a product kernel).
 
 Args (HBM):
     key, value: (T, Hkv, d), the cache dtype.
@@ -15,8 +16,8 @@ Args (HBM):
 
 from nki_kernels._assert import kernel_check
 from nki_kernels._nki import nki, nisa, nl, nt
+from nki_kernels.ops import legacy as legacy_ops
 from nki_kernels.row_tiles import require_oob_skip
-
 
 
 @nki.jit
@@ -30,7 +31,7 @@ def kv_write_per_token(key, value, kv_cache: nt.mutable_tensor, row_index):
     kernel_check(tuple(row_index.shape) == (n_tok, n_heads, 1), name, "row_index.shape",
                  f"be {(n_tok, n_heads, 1)}", tuple(row_index.shape))
     kernel_check(len(kv_cache.shape) == 5, name, "kv_cache", "be (2, N, Hkv, B, d)", tuple(kv_cache.shape))
-    require_oob_skip(name)
+    require_oob_skip(legacy_ops, name)
     cache_rows = kv_cache.reshape((2, kv_cache.shape[1] * kv_cache.shape[2] * kv_cache.shape[3], d))
     i_h = nl.arange(n_heads)[:, None]
     i_f = nl.arange(d)[None, :]

@@ -102,9 +102,26 @@ def kv_heads(num_kv_heads):
     return (nl.program_id(axis=1),)
 
 
-def launch_grid(num_kv_heads):
-    """The SPMD grid of a launch over ``num_kv_heads`` KV heads."""
-    return (1, num_kv_heads)
+def launch_grid(num_kv_heads, lnc=1):
+    """The SPMD grid of a launch over ``num_kv_heads`` KV heads: ``[1, Hkv]``; with ``lnc=2``
+    ``[1, nl.spmd_dim(nl.nc(2), Hkv / 2)]`` (physical core 0 runs programs ``0 .. Hkv/2 - 1``,
+    core 1 the rest; ``program_id(1)`` is still the KV head)."""
+    if lnc == 1:
+        return (1, num_kv_heads)
+    if lnc != max_lnc():
+        raise NotImplementedError(
+            f"lnc={lnc}: this legacy NKI front end cannot place programs on two physical cores "
+            "(nl.nc needs neuronxcc on a NeuronCore-v3 target); use lnc=1")
+    if num_kv_heads % lnc:
+        raise NotImplementedError(f"lnc={lnc} splits the KV heads evenly over the cores; Hkv = "
+                                  f"{num_kv_heads} is not a multiple of {lnc}: use lnc=1")
+    return (1, nl.spmd_dim(nl.nc(lnc), num_kv_heads // lnc))
+
+
+def max_lnc():
+    """Physical cores one launch can use: 2 on NeuronCore-v3 when the API places SPMD programs
+    on cores (``nl.nc``), else 1."""
+    return 2 if nc_gen() == "gen3" and hasattr(nl, "nc") else 1
 
 
 # ---- trace-time feature flags -----------------------------------------------------------------
@@ -259,6 +276,17 @@ def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
     nisa.dma_copy(dst=dst, src=src[i_p, i_f], oob_mode=nisa.oob_mode.skip)
 
 
+def has_gather_transpose(dtype, width):
+    """Trace-time flag: an indirect (gather) DMA transpose; the legacy API documents none."""
+    del dtype, width
+    return False
+
+
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
+    raise NotImplementedError("the legacy NKI API has no indirect DMA transpose; check "
+                              "has_gather_transpose() and use PE transposes")
+
+
 def engine_names(engine):
     """Engine name(s) of legacy engine object(s) (None, one, or a tuple)."""
     if isinstance(engine, tuple):
@@ -267,3 +295,47 @@ def engine_names(engine):
         if obj is engine or (obj is not None and engine is not None and obj == engine):
             return name
     raise ValueError(f"unknown legacy engine {engine!r}")
+
+
+# ---- cache kernels: row-tile views of HBM row tensors and in-place arguments -----------------
+# (added for the KV-cache write / block copy / MLA cache kernels; see the ops package docstring)
+from nki_kernels._nki import nt  # noqa: E402
+
+MUTABLE = nt.mutable_tensor     # annotation of a kernel argument the kernel writes in place
+
+
+def row_block(table, first, stride, parts, count):
+    """View ``(parts, count, F)`` of a 2-D HBM row tensor ``table`` (R, F):
+    ``[p, t, :] = table[p * stride + first + t, :]`` (one ``nl.arange`` index expression)."""
+    i_p = nl.arange(parts)[:, None, None]
+    i_t = nl.arange(count)[None, :, None]
+    i_f = nl.arange(table.shape[1])[None, None, :]
+    return table[i_p * stride + first + i_t, i_f]
+
+
+def rows(table, start, n):
+    """View ``(n, F)`` of rows ``start .. start + n - 1`` of a 2-D HBM row tensor ``table``."""
+    i_p = nl.arange(n)[:, None]
+    i_f = nl.arange(table.shape[1])[None, :]
+    return table[start + i_p, i_f]
+
+
+def gather_rows(dst, table, idx, idx_col):
+    """``dst[p, :] = table[idx[p, idx_col], :]`` (2-D ``table``); every index must be in bounds
+    (no skip: an out-of-bounds row is an error). ``nl.load`` of an ``nl.arange`` expression."""
+    i_p = nl.arange(dst.shape[0])[:, None]
+    i_f = nl.arange(dst.shape[1])[None, :]
+    dst[...] = nl.load(table[idx[i_p, idx_col], i_f])
+
+
+def scatter_rows(table, idx, idx_col, src):
+    """``table[idx[p, idx_col], :] = src[p, :]`` (2-D ``table``); every index in bounds."""
+    i_p = nl.arange(src.shape[0])[:, None]
+    i_f = nl.arange(src.shape[1])[None, :]
+    nl.store(table[idx[i_p, idx_col], i_f], value=src)
+
+
+def dma(dst, src):
+    """Direct DMA ``dst <- src`` written as ``nisa.dma_copy`` (e.g. into a column range of an
+    existing tile; :func:`load` is the ``nl.load`` form)."""
+    nisa.dma_copy(dst=dst, src=src)

@@ -34,7 +34,7 @@ def in_fori_loop() -> bool:
     return _local.fori_depth > 0
 
 
-def affine_range(*args, **kwargs):
+def affine_range(*args):
     return range(*args)
 
 

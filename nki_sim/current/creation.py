@@ -42,6 +42,18 @@ def _capacity(buf: str, alloc: Alloc):
              f"partition) brings live {buf} tensors to {live} bytes per partition; {tgt.name} has {cap}")
 
 
+def _placement(buf: str, alloc: Alloc, shape, address):
+    """A tensor placed by ``address=(partition, byte offset)`` must fit the memory; placed
+    tensors are not counted as live bytes (kernels reuse addresses on purpose)."""
+    tgt = get_target()
+    p0, off = (int(v) for v in address)
+    cap = tgt.sbuf_usable_bytes_per_partition if buf == "sbuf" else tgt.psum_bytes_per_partition
+    nbytes = math.prod(shape[1:]) * alloc.data.itemsize
+    if p0 < 0 or p0 + shape[0] > tgt.pmax or off < 0 or off + nbytes > cap:
+        fail(f"{buf} tensor `{alloc.name}` {list(shape)} at address {tuple(address)} does not fit: "
+             f"partitions {p0}..{p0 + shape[0] - 1} of {tgt.pmax}, bytes {off}..{off + nbytes - 1} of {cap}")
+
+
 def allocate(shape, dtype, buffer, name="", address=None, fill=None) -> NkiTensor:
     """A new tensor of ``shape`` (dim 0 = partitions on chip) in ``buffer``."""
     require_kernel("nl.ndarray")
@@ -65,7 +77,8 @@ def allocate(shape, dtype, buffer, name="", address=None, fill=None) -> NkiTenso
         from .lnc import shared_lock
         with shared_lock():
             return _shared(k, shape, dt, npdt, name)
-    a = Alloc(np.empty(shape, dtype=npdt), buf, name=name)
+    placed = address is not None and buf in ("sbuf", "psum")
+    a = Alloc(np.empty(shape, dtype=npdt), buf, name=name, count_live=not placed)
     if fill is not None:
         a.data[...] = D.cast_for_write(np.asarray(fill), npdt)
         a.written = None
@@ -77,7 +90,9 @@ def allocate(shape, dtype, buffer, name="", address=None, fill=None) -> NkiTenso
     if buf == "shared_hbm" and k is not None:
         k.shared_allocs.append(a)
         k.shared_cursor += 1
-    if buf in ("sbuf", "psum"):
+    if placed:
+        _placement(buf, a, shape, address)
+    elif buf in ("sbuf", "psum"):
         _capacity(buf, a)
     return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
 
@@ -99,27 +114,27 @@ def _shared(k, shape, dt, npdt, name) -> NkiTensor:
     return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
 
 
-def ndarray(shape, dtype, buffer=sbuf, name="", address=None, **kwargs):
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     return allocate(shape, dtype, buffer, name, address)
 
 
-def zeros(shape, dtype, buffer=sbuf, name="", **kwargs):
+def zeros(shape, dtype, buffer=sbuf, name=""):
     return allocate(shape, dtype, buffer, name, fill=0)
 
 
-def ones(shape, dtype, buffer=sbuf, name="", **kwargs):
+def ones(shape, dtype, buffer=sbuf, name=""):
     return allocate(shape, dtype, buffer, name, fill=1)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name="", **kwargs):
+def full(shape, fill_value, dtype, buffer=sbuf, name=""):
     return allocate(shape, dtype, buffer, name, fill=fill_value)
 
 
-def zeros_like(a, dtype=None, buffer=None, name="", **kwargs):
+def zeros_like(a, dtype=None, buffer=None, name=""):
     return allocate(a.shape, dtype or a.dtype, buffer or a.buffer, name, fill=0)
 
 
-def empty_like(a, dtype=None, buffer=None, name="", **kwargs):
+def empty_like(a, dtype=None, buffer=None, name=""):
     return allocate(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 

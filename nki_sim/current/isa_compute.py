@@ -205,7 +205,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
             fail(f"tensor_scalar on the Scalar engine supports multiply+add, multiply or add; got {pair}")
     V.tensor_scalar(dst.core(), data.core(), [(n, _c(o), bool(r)) for n, o, r in stages],
-                    engine=eng, name=name)
+                    engine=eng, name=name,
+                    unspecified=member(_engine, engine, "engine", _engine.unknown) is _engine.unknown)
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=""):

@@ -121,3 +121,36 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     V.select_reduce(dst.core(), pred.core(), src.core(), _pvec(on_false, P, "select_reduce", "on_false"),
                     reverse=bool(reverse_pred), reduce_cmd=cmd,
                     reduce_res=_reduce_res(reduce_res, P, "select_reduce"), name=name)
+
+
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         reduce_cmd=None, reduce_init=None, reduce_res_negate=False, name=""):
+    """``dst = data op0 operand0`` with a per-partition ``reduce_op`` (add / multiply / maximum /
+    minimum) of the result into ``reduce_res`` ([P, 1]); ``reduce_cmd`` reset_reduce only."""
+    require_kernel("nisa.tensor_scalar_reduce")
+    dst, data = tile(dst, "tensor_scalar_reduce", "dst"), tile(data, "tensor_scalar_reduce", "data")
+    same_partition_layout("tensor_scalar_reduce", [("dst", dst), ("data", data)])
+    partitions("tensor_scalar_reduce", "dst", dst)
+    ralu = alu_name(reduce_op, "nisa.tensor_scalar_reduce reduce_op")
+    if ralu not in ("add", "multiply", "maximum", "minimum"):
+        fail(f"tensor_scalar_reduce: reduce_op must be add, multiply, maximum or minimum; got {ralu}")
+    cmd = member(_rc, reduce_cmd, "reduce_cmd", _rc.reset_reduce)
+    if cmd is not _rc.reset_reduce:
+        from ..errors import not_emulated
+        raise not_emulated(f"nisa.tensor_scalar_reduce(reduce_cmd={cmd.name})", "use reset_reduce")
+    P = dst.shape[0]
+    V.tensor_scalar_reduce(dst.core(), data.core(), alu_name(op0, "nisa.tensor_scalar_reduce op0"),
+                           _pvec(operand0, P, "tensor_scalar_reduce", "operand0"), ralu,
+                           _reduce_res(reduce_res, P, "tensor_scalar_reduce"), reverse0=bool(reverse0),
+                           reduce_init=reduce_init, negate=bool(reduce_res_negate), name=name)
+
+
+def tensor_partition_reduce(dst, op, data, name=""):
+    """``dst[1, F] = op-reduction of data[P, F] over its partitions`` (GpSimd)."""
+    require_kernel("nisa.tensor_partition_reduce")
+    dst, data = tile(dst, "tensor_partition_reduce", "dst"), tile(data, "tensor_partition_reduce", "data")
+    partitions("tensor_partition_reduce", "data", data)
+    if dst.shape[0] != 1 or dst.size != math.prod(data.shape[1:]):
+        fail(f"tensor_partition_reduce: dst {list(dst.shape)} must be [1, {math.prod(data.shape[1:])}]")
+    buffer_in("tensor_partition_reduce data", data, ("sbuf",))
+    V.partition_reduce(dst.core(), data.core(), alu_name(op, "nisa.tensor_partition_reduce"), name=name)

@@ -23,8 +23,7 @@ from .ndarray import NkiTensor
 
 _NOT_EMULATED = {
     "nki.isa": {"local_gather", "max8", "nc_find_index8", "nc_match_replace8",
-                "bn_stats", "bn_aggr", "dropout", "tensor_scalar_reduce",
-                "tensor_partition_reduce", "sequence_bounds", "tensor_tensor_scan", "exponential",
+                "bn_stats", "bn_aggr", "dropout", "sequence_bounds", "tensor_tensor_scan", "exponential",
                 "nc_matmul_mx", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed",
                 "tensor_scalar_cumulative", "nonzero_with_count", "quantize_mx", "dma_copy_dynamic",
                 "sendrecv_compute", "builtin_custom_op"},
@@ -67,7 +66,27 @@ def _module(name: str, doc: str, attrs: dict, gated: dict) -> types.ModuleType:
     return m
 
 
-class NKIObject:
+class _NKIObjectMeta(type):
+    """Keyword arguments a subclass's ``__init__`` does not take become attributes: nki-library
+    builds ``@dataclass`` NKIObjects whose class attributes carry no annotations
+    (``SectionParams(section_idx=...)``), which AWS's toolchain accepts."""
+
+    def __call__(cls, *args, **kwargs):
+        import inspect
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return super().__call__(*args, **kwargs)
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in params}
+        obj = super().__call__(*args, **kwargs)
+        for k, v in extra.items():
+            setattr(obj, k, v)
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectMeta):
     """Base class kernels may derive trace-time objects from (``nl.NKIObject``)."""
 
 
@@ -97,12 +116,42 @@ def _language():
     return a
 
 
+class NkiInstruction:
+    """Handle an ISA instruction returns (SDK 2.28+); ``depends_on`` adds an ordering edge, which
+    the eager simulator already satisfies (every instruction completes before the next)."""
+
+    __slots__ = ("op", "name")
+
+    def __init__(self, op, name=""):
+        self.op, self.name = op, name
+
+    def depends_on(self, *others):
+        return self
+
+    def __repr__(self):
+        return f"<NkiInstruction {self.op}{' ' + self.name if self.name else ''}>"
+
+
+def _instruction(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        fn(*args, **kwargs)
+        return NkiInstruction(fn.__name__, kwargs.get("name", ""))
+    return op
+
+
+_RETURNS_VALUE = {"get_nc_version", "get_nc_sub_version", "scalar_load", "register_alloc"}
+
+
 def _isa():
     a = {n: getattr(isa_compute, n) for n in (
         "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor",
         "tensor_scalar", "tensor_reduce", "tensor_copy", "tensor_copy_predicated", "reciprocal",
         "memset", "nc_stream_shuffle", "scalar_tensor_tensor")}
-    a.update({n: getattr(isa_select, n) for n in ("iota", "affine_select", "range_select", "select_reduce")})
+    a.update({n: getattr(isa_select, n) for n in ("iota", "affine_select", "range_select", "select_reduce",
+                                                  "tensor_scalar_reduce", "tensor_partition_reduce")})
     a.update({n: getattr(isa_dma, n) for n in ("dma_copy", "dma_transpose", "dma_compute")})
     a.update({n: getattr(isa_misc, n) for n in (
         "get_nc_version", "get_nc_sub_version", "scalar_load", "scalar_store", "register_alloc",
@@ -110,7 +159,10 @@ def _isa():
     a.update({n: getattr(enums, n) for n in (
         "engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine")})
     a.update(sendrecv=lnc.sendrecv, core_barrier=lnc.core_barrier)
-    a.update(NkiScalar=NkiScalar, VirtualRegister=VirtualRegister, NkiValidationError=NkiValidationError,
+    a = {n: (_instruction(f) if callable(f) and not isinstance(f, type) and n not in _RETURNS_VALUE else f)
+         for n, f in a.items()}
+    a.update(NkiInstruction=NkiInstruction, NkiScalar=NkiScalar, VirtualRegister=VirtualRegister,
+             NkiValidationError=NkiValidationError,
              tensor_engine=enums.engine.tensor, vector_engine=enums.engine.vector,
              scalar_engine=enums.engine.scalar, gpsimd_engine=enums.engine.gpsimd,
              unknown_engine=enums.engine.unknown)

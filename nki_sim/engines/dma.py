@@ -56,7 +56,7 @@ def emit_dma(op, src: Tensor, dst: Tensor, hbm_acc: Access, count: int, *, name=
                free_elems=free_size(onchip.shape), nbytes=count * hbm.itemsize,
                dma_kind="indirect" if indirect else "direct",
                src_buffer=_buf(src), dst_buffer=_buf(dst), descriptor_bytes=tuple(desc),
-               skipped_rows=skipped, attrs=a)
+               skipped_rows=skipped, attrs=a, reads=(src.alloc.id,), writes=dst.alloc.id)
 
 
 def _fit(mask, shape):

@@ -42,7 +42,11 @@ def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=Non
     ins = [o for o in inputs if o is not None and o.t is not None]
     shape = out.shape
     n = out.size if count is None else count
+    srcs = [o.t.alloc for o in ins if getattr(o.t, "alloc", None) is not None]
     trace.emit(engine, op, name=name, in_shapes=[o.shape for o in ins], out_shape=shape,
+               src_buffer="psum" if any(a.buffer == "psum" for a in srcs) else
+               (srcs[0].buffer if srcs else ""),
+               reads=[a.id for a in srcs], writes=getattr(getattr(out, "alloc", None), "id", None),
                in_dtypes=[o.dtype for o in ins], out_dtype=out.arr.dtype,
                partitions=shape[0] if shape else 1,
                free_elems=free_size(shape) if free_elems is None else free_elems,

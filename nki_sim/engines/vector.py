@@ -36,8 +36,9 @@ def tensor_tensor(dst, data1, data2, alu: str, *, engine="vector", name=""):
     emit(engine, "tensor_tensor", (a, b), dst, name=name, attrs={"alu": alu})
 
 
-def tensor_scalar(dst, data, stages, *, engine="vector", name=""):
-    """``dst = ((data op0 s0) op1 s1)``; ``stages`` = [(alu, operand, reverse), ...]."""
+def tensor_scalar(dst, data, stages, *, engine="vector", name="", unspecified=False):
+    """``dst = ((data op0 s0) op1 s1)``; ``stages`` = [(alu, operand, reverse), ...];
+    ``unspecified``: the kernel left the engine to the compiler (trace attr for nki_sim.cost)."""
     a = operand(data, "data", "tensor_scalar", True)
     P = a.shape[0] if a.shape else 1
     ops = [(n, operand(o, f"operand{i}", "tensor_scalar", True), rev) for i, (n, o, rev) in enumerate(stages)]
@@ -52,7 +53,10 @@ def tensor_scalar(dst, data, stages, *, engine="vector", name=""):
             y = y.reshape((y.shape[0],) + (1,) * (x.ndim - 1))
         cur = fn(y, x) if rev else fn(x, y)
     write_dst(dst, cur, "tensor_scalar", inputs=(a,) + tuple(o for _, o, _ in ops))
-    emit(engine, "tensor_scalar", (a,) + tuple(o for _, o, _ in ops), dst, name=name)
+    attrs = {"ops": tuple(n for n, _, _ in stages)}
+    if unspecified:
+        attrs["engine_unspecified"] = True
+    emit(engine, "tensor_scalar", (a,) + tuple(o for _, o, _ in ops), dst, name=name, attrs=attrs)
 
 
 def tensor_reduce(dst, data, alu: str, axes, *, negate=False, keepdims=False, name=""):
@@ -184,3 +188,33 @@ def scalar_tensor_tensor(dst, data, alu0: str, operand0, alu1: str, operand1, *,
     r = fn1(z, np.asarray(mid, c1)) if reverse1 else fn1(np.asarray(mid, c1), z)
     write_dst(dst, r, "scalar_tensor_tensor", inputs=(a, t))
     emit(engine, "scalar_tensor_tensor", (a, s, t), dst, name=name)
+
+
+def tensor_scalar_reduce(dst, data, alu0: str, operand0, reduce_alu: str, reduce_res, *, reverse0=False,
+                         reduce_init=None, negate=False, name=""):
+    """``dst = data alu0 operand0`` and ``reduce_res[p] = reduce(dst row p)`` (``reduce_init``
+    folded in first; ``negate`` negates the reduction)."""
+    a = operand(data, "data", "tensor_scalar_reduce", True)
+    P = a.shape[0] if a.shape else 1
+    s = operand(operand0, "operand0", "tensor_scalar_reduce")
+    fn, cdt = compute_fn(alu0, [a.dtype, s.dtype])
+    x = np.asarray(a.v, cdt).reshape(P, -1)
+    y = np.asarray(s.v, cdt) if s.is_scalar else np.asarray(pvec(s, P, "operand0", "tensor_scalar_reduce"), cdt)
+    r = fn(y, x) if reverse0 else fn(x, y)
+    write_dst(dst, r, "tensor_scalar_reduce", inputs=(a,))
+    emit("vector", "tensor_scalar_reduce", (a, s), dst, name=name, attrs={"reduce": True})
+    if reduce_res is not None:
+        red = reduce_values(reduce_alu, np.asarray(r, np.float32), 1)
+        if reduce_init is not None:
+            red = reduce_values(reduce_alu, np.stack([np.full(P, np.float32(reduce_init)), red]), 0)
+        write_dst(reduce_res, (-red if negate else red).reshape(reduce_res.shape), "tensor_scalar_reduce",
+                  inputs=(a,))
+
+
+def partition_reduce(dst, data, alu: str, *, name=""):
+    """``dst[0, f] = reduce over partitions p of data[p, f]`` (GpSimd)."""
+    a = operand(data, "data", "tensor_partition_reduce")
+    cdt = np.int64 if D.is_int(a.dtype) and ALU[alu][1] else np.float32
+    r = reduce_values(alu, np.asarray(a.v, cdt).reshape(a.shape[0], -1), 0)
+    write_dst(dst, r.reshape(dst.shape), "tensor_partition_reduce")
+    emit("gpsimd", "tensor_partition_reduce", (a,), dst, name=name, free_elems=free_size(a.shape))

@@ -20,6 +20,7 @@ from .. import errors as E
 from .. import trace
 from ..access import fit_value, read, write
 from ..indexing import IndexExpr
+from ..state import state
 from ..target import get_target
 from ..tensor import Tensor
 from .language import elementwise
@@ -35,7 +36,11 @@ def _same_region(a: Tensor, b: Tensor) -> bool:
         np.array_equal(x, y) for x, y in zip(a.idx, b.idx))
 
 
-_PSUM_ONLY = ("nc_matmul", "nc_transpose")      # ISA-level TensorE instructions
+# ISA-level TensorE instructions whose result may not be assigned outside PSUM. A TensorE
+# nc_transpose result assigned to SBUF is accepted with the PSUM -> SBUF copy the legacy front
+# end inserts (AWS's SD-attention tutorial, nki-samples' flash_attn_bwd; nki_sim/README.md
+# rule 6); an nc_matmul result stays PSUM-only.
+_PSUM_ONLY = ("nc_matmul",)
 
 
 def _check_psum_acc_dtype(value: Tensor, dst: Tensor, op: str):
@@ -87,7 +92,8 @@ def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
                in_dtypes=(src.dtype,), out_dtype=dst.dtype,
                partitions=dst.shape[0] if dst.shape else 1,
                free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-               nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {})
+               nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {},
+               src_buffer=src.buffer, reads=(src.alloc.id,), writes=dst.alloc.id)
 
 
 def assign(t: Tensor, key, value) -> None:
@@ -107,6 +113,8 @@ def assign(t: Tensor, key, value) -> None:
             m = None if pm is None else fit_value(pm, dst.shape)
             write(dst, vals, m, op="assign")
             value.fresh = False
+            if state.traces:
+                trace.note_write(dst.alloc.id, value.alloc.id)
             if (value.producer or ("",))[0] == "tensor" and dst.buffer != "psum":
                 # TensorE writes PSUM: the compiler adds the PSUM -> SBUF evacuation copy
                 _emit_copy(value, dst, implicit=True)
@@ -125,26 +133,36 @@ def assign(t: Tensor, key, value) -> None:
         trace.emit("vector", "memset", out_shape=dst.shape, out_dtype=dst.dtype,
                    partitions=dst.shape[0] if dst.shape else 1,
                    free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
-                   nbytes=dst.size * dst.itemsize)
+                   nbytes=dst.size * dst.itemsize, writes=dst.alloc.id)
         return
     raise TypeError(f"cannot assign a {type(value).__name__} to NKI tensor {t.name}; "
                     "assign a tile, a scalar, or the result of an nl/nisa op")
 
 
+_REDUCTIONS = ("add", "subtract", "multiply", "divide")     # +=, -=, *=, /=
+
+
 def inplace_update(t: Tensor, other, fname: str) -> Tensor:
-    """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32 (exempt from
-    the affine_range dependency check); everything else is ``t[...] = t <op> other``."""
+    """``t += other`` etc.  ``psum += <TensorE result>`` accumulates in fp32; everything else is
+    ``t[...] = t <op> other``. In-place operators are reductions, which the ``affine_range``
+    documentation does not count as loop-carried dependencies (and NKI 2.23 made ``+=, -=, /=,
+    *=`` "work consistently across loop types, PSUM, and SBUF"): their write is exempt from the
+    dependency check; the explicit ``t[...] = nl.add(t, x)`` stays checked."""
     if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
             and t.buffer == "psum"):
         _check_psum_acc_dtype(other, t, "matmul accumulate")
         vals, _ = read(other, op="matmul accumulate")
         write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
         other.fresh = False
+        src = other
     else:
         res = getattr(elementwise, fname)(t, other)
         vals, _ = read(res, res.pmask, op=fname)
-        write(t, vals, op=fname)
+        write(t, vals, op=fname, exempt=fname in _REDUCTIONS)
         res.fresh = False
+        src = res
+    if state.traces:
+        trace.note_write(t.alloc.id, src.alloc.id)
     out = type(t)(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax, lay=t._lay)
     out.fresh = "acc"
     return out

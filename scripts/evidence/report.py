@@ -64,8 +64,12 @@ def summary(ratios: list[float]) -> dict:
 
 
 def stats_by_class(rows: list[dict]) -> dict:
+    """Statistics of the clean cases, of the clean cases no model constant was fitted on, and of
+    every case that ran."""
     ok = [r for r in rows if r["status"] == "ok"]
-    return {"clean": summary([r["ratio"] for r in ok if r["class"] == "clean"]),
+    clean = [r for r in ok if r["class"] == "clean"]
+    return {"clean": summary([r["ratio"] for r in clean]),
+            "clean, not used in any fit": summary([r["ratio"] for r in clean if not r.get("fits")]),
             "all runnable": summary([r["ratio"] for r in ok])}
 
 
@@ -98,5 +102,6 @@ def markdown(rows: list[dict], stats: dict) -> str:
             f"{r['ratio']:.2f} | {r['bottleneck']} | {r['hbm_bytes'] / 2**20:.1f} / "
             f"{_f(None if hbm_p is None else hbm_p / 2**20, '{:.1f}')} | "
             f"{sc.get('modeled', 0):.0f} / {_f(sc.get('measured'))} | "
-            f"{ve.get('modeled', 0):.0f} / {_f(ve.get('measured'))} | {r['class']} | {r['class_evidence']} |")
+            f"{ve.get('modeled', 0):.0f} / {_f(ve.get('measured'))} | {r['class']} | {r['class_evidence']}"
+            + (f" Used to fit: {', '.join(r['fits'])}." if r.get("fits") else "") + " |")
     return "\n".join(lines)

@@ -312,7 +312,8 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     assert {k for k, _ in simulated_device[:launches]} == {scheduled_paged_attention,
                                                            flash_paged_attention}
     assert all(g == (1, HKV) for _, g in simulated_device[:launches])
-    assert simulated_device[launches:] == [(kv_cache_update, None), (copy_cache_blocks, None)]
+    assert simulated_device[launches:] == [(kv_cache_update.for_api("legacy"), None),
+                                          (copy_cache_blocks.for_api("legacy"), None)]
 
 
 def test_device_path_rejects_what_it_cannot_run(simulated_device):

@@ -15,6 +15,7 @@ from host.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_
                             kv_caches_share_buffer, swap_blocks)
 
 pytestmark = pytest.mark.simulation
+APIS = ("legacy", "nki")      # tests with ``api`` run both NKI APIs (trn2)
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 
@@ -50,12 +51,13 @@ def assert_layers_equal(actual, expected):
 
 @pytest.mark.parametrize("shared", [True, False], ids=["one_buffer", "separate_layers"])
 @pytest.mark.parametrize("n_layers", [1, 3])
-def test_copy_blocks_matches_reference(rng, shared, n_layers):
+@pytest.mark.parametrize("api", APIS)
+def test_copy_blocks_matches_reference(rng, shared, n_layers, api):
     layers = random_caches(rng, n_layers, (2, 10, 2, 4, 8), shared=shared)
     assert kv_caches_share_buffer(layers) == (shared or n_layers == 1)
     mapping = disjoint_mapping(rng, 10, 4)
     expected = reference_copy(layers, mapping)
-    copy_blocks(layers, mapping)
+    copy_blocks(layers, mapping, api=api)
     assert_layers_equal(layers, expected)
 
 
@@ -78,12 +80,13 @@ def test_copy_blocks_split_rows(rng, max_row_bytes):
     assert_layers_equal(layers, expected)
 
 
-def test_copy_blocks_many_rows_several_tiles(rng):
+@pytest.mark.parametrize("api", APIS)
+def test_copy_blocks_many_rows_several_tiles(rng, api):
     """> 128 rows: full tiles plus a tail."""
     layers = random_caches(rng, 4, (2, 64, 2, 2, 4))
     mapping = disjoint_mapping(rng, 64, 20)              # 4 * 2 * 20 = 160 rows
     expected = reference_copy(layers, mapping)
-    copy_blocks(layers, mapping)
+    copy_blocks(layers, mapping, api=api)
     assert_layers_equal(layers, expected)
 
 
@@ -139,8 +142,9 @@ def test_share_buffer_detection_must_fail():
 # ----------------------------------------------------------------------------- swap_blocks
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
-def test_swap_blocks_between_caches(rng, dtype):
+def test_swap_blocks_between_caches(rng, dtype, api):
     src = rng.standard_normal((2, 9, 2, 4, 8)).astype(dtype)     # e.g. host cache, more blocks
     dst = rng.standard_normal((2, 5, 2, 4, 8)).astype(dtype)     # device cache
     src_before = src.tobytes()
@@ -148,7 +152,7 @@ def test_swap_blocks_between_caches(rng, dtype):
     expected = dst.copy()
     for s, d in mapping:
         expected[:, d] = src[:, s]
-    swap_blocks(src, dst, mapping)
+    swap_blocks(src, dst, mapping, api=api)
     assert dst.tobytes() == expected.tobytes()
     assert src.tobytes() == src_before
 
@@ -178,6 +182,18 @@ def test_swap_blocks_rejected_untouched(rng, case):
     with pytest.raises(ValueError):
         swap_blocks(src, dst, mapping)
     assert dst.tobytes() == before
+
+
+@pytest.mark.parametrize("api", ["Legacy", "neuron", 2])
+def test_bad_api_rejected_untouched(rng, api):
+    layers = random_caches(rng, 1, (2, 4, 1, 2, 4))
+    other = rng.standard_normal((2, 4, 1, 2, 4)).astype(np.float32)
+    before = [c.tobytes() for c in layers + [other]]
+    with pytest.raises(ValueError, match=r"api must be one of \('auto', 'legacy', 'nki'\)"):
+        copy_blocks(layers, [[0, 1]], api=api)
+    with pytest.raises(ValueError, match=r"api must be one of \('auto', 'legacy', 'nki'\)"):
+        swap_blocks(layers[0], other, [[0, 1]], api=api)
+    assert [c.tobytes() for c in layers + [other]] == before
 
 
 # ----------------------------------------------------------------------------- host helpers

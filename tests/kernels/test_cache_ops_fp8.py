@@ -19,6 +19,7 @@ from host.cache_ops import (allocate_kv_caches, cache_write_row_index, copy_bloc
 from nki_kernels.kv_cache_update import kv_cache_update, kv_cache_update_fp8
 
 pytestmark = pytest.mark.simulation
+APIS = ("legacy", "nki")
 
 E4M3FN, E5M2 = np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)
 BOUND = {E4M3FN: 240.0, E5M2: 57344.0}
@@ -194,9 +195,10 @@ def fp8_args(rng, *, n_tok=3, n_heads=2, d=8, cache_dtype=ml_dtypes.float8_e4m3,
     return dict(key=key, value=-key, kv_cache=cache, row_index=idx, row_scale=scale)
 
 
-def test_fp8_kernel_valid_direct_call(rng):
+@pytest.mark.parametrize("api", APIS)
+def test_fp8_kernel_valid_direct_call(rng, api):
     a = fp8_args(rng)
-    kv_cache_update_fp8(**a)
+    kv_cache_update_fp8.for_api(api)(**a)
     want = np.clip(a["key"] * 2, -240, 240).astype(ml_dtypes.float8_e4m3).transpose(1, 0, 2)
     assert a["kv_cache"][0, 0, :, :3].tobytes() == want.tobytes()
     assert a["kv_cache"][1, 0, :, :3].tobytes() == (-want.astype(np.float32)).astype(ml_dtypes.float8_e4m3).tobytes()
@@ -211,7 +213,8 @@ def test_fp8_kernel_valid_direct_call(rng):
     (dict(value_dtype=np.float16), ValueError, r"value.dtype must equal key.dtype"),
     (dict(row_index=np.zeros((6, 1), np.int16)), ValueError, "row_index.dtype"),
 ], ids=["fp32_cache", "e4m3fn_cache", "scale_shape", "scale_dtype", "key_dtype", "value_dtype", "index_dtype"])
-def test_fp8_kernel_rejects(rng, change, exc, match):
+@pytest.mark.parametrize("api", APIS)
+def test_fp8_kernel_rejects(rng, change, exc, match, api):
     change = dict(change)
     a = fp8_args(rng, **{k: change.pop(k) for k in ("cache_dtype", "kv_dtype") if k in change})
     if "value_dtype" in change:
@@ -219,15 +222,16 @@ def test_fp8_kernel_rejects(rng, change, exc, match):
     a.update(change)
     before = a["kv_cache"].tobytes()
     with pytest.raises(exc, match=match):
-        kv_cache_update_fp8(**a)
+        kv_cache_update_fp8.for_api(api)(**a)
     assert a["kv_cache"].tobytes() == before
 
 
-def test_unscaled_kernel_refuses_fp8_caches(rng):
+@pytest.mark.parametrize("api", APIS)
+def test_unscaled_kernel_refuses_fp8_caches(rng, api):
     a = fp8_args(rng, kv_dtype=ml_dtypes.float8_e4m3)
     before = a["kv_cache"].tobytes()
     with pytest.raises(NotImplementedError, match="write fp8 caches with kv_cache_update_fp8"):
-        kv_cache_update(a["key"], a["value"], a["kv_cache"], a["row_index"])
+        kv_cache_update.for_api(api)(a["key"], a["value"], a["kv_cache"], a["row_index"])
     assert a["kv_cache"].tobytes() == before
 
 
@@ -305,8 +309,9 @@ def test_simulator_reads_the_e4m3_view_as_ieee_e4m3():
 # ----------------------------------------------------------------------------- instruction counts
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("n_tok,n_heads", [(16, 8), (100, 3), (1, 1)], ids=["one_tile", "tile_and_tail", "tail_only"])
-def test_fp8_write_instruction_counts(rng, n_tok, n_heads):
+def test_fp8_write_instruction_counts(rng, n_tok, n_heads, api):
     """The documented plan: per chunk an index, K, V and row_scale load; per tile a ScalarE scale
     and a VectorE clamp+cast for K and for V, then two indirect stores (all tiles in one chunk)."""
     import nki_sim
@@ -317,7 +322,7 @@ def test_fp8_write_instruction_counts(rng, n_tok, n_heads):
     key = rng.standard_normal((n_tok, n_heads, d)).astype(ml_dtypes.bfloat16)
     slots = rng.permutation(n_blocks * block_size)[:n_tok]
     with nki_sim.tracing() as trace:
-        reshape_and_cache(key, key, cache, slots, k_scale=0.5, v_scale=2.0)
+        reshape_and_cache(key, key, cache, slots, k_scale=0.5, v_scale=2.0, api=api)
     n_tiles, rem = divmod(n_tok * n_heads, 128)
     tiles = n_tiles + (1 if rem else 0)
     ev = trace.events
@@ -332,14 +337,15 @@ def test_fp8_write_instruction_counts(rng, n_tok, n_heads):
     assert sum(e.bytes for e in dma if e.dma_kind == "indirect") == 2 * n_tok * n_heads * d   # 1 byte each
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_fp8_write_on_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target):
-    """kv_cache_update_fp8 uses nothing newer than SDK 2.23 (dma_copy oob_mode), runs on both
-    targets, and has no Python control flow on traced loop variables; several chunks + a tail."""
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")])
+def test_fp8_write_on_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target, api):
+    """kv_cache_update_fp8 uses nothing newer than legacy SDK 2.23 (dma_copy oob_mode; no Python
+    control flow on traced loop variables) or current NKI 0.6; several chunks + a tail."""
     import warnings
 
     import nki_sim
     import nki_kernels.kv_cache_update as mod
+    from nki_sim.current import use_nki_version
 
     monkeypatch.setattr(mod, "CHUNK_BUDGET_BYTES", 2 * (2 * 8 * 4 + 12))      # 2 tiles per chunk
     key, value, cache, slots = make_case(rng, n_tok=300, n_heads=2, d=8, n_blocks=80, block_size=4,
@@ -347,6 +353,8 @@ def test_fp8_write_on_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target
     expected = reference_write(key, value, cache, slots, 0.3, 0.6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with nki_sim.configure(sdk="2.23", traced_loops="error"), nki_sim.use_target(target):
-            reshape_and_cache(key, value, cache, slots, k_scale=0.3, v_scale=0.6)
+        floor = (nki_sim.configure(sdk="2.23", traced_loops="error") if api == "legacy"
+                 else use_nki_version("0.6"))
+        with floor, nki_sim.use_target(target):
+            reshape_and_cache(key, value, cache, slots, k_scale=0.3, v_scale=0.6, api=api)
     assert_same_bytes(cache, expected)

@@ -2,7 +2,8 @@
 
 Expected counts are written from the kernels' documented DMA plans (one index + K + V load per
 chunk of 128-row tiles, two indirect stores per tile; one index load per chunk and a gather +
-scatter per tile for block copies), with sizes chosen so every bulk tile fits one chunk.
+scatter per tile for block copies), with sizes chosen so every bulk tile fits one chunk. The
+counts hold on both NKI APIs (``api``; trn2): one kernel source, the same DMA plan.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import nki_sim
 from host.cache_ops import allocate_kv_caches, copy_blocks, reshape_and_cache, swap_blocks
 
 pytestmark = pytest.mark.simulation
+APIS = ("legacy", "nki")
 
 
 def dma_events(trace):
@@ -35,7 +37,8 @@ def write_counts(rows):
 @pytest.mark.parametrize("n_tok,n_heads,n_neg", [
     (1, 1, 0), (16, 8, 0), (100, 8, 10), (129, 1, 1), (300, 4, 40),
 ])
-def test_cache_write_dma_counts(rng, n_tok, n_heads, n_neg):
+@pytest.mark.parametrize("api", APIS)
+def test_cache_write_dma_counts(rng, n_tok, n_heads, n_neg, api):
     d, block_size = 16, 8
     n_blocks = math.ceil(n_tok / block_size) + 1
     cache = np.zeros((2, n_blocks, n_heads, block_size, d), np.float32)
@@ -44,7 +47,7 @@ def test_cache_write_dma_counts(rng, n_tok, n_heads, n_neg):
     slots = rng.permutation(n_blocks * block_size)[:n_tok]
     slots[:n_neg] = -1
     with nki_sim.tracing() as trace:
-        reshape_and_cache(key, value, cache, slots)
+        reshape_and_cache(key, value, cache, slots, api=api)
     rows, valid = n_tok * n_heads, (n_tok - n_neg) * n_heads
     ind = indirect(trace)
     assert len(ind) == 2 * math.ceil(rows / 128)                        # 128 rows per scatter
@@ -101,7 +104,8 @@ def test_per_token_baseline_counts(rng):
     (4, 20, 1, 4, 4, 16384),      # M = 160: one full tile + tail
     (2, 8, 2, 8, 16, 256),        # slab 256 el = 1 KiB split into 4 rows of 64: M = 128
 ])
-def test_block_copy_dma_counts(rng, n_layers, n_copy, hkv, block_size, d, max_row_bytes):
+@pytest.mark.parametrize("api", APIS)
+def test_block_copy_dma_counts(rng, n_layers, n_copy, hkv, block_size, d, max_row_bytes, api):
     n_blocks = 2 * n_copy + 1
     layers = allocate_kv_caches(n_layers, n_blocks, hkv, block_size, d)
     for layer in layers:
@@ -109,7 +113,7 @@ def test_block_copy_dma_counts(rng, n_layers, n_copy, hkv, block_size, d, max_ro
     ids = rng.permutation(n_blocks)[:2 * n_copy]
     mapping = np.stack([ids[:n_copy], ids[n_copy:]], axis=1)
     with nki_sim.tracing() as trace:
-        copy_blocks(layers, mapping, max_row_bytes=max_row_bytes)
+        copy_blocks(layers, mapping, max_row_bytes=max_row_bytes, api=api)
     slab_bytes = hkv * block_size * d * 4
     row_bytes = min(slab_bytes, max_row_bytes)
     m = n_layers * 2 * n_copy * (slab_bytes // row_bytes)
@@ -121,18 +125,20 @@ def test_block_copy_dma_counts(rng, n_layers, n_copy, hkv, block_size, d, max_ro
     assert len(dma_events(trace)) == (1 if n_tiles else 0) + 2 * n_tiles + (3 if rem else 0)
 
 
-def test_swap_blocks_dma_counts(rng):
+@pytest.mark.parametrize("api", APIS)
+def test_swap_blocks_dma_counts(rng, api):
     src = rng.standard_normal((2, 30, 2, 4, 8)).astype(np.float32)
     dst = np.zeros((2, 10, 2, 4, 8), np.float32)
     mapping = np.stack([np.arange(10) * 3, np.arange(10)], axis=1)
     with nki_sim.tracing() as trace:
-        swap_blocks(src, dst, mapping)
+        swap_blocks(src, dst, mapping, api=api)
     assert len(indirect(trace)) == 2                                     # 20 rows: 1 gather + 1 scatter
     assert len(dma_events(trace)) == 3
     assert sum(e.bytes for e in indirect(trace)) == 2 * 20 * 2 * 4 * 8 * 4
 
 
-def test_chunked_dma_counts(rng, monkeypatch):
+@pytest.mark.parametrize("api", APIS)
+def test_chunked_dma_counts(rng, monkeypatch, api):
     """Several chunks: 3 loads per chunk (write) / 1 index load per chunk (copy), 2 DMAs per tile."""
     import nki_kernels.block_copy as bc
     import nki_kernels.kv_cache_update as kvu
@@ -143,14 +149,14 @@ def test_chunked_dma_counts(rng, monkeypatch):
     cache = np.zeros((2, 170, 1, 4, 8), np.float32)
     kv = rng.standard_normal((n_tok, 1, 8)).astype(np.float32)
     with nki_sim.tracing() as trace:
-        reshape_and_cache(kv, kv, cache, rng.permutation(680)[:n_tok])
+        reshape_and_cache(kv, kv, cache, rng.permutation(680)[:n_tok], api=api)
     assert len(dma_events(trace)) == 3 * 3 + 2 * 5 + 5
     assert len(indirect(trace)) == 2 * 6
 
     layers = allocate_kv_caches(1, 700, 1, 1, 4)                           # one row per (kv, block)
     mapping = np.stack([np.arange(n_tok // 2 + 1), 350 + np.arange(n_tok // 2 + 1)], axis=1)
     with nki_sim.tracing() as trace:
-        copy_blocks(layers, mapping)                                       # M = 2 * 325 = 650 rows
+        copy_blocks(layers, mapping, api=api)                              # M = 2 * 325 = 650 rows
     n_tiles, rem = divmod(2 * len(mapping), 128)                           # 5 tiles + 10 rows
     assert (n_tiles, rem) == (5, 10)
     assert len(dma_events(trace)) == 3 * 1 + 2 * 5 + 3

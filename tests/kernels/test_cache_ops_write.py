@@ -1,7 +1,8 @@
 """reshape_and_cache (host.cache_ops) and its kernel nki_kernels.kv_cache_update on the simulator.
 
 Reference: a per-token loop written from the definition (cache[0, s // B, :, s % B, :] = key[t]),
-sharing no code with the host's row-index builder.
+sharing no code with the host's row-index builder. ``api`` runs a test on both NKI APIs (the
+legacy and the current front end, trn2) where the second API adds coverage.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from host.cache_ops import cache_write_row_index, reshape_and_cache
 
 pytestmark = pytest.mark.simulation
+APIS = ("legacy", "nki")
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 
@@ -61,11 +63,12 @@ def assert_same_bits(actual, expected):
     pytest.param(300, 1, 4, 40, 8, id="two_tiles_plus_tail"),         # R = 300
     pytest.param(17, 4, 32, 20, 1, id="block_size_1"),
 ])
-def test_write_matches_reference(rng, n_tok, n_heads, d, n_blocks, block_size):
+@pytest.mark.parametrize("api", APIS)
+def test_write_matches_reference(rng, n_tok, n_heads, d, n_blocks, block_size, api):
     key, value, cache, slots = make_case(rng, n_tok=n_tok, n_heads=n_heads, d=d,
                                          n_blocks=n_blocks, block_size=block_size)
     expected = reference_write(key, value, cache, slots)
-    result = reshape_and_cache(key, value, cache, slots)
+    result = reshape_and_cache(key, value, cache, slots, api=api)
     assert result is cache  # updated in place, same object returned
     assert_same_bits(cache, expected)
 
@@ -80,12 +83,16 @@ def test_dtypes_cast_to_cache(rng, dtype, kv_dtype):
     assert_same_bits(cache, expected)
 
 
-def test_negative_slots_are_skipped(rng):
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")])
+def test_negative_slots_are_skipped(rng, target, api):
     """Padding slots (any negative value) write nothing; the last slot is NOT clobbered (no wrap)."""
+    import nki_sim
+
     key, value, cache, _ = make_case(rng, n_tok=6, n_heads=2, d=8, n_blocks=3, block_size=4)
     slots = np.array([-1, 0, -1, 11, -7, 5])
     before = cache.copy()
-    reshape_and_cache(key, value, cache, slots)
+    with nki_sim.use_target(target):
+        reshape_and_cache(key, value, cache, slots, api=api)
     touched = np.zeros(cache.shape, dtype=bool)
     for s in (0, 11, 5):
         touched[:, s // 4, :, s % 4, :] = True
@@ -111,7 +118,8 @@ def test_zero_tokens_is_a_no_op(rng):
     assert cache.tobytes() == before
 
 
-def test_several_chunks(rng, monkeypatch):
+@pytest.mark.parametrize("api", APIS)
+def test_several_chunks(rng, monkeypatch, api):
     """A tiny chunk budget forces several full chunks plus a short one plus a tail tile."""
     import nki_kernels.kv_cache_update as mod
 
@@ -119,7 +127,7 @@ def test_several_chunks(rng, monkeypatch):
     key, value, cache, slots = make_case(rng, n_tok=5 * 128 + 9, n_heads=1, d=8, n_blocks=200,
                                          block_size=4, n_negative=20)
     expected = reference_write(key, value, cache, slots)
-    reshape_and_cache(key, value, cache, slots)
+    reshape_and_cache(key, value, cache, slots, api=api)
     assert_same_bits(cache, expected)
 
 
@@ -133,6 +141,29 @@ def test_last_valid_slot_and_duplicate_negatives_accepted(rng):
 
 
 # ----------------------------------------------------------------------------- must-fail
+
+
+@pytest.mark.parametrize("api, exc, match", [
+    ("neuron", ValueError, r"api must be one of \('auto', 'legacy', 'nki'\); got 'neuron'"),
+    (3, ValueError, "api must be one of"),
+])
+def test_bad_api_rejected_cache_untouched(rng, api, exc, match):
+    key, value, cache, slots = make_case(rng, n_tok=3, n_heads=1, d=4, n_blocks=2, block_size=4)
+    before = cache.tobytes()
+    with pytest.raises(exc, match=match):
+        reshape_and_cache(key, value, cache, slots, api=api)
+    assert cache.tobytes() == before
+
+
+def test_current_api_on_trn1_refused_cache_untouched(rng):
+    """The current API supports trn2 / trn3 only: api="nki" on a simulated trn1 says so."""
+    import nki_sim
+
+    key, value, cache, slots = make_case(rng, n_tok=3, n_heads=1, d=4, n_blocks=2, block_size=4)
+    before = cache.tobytes()
+    with nki_sim.use_target("trn1"), pytest.raises(NotImplementedError, match="trn2 / trn3 only"):
+        reshape_and_cache(key, value, cache, slots, api="nki")
+    assert cache.tobytes() == before
 
 
 @pytest.mark.parametrize("bad_slot", [8, 9, 10**6], ids=["N*B", "N*B+1", "huge"])

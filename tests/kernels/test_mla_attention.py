@@ -6,6 +6,8 @@ definition of the latent cache (docs/layouts.md §12), not with the host cache b
 ``[kv_c (R) | k_pe (P) | padding]``, token j of sequence i in block ``block_tables[i, j // B]``,
 offset ``j % B``; the new tokens are the last ``query_lens[i]`` of ``context_lens[i]`` cached
 tokens. Contexts stay small (a few tiles) so each kernel run takes well under a few seconds.
+``api`` runs a test on a given NKI API (None: the simulator's default for the target); the
+current API (trn2) and the legacy one (trn1, trn2) each run the sweeps where they add coverage.
 """
 
 from __future__ import annotations
@@ -47,12 +49,14 @@ def make_mla_batch(seed, query_lens, context_lens, *, H, block_size, entry_size,
     return q.astype(dtype), cache.astype(dtype), bt, qlens, clens
 
 
-def check(batch, tol, *, mixed_precision=True, target="trn2", large_tile_size=2048, **kw):
-    """Run the kernel on ``target`` and compare with the reference; returns the output."""
+def check(batch, tol, *, mixed_precision=True, target="trn2", large_tile_size=2048, api=None,
+          **kw):
+    """Run the kernel on ``target`` (and ``api``: None = the target's) and compare with the
+    reference; returns the output."""
     q, cache, bt, ql, cl = batch
     with nki_sim.use_target(target):
         out = mla_paged_attention(q, cache, bt, ql, cl, mixed_precision=mixed_precision,
-                                  large_tile_size=large_tile_size, backend="sim", **kw)
+                                  large_tile_size=large_tile_size, backend="sim", api=api, **kw)
     ref = mla_paged_attention_ref(q, cache, bt, ql, cl, **kw)
     assert out.shape == ref.shape and out.dtype == q.dtype
     atol, rtol = tol("mixed" if mixed_precision else "fp32", q.dtype)
@@ -65,24 +69,37 @@ def check(batch, tol, *, mixed_precision=True, target="trn2", large_tile_size=20
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("entry_size", [576, 640], ids=["unaligned576", "aligned640"])
 def test_matches_reference_entry_layouts_and_block_sizes(entry_size, block_size, target, tol):
+    """trn1: the legacy API; trn2: the current API."""
+    _matches_reference(entry_size, block_size, target, "legacy" if target == "trn1" else "nki",
+                       tol)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_matches_reference_legacy_api_on_trn2(block_size, tol):
+    _matches_reference(640, block_size, "trn2", "legacy", tol)
+
+
+def _matches_reference(entry_size, block_size, target, api, tol):
     """R + P = 576 (R = 512) in 576- and 640-element entries, B = 16/32/64, trn1 and trn2; 512-key
     tiles so three sequences cover full tiles, partial tiles, one-token contexts and a short
     prefill chunk."""
     batch = make_mla_batch(1, [1, 3, 1], [1, 700, 1100], H=16, block_size=block_size,
                            entry_size=entry_size)
-    check(batch, tol, target=target, large_tile_size=512)
+    check(batch, tol, target=target, large_tile_size=512, api=api)
 
 
-@pytest.mark.parametrize("mixed_precision", [True, False], ids=["mixed_bf16", "fp32"])
-@pytest.mark.parametrize("H", [16, 128])
-def test_mixed_prefill_and_decode_batch(H, mixed_precision, tol):
+@pytest.mark.parametrize("H, mixed_precision, api", [
+    (16, True, "nki"), (16, False, "nki"), (128, True, "nki"), (128, False, "nki"),
+    (16, True, "legacy"),
+], ids=["16-mixed_bf16", "16-fp32", "128-mixed_bf16", "128-fp32", "16-mixed_bf16-legacy"])
+def test_mixed_prefill_and_decode_batch(H, mixed_precision, api, tol):
     """Prefill chunks with and without earlier context next to decodes, one of them over two
     2048-key tiles (a FULL item carried through the partial phase); at H = 128 a 5-token chunk is
     640 query rows (5 row blocks; fp32 splits them over groups by the SBUF budget)."""
     dtype = BF16 if mixed_precision else np.float32
     batch = make_mla_batch(2, [5, 1, 2, 1], [5, 2100, 302, 1], H=H, block_size=32,
                            entry_size=576, dtype=dtype)
-    check(batch, tol, mixed_precision=mixed_precision)
+    check(batch, tol, mixed_precision=mixed_precision, api=api)
 
 
 @pytest.mark.parametrize("rank, rope", [(96, 32), (200, 60)])
@@ -106,8 +123,9 @@ def test_softmax_scale_and_torch_in_torch_out(tol):
     assert err <= tol("mixed", BF16)[0]
 
 
+@pytest.mark.parametrize("api", ["legacy", "nki"])
 @pytest.mark.parametrize("entry_size", [576, 640])
-def test_garbage_in_unused_cache_never_reaches_the_output(entry_size, tol):
+def test_garbage_in_unused_cache_never_reaches_the_output(entry_size, api, tol):
     """NaN in every element no sequence owns -- entry padding, block tails, spare blocks -- and
     huge ids in unused block-table entries: the output equals the clean-cache output bit for bit
     (masked keys get probability exactly 0, unused memory is never gathered or never read)."""
@@ -117,8 +135,9 @@ def test_garbage_in_unused_cache_never_reaches_the_output(entry_size, tol):
     bt = dirty[2].copy()
     bt[bt < 0] = 10 ** 9
     assert np.isnan(dirty[1].astype(np.float32)).sum() > 0
-    out_clean = check(clean, tol, large_tile_size=512)
-    out_dirty = check((dirty[0], dirty[1], bt, dirty[3], dirty[4]), tol, large_tile_size=512)
+    out_clean = check(clean, tol, large_tile_size=512, api=api)
+    out_dirty = check((dirty[0], dirty[1], bt, dirty[3], dirty[4]), tol, large_tile_size=512,
+                      api=api)
     assert np.array_equal(out_clean.view(np.uint16), out_dirty.view(np.uint16))
 
 
@@ -131,14 +150,15 @@ def test_inputs_are_never_modified():
         assert a.tobytes() == b.tobytes()
 
 
-def test_one_gather_per_row_tile_and_padding_moves_no_bytes():
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_one_gather_per_row_tile_and_padding_moves_no_bytes(api):
     """Decode batch, 512-key tiles (b' = 4): every key row crosses HBM exactly once -- one
     descriptor of b' whole entries (keys and values alike) per row of ceil(context / b') -- so
     there is no second (value) gather, and padding items / rows move nothing."""
     clens = [1, 130, 515, 1100, 64]
     q, cache, bt, ql, cl = make_mla_batch(7, [1] * 5, clens, H=16, block_size=16, entry_size=640)
     with nki_sim.tracing() as trace:
-        mla_paged_attention(q, cache, bt, ql, cl, backend="sim", large_tile_size=512)
+        mla_paged_attention(q, cache, bt, ql, cl, backend="sim", large_tile_size=512, api=api)
     bp, row_bytes = 4, 4 * 640 * 2
     gathers = [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"
                and tuple(e.out_shape) == (128, bp * 640)]
@@ -165,6 +185,7 @@ def test_one_gather_per_row_tile_and_padding_moves_no_bytes():
     ("backend", "gpu", r"^backend must be one of"),
     ("large_tile_size", 1000, r"^large_tile_size must be a power of two in \[512, 8192\]"),
     ("softmax_scale", float("inf"), r"^softmax_scale must be a finite real number"),
+    ("api", "neuron", r"^api must be one of \('auto', 'legacy', 'nki'\); got 'neuron'"),
 ])
 def test_bad_inputs_raise_value_error_before_anything_runs(arg, value, match, monkeypatch):
     import host.mla_attention

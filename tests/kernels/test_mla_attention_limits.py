@@ -1,5 +1,5 @@
 """MLA kernel limits: the SBUF budget (nki_kernels/mla_sbuf.py) against the simulator's measured
-peak, and the kernel's own argument checks when it is called directly."""
+peak, and the kernel's own argument checks when it is called directly (on both NKI APIs)."""
 
 from __future__ import annotations
 
@@ -85,15 +85,28 @@ def _direct_inputs(max_group_blocks, dtype=np.float32):
     return mla_kernel_inputs(cls, q, cache, build_mla_overlay(sched, cache, bt, 576))
 
 
-def test_kernel_rejects_more_blocks_than_fit_its_sbuf():
-    from nki_kernels._nki import nki
+def simulate(api, args, **kw):
+    """The MLA kernel of ``api`` called directly on the simulator (writable argument copies: the
+    current API updates array arguments in place)."""
+    from nki_kernels._nki import resolve_api
     from nki_kernels.mla_attention import mla_paged_attention as kernel
 
+    args = tuple(np.array(a) if isinstance(a, np.ndarray) else a for a in args)
+    return resolve_api(api).launch(kernel, args, kw, num_kv_heads=1, device=False)
+
+
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "nki")])
+def test_kernel_rejects_more_blocks_than_fit_its_sbuf(target, api):
     args = _direct_inputs(8)
-    with nki_sim.use_target("trn1"):
-        with pytest.raises(NotImplementedError, match=r"8 Q blocks of 128 rows .* SBUF"):
-            nki.simulate_kernel(kernel[1, 1], *args, mixed_precision=False)
-        out = nki.simulate_kernel(kernel[1, 1], *_direct_inputs(3), mixed_precision=False)
+    usable = SBUF_USABLE["gen2" if target == "trn1" else "gen3"]
+    with nki_sim.use_target(target):
+        if api == "nki":       # trn2 fits more: the first count over its budget
+            args = next(_direct_inputs(b) for b in range(4, 9)
+                        if _budget(rows=128, blocks=b, entry_size=576, itemsize=4,
+                                   kernel_itemsize=4, large_tile_size=2048) > usable)
+        with pytest.raises(NotImplementedError, match=r"Q blocks of 128 rows .* SBUF"):
+            simulate(api, args, mixed_precision=False)
+        out = simulate(api, _direct_inputs(3), mixed_precision=False)
     assert np.isfinite(out).all()
 
 
@@ -106,12 +119,10 @@ def test_kernel_rejects_more_blocks_than_fit_its_sbuf():
     (dict(PARTIAL_TILE_SZ=1000), r"PARTIAL_TILE_SZ must be None or a power of two"),
     (dict(PARTIAL_TILE_SZ=512), r"overlay.shape must be \(R_ov >= 1, b'_p\*E\)"),
 ])
-def test_kernel_argument_checks(kw, match):
-    from nki_kernels._nki import nki
-    from nki_kernels.mla_attention import mla_paged_attention as kernel
-
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_kernel_argument_checks(kw, match, api):
     args = _direct_inputs(3)
     with pytest.raises(ValueError, match=match):
-        nki.simulate_kernel(kernel[1, 1], *args, **kw)
+        simulate(api, args, **kw)
     with pytest.raises(ValueError, match=r"blocks must be an int in \[1, 8\]"):
-        nki.simulate_kernel(kernel[1, 1], *args[:-1], 9)
+        simulate(api, args[:-1] + (9,))

@@ -32,16 +32,16 @@ def mapping(rng, n_blocks, n_copy):
     return np.stack([ids[:n_copy], ids[n_copy:]], axis=1)
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "nki")])
 @pytest.mark.parametrize("block_size,align", [(16, 256), (32, None), (64, 256)])
-def test_copy_blocks_one_mla_layer(rng, block_size, align, target):
+def test_copy_blocks_one_mla_layer(rng, block_size, align, target, api):
     cache = allocate_mla_cache(9, block_size, entry_alignment_bytes=align)
     cache[..., :576] = filled(rng, cache[..., :576].shape)
     bm = mapping(rng, 9, 4)
     expected = cache.copy()
     expected[bm[:, 1]] = expected[bm[:, 0]]
     with nki_sim.use_target(target):
-        copy_blocks([cache], bm)
+        copy_blocks([cache], bm, api=api)
     assert cache.tobytes() == expected.tobytes()
     assert not cache[..., 576:].astype(np.float32).any()
 
@@ -77,8 +77,8 @@ def test_copy_blocks_separate_layer_allocations(rng):
         assert got.tobytes() == want.tobytes()
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_swap_blocks_between_mla_caches(rng, target):
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")])
+def test_swap_blocks_between_mla_caches(rng, target, api):
     src = allocate_mla_cache(6, 16, entry_alignment_bytes=256)
     src[..., :576] = filled(rng, src[..., :576].shape)
     dst = allocate_mla_cache(4, 16, entry_alignment_bytes=256)
@@ -88,7 +88,7 @@ def test_swap_blocks_between_mla_caches(rng, target):
     expected = dst.copy()
     expected[bm[:, 1]] = src[bm[:, 0]]
     with nki_sim.use_target(target):
-        swap_blocks(src, dst, bm)
+        swap_blocks(src, dst, bm, api=api)
     assert dst.tobytes() == expected.tobytes()
     assert src.tobytes() == src_before
 

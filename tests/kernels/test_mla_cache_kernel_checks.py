@@ -1,7 +1,7 @@
 """The in-kernel input checks of nki_kernels.mla_cache_update, called directly (no host validation).
 
 A must-pass direct call, then one must-fail case per check: the documented exception type naming
-the argument, and the cache untouched.
+the argument, and the cache untouched; on both NKI APIs (``api``, trn2).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from nki_kernels._nki import nisa
 from nki_kernels.mla_cache_update import mla_cache_update
 
 pytestmark = pytest.mark.simulation
+APIS = ("legacy", "nki")
 
 
 def write_args(rng, *, n_tok=3, R=8, P=4, E=16, n_blocks=2, block_size=4, dtype=np.float32):
@@ -26,12 +27,13 @@ def write_args(rng, *, n_tok=3, R=8, P=4, E=16, n_blocks=2, block_size=4, dtype=
     return dict(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, row_index=idx)
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("index_dtype", [np.int32, np.uint32])
-def test_valid_direct_call(rng, index_dtype):
+def test_valid_direct_call(rng, index_dtype, api):
     args = write_args(rng)
     cache = args["kv_cache"]
     padding = cache[..., 12:].copy()
-    mla_cache_update(args["kv_c"], args["k_pe"], cache, args["row_index"].astype(index_dtype))
+    mla_cache_update.for_api(api)(args["kv_c"], args["k_pe"], cache, args["row_index"].astype(index_dtype))
     np.testing.assert_array_equal(cache[0, :3, :8], args["kv_c"])
     np.testing.assert_array_equal(cache[0, :3, 8:12], args["k_pe"])
     np.testing.assert_array_equal(cache[..., 12:], padding)
@@ -56,12 +58,13 @@ def test_row_index_is_the_slot_and_negative_is_out_of_bounds():
      "written elements"),
 ], ids=["kv_c_rank", "k_pe_shape", "cache_rank", "entry_too_small", "index_shape", "index_dtype",
         "input_dtype", "fp8", "huge_entry"])
-def test_kernel_rejects(rng, change, exc, match):
+@pytest.mark.parametrize("api", APIS)
+def test_kernel_rejects(rng, change, exc, match, api):
     args = write_args(rng)
     change(args)
     before = args["kv_cache"].tobytes()
     with pytest.raises(exc, match=match):
-        mla_cache_update(args["kv_c"], args["k_pe"], args["kv_cache"], args["row_index"])
+        mla_cache_update.for_api(api)(args["kv_c"], args["k_pe"], args["kv_cache"], args["row_index"])
     assert args["kv_cache"].tobytes() == before
 
 
@@ -71,19 +74,23 @@ def test_needs_oob_skip_support(rng, monkeypatch):
     before = args["kv_cache"].tobytes()
     with nki_sim.configure(sdk="2.22"):
         with pytest.raises(NotImplementedError, match="SDK >= 2.23"):
-            mla_cache_update(args["kv_c"], args["k_pe"], args["kv_cache"], args["row_index"])
+            mla_cache_update.for_api("legacy")(args["kv_c"], args["k_pe"], args["kv_cache"],
+                                               args["row_index"])
     monkeypatch.delattr(nisa, "oob_mode")
     with pytest.raises(NotImplementedError, match="SDK >= 2.23"):
-        mla_cache_update(args["kv_c"], args["k_pe"], args["kv_cache"], args["row_index"])
+        mla_cache_update.for_api("legacy")(args["kv_c"], args["k_pe"], args["kv_cache"], args["row_index"])
     assert args["kv_cache"].tobytes() == before
 
 
-def test_block_copy_kernels_take_one_half_mla_views(rng):
+@pytest.mark.parametrize("api", APIS)
+def test_block_copy_kernels_take_one_half_mla_views(rng, api):
     """copy_cache_blocks / swap_cache_blocks accept the (.., 1, N, 1, B, E) view of MLA caches (must
     pass) and still reject other K/V axis sizes and mismatched halves (must fail, untouched)."""
     from host.cache_ops import block_copy_row_pairs
     from nki_kernels.block_copy import copy_cache_blocks, swap_cache_blocks
 
+    copy_cache_blocks, swap_cache_blocks = (copy_cache_blocks.for_api(api),
+                                            swap_cache_blocks.for_api(api))
     caches = rng.standard_normal((2, 1, 5, 1, 4, 6)).astype(np.float32)        # 2 MLA layers
     pairs = block_copy_row_pairs(np.array([0]), np.array([3]), num_layers=2, src_num_blocks=5,
                                  dst_num_blocks=5, n_sub=1, halves=1)

@@ -63,11 +63,11 @@ def assert_same_bits(actual, expected):
 # ----------------------------------------------------------------------------- must-pass
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "nki")])
 @pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("align", [None, 256], ids=["unaligned", "aligned256"])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
-def test_write_matches_reference(rng, block_size, align, dtype, target):
+def test_write_matches_reference(rng, block_size, align, dtype, target, api):
     """DeepSeek dims (576 of 576 / 640 elements): 150 tokens = one 128-token tile + a tail."""
     n_blocks = -(-200 // block_size)
     cache = random_cache(rng, n_blocks, block_size, dtype=dtype, align=align)
@@ -75,7 +75,7 @@ def test_write_matches_reference(rng, block_size, align, dtype, target):
     expected = reference_write(kv_c, k_pe, cache, slots)
     padding = cache[..., 576:].copy()
     with nki_sim.use_target(target):
-        result = concat_and_cache_mla(kv_c, k_pe, cache, slots)
+        result = concat_and_cache_mla(kv_c, k_pe, cache, slots, api=api)
     assert result is cache
     assert_same_bits(cache, expected)
     assert_same_bits(cache[..., 576:], padding)                 # padding never written
@@ -125,7 +125,8 @@ def test_all_negative_and_zero_tokens_are_no_ops(rng):
     assert cache.tobytes() == before
 
 
-def test_several_chunks_and_a_tail(rng, monkeypatch):
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_several_chunks_and_a_tail(rng, monkeypatch, api):
     """A tiny chunk budget: 2 tiles per chunk, 5 full tiles (2 + 2 + 1) plus a 9-token tail."""
     import nki_kernels.mla_cache_update as mod
 
@@ -133,7 +134,7 @@ def test_several_chunks_and_a_tail(rng, monkeypatch):
     cache = random_cache(rng, 200, 4, R=8, P=4, dtype=np.float32)
     kv_c, k_pe, slots = make_tokens(rng, 5 * 128 + 9, 800, R=8, P=4, dtype=np.float32, n_negative=20)
     expected = reference_write(kv_c, k_pe, cache, slots)
-    concat_and_cache_mla(kv_c, k_pe, cache, slots)
+    concat_and_cache_mla(kv_c, k_pe, cache, slots, api=api)
     assert_same_bits(cache, expected)
 
 
@@ -151,11 +152,13 @@ def test_torch_cache_updated_in_place(rng):
     assert not got[..., 576:].any()
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target):
-    """The oldest toolchain the kernel claims (SDK 2.23: dma_copy oob_mode), Python control flow on
-    traced loop variables as errors, several chunks and a tail."""
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")])
+def test_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target, api):
+    """The oldest toolchain the kernel claims (legacy SDK 2.23: dma_copy oob_mode, Python control
+    flow on traced loop variables as errors; current NKI 0.6), several chunks and a tail."""
     import warnings
+
+    from nki_sim.current import use_nki_version
 
     import nki_kernels.mla_cache_update as mod
 
@@ -165,8 +168,10 @@ def test_floor_sdk_with_traced_loop_checks(rng, monkeypatch, target):
     expected = reference_write(kv_c, k_pe, cache, slots)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with nki_sim.configure(sdk="2.23", traced_loops="error"), nki_sim.use_target(target):
-            concat_and_cache_mla(kv_c, k_pe, cache, slots)
+        floor = (nki_sim.configure(sdk="2.23", traced_loops="error") if api == "legacy"
+                 else use_nki_version("0.6"))
+        with floor, nki_sim.use_target(target):
+            concat_and_cache_mla(kv_c, k_pe, cache, slots, api=api)
     assert_same_bits(cache, expected)
 
 

@@ -104,7 +104,7 @@ def aws_patterns():
 
 @pytest.fixture
 def sdk_2_26():
-    """Simulate Neuron SDK 2.26 (it has nisa.select_reduce; block dimensions are errors);
+    """Simulate Neuron SDK 2.26 (it has nisa.select_reduce and nl.store from PSUM);
     a no-op on a real toolchain."""
     import nki_sim
     if nki_sim.is_installed():

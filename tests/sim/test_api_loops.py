@@ -122,9 +122,10 @@ def test_temporary_allocated_per_iteration_passes_hoisted_fails(rng, rejects):
 
 
 @nki.jit
-def plus_equals_k(lhs_t, rhs, *, acc_buffer, matmul):
-    """acc += (lhs_t block k).T @ rhs block k (matmul) or += rhs block k (plain add) over an
-    affine_range; only matmul accumulation into PSUM is exempt from the dependency check."""
+def plus_equals_k(lhs_t, rhs, *, acc_buffer, matmul, op="+="):
+    """acc <op> (lhs_t block k).T @ rhs block k (matmul) or rhs block k (plain) over an
+    affine_range. In-place operators are reductions, which the affine_range documentation does
+    not count as loop-carried dependencies; the explicit ``acc[...] = acc + x`` is one."""
     m_dim, n_dim = lhs_t.shape[1], rhs.shape[1]
     out = nl.ndarray((m_dim, n_dim), dtype=nl.float32, buffer=nl.shared_hbm)
     acc = nl.zeros((m_dim, n_dim), dtype=nl.float32, buffer=getattr(nl, acc_buffer))
@@ -133,18 +134,27 @@ def plus_equals_k(lhs_t, rhs, *, acc_buffer, matmul):
         b = nl.load(rhs[nl.ds(k * 32, 32), :])
         if matmul:
             acc += nl.matmul(a, b, transpose_x=True)
-        else:
+        elif op == "+=":
             acc += b
+        elif op == "-=":
+            acc -= b
+        else:
+            acc[...] = nl.add(acc, b)
     nl.store(out, value=nl.copy(acc))
     return out
 
 
-def test_plus_equals_exemption_is_only_for_matmul_into_psum(rng, sim_only, rejects):
+def test_plus_equals_is_an_associative_reduction(rng, sim_only, rejects):
     lhs_t = rng.standard_normal((96, 32)).astype(np.float32)
     rhs = rng.standard_normal((96, 32)).astype(np.float32)
     out = nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="psum", matmul=True)
     np.testing.assert_allclose(out, lhs_t.astype(np.float64).T @ rhs, rtol=1e-5, atol=1e-5)
+    # SBUF accumulation of a VectorE result (AWS's fused Mamba tutorial: scanC_accum += scanC)
+    ref = rhs.reshape(3, 32, 32).astype(np.float64).sum(axis=0)
+    out = nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="sbuf", matmul=False)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    out = nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="sbuf", matmul=False, op="-=")
+    np.testing.assert_allclose(out, -ref, rtol=1e-5, atol=1e-5)
+    # must-fail twin: the same accumulation written as an explicit read-modify-write
     with rejects(SyntaxError, match=DEP):
-        nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="sbuf", matmul=True)
-    with rejects(SyntaxError, match=DEP):
-        nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="psum", matmul=False)
+        nki.simulate_kernel(plus_equals_k, lhs_t, rhs, acc_buffer="sbuf", matmul=False, op="assign")

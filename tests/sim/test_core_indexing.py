@@ -171,12 +171,12 @@ def _block_dims(x):
 
 def test_block_dimensions_follow_the_simulated_sdk():
     x = np.zeros((1, 1), np.int32)
-    with nki_sim.configure(sdk="2.25"):
-        with pytest.raises(E.BlockDimensionError, match="err_leading_dimension_of_tensor_must_be_partition"):
-            run(_block_dims, x)
+    with nki_sim.configure(sdk="2.26"):
+        with pytest.warns(E.BlockDimensionWarning, match="deprecated"):
+            assert np.all(run(_block_dims, x) == 0)       # legacy API: deprecated, not removed
         with nki_sim.configure(block_dims="allow"):
             assert np.all(run(_block_dims, x) == 0)
-    with pytest.warns(E.BlockDimensionWarning, match="error in Neuron SDK 2.25"):
+    with pytest.warns(E.BlockDimensionWarning, match="deprecated"):
         assert np.all(run(_block_dims, x) == 0)           # default SDK 2.24: deprecated
     with nki_sim.configure(block_dims="error"), pytest.raises(E.BlockDimensionError):
         run(_block_dims, x)

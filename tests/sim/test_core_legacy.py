@@ -1,5 +1,5 @@
 """Constructs of the AWS/vLLM legacy flash paged-attention kernel (API notes §9), written fresh:
-block dimensions (explicitly allowed here; an error from SDK 2.25), block-table transform with
+block dimensions (explicitly allowed here; an error with block_dims="error"), block-table transform with
 iota / transpose / broadcast, the vectorized KV gather through a block-dim index tile,
 (128,)-vs-(128,1) views."""
 
@@ -82,7 +82,7 @@ def test_block_dim_views_and_left_aligned_vectors(rng):
     np.testing.assert_allclose(out, x + 1.0, rtol=1e-6)
 
 
-def test_same_kernel_rejects_block_dims_from_sdk_2_25(rng):
-    with nki_sim.configure(sdk="2.25"), pytest.raises(
+def test_same_kernel_rejects_block_dims_with_the_strict_setting(rng):
+    with nki_sim.configure(sdk="2.26", block_dims="error"), pytest.raises(
             SyntaxError, match="err_leading_dimension_of_tensor_must_be_partition"):
         run(_stats, rng.standard_normal((2, P, 4)).astype(np.float32))

@@ -196,3 +196,40 @@ def test_uninitialised_read_raises_and_garbage_propagates():
         return o
     with pytest.raises(nki_sim.errors.UninitializedReadError, match="'dma_copy' reads 512"):
         k(X)
+
+
+def test_invalid_keyword_arguments_raise():
+    def body(x, i):
+        nl.ndarray((128, 8), nl.float32, buffer=nl.sbuf, mask=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'mask'"):
+        _run(body)
+
+    def body2(x, i):
+        nisa.tensor_tensor(dst=sb((128, 8)), data1=x, data2=x, op=nl.add, dtype=nl.float32)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dtype'"):
+        _run(body2)
+
+
+def test_address_placement_fits_memory_and_nkiobject_keywords():
+    def ok(x, i):
+        for j in range(12):        # placed tensors reuse addresses: not summed as live bytes
+            nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, (j % 8) * 2048))
+    _run(ok)
+
+    def bad(x, i):
+        nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 7 * 2048 + 4))
+    with pytest.raises(NkiValidationError, match="bank"):
+        _run(bad)
+
+    def bad2(x, i):
+        nl.ndarray((64, 1024), nl.float32, buffer=nl.sbuf, address=(96, 0))
+    with pytest.raises(NkiValidationError, match="does not fit"):
+        _run(bad2)
+
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Params(nl.NKIObject):
+        idx = None
+    p = Params(idx=3)
+    assert p.idx == 3

@@ -229,3 +229,16 @@ def test_precise_fp_switch(monkeypatch):
     r0, t0 = k(x)
     np.testing.assert_array_equal(r0, x)                   # fp32 storage: no bf16 rounding
     assert t0.dtype == ml_dtypes.bfloat16
+
+
+def test_instructions_return_handles_with_depends_on():
+    @nki.jit
+    def k(x):
+        t = sb((4, 4))
+        a = nisa.dma_copy(dst=t, src=x)
+        b = nisa.memset(dst=sb((4, 4)), value=0.0, name="zero")
+        assert isinstance(a, nisa.NkiInstruction) and b.depends_on(a) is b and b.name == "zero"
+        return out_of(t)
+
+    x = np.ones((4, 4), np.float32)
+    np.testing.assert_array_equal(k(x), x)

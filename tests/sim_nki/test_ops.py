@@ -219,3 +219,22 @@ def test_matmul_accumulate_none_groups_and_tensor_copy_dtype_keyword(rng):
 
     ref = sum(a[i].astype(np.float64).T @ b[i].astype(np.float64) for i in range(3))
     np.testing.assert_allclose(k(a, b), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_tensor_scalar_reduce_and_partition_reduce(rng):
+    x = rng.standard_normal((32, 48)).astype(np.float32)
+
+    @nki.jit
+    def k(x):
+        t = load(x)
+        d, m = sb((32, 48)), sb((32, 1))
+        nisa.tensor_scalar_reduce(dst=d, data=t, op0=nl.multiply, operand0=0.5, reduce_op=nl.maximum,
+                                  reduce_res=m)
+        pr = sb((1, 48))
+        nisa.tensor_partition_reduce(dst=pr, op=nl.add, data=t)
+        return out_of(d), out_of(m), out_of(pr)
+
+    d, m, pr = k(x)
+    np.testing.assert_array_equal(d, x * np.float32(0.5))
+    np.testing.assert_array_equal(m[:, 0], (x * np.float32(0.5)).max(axis=1))
+    np.testing.assert_allclose(pr[0], x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)

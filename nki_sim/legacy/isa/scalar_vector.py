@@ -270,8 +270,12 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
             y = y.reshape((y.shape[0],) + (1,) * (x.ndim - 1))
         cur = fn(y, x) if rev else fn(x, y)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
+    attrs = {"ops": tuple(n for n, _, _ in stages)}
+    if engine is None or engine == _engine.unknown:
+        attrs["engine_unspecified"] = True          # the compiler picks (nki_sim/cost.py)
     return result_tile(cur, out_dt, op="tensor_scalar", engine=eng,
-                       inputs=(a,) + tuple(o for _, o, _ in stages), mask=m, name=name)
+                       inputs=(a,) + tuple(o for _, o, _ in stages), mask=m, name=name,
+                       attrs=attrs)
 
 
 def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False, name="", **kw):

@@ -76,9 +76,12 @@ def _shape_and_par(shape, buf: str):
     return dims, par_axis
 
 
-# Block dimensions: the NKI 2.23 release notes add a warning, the end-of-support announcement
-# (Neuron 2.24) says 2.24 is the last release that accepts them and 2.25 turns them into errors.
-BLOCK_DIMS_WARN_FROM, BLOCK_DIMS_ERROR_FROM = (2, 23), (2, 25)
+# Block dimensions: the NKI 2.23 release notes add a warning. The end-of-support announcement
+# (Neuron 2.24) promised errors from 2.25, but AWS's legacy attention tutorial (nki-samples,
+# August 2025, after 2.25) uses them, next to nl.store from PSUM, which needs 2.26; the
+# migration guide lists block dimensions among what the new `nki` API (NKI 0.2, SDK 2.27) removed.
+# So the legacy front end warns from 2.23 up to its last release (nki_sim/README.md rule 1).
+BLOCK_DIMS_WARN_FROM, BLOCK_DIMS_ERROR_FROM = (2, 23), None
 
 
 def block_dims_rule() -> str:
@@ -86,7 +89,9 @@ def block_dims_rule() -> str:
     if config.block_dims != "auto":
         return config.block_dims
     sdk = tuple(config.sdk)
-    return "error" if sdk >= BLOCK_DIMS_ERROR_FROM else "warn" if sdk >= BLOCK_DIMS_WARN_FROM else "allow"
+    if BLOCK_DIMS_ERROR_FROM is not None and sdk >= BLOCK_DIMS_ERROR_FROM:
+        return "error"
+    return "warn" if sdk >= BLOCK_DIMS_WARN_FROM else "allow"
 
 
 def _check_block_dims(dims, par_axis):
@@ -99,11 +104,11 @@ def _check_block_dims(dims, par_axis):
     if rule == "error":
         raise E.BlockDimensionError(
             f"Leading dimension of tensor must be partition: {what}; block dimensions are an error "
-            f"from Neuron SDK 2.25 (nki_sim simulates SDK {sdk_fmt(config.sdk)}). Put the partition "
-            f"dimension first, e.g. {fixed}, or simulate an older SDK / "
-            "nki_sim.configure(block_dims='allow').")
+            f"here (nki_sim.configure(block_dims='error'); the new nki API has none; nki_sim "
+            f"simulates SDK {sdk_fmt(config.sdk)}). Put the partition dimension first, e.g. "
+            f"{fixed}, or nki_sim.configure(block_dims='warn').")
     warn_at_kernel_line(
-        f"block dimensions are deprecated and become an error in Neuron SDK 2.25: {what}; put the "
+        f"block dimensions are deprecated (removed in the new nki API): {what}; put the "
         f"partition dimension first, e.g. {fixed}", E.BlockDimensionWarning)
 
 

@@ -15,7 +15,7 @@ from ... import dtypes as D
 from ... import errors as E
 from ...alu import ALU, apply_act
 from ..compute import operand, result_tile, require_kernel
-from ...indexing import MaskExpr, left_shape, mask_array
+from ...indexing import MaskExpr, broadcast_left, left_shape, mask_array
 from ...tensor import Tensor
 
 
@@ -256,6 +256,11 @@ def broadcast_to(src, *, shape, **kwargs):
     try:
         r = np.broadcast_to(a.v, shape)
     except ValueError:
-        raise ValueError(f"broadcast_to: cannot broadcast tile {list(a.shape)} to {list(shape)}") from None
+        # tiles align on the partition axis: a (P,) reduction result (keepdims=False) broadcasts
+        # to (P, N) (AWS's SD-attention tutorial; nki_sim/README.md rule 6)
+        if not (0 < len(a.shape) < len(shape) and tuple(a.shape) == shape[:len(a.shape)]):
+            raise ValueError(f"broadcast_to: cannot broadcast tile {list(a.shape)} to "
+                             f"{list(shape)}") from None
+        r = broadcast_left(np.asarray(a.v), shape)
     engine = "tensor" if (a.shape and a.shape[0] == 1 and shape[0] > 1) else "vector"
     return result_tile(r, a.dtype, op="broadcast_to", engine=engine, inputs=(a,), shape=shape)

@@ -4,7 +4,7 @@ attention forward / backward, the SD-attention tutorial and vLLM's flash paged a
 so the simulator keeps accepting them at its default settings:
 
 * block dimensions in front of ``par_dim`` on SBUF accumulators and index tiles (accepted up
-  to SDK 2.22, deprecated with a warning in 2.23-2.24, an error from 2.25);
+  to SDK 2.22, deprecated with a warning from 2.23; nki_sim/README.md rule 1);
 * a column ``acc[:, i]`` of a (128, n) tile, or a block ``acc[i, g]``, passed to a helper
   that reads and writes it as ``[:, 0]`` (on-chip views stay 2-D);
 * ``nisa.affine_select`` whose ``on_true_tile`` is the PSUM matmul result;
