@@ -72,6 +72,11 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
     if isinstance(kernel, KernelFamily):
         chosen = _nki.resolve_api(api)
         device = backend == "neuron" or (backend == "auto" and not chosen.simulated)
+        if device and chosen.simulated:
+            raise RuntimeError(f"backend='neuron' needs the real Neuron toolchain (the {chosen.name!r} "
+                               "NKI package) and a Trainium device, but nki_sim is active "
+                               f"(NKI_PA_BACKEND={_nki.BACKEND_REQUEST!r}); use backend='sim' or "
+                               "'auto'")
         if chosen.simulated and chosen.name == _nki.CURRENT:
             # nki.simulate writes its array arguments back: hand it writable ones
             args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
