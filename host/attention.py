@@ -49,7 +49,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     kernel: str = "scheduled", sliding_window: int | None = None,
                     logits_soft_cap: float | None = None, alibi_slopes: Any = None,
                     sinks: Any = None, k_scale: Any = None, v_scale: Any = None,
-                    partial_tile_size: Any = "auto", api: str | None = None) -> Any:
+                    partial_tile_size: Any = "auto", api: str | None = None,
+                    lnc: int | None = None) -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
     Same arguments and result shape as ``host.reference.paged_attention_ref``.
@@ -72,6 +73,10 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         api: scheduled kernel: the NKI API it runs on, "legacy" (``neuronxcc.nki``, trn1) or
             "nki" (the current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic
             choice of ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only.
+        lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
+            split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
+            else the platform's (2 on trn2 where the API can split the launch, 1 on trn1;
+            ``nki_kernels._nki.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
             schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
@@ -161,12 +166,13 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     if kernel == "scheduled":
         from nki_kernels import _nki
 
-        _nki.resolve_api(api)                      # a bad api / combination fails before work
+        _nki.resolve_api(api).lnc(lnc, Hkv)        # a bad api / lnc / combination fails before work
         bt_checked = check_integer_array("block_tables", bt_np, ndim=2)
         out = run_scheduled(q, k, v, kernel_cache_view(np.ascontiguousarray(cache)), bt_checked,
                             plan.query_lens, plan.context_lens, scale=scale,
                             mixed_precision=bool(mixed_precision), large_tile_size=large_tile_size,
-                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend, api),
+                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend, api,
+                                                                     lnc),
                             variants=None if variants.is_default else variants,
                             partial_tile_size=partial_tile_size)
         return from_numpy_like(out, was_torch, like=query)
@@ -293,7 +299,7 @@ def _launch(q, k, v, kv_cache, block_table, mask, scale, mixed_precision, large_
     return _run(flash_paged_attention, (q, k, v, kv_cache, block_table, mask), kwargs, Hkv, backend)
 
 
-def _run(kernel, args, kwargs, Hkv, backend, api=None):
+def _run(kernel, args, kwargs, Hkv, backend, api=None, lnc=None):
     """Run ``kernel`` over Hkv KV heads on the chosen backend; returns its output as NumPy.
     Kernels of both APIs (``nki_kernels.ops.KernelFamily``) run on ``resolve_api(api)``;
     legacy-only kernels on grid [1, Hkv]."""
@@ -307,7 +313,8 @@ def _run(kernel, args, kwargs, Hkv, backend, api=None):
             # nki.simulate writes its array arguments back: hand it writable ones
             args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
                          else a for a in args)
-        return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=Hkv, device=device))
+        return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=Hkv, device=device,
+                                        lnc=lnc))
 
     on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
     if on_device:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from nki_kernels.ops import APIS  # noqa: E402  ("legacy", "nki")
 
 LEGACY, CURRENT = APIS
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"   # 1 | 2: physical cores per logical core (the launch's LNC)
+PLATFORM_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}     # the platforms' default LNC
 API_ENV = "NKI_PA_API"            # "legacy" | "nki" | "auto": overrides the automatic choice
 TARGETS = ("trn1", "trn2", "trn3")
 # The API the simulator runs when none is asked for, per target.
@@ -59,7 +61,7 @@ except ImportError as _err:     # SDK 2.34: no neuronxcc.nki; the current API st
     LEGACY_IMPORT_ERROR = f"{type(_err).__name__}: {_err}"
 
 __all__ = ["nki", "nl", "nisa", "nt", "SIMULATED", "BACKEND_REQUEST", "LEGACY", "CURRENT",
-           "APIS", "API_ENV", "Api", "resolve_api", "load_current", "real_current_available",
+           "APIS", "API_ENV", "LNC_ENV", "PLATFORM_LNC", "Api", "resolve_api", "load_current", "real_current_available",
            "real_legacy_available", "simulator_has_current"]
 
 
@@ -153,9 +155,51 @@ class Api:
         """The jitted kernel of ``family`` (``nki_kernels.ops.KernelFamily``) for this API."""
         return family.for_api(self.name)
 
-    def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool):
-        """Run ``family`` on this API: legacy one program per KV head (grid ``[1, Hkv]``),
-        current one launch (the kernel loops over its KV heads); ``device`` runs it on a
+    def lnc(self, lnc=None, num_kv_heads: int = 2) -> int:
+        """Physical cores a launch uses (the logical core's LNC): ``lnc`` (1 | 2), else the
+        environment variable ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (:data:`PLATFORM_LNC`:
+        2 on trn2 / trn3, 1 on trn1) when this API can split the launch (the current API: its
+        KV heads by ``nl.program_id(0)``; legacy: ``nl.nc`` SPMD programs) over an even Hkv,
+        else 1. On a device with no explicit choice: the environment's, or the compiler's own.
+
+        Raises:
+            ValueError: ``lnc`` / the environment variable is not 1 or 2.
+            NotImplementedError: 2 where it cannot run (trn1; an odd Hkv; a legacy front end
+                without ``nl.nc``), saying to use 1.
+        """
+        source = "lnc"
+        if lnc is None:
+            env = os.environ.get(LNC_ENV, "").strip()
+            if env:
+                lnc, source = env, LNC_ENV
+        if lnc is None:
+            if not self.simulated and self.target is None:
+                return None             # the device's (compiler's) LNC
+            want = PLATFORM_LNC.get(self.target, 1)
+            return want if want == 1 or self._can_split(num_kv_heads, want) else 1
+        if str(lnc) not in ("1", "2") or isinstance(lnc, bool):
+            raise ValueError(f"{source} must be 1 or 2; got {lnc!r}")
+        lnc = int(lnc)
+        if lnc == 2:
+            if self.target == "trn1":
+                raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
+                                          "NeuronCore; use lnc=1")
+            if not self._can_split(num_kv_heads, lnc):
+                raise NotImplementedError(
+                    f"{source}=2: the {self.name!r} API here cannot split a launch over "
+                    f"{num_kv_heads} KV head(s) between two cores (an even Hkv and, on the "
+                    "legacy API, nl.nc are needed); use lnc=1")
+        return lnc
+
+    def _can_split(self, num_kv_heads, lnc):
+        if num_kv_heads % lnc:
+            return False
+        return self.name == CURRENT or hasattr(self.ops.nl, "nc")
+
+    def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool, lnc=None):
+        """Run ``family`` on this API: legacy one program per KV head (grid ``[1, Hkv]``; with
+        LNC=2 ``[1, nl.nc(2) * Hkv/2]``), current one launch (the kernel loops over its KV heads,
+        each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator)."""
         k = self.kernel(family)
@@ -163,11 +207,15 @@ class Api:
             raise RuntimeError(f"running on a device needs the real {self.name!r} package; the "
                                "simulator is active (NKI_PA_BACKEND="
                                f"{BACKEND_REQUEST!r}); use the simulator backend")
+        cores = self.lnc(lnc, num_kv_heads)
         if self.name == LEGACY:
-            grid = k[1, num_kv_heads]
+            grid = k[self.ops.launch_grid(num_kv_heads, cores or 1)]
             return grid(*args, **kwargs) if device else nki.simulate_kernel(grid, *args, **kwargs)
         pkg = _CURRENT["nki"]
-        return k(*args, **kwargs) if device else pkg.simulate(k)(*args, **kwargs)
+        if device:
+            env = os.environ.get(LNC_ENV, "").strip()
+            return (k if cores is None or env == str(cores) else k[cores])(*args, **kwargs)
+        return pkg.simulator.simulate_kernel(k, tuple(args), dict(kwargs), cores)
 
 
 def _sim_target(target):

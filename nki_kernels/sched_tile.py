@@ -21,9 +21,22 @@ from nki_kernels.ops import dtype_name, itemsize
 from nki_kernels.tile_ops import pe_matmul_transpose_blocks, transpose_blocks
 
 
+def keys_by_dma(ops, cfg, phase) -> bool:
+    """Whether the item's K^T comes straight from indirect DMA transposes (one per 128-row
+    load, cache rows then overlay rows: :func:`gather_kv`) instead of gathered K rows and PE
+    transposes: a trace-time feature of the API and target (``ops.has_gather_transpose``:
+    NeuronCore-v3+, current API), for a cache in the kernel dtype and d <= 128."""
+    return (cfg.nd == 1 and not cfg.fp8_direct
+            and dtype_name(phase.kv_flat.dtype) == dtype_name(cfg.kd)
+            and ops.has_gather_transpose(phase.kv_flat.dtype, cfg.d))
+
+
 def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
     """K and V rows of the item's tile (the phase's geometry), ``(128, nL * b' * d)`` each, and
     the overlay rows when they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
+    With :func:`keys_by_dma` ``k_rows`` is the tile's K^T ``(d, W)`` instead (column order of
+    :func:`transpose_keys`; masked items: zeroed first; full items: ``kv_tiles[0]``), written
+    by one indirect DMA transpose per load and per overlay load.
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
     zeroed tile (masked items: rows no DMA writes must be exact zeros) or ``kv_tiles``, the
@@ -46,6 +59,18 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
     cdt = kv_flat.dtype
     direct = cfg.fp8_direct
     k_ov = v_ov = None
+    if keys_by_dma(ops, cfg, phase):
+        k_t = _zeroed(ops, (cfg.d, geo.W), kd, "gpsimd") if masked else kv_tiles[0]
+        v_rows = _zeroed(ops, (P, nL * rw), cdt, "vector") if masked else kv_tiles[1]
+        for l in ops.static_range(nL):
+            ops.gather_transpose(k_t, kv_flat, mi, ci + l, tokens=geo.bp, width=cfg.d,
+                                 lead=(0,), col0=l * P * geo.bp)
+            ops.gather(v_rows[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + l, lead=(1,))
+            if masked:
+                ops.gather_transpose(k_t, overlay, mi, ci + nL + l, tokens=geo.bp,
+                                     width=cfg.d, lead=(0,), col0=l * P * geo.bp)
+                ops.gather(v_rows[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l, lead=(1,))
+        return k_t, v_rows, None, None
     if masked:
         k_rows = _zeroed(ops, (P, nL * rw), cdt, "gpsimd")
         v_rows = _zeroed(ops, (P, nL * rw), cdt, "vector")
@@ -89,7 +114,10 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
     channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
     the kernel-dtype rows, or identity matmuls of the fp8 rows (``eye``: the identities of the
-    cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given."""
+    cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given. With
+    :func:`keys_by_dma` ``k_rows`` already is K^T."""
+    if keys_by_dma(ops, cfg, phase):
+        return [k_rows]
     geo = phase.geo
     d, nd, bp, nL, kd = cfg.d, cfg.nd, geo.bp, geo.nL, cfg.kd
     rw = bp * d

@@ -51,7 +51,7 @@ from nki_kernels.sched_config import (KERNEL, MAX_D, Chunk, Constants, GroupTile
 from nki_kernels.sched_core import KVTile, key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
-from nki_kernels.sched_tile import gather_kv, transpose_keys
+from nki_kernels.sched_tile import gather_kv, keys_by_dma, transpose_keys
 from nki_kernels.tile_ops import identity_tile
 
 
@@ -204,7 +204,8 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
         # Full items write every row; padding items (all DMAs skipped) then read the last
         # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
         rw_all = phase.geo.nL * phase.geo.bp * d
-        kv_tiles = (ops.zeros((P, rw_all), phase.kv_flat.dtype),
+        k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else (P, rw_all)    # K^T / K
+        kv_tiles = (ops.zeros(k_shape, phase.kv_flat.dtype),
                     ops.zeros((P, rw_all), phase.kv_flat.dtype))
     for ch in ops.sequential_range(phase.items // chunk):
         mi = ops.sbuf((P, chunk * ki), ops.int32)

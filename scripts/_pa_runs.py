@@ -113,8 +113,10 @@ def dense_metadata(batch: dict, large_tile_size: int = LARGE_TILE, packing=None)
                 gqa_packing=packing, padded_queries=Q)
 
 
-def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE_TILE):
-    """Run ``kernel`` on ``batch`` for ``target`` -> (output (T, H, d), trace, wall seconds, meta)."""
+def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE_TILE,
+             api: str | None = None, lnc: int = 1):
+    """Run ``kernel`` on ``batch`` for ``target`` -> (output (T, H, d), trace, wall seconds, meta).
+    Scheduled kernel: on ``api`` (None: the host's choice) with ``lnc`` physical cores."""
     import nki_sim
 
     import host
@@ -134,8 +136,9 @@ def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE
         return np.asarray(out)[0, :, :T, :].transpose(1, 0, 2), trace, sec, meta
     t0 = time.perf_counter()
     with nki_sim.use_target(target), nki_sim.tracing() as trace, captured_schedules() as seen:
+        extra = dict(api=api, lnc=lnc) if kernel == "scheduled" else {}
         out = host.paged_attention(**batch, kernel=kernel, backend="sim", mixed_precision=True,
-                                   large_tile_size=large_tile_size)
+                                   large_tile_size=large_tile_size, **extra)
     sec = time.perf_counter() - t0
     meta = (scheduled_metadata(seen) if kernel == "scheduled"
             else dense_metadata(batch, large_tile_size))
@@ -143,17 +146,27 @@ def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE
 
 
 def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_s: float,
-             meta: dict, geometry: dict | None = None) -> dict:
-    """One JSON row: modeled cost, useful work, efficiency and the work ratios."""
+             meta: dict, geometry: dict | None = None, api: str | None = None,
+             lnc: int = 1) -> dict:
+    """One JSON row: modeled cost, useful work, efficiency and the work ratios. With ``lnc``
+    physical cores the modeled time is the slower core's (``nki_sim.cost.estimate_cores``) and
+    the useful roofline that of ``lnc`` cores (efficiency per physical core used); the row's
+    target label is then ``<target>-lnc<lnc>``. Per-engine and DMA times are the slower core's;
+    bytes, FLOPs and instruction counts are of all cores."""
     from nki_sim import cost
     rep = cost.estimate(trace, target)
+    launch = cost.estimate_cores(trace, target)
     work = useful_work(w, **(geometry or {}))
     roof = useful_roofline_us(work, target)
+    roof_us = roof["us"] / lnc
+    slow = launch.per_core[launch.slowest_core]      # per-engine figures: the slower core's
     return dict(
-        workload=w.name, kind=w.kind, target=target, kernel=kernel, block_size=block_size,
+        workload=w.name, kind=w.kind, target=target if lnc == 1 else f"{target}-lnc{lnc}",
+        kernel=kernel, block_size=block_size, api=api, lnc=lnc,
         num_seqs=w.num_seqs, query_tokens=w.query_tokens, context_tokens=w.context_tokens,
-        modeled_us=rep.modeled_us, useful_roofline_us=roof["us"], useful_bound=roof["bound"],
-        efficiency=roof["us"] / rep.modeled_us,
+        modeled_us=launch.launch_us, useful_roofline_us=roof_us, useful_bound=roof["bound"],
+        efficiency=roof_us / launch.launch_us,
+        per_core_us=[r.modeled_us for r in launch.per_core.values()],
         useful_bytes=work["bytes"], hbm_bytes=rep.hbm_bytes,
         bytes_ratio=rep.hbm_bytes / work["bytes"],
         useful_flops=work["flops"], flops=rep.flops,
@@ -162,9 +175,9 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
         dma_instructions=rep.dma_instructions,
         dma_indirect_instructions=sum(e.engine == "dma" and e.dma_kind == "indirect"
                                       for e in trace.events),
-        per_engine_us=dict(rep.per_engine_us), bottleneck=rep.bottleneck,
-        dma_engine_max_us=rep.dma_engine_max_us, dma_queue_us=rep.dma_queue_us,
-        dma_hbm_cap_us=rep.dma_hbm_cap_us, exposed_latency_us=rep.exposed_latency_us,
+        per_engine_us=dict(slow.per_engine_us), bottleneck=slow.bottleneck,
+        dma_engine_max_us=slow.dma_engine_max_us, dma_queue_us=slow.dma_queue_us,
+        dma_hbm_cap_us=slow.dma_hbm_cap_us, exposed_latency_us=slow.exposed_latency_us,
         cost_model_fraction_of_roofline=rep.fraction_of_roofline,
         instructions=len(trace.events), sim_seconds=sim_s,
         meta={k: v for k, v in meta.items() if k not in ("mask_bytes", "index_bytes")})

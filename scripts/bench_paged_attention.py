@@ -15,7 +15,10 @@ the kernel does, wasted or not; it appears only as a labelled secondary column.
 
 Kernels (scripts/_pa_runs.py): scheduled (host default), dense (GQA packing "auto"), per_block
 (the dense kernel with one DMA per cache block). H=32, Hkv=8, d=128, bf16 queries and cache,
-mixed precision, LARGE_TILE_SZ=2048, grid [1, Hkv] charged to one NeuronCore.
+mixed precision, LARGE_TILE_SZ=2048. The scheduled kernel runs on the API of --api (auto: trn1
+legacy, trn2 the current nki API) with each LNC of --lnc (trn2: 1 and 2 physical cores; rows
+"trn2-lnc2": the KV heads split between the two cores, modeled time = the slower core's,
+efficiency per physical core used); the dense kernels on grid [1, Hkv] on one NeuronCore.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT, ROOT / "scripts"):
@@ -46,6 +50,22 @@ SENSITIVITY = {"workload": "decode_32", "blocks": (16, 128), "target": "trn2"}
 DENSE_BLOCK_BUDGET = {"dense": 16000, "per_block": 6000}
 QUICK_BLOCK_BUDGET = {"dense": 1000, "per_block": 0}
 TRN2_ONLY = {"decode_256"}     # keeps the full sweep under ~30 min; the x8 scaling point
+AUTO_API = {"trn1": "legacy", "trn2": "nki"}     # --api auto: the API each target's users get
+
+
+def expand_lnc(jobs, lncs, api: str):
+    """(workload, block, kernel, target) jobs -> (..., api, lnc): the scheduled kernel on trn2 at
+    every LNC of ``lncs`` (trn1 and the block-size sensitivity rows: 1 only), the dense kernels
+    at LNC 1 on the legacy API."""
+    out = []
+    for w, b, k, t in jobs:
+        if k != "scheduled":
+            out.append((w, b, k, t, "legacy", 1))
+            continue
+        a = AUTO_API[t] if api == "auto" else api
+        out += [(w, b, k, t, a, n) for n in sorted(set(lncs))
+                if n == 1 or (t != "trn1" and b == BLOCK)]     # block-size rows: LNC 1 only
+    return out
 
 
 def score_blocks(w, kernel: str) -> int:
@@ -105,13 +125,16 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
     rows, bds = [], {}
     batch_key, batch, ref = None, None, {}
     with Progress(len(jobs), label="bench", enabled=None if progress else False) as bar:
-        for w, b, k, t in jobs:
+        for w, b, k, t, api, lnc in jobs:
             if batch_key != (w.name, b):            # one batch alive at a time
                 batch_key, batch, ref = (w.name, b), make_batch(w, b), {}
-            out, trace, sec, meta = simulate(k, batch, t)
-            row = make_row(w, b, t, k, trace, sec, meta)
+            out, trace, sec, meta = simulate(k, batch, t, api=api, lnc=lnc)
+            row = make_row(w, b, t, k, trace, sec, meta, api=api, lnc=lnc)
+            label = row["target"]
             if w.name in want_breakdown and b == BLOCK and k != "per_block":
-                bds[f"{w.name}|{k}|{t}"] = breakdown(trace, t)
+                one = trace if lnc == 1 else SimpleNamespace(      # core 0 of an LNC=2 launch
+                    events=[e for e in trace.events if e.attr("core", 0) == 0])
+                bds[f"{w.name}|{k}|{label}"] = breakdown(one, t)
             del trace
             o = np.asarray(out, np.float64)
             if k == "scheduled":
@@ -119,7 +142,7 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
             elif t in ref:
                 row["max_abs_diff_vs_scheduled"] = float(np.max(np.abs(o - ref[t])))
             rows.append(row)
-            note = f"{w.name} B={b} {k} {t}: {sec:.0f} s"
+            note = f"{w.name} B={b} {k} {label} {api}: {sec:.0f} s"
             bar.advance(note=note)
             if progress and not bar.enabled:       # not a terminal: one log line per job
                 print(f"bench {bar.done}/{len(jobs)} {note}", file=sys.stderr, flush=True)
@@ -155,6 +178,10 @@ def main(argv=None) -> int:
                     help="print where the modeled time goes (one decode, one mixed workload)")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    ap.add_argument("--api", choices=("auto", "legacy", "nki"), default="auto",
+                    help="API of the scheduled kernel (auto: trn1 legacy, trn2 nki)")
+    ap.add_argument("--lnc", nargs="+", type=int, choices=(1, 2), default=[1, 2],
+                    help="physical cores per launch of the scheduled kernel on trn2")
     ap.add_argument("--workloads", nargs="+", metavar="NAME", help="subset of workload names")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--table-from", metavar="JSON", help="only render the report of a --json file")
@@ -171,6 +198,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"--workloads: unknown {unknown}; choose from {[w.name for w in wls]}")
             wls = [w for w in wls if w.name in a.workloads]
         jobs, skipped = sweep_plan(wls, a.targets, a.kernels, a.quick)
+        jobs = expand_lnc(jobs, a.lnc, a.api)
         t0, c0 = time.perf_counter(), time.process_time()
         rows, bds = run_sweep(jobs, breakdown_cases(wls) if a.breakdown else (),
                                      progress=not a.no_progress)

@@ -22,11 +22,13 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      free_view(t, ((step, count), ...), col0) (strided / broadcast free dims;
                      step 0 broadcasts), bitcast(t, dt)
     loops, programs  static_range / parallel_range / sequential_range (legacy: nl.static_range /
-                     affine_range / sequential_range; current: range); kv_heads(Hkv): the KV
-                     heads this program runs (legacy: its SPMD program, grid [1, Hkv]; current:
-                     all of them, in a loop; room for LNC=2 by splitting it per core);
-                     launch_grid(Hkv)
-    feature flags    nc_gen(), has_range_select(), has_oob_skip(), transpose_psum_dtype(dt)
+                     affine_range / sequential_range; current: range); kv_heads(Hkv): the
+                     KV heads this program runs (legacy: its SPMD program; current: all of them
+                     in a loop, under LNC=2 this core's half, by ``nl.program_id(0)``);
+                     launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
+                     nl.nc(2), Hkv/2)]``; current: None); max_lnc()
+    feature flags    nc_gen(), has_range_select(), has_oob_skip(), transpose_psum_dtype(dt),
+                     has_gather_transpose(dt, width)
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar
                      tensor_tensor scale_add divide where tensor_reduce range_select_max
@@ -35,7 +37,10 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      "gpsimd"), ALU ops and activation functions by name ("add", "exp", ...)
     DMA              load(dst, src) direct; gather(dst, table, idx, idx_col, lead=, col0=) and
                      scatter(table, idx, idx_col, src, lead=, col0=): row p moves table row
-                     ``idx[p, idx_col]`` (an int32 SBUF column), out-of-bounds rows skipped
+                     ``idx[p, idx_col]`` (an int32 SBUF column), out-of-bounds rows skipped;
+                     gather_transpose(dst, table, idx, idx_col, tokens=, width=, lead=, col0=):
+                     128 gathered rows of ``tokens`` x ``width`` transposed into ``dst``
+                     (current API, v3+: one indirect dma_transpose; legacy: none)
 
 Porting a kernel onto the layer (what the scheduled family did; the cache and MLA kernels next):
 

@@ -94,15 +94,29 @@ parallel_range = sequential_range = static_range
 
 
 def kv_heads(num_kv_heads):
-    """The KV heads this launch runs: all of them, in a loop (no SPMD grid; a two-core launch
-    would split this range by ``nl.program_id(0)``)."""
-    return range(num_kv_heads)
+    """The KV heads this launch runs: all of them in a loop, or under LNC=2 (two physical
+    cores, ``nl.num_programs(0) == 2``) the ``Hkv / 2`` consecutive heads of this core
+    ``nl.program_id(0)`` (both cores run the same trip count; an odd Hkv cannot be split so)."""
+    cores = nl.num_programs(axes=0)
+    if cores == 1:
+        return range(num_kv_heads)
+    if num_kv_heads % cores:
+        raise NotImplementedError(f"a launch on {cores} cores splits its KV heads evenly; "
+                                  f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1")
+    per = num_kv_heads // cores
+    core = nl.program_id(axis=0)
+    return [core * per + j for j in range(per)]
 
 
-def launch_grid(num_kv_heads):
-    """No SPMD grid: one launch covers every KV head."""
-    del num_kv_heads
+def launch_grid(num_kv_heads, lnc=1):
+    """No SPMD grid: one launch covers every KV head (``lnc`` cores split them in-kernel)."""
+    del num_kv_heads, lnc
     return None
+
+
+def max_lnc():
+    """Physical cores one launch can use: 2 on NeuronCore-v3+ (LNC=2), 1 on v2."""
+    return 1 if nc_gen() == "gen2" else 2
 
 
 # ---- trace-time feature flags -----------------------------------------------------------------
@@ -274,16 +288,22 @@ def load(dst, src):
     nisa.dma_copy(dst=dst, src=src)
 
 
-def _rows(table, idx, idx_col, parts, n, lead, col0):
-    """``table`` (``(*lead_dims, R, F)`` HBM) as an indirect view of ``parts`` rows of ``n``
-    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``."""
+def _flat(table, lead):
+    """``table`` (``(*lead_dims, R, F)`` HBM) as 2-D rows of F elements, and the element offset
+    of row 0 of the ``lead`` slice: ``(flat, offset, F)``."""
     shape = tuple(table.shape)
     R, F = shape[-2], shape[-1]
     lead_rows = 0
     for k, i in enumerate(lead):
         lead_rows = lead_rows * shape[k] + i
-    flat = table.reshape((int(np.prod(shape[:-1])), F))
-    return flat.ap([[F, parts], [1, n]], offset=lead_rows * R * F + col0,
+    return table.reshape((int(np.prod(shape[:-1])), F)), lead_rows * R * F, F
+
+
+def _rows(table, idx, idx_col, parts, n, lead, col0):
+    """``table`` (``(*lead_dims, R, F)`` HBM) as an indirect view of ``parts`` rows of ``n``
+    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``."""
+    flat, base, F = _flat(table, lead)
+    return flat.ap([[F, parts], [1, n]], offset=base + col0,
                    vector_offset=idx[0:parts, idx_col:idx_col + 1], indirect_dim=0)
 
 
@@ -298,6 +318,31 @@ def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
     """``table[*lead, idx[p, idx_col], col0 : col0 + n] = src[p, :]``; out-of-bounds rows skipped."""
     dst = _rows(table, idx, idx_col, src.shape[0], src.shape[1], lead, col0)
     nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+
+
+def has_gather_transpose(dtype, width):
+    """Trace-time flag: an indirect (gather) DMA transpose of rows of ``width`` elements of
+    ``dtype`` (NeuronCore-v3+, swdge, a 2-byte dtype, ``width <= 128``; NKI >= 0.4)."""
+    from nki_kernels.ops import itemsize
+
+    return nc_gen() != "gen2" and itemsize(dtype) == 2 and 1 <= width <= 128
+
+
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
+    """``dst[c, col0 + s*P + p] = table[*lead, idx[p, idx_col], s*width + c]`` for the P = 128
+    gathered rows p, ``s < tokens``, ``c < width`` (``dst`` (width, ...) SBUF, ``table``
+    ``(*lead_dims, R, >= tokens*width)`` HBM): one indirect ``dma_transpose`` (4-D src
+    ``(P, 1, tokens, width)``, axes (3, 1, 2, 0), swdge), out-of-bounds rows skipped (their
+    columns keep ``dst``'s values)."""
+    flat, base, F = _flat(table, lead)
+    parts = 128
+    ids = bitcast(idx, nl.uint32)[0:parts, idx_col:idx_col + 1]
+    src = flat.ap([[F, parts], [1, 1], [width, tokens], [1, width]], offset=base,
+                  vector_offset=ids, indirect_dim=0)
+    out = dst.ap([[dst.strides[0], width], [1, 1], [parts, tokens], [1, parts]],
+                 offset=dst.offset + col0)
+    nisa.dma_transpose(dst=out, src=src, axes=(3, 1, 2, 0), dge_mode=nisa.dge_mode.swdge,
+                       oob_mode=nisa.oob_mode.skip)
 
 
 def engine_names(engine):

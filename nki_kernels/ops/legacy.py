@@ -102,9 +102,26 @@ def kv_heads(num_kv_heads):
     return (nl.program_id(axis=1),)
 
 
-def launch_grid(num_kv_heads):
-    """The SPMD grid of a launch over ``num_kv_heads`` KV heads."""
-    return (1, num_kv_heads)
+def launch_grid(num_kv_heads, lnc=1):
+    """The SPMD grid of a launch over ``num_kv_heads`` KV heads: ``[1, Hkv]``; with ``lnc=2``
+    ``[1, nl.spmd_dim(nl.nc(2), Hkv / 2)]`` (physical core 0 runs programs ``0 .. Hkv/2 - 1``,
+    core 1 the rest; ``program_id(1)`` is still the KV head)."""
+    if lnc == 1:
+        return (1, num_kv_heads)
+    if lnc != max_lnc():
+        raise NotImplementedError(
+            f"lnc={lnc}: this legacy NKI front end cannot place programs on two physical cores "
+            "(nl.nc needs neuronxcc on a NeuronCore-v3 target); use lnc=1")
+    if num_kv_heads % lnc:
+        raise NotImplementedError(f"lnc={lnc} splits the KV heads evenly over the cores; Hkv = "
+                                  f"{num_kv_heads} is not a multiple of {lnc}: use lnc=1")
+    return (1, nl.spmd_dim(nl.nc(lnc), num_kv_heads // lnc))
+
+
+def max_lnc():
+    """Physical cores one launch can use: 2 on NeuronCore-v3 when the API places SPMD programs
+    on cores (``nl.nc``), else 1."""
+    return 2 if nc_gen() == "gen3" and hasattr(nl, "nc") else 1
 
 
 # ---- trace-time feature flags -----------------------------------------------------------------
@@ -257,6 +274,17 @@ def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
     i_f = nl.arange(src.shape[1])[None, :]
     dst = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_f if col0 else i_f)]
     nisa.dma_copy(dst=dst, src=src[i_p, i_f], oob_mode=nisa.oob_mode.skip)
+
+
+def has_gather_transpose(dtype, width):
+    """Trace-time flag: an indirect (gather) DMA transpose; the legacy API documents none."""
+    del dtype, width
+    return False
+
+
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
+    raise NotImplementedError("the legacy NKI API has no indirect DMA transpose; check "
+                              "has_gather_transpose() and use PE transposes")
 
 
 def engine_names(engine):
