@@ -34,7 +34,7 @@ PLATFORM_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}     # the platforms' default LN
 API_ENV = "NKI_PA_API"            # "legacy" | "nki" | "auto": overrides the automatic choice
 TARGETS = ("trn1", "trn2", "trn3")
 # The API the simulator runs when none is asked for, per target.
-SIMULATOR_DEFAULT = {"trn1": LEGACY, "trn2": LEGACY, "trn3": CURRENT}
+SIMULATOR_DEFAULT = {"trn1": LEGACY, "trn2": CURRENT, "trn3": CURRENT}
 
 _VALID = ("auto", "sim", "neuron")
 BACKEND_REQUEST = os.environ.get("NKI_PA_BACKEND", "auto").strip().lower() or "auto"
