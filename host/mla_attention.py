@@ -192,13 +192,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
 
     result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)
     for cls in sched.classes:
-        args = mla_kernel_inputs(cls, q_np, cache, overlay)
-        if run_api.name == "legacy":
-            out = _run(kernel, args, kwargs, 1, backend)
-        else:       # the current API updates every array argument in place: pass writable ones
-            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable else a
-                         for a in args)
-            device = backend == "neuron" or (backend == "auto" and not run_api.simulated)
-            out = np.asarray(run_api.launch(kernel, args, kwargs, num_kv_heads=1, device=device))
+        out = _run(kernel, mla_kernel_inputs(cls, q_np, cache, overlay), kwargs, 1, backend,
+                   api=run_api.name)
         unpack_output(cls, out, result)
     return from_numpy_like(result, was_torch, like=q)
