@@ -205,9 +205,10 @@ def scale_add(dst, a, col, b):
 
 
 def divide(dst, a, col):
-    """``dst = a / col`` (``col`` a (P, 1) column): ``a * reciprocal(col)``."""
+    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``, the reciprocal on ScalarE
+    (its activation table holds 1/x for |x| in [2^-42, 2^42])."""
     r = sbuf((col.shape[0], 1), nl.float32)
-    nisa.reciprocal(dst=r, data=col)
+    nisa.activation(dst=r, op=nl.reciprocal, data=col)
     nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
 
 
