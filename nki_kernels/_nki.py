@@ -198,8 +198,8 @@ class Api:
 
     def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool, lnc=None):
         """Run ``family`` on this API: legacy one program per KV head (grid ``[1, Hkv]``; with
-        LNC=2 ``[1, nl.nc(2) * Hkv/2]``), current one launch (the kernel loops over its KV heads,
-        each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. ``device`` runs it on a
+        LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
+        its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator)."""
         k = self.kernel(family)
