@@ -204,9 +204,11 @@ class Api:
         kernel's output as returned (NumPy on the simulator)."""
         k = self.kernel(family)
         if device and self.simulated:
-            raise RuntimeError(f"running on a device needs the real {self.name!r} package; the "
-                               "simulator is active (NKI_PA_BACKEND="
-                               f"{BACKEND_REQUEST!r}); use the simulator backend")
+            pkg = "neuronx-cc (neuronxcc.nki)" if self.name == LEGACY else "nki"
+            raise RuntimeError(f"backend='neuron' needs the real Neuron toolchain ({pkg}, api="
+                               f"{self.name!r}) and a Trainium device, but the simulator is "
+                               f"active (NKI_PA_BACKEND={BACKEND_REQUEST!r}); use backend='sim' "
+                               "or 'auto'")
         cores = self.lnc(lnc, num_kv_heads)
         if self.name == LEGACY:
             grid = k[self.ops.launch_grid(num_kv_heads, cores or 1)]
