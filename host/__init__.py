@@ -4,7 +4,10 @@ Public names follow vLLM's Neuron backend where one exists (``flash_attn_varlen_
 ``reorder_context_mask``, ``reshape_and_cache``, ``copy_blocks``, ``swap_blocks``), else vLLM's
 cache ops (``concat_and_cache_mla``).
 
-Pure-NumPy planning names (and the paged ``KVCacheManager``) are imported eagerly; the launch
+A serving step plans once and runs per layer: ``plan_paged_attention`` (a frozen, validated
+``AttentionPlan``) and ``run_paged_attention(plan, query, key, value, kv_cache)``;
+``paged_attention`` is the two in one call (``plan_mla_attention`` / ``run_mla_attention`` for
+MLA). Pure-NumPy planning names (and the paged ``KVCacheManager``) are imported eagerly; the launch
 wrappers (which import the kernels and, without ``neuronx-cc``, the ``nki_sim`` simulator) load
 on first use. With the optional extras: ``host.torch_ops`` (torch custom ops ``nki_pa::*``),
 ``host.hf_backend`` and ``host.generation`` (``host.generate``, ``host.PagedGenerator``: a
@@ -44,11 +47,13 @@ from host.mla_reference import mla_paged_attention_ref
 from host.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
 from host.schedule import AttentionSchedule, make_schedule
+from host.step_plan import AttentionPlan, plan_paged_attention
 from host.variants import AttentionVariants, alibi_slopes, make_variants
 
 # name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
 _LAZY = {
     "paged_attention": "host.attention",
+    "run_paged_attention": "host.attention",
     "flash_attn_varlen_nkifunc": "host.attention",
     "reshape_and_cache": "host.cache_ops",
     "copy_blocks": "host.cache_ops",
@@ -56,6 +61,8 @@ _LAZY = {
     "allocate_kv_caches": "host.cache_ops",
     "concat_and_cache_mla": "host.mla_cache",
     "mla_paged_attention": "host.mla_attention",
+    "plan_mla_attention": "host.mla_attention",
+    "run_mla_attention": "host.mla_attention",
 }
 # name -> submodule that needs the optional torch (+ transformers) extras; kept out of __all__
 # so that ``from host import *`` works without them.
@@ -79,7 +86,7 @@ def __dir__():
 
 
 __all__ = [
-    "PagedAttentionPlan", "make_plan",
+    "AttentionPlan", "plan_paged_attention", "PagedAttentionPlan", "make_plan",
     "active_block_table", "transform_block_tables", "transform_block_tables_all_heads",
     "inverse_transform_block_tables", "to_partition_first", "from_partition_first",
     "load_column_tokens", "loaded_cache_slots",

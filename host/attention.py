@@ -1,14 +1,13 @@
-"""Launch wrappers for the flash paged-attention kernel.
+"""Launch wrappers for the paged-attention kernels: run a plan per layer, and vLLM's wrapper.
 
-``paged_attention``           user-facing: (T, H, d) tokens in, (T, H, d) out; plans, builds the
-                              kernel inputs (docs/layouts.md), launches, unpads.
+``run_paged_attention(plan, ...)``  one layer of a step: checks the layer's tensors fit the
+                              plan (``host.plan_paged_attention``), builds only the per-layer
+                              kernel inputs (packed Q^T, the overlay / padded Q, K, V), launches,
+                              unpacks: (T, H, d) out.
+``paged_attention``           user-facing one-shot: (T, H, d) tokens in, (T, H, d) out; plan + run.
 ``flash_attn_varlen_nkifunc`` vLLM-compatible: kernel-layout tensors in, kernel output out.
 
-Backends (``backend=``): ``"sim"`` runs ``nki.simulate_kernel`` (the project's ``nki_sim``, or the
-real toolchain's CPU simulator when neuronx-cc is installed); ``"neuron"`` runs the kernel on a
-Trainium device (requires the real ``neuronxcc.nki``; ``nki.jit`` with NumPy arguments is
-baremetal); ``"auto"`` is ``"neuron"`` when the real toolchain is active, else ``"sim"``.
-Which NKI package is active is decided once by ``nki_kernels._nki`` (env ``NKI_PA_BACKEND``).
+Backends (``backend=``): ``host.launch`` ("auto" | "sim" | "neuron").
 
 Dimensions: S sequences, T = sum(query_lens) tokens, Qpad padded tokens (multiple of 128),
 H / Hkv query / KV heads, d head size, N cache blocks, B block size.
@@ -16,30 +15,24 @@ H / Hkv query / KV heads, d head size, N cache blocks, B block size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
-from host._arrays import from_numpy_like, to_numpy
-from host.block_tables import active_block_table
-from host.gqa_packing import (choose_gqa_packing, pack_kv, pack_query, packed_attention_mask,
-                              unpack_output)
-from host.masks import build_attention_mask
-from host.plan import make_plan
-from host.scheduled import run_scheduled
+from host._arrays import from_numpy_like, is_torch_tensor, to_numpy
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
-from host.validation import (check_float_array, check_integer_array, check_ndim, check_power_of_two,
-                             check_shape, fail)
-from host.variants import make_variants
+from host.gqa_packing import pack_kv, pack_query, unpack_output
+from host.launch import BACKENDS, check_api, launch_kernel
+from host.scheduled import build_overlay, launch_args, pack_queries
+from host.scheduled import unpack_output as unpack_class_output
+from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
+                            layer_launches, plan_paged_attention)
+from host.validation import check_float_array, check_integer_array, check_ndim, check_shape, fail
 
-__all__ = ["paged_attention", "flash_attn_varlen_nkifunc", "BACKENDS", "GQA_PACKING", "KERNELS"]
-
-BACKENDS = ("auto", "sim", "neuron")
-GQA_PACKING = ("auto", True, False)
-KERNELS = ("scheduled", "dense")
-MAX_HEAD_SIZE_SCHEDULED = 512
-_DTYPES = ("float32", "bfloat16", "float16")
+__all__ = ["paged_attention", "run_paged_attention", "flash_attn_varlen_nkifunc",
+           "check_attention_tensors", "BACKENDS", "GQA_PACKING", "KERNELS"]
 
 
 def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
@@ -53,7 +46,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
                     lnc: int | None = None) -> Any:
     """Paged attention of a flat batch of new tokens against their cached context and themselves.
 
-    Same arguments and result shape as ``host.reference.paged_attention_ref``.
+    Same arguments and result shape as ``host.reference.paged_attention_ref``. One call is
+    ``run_paged_attention(plan_paged_attention(...), query, key, value, kv_cache)``; a model
+    that runs one batch through many layers plans once per step and runs per layer instead.
 
     Args:
         query: (T, H, d) float32/bfloat16/float16; sequences contiguous and in order.
@@ -69,14 +64,14 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         partial_tile_size: scheduled kernel: keys per tile of the masked (partial) items, a power
             of two in [512, large_tile_size], or "auto" (the host picks one per batch,
             docs/layouts.md §16.3). Fix it to bound the kernel shapes a serving engine compiles.
-        backend: "auto" | "sim" | "neuron" (module docstring).
-        api: scheduled kernel: the NKI API it runs on, "legacy" (``neuronxcc.nki``, trn1) or
-            "nki" (the current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic
-            choice of ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only.
+        backend: "auto" | "sim" | "neuron" (``host.launch``).
+        api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
+            current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
+            ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only (api="nki" raises
+            NotImplementedError).
         lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
             split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
-            else the platform's (2 on trn2 where the API can split the launch, 1 on trn1;
-            ``nki_kernels._nki.Api.lnc``).
+            else the platform's (``nki_kernels._nki.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
             schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
@@ -101,21 +96,30 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     Raises:
         ValueError: bad shapes, dtypes, lengths, block ids or options (names the argument).
         RuntimeError: backend="neuron" without the real Neuron toolchain.
-
-    Pseudocode:
-        plan = make_plan(query_lens, context_lens, B, large_tile_size)    # validation
-        scheduled: sched = make_schedule(...); overlay = build_overlay(...)
-                   for each class (decode / prefill): launch scheduled_paged_attention[1, Hkv]
-                   on pack_queries(...); unpack_output(...)          (host/scheduled.py)
-        dense:
-        bt = active_block_table(plan, block_tables); mask = build_attention_mask(plan)
-        Q/K/V -> zero-padded to Qpad tokens and transposed to the kernel layouts
-        out = flash_paged_attention[1, Hkv](Q, K, V, kv_cache, bt, mask, ...)   (1, H, Qpad, d)
-        return out[0, :, :T].transpose(1, 0, 2)
-        (packed: the same with query'/key'/value' = pack_query/pack_kv, plan of query_lens * G,
-         mask = packed_attention_mask, H' = Hkv, then unpack_output)
     """
-    q_np, was_torch = to_numpy(query, "query")
+    was_torch = is_torch_tensor(query)
+    q, k, v, cache = check_attention_tensors(query, key, value, kv_cache)
+    T, H, d = q.shape
+    _, N, Hkv, B, _ = cache.shape
+    plan = plan_paged_attention(block_tables, query_lens, context_lens, num_heads=H,
+                                num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
+                                dtype=q.dtype, kv_cache_dtype=cache.dtype,
+                                softmax_scale=softmax_scale, mixed_precision=mixed_precision,
+                                large_tile_size=large_tile_size, partial_tile_size=partial_tile_size,
+                                backend=backend, gqa_packing=gqa_packing, kernel=kernel,
+                                sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                                alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale,
+                                v_scale=v_scale, api=api, lnc=lnc)
+    if plan.num_tokens != T:
+        fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
+    return from_numpy_like(_run(plan, q, k, v, cache, {}), was_torch, like=query)
+
+
+def check_attention_tensors(query: Any, key: Any, value: Any, kv_cache: Any) -> tuple:
+    """``host.paged_attention``'s tensor checks: ``(query, key, value, kv_cache)`` as NumPy,
+    query (T, H, d) float32/bfloat16/float16, key / value (T, Hkv, d) and a (2, N, Hkv, B, d)
+    cache in query's dtype (or fp8). ValueError naming the tensor otherwise."""
+    q_np, _ = to_numpy(query, "query")
     q = check_float_array("query", q_np, ndim=3)
     k = check_float_array("key", key, ndim=3)
     v = check_float_array("value", value, ndim=3)
@@ -129,79 +133,113 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         if arr.dtype != q.dtype:
             fail(f"{name}.dtype", f"equal query.dtype ({q.dtype.name})", arr.dtype.name)
     check_shape("kv_cache", cache, (2, None, None, None, d), "(2, num_blocks, Hkv, block_size, d)")
-    _, N, Hkv, B, _ = cache.shape
+    Hkv = cache.shape[2]
     check_shape("key", k, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
     check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
-    if not isinstance(kernel, str) or kernel not in KERNELS:
-        fail("kernel", f"be one of {KERNELS}", repr(kernel))
-    _check_common(H, Hkv, d, N, mixed_precision, backend,
-                  max_head_size=MAX_HEAD_SIZE_SCHEDULED if kernel == "scheduled" else 128)
-    scale = _check_scale(softmax_scale, d)
-    if kernel == "scheduled" and gqa_packing is False:
-        raise NotImplementedError("paged_attention: the scheduled kernel always packs the G query "
-                                  "heads of a KV head as query rows; gqa_packing=False applies to "
-                                  "kernel='dense' only")
-    variants = make_variants(H, Hkv, cache.dtype, sliding_window=sliding_window,
-                             logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes,
-                             sinks=sinks, k_scale=k_scale, v_scale=v_scale)
-    if kernel == "dense" and not variants.is_default:
-        raise NotImplementedError(
-            "paged_attention: attention variants (sliding_window, logits_soft_cap, alibi_slopes, "
-            "sinks, fp8 caches with k_scale / v_scale) are not supported by the dense kernel; use "
-            "kernel='scheduled'")
-    if not (isinstance(gqa_packing, (bool, np.bool_))
-            or (isinstance(gqa_packing, str) and gqa_packing == "auto")):
-        fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
+    return q, k, v, cache
 
-    plan = make_plan(query_lens, context_lens, block_size=B, large_tile_size=large_tile_size)
-    if not (isinstance(partial_tile_size, str) and partial_tile_size == "auto"):
-        check_power_of_two("partial_tile_size", partial_tile_size, lo=512, hi=large_tile_size)
-        if kernel == "dense":
-            raise NotImplementedError("paged_attention: partial_tile_size applies to the scheduled "
-                                      "kernel; leave it 'auto' with kernel='dense'")
-    if plan.num_queries != T:
-        fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_queries}")
-    bt_np, _ = to_numpy(block_tables, "block_tables")
-    active = active_block_table(plan, bt_np, num_blocks=N)
-    if kernel == "scheduled":
-        from nki_kernels import _nki
 
-        _nki.resolve_api(api).lnc(lnc, Hkv)        # a bad api / lnc / combination fails before work
-        bt_checked = check_integer_array("block_tables", bt_np, ndim=2)
-        out = run_scheduled(q, k, v, kernel_cache_view(np.ascontiguousarray(cache)), bt_checked,
-                            plan.query_lens, plan.context_lens, scale=scale,
-                            mixed_precision=bool(mixed_precision), large_tile_size=large_tile_size,
-                            launch=lambda kern, args, kw, hkv: _run(kern, args, kw, hkv, backend, api,
-                                                                     lnc),
-                            variants=None if variants.is_default else variants,
-                            partial_tile_size=partial_tile_size)
-        return from_numpy_like(out, was_torch, like=query)
-    G = H // Hkv
-    if gqa_packing == "auto":
-        gqa_packing = choose_gqa_packing(plan.query_lens, H, Hkv, context_lens=plan.context_lens,
-                                         large_tile_size=large_tile_size)
-    if gqa_packing and G > 1:
-        plan = make_plan(plan.query_lens * G, plan.context_lens, block_size=B,
-                         large_tile_size=large_tile_size)
+def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, kv_cache: Any, *,
+                        alibi_slopes: Any = None, sinks: Any = None, k_scale: Any = None,
+                        v_scale: Any = None, api: str | None = None) -> Any:
+    """One layer of a planned step: ``(T, H, d)`` attention output.
+
+    Args:
+        plan: from ``host.plan_paged_attention`` (never modified; may be shared by threads).
+        query (T, H, d), key / value (T, Hkv, d) in ``plan.dtype``; kv_cache (2, N, Hkv, B, d)
+            in ``plan.kv_cache_dtype`` (not modified): T, H, Hkv, d, N, B those of the plan.
+        alibi_slopes, sinks, k_scale, v_scale: this layer's values of the variants the plan was
+            built with (default: the plan's); given only for variants the plan has.
+        api: the NKI API of this layer's launches ("legacy" | "nki"; None: the plan's). The
+            plan's inputs are the same for both APIs.
+
+    Returns:
+        (T, H, d) in query's dtype; a torch tensor if ``query`` was one.
+
+    Raises:
+        ValueError: a tensor that does not fit the plan (names the argument, the plan's
+            constraint and the value), or a bad per-layer variant value.
+    """
+    q_np, was_torch = to_numpy(query, "query")
+    q = _fit("query", q_np, (plan.num_tokens, plan.num_heads, plan.head_size), plan.dtype,
+             "(T, H, d) of the plan")
+    kv_shape = (plan.num_tokens, plan.num_kv_heads, plan.head_size)
+    k = _fit("key", to_numpy(key, "key")[0], kv_shape, plan.dtype, "(T, Hkv, d) of the plan")
+    v = _fit("value", to_numpy(value, "value")[0], kv_shape, plan.dtype, "(T, Hkv, d) of the plan")
+    cache = _fit("kv_cache", to_numpy(kv_cache, "kv_cache")[0],
+                 (2, plan.num_blocks, plan.num_kv_heads, plan.block_size, plan.head_size),
+                 plan.kv_cache_dtype, "(2, num_blocks, Hkv, block_size, d) of the plan")
+    layer = dict(alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+    if api is not None:
+        plan = dataclasses.replace(plan, api=check_api(api, kernel=plan.kernel,
+                                                       both_apis=plan.kernel == "scheduled"))
+    return from_numpy_like(_run(plan, q, k, v, cache, layer), was_torch, like=query)
+
+
+def _run(plan: AttentionPlan, q, k, v, cache, layer: dict) -> np.ndarray:
+    """Tensors that fit ``plan`` (NumPy) -> (T, H, d) NumPy output."""
+    if plan.kernel == "dense":
+        given = sorted(n for n, x in layer.items() if x is not None)
+        if given:
+            fail(given[0], "be None with a dense-kernel plan (no attention variants)", "a value")
+        return _run_dense(plan, q, k, v, cache)
+    return _run_scheduled(plan, q, k, v, cache, layer)
+
+
+def _fit(name: str, arr: np.ndarray, shape: tuple, dtype: str, what: str) -> np.ndarray:
+    if arr.shape != shape:
+        fail(name, f"have shape {shape} {what}", f"shape {arr.shape}")
+    if arr.dtype.name != dtype:
+        fail(f"{name}.dtype", f"be the plan's {dtype}", arr.dtype.name)
+    return arr
+
+
+def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
+    """The scheduled kernel on one layer: overlay and packed Q^T per class, launch, scatter."""
+    from nki_kernels.scheduled_attention import scheduled_paged_attention
+
+    variants, launches = layer_launches(plan, **layer)
+    Hkv = plan.num_kv_heads
+    cache = kernel_cache_view(np.ascontiguousarray(kv_cache))
+    fp8 = variants is not None and variants.is_fp8
+    scales = (variants.k_scale, variants.v_scale) if fp8 else None
+    overlay = build_overlay(plan.schedule, cache, key, value, plan.block_tables,
+                            dtype=plan.kernel_dtype if fp8 else None, kv_scale=scales)
+    result = np.zeros((plan.num_tokens, plan.num_heads, plan.head_size), dtype=query.dtype)
+    kwargs = dict(plan.kernel_kwargs)
+    for launch in launches:
+        qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
+        out = launch_kernel(scheduled_paged_attention, launch_args(launch, qt, cache, overlay),
+                            kwargs, grid_heads=Hkv, backend=plan.backend, api=plan.api,
+                            lnc=plan.lnc)
+        unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
+    return result
+
+
+def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
+    """The dense kernel on one layer: (GQA-packed) Q/K/V zero-padded to Qpad and transposed to
+    the kernel layouts (docs/layouts.md), launch on grid [1, Hkv], unpad (and unpack)."""
+    from nki_kernels.flash_paged_attention import flash_paged_attention
+
+    dense, Hkv, H = plan.dense, plan.num_kv_heads, plan.num_heads
+    q, k, v = query, key, value
+    if dense.gqa_packed:
+        G = H // Hkv
         q, k, v = pack_query(q, Hkv), pack_kv(k, G), pack_kv(v, G)
-        mask = packed_attention_mask(plan, G)
-    else:
-        mask = build_attention_mask(plan)
-
-    T, Hq = q.shape[0], q.shape[1]
-    Qpad = plan.padded_queries
+    T, Hq, d = q.shape
+    Qpad = dense.batch.padded_queries
     q_in = np.zeros((1, Hq, d, Qpad), dtype=q.dtype)
     q_in[0, :, :, :T] = q.transpose(1, 2, 0)
     k_in = np.zeros((1, Hkv, d, Qpad), dtype=q.dtype)
     k_in[0, :, :, :T] = k.transpose(1, 2, 0)
     v_in = np.zeros((1, Hkv, Qpad, d), dtype=q.dtype)
     v_in[0, :, :T, :] = v.transpose(1, 0, 2)
-    out = _launch(q_in, k_in, v_in, np.ascontiguousarray(cache), active, mask, scale,
-                  bool(mixed_precision), large_tile_size, Hkv, backend)
+    out = launch_kernel(flash_paged_attention,
+                        (q_in, k_in, v_in, np.ascontiguousarray(kv_cache), dense.active_table,
+                         dense.mask), dict(plan.kernel_kwargs), grid_heads=Hkv,
+                        backend=plan.backend, api=plan.api)
     result = np.ascontiguousarray(np.asarray(out)[0, :, :T, :].transpose(1, 0, 2))
-    if Hq != H:
-        result = unpack_output(result, H)
-    return from_numpy_like(result, was_torch, like=query)
+    return unpack_output(result, H) if Hq != H else result
 
 
 def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, block_table: Any,
@@ -243,7 +281,9 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         fail("n_kv_head", f"equal kv_cache.shape[2] = {Hkv}", repr(n_kv_head))
     if head_size is not None and head_size != d:
         fail("head_size", f"equal kv_cache.shape[4] = {d}", repr(head_size))
-    _check_common(q.shape[1], Hkv, d, N, mixed_precision, backend)
+    check_attention_options(kernel="dense", num_heads=q.shape[1], num_kv_heads=Hkv, head_size=d,
+                            num_blocks=N, mixed_precision=mixed_precision, backend=backend,
+                            gqa_packing="auto")
     bt = check_integer_array("block_table", block_table, ndim=1)
     if bt.size and (bt.min() < 0 or bt.max() >= N):
         bad = int(np.argmax((bt < 0) | (bt >= N)))
@@ -255,72 +295,16 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         if m_np.size and not np.isin(m_np, (0, 1)).all():
             fail("attn_mask", "hold only 0 and 1 when integer", "other values")
         m_np = m_np.astype(bool)
-    out = _launch(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-                  np.ascontiguousarray(cache), bt.astype(np.int32), np.ascontiguousarray(m_np),
-                  1.0 / math.sqrt(d), bool(mixed_precision), LARGE_TILE_SZ, Hkv, backend)
+    from nki_kernels.flash_paged_attention import flash_paged_attention
+
+    args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+            np.ascontiguousarray(cache), bt.astype(np.int32), np.ascontiguousarray(m_np))
+    kwargs = dict(softmax_scale=1.0 / math.sqrt(d), mixed_precision=bool(mixed_precision),
+                  LARGE_TILE_SZ=LARGE_TILE_SZ)
+    out = launch_kernel(flash_paged_attention, args, kwargs, grid_heads=Hkv, backend=backend)
     return from_numpy_like(np.asarray(out), was_torch, like=query)
 
 
 def _check_dtype(name: str, arr: np.ndarray) -> None:
-    if arr.dtype.name not in _DTYPES:
-        fail(f"{name}.dtype", f"be one of {_DTYPES}", arr.dtype.name)
-
-
-def _check_common(H: int, Hkv: int, d: int, N: int, mixed_precision: Any, backend: Any, *,
-                  max_head_size: int = 128) -> None:
-    if Hkv < 1 or N < 1:
-        fail("kv_cache", "have num_blocks >= 1 and Hkv >= 1", f"N={N}, Hkv={Hkv}")
-    if H % Hkv:
-        fail("query", f"have a head count divisible by num_kv_heads={Hkv}", f"H = {H}")
-    if not 1 <= d <= max_head_size:
-        what = ("the dense kernel keeps one SBUF partition per channel" if max_head_size == 128
-                else "the scheduled kernel accumulates QK^T over 128-channel slices")
-        fail("head size d", f"be in [1, {max_head_size}] ({what})", d)
-    if not isinstance(mixed_precision, (bool, np.bool_)):
-        fail("mixed_precision", "be a bool", repr(mixed_precision))
-    if backend not in BACKENDS:
-        fail("backend", f"be one of {BACKENDS}", repr(backend))
-
-
-def _check_scale(softmax_scale: Any, d: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(softmax_scale)):
-        fail("softmax_scale", "be a finite real number or None", repr(softmax_scale))
-    return float(softmax_scale)
-
-
-def _launch(q, k, v, kv_cache, block_table, mask, scale, mixed_precision, large_tile, Hkv, backend):
-    """Run the dense kernel on grid [1, Hkv]; returns the (1, H, Qpad, d) output as NumPy."""
-    from nki_kernels.flash_paged_attention import flash_paged_attention
-
-    kwargs = dict(softmax_scale=scale, mixed_precision=mixed_precision, LARGE_TILE_SZ=large_tile)
-    return _run(flash_paged_attention, (q, k, v, kv_cache, block_table, mask), kwargs, Hkv, backend)
-
-
-def _run(kernel, args, kwargs, Hkv, backend, api=None, lnc=None):
-    """Run ``kernel`` over Hkv KV heads on the chosen backend; returns its output as NumPy.
-    Kernels of both APIs (``nki_kernels.ops.KernelFamily``) run on ``resolve_api(api)``;
-    legacy-only kernels on grid [1, Hkv]."""
-    from nki_kernels import _nki
-    from nki_kernels.ops import KernelFamily
-
-    if isinstance(kernel, KernelFamily):
-        chosen = _nki.resolve_api(api)
-        device = backend == "neuron" or (backend == "auto" and not chosen.simulated)
-        if chosen.simulated and chosen.name == _nki.CURRENT:
-            # nki.simulate writes its array arguments back: hand it writable ones
-            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
-                         else a for a in args)
-        return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=Hkv, device=device,
-                                        lnc=lnc))
-
-    on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
-    if on_device:
-        if _nki.SIMULATED:
-            raise RuntimeError("backend='neuron' needs the real Neuron toolchain (neuronx-cc) and a "
-                               "Trainium device, but nki_sim is active (NKI_PA_BACKEND="
-                               f"{_nki.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
-        return np.asarray(kernel[1, Hkv](*args, **kwargs))
-    return np.asarray(_nki.nki.simulate_kernel(kernel[1, Hkv], *args, **kwargs))
+    if arr.dtype.name not in DTYPES:
+        fail(f"{name}.dtype", f"be one of {DTYPES}", arr.dtype.name)

@@ -20,12 +20,17 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, to_numpy
-from host.plan import PARTITIONS, PagedAttentionPlan
+from host.plan import PagedAttentionPlan
+from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
+                                  PARTITIONS)
+from nki_kernels.contract import tile_geometry as contract_tile_geometry
 from host.validation import (check_index_range, check_int, check_integer_array,
                              check_power_of_two, check_shape, fail)
 
 __all__ = [
     "active_block_table",
+    "active_table_of",
+    "check_block_tables",
     "transform_block_tables",
     "transform_block_tables_all_heads",
     "inverse_transform_block_tables",
@@ -40,12 +45,55 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def tile_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
-    """Validated ``(M, Tf, b', L)`` for a block size and large tile size (docs/layouts.md §3)."""
-    B = check_power_of_two("block_size", block_size, lo=1, hi=256)
-    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
-    M = LT // B
-    Tf = PARTITIONS // M if M < PARTITIONS else 1
-    return M, Tf, B // Tf, M * Tf
+    """Validated ``(M, Tf, b', L)`` for a block size and large tile size (docs/layouts.md §3):
+    ``nki_kernels.contract.tile_geometry`` after the range checks."""
+    B = check_power_of_two("block_size", block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
+    g = contract_tile_geometry(B, LT)
+    return g.M, g.T, g.bp, g.L
+
+
+def check_block_tables(block_tables: Any, context_lens: np.ndarray, *, block_size: int,
+                       num_blocks: int | None = None) -> np.ndarray:
+    """Validated ``(S, max_blocks)`` int64 block tables for validated ``context_lens`` (S,).
+
+    Row i's first ``ceil(context_lens[i] / block_size)`` entries must be block ids >= 0 (and
+    < ``num_blocks`` when given) that fit int32; later entries are ignored (may be -1).
+    Raises the ValueError naming ``block_tables`` (first offender shown).
+    """
+    arr, _ = to_numpy(block_tables, "block_tables")
+    bt = check_integer_array("block_tables", arr, ndim=2)
+    S = context_lens.shape[0]
+    check_shape("block_tables", bt, (S, None), "(num_seqs, max_blocks)")
+    cblocks = -(-context_lens // block_size)
+    need = int(cblocks.max())
+    if bt.shape[1] < need:
+        i = int(np.argmax(cblocks))
+        fail("block_tables", f"have at least ceil(context_lens[{i}]={int(context_lens[i])} / "
+             f"block_size={block_size}) = {need} columns", f"shape {bt.shape}")
+    seq, k = _used_entries(cblocks)
+    used = bt[seq, k]
+    if used.size and used.min() < 0:
+        j = int(np.argmax(used < 0))
+        fail("block_tables", "hold block ids >= 0 in the first ceil(context_lens/block_size) "
+             "entries of each row", f"block_tables[{int(seq[j])}, {int(k[j])}] = {int(used[j])}")
+    if num_blocks is not None:
+        n = check_int("num_blocks", num_blocks, min_value=1)
+        if used.size and used.max() >= n:
+            j = int(np.argmax(used >= n))
+            fail("block_tables", f"hold block ids < num_blocks={n} (inside the cache)",
+                 f"block_tables[{int(seq[j])}, {int(k[j])}] = {int(used[j])}")
+    if used.size and used.max() > _INT32_MAX:
+        fail("block_tables", f"hold ids that fit int32 (<= {_INT32_MAX})", int(used.max()))
+    return bt
+
+
+def _used_entries(context_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence id, in-sequence block index) of every used block-table entry, in order."""
+    offsets = np.concatenate(([0], np.cumsum(context_blocks)[:-1])).astype(np.int64)
+    seq = np.repeat(np.arange(context_blocks.shape[0]), context_blocks)
+    k = np.arange(int(context_blocks.sum())) - np.repeat(offsets, context_blocks)
+    return seq, k
 
 
 def active_block_table(plan: PagedAttentionPlan, block_tables: Any, *,
@@ -63,33 +111,18 @@ def active_block_table(plan: PagedAttentionPlan, block_tables: Any, *,
         A torch tensor if ``block_tables`` was one.
     """
     arr, was_torch = to_numpy(block_tables, "block_tables")
-    bt = check_integer_array("block_tables", arr, ndim=2)
-    check_shape("block_tables", bt, (plan.num_seqs, None), "(num_seqs, max_blocks)")
-    need = int(plan.context_blocks.max())
-    if bt.shape[1] < need:
-        i = int(np.argmax(plan.context_blocks))
-        fail("block_tables", f"have at least ceil(context_lens[{i}]={int(plan.context_lens[i])} / "
-             f"block_size={plan.block_size}) = {need} columns", f"shape {bt.shape}")
-    total = int(plan.context_blocks.sum())
-    # seq id and in-sequence block index of every active block (np.repeat, no Python loop)
-    seq = np.repeat(np.arange(plan.num_seqs), plan.context_blocks)
-    k = np.arange(total) - np.repeat(plan.block_offsets, plan.context_blocks)
-    used = bt[seq, k]
-    if used.size and used.min() < 0:
-        j = int(np.argmax(used < 0))
-        fail("block_tables", "hold block ids >= 0 in the first ceil(context_lens/block_size) "
-             "entries of each row", f"block_tables[{int(seq[j])}, {int(k[j])}] = {int(used[j])}")
-    if num_blocks is not None:
-        n = check_int("num_blocks", num_blocks, min_value=1)
-        if used.size and used.max() >= n:
-            j = int(np.argmax(used >= n))
-            fail("block_tables", f"hold block ids < num_blocks={n} (inside the cache)",
-                 f"block_tables[{int(seq[j])}, {int(k[j])}] = {int(used[j])}")
-    if used.size and used.max() > _INT32_MAX:
-        fail("block_tables", f"hold ids that fit int32 (<= {_INT32_MAX})", int(used.max()))
+    bt = check_block_tables(arr, plan.context_lens, block_size=plan.block_size,
+                            num_blocks=num_blocks)
+    return from_numpy_like(active_table_of(plan, bt), was_torch, like=block_tables)
+
+
+def active_table_of(plan: PagedAttentionPlan, block_tables: np.ndarray) -> np.ndarray:
+    """:func:`active_block_table` of block tables already checked by
+    :func:`check_block_tables`: (plan.num_active_blocks,) int32 (read-write)."""
+    seq, k = _used_entries(plan.context_blocks)
     out = np.zeros(plan.num_active_blocks, dtype=np.int32)
-    out[:total] = used
-    return from_numpy_like(out, was_torch, like=block_tables)
+    out[:seq.shape[0]] = block_tables[seq, k]
+    return out
 
 
 def _check_active(active_table: Any, M: int) -> np.ndarray:

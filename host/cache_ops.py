@@ -48,6 +48,10 @@ from host.validation import (check_index_range, check_integer_array,
 
 __all__ = [
     "reshape_and_cache",
+    "writable_array",
+    "check_int32_rows",
+    "copy_layers",
+    "resolve_kernel_api",
     "copy_blocks",
     "swap_blocks",
     "allocate_kv_caches",
@@ -66,7 +70,7 @@ DEFAULT_MAX_ROW_BYTES = 16 * 1024  # >= 4 KiB per partition saturates DMA; 16 Ki
 # ----------------------------------------------------------------------------- arrays and checks
 
 
-def _writable(x: Any, name: str) -> np.ndarray:
+def writable_array(x: Any, name: str) -> np.ndarray:
     """A NumPy array sharing memory with ``x`` (NumPy array or CPU torch tensor), writable, C-contiguous."""
     if is_torch_tensor(x):
         if x.device.type != "cpu":
@@ -117,7 +121,7 @@ def _block_layout(name: str, cache: np.ndarray) -> np.ndarray:
     return cache
 
 
-def _resolve(api: Any) -> Any:
+def resolve_kernel_api(api: Any) -> Any:
     """``api`` resolved up front (``nki_kernels._nki.resolve_api``: a ValueError naming ``api`` and
     the accepted values for a bad one); ``.kernel(family)`` is the family's jitted kernel."""
     from nki_kernels._nki import resolve_api
@@ -125,7 +129,7 @@ def _resolve(api: Any) -> Any:
     return resolve_api(api)
 
 
-def _check_int32(what: str, value: int) -> None:
+def check_int32_rows(what: str, value: int) -> None:
     if value > _INT32_MAX:
         raise NotImplementedError(f"{what} = {value} exceeds the int32 DMA index range; "
                                   "split the cache into smaller tensors")
@@ -176,19 +180,19 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
             non-contiguous or read-only cache, missing scales for an fp8 cache or scales for a
             non-fp8 cache, an unknown ``api`` -- all before anything is written.
     """
-    run_api = _resolve(api)
+    run_api = resolve_kernel_api(api)
     if is_block_kv(kv_cache):       # vLLM block-KV: (key_cache, value_cache), host/block_kv.py
         return reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, k_scale=k_scale,
-                                        v_scale=v_scale, run_api=run_api, writable=_writable,
-                                        check_int32=_check_int32)
-    cache = _writable(kv_cache, "kv_cache")
+                                        v_scale=v_scale, run_api=run_api, writable=writable_array,
+                                        check_int32=check_int32_rows)
+    cache = writable_array(kv_cache, "kv_cache")
     _check_cache("kv_cache", cache)
     _, n_blocks, n_heads, block_size, head_size = cache.shape
     k_sc, v_sc = normalize_kv_scales(cache.dtype, n_heads, k_scale, v_scale)
     k, v = check_new_kv(key, value, n_heads, head_size)
     n_slots = n_blocks * block_size
     slots = check_slot_mapping(slot_mapping, num_tokens=k.shape[0], num_slots=n_slots, tokens_arg="key")
-    _check_int32("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
+    check_int32_rows("2 * num_blocks * num_kv_heads * block_size", 2 * n_slots * n_heads)
     if not (slots >= 0).any():
         return kv_cache  # nothing to write (also covers T == 0)
 
@@ -317,6 +321,35 @@ def allocate_kv_caches(num_layers: int, num_blocks: int, num_kv_heads: int, bloc
     return [buf[i] for i in range(sizes[0])]
 
 
+def copy_layers(kv_caches: Any) -> list[np.ndarray]:
+    """The validated per-layer caches :func:`copy_blocks` copies in (the paged and MLA layouts):
+    writable, C-contiguous NumPy views (CPU torch tensors shared) in the block-copy layout, all
+    of one shape and dtype, not overlapping. ``host.KVCacheManager`` checks its cache with it at
+    construction. Raises the ValueError / NotImplementedError of ``copy_blocks``."""
+    if isinstance(kv_caches, np.ndarray) or is_torch_tensor(kv_caches):
+        whole = writable_array(kv_caches, "kv_caches")
+        if whole.ndim not in (6, 4):
+            fail("kv_caches", "be a list of (2, N, Hkv, B, d) or MLA (N, B, E) caches, or one "
+                 "(L, 2, N, Hkv, B, d) or (L, N, B, E) array",
+                 f"an array of shape {whole.shape}")
+        layers = [whole[i] for i in range(whole.shape[0])]
+    else:
+        if not isinstance(kv_caches, (list, tuple)) or len(kv_caches) == 0:
+            fail("kv_caches", "be a non-empty list of per-layer caches", repr(type(kv_caches).__name__))
+        layers = [writable_array(c, f"kv_caches[{i}]") for i, c in enumerate(kv_caches)]
+    if not layers:
+        fail("kv_caches", "hold at least one layer", "0 layers")
+    layers = [_block_layout(f"kv_caches[{i}]", c) for i, c in enumerate(layers)]
+    for i, c in enumerate(layers):
+        if c.shape != layers[0].shape or c.dtype != layers[0].dtype:
+            fail(f"kv_caches[{i}]", f"have the shape {layers[0].shape} and dtype {layers[0].dtype} of "
+                 "kv_caches[0]", f"shape {c.shape}, dtype {c.dtype}")
+    if len({_addr(c) for c in layers}) != len(layers) or any(
+            np.may_share_memory(a, b) for i, a in enumerate(layers) for b in layers[i + 1:]):
+        fail("kv_caches", "hold distinct, non-overlapping layers", "two layers sharing memory")
+    return layers
+
+
 def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
                 api: Any = None) -> None:
     """Copy blocks inside every layer's cache, all layers in ONE kernel launch (vLLM ``copy_blocks``).
@@ -346,33 +379,13 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
     Raises:
         ValueError: anything invalid (an unknown ``api`` included), before anything is written.
     """
-    run_api = _resolve(api)
-    runs = block_kv_layers(kv_caches, _writable, kv_caches_share_buffer)
+    run_api = resolve_kernel_api(api)
+    runs = block_kv_layers(kv_caches, writable_array, kv_caches_share_buffer)
     if runs is not None:            # vLLM block-KV pairs: zero-copy launches (host/block_kv.py)
         for run in runs:
             copy_blocks(run, block_mapping, max_row_bytes=max_row_bytes, api=api)
         return
-    if isinstance(kv_caches, np.ndarray) or is_torch_tensor(kv_caches):
-        whole = _writable(kv_caches, "kv_caches")
-        if whole.ndim not in (6, 4):
-            fail("kv_caches", "be a list of (2, N, Hkv, B, d) or MLA (N, B, E) caches, or one "
-                 "(L, 2, N, Hkv, B, d) or (L, N, B, E) array",
-                 f"an array of shape {whole.shape}")
-        layers = [whole[i] for i in range(whole.shape[0])]
-    else:
-        if not isinstance(kv_caches, (list, tuple)) or len(kv_caches) == 0:
-            fail("kv_caches", "be a non-empty list of per-layer caches", repr(type(kv_caches).__name__))
-        layers = [_writable(c, f"kv_caches[{i}]") for i, c in enumerate(kv_caches)]
-    if not layers:
-        fail("kv_caches", "hold at least one layer", "0 layers")
-    layers = [_block_layout(f"kv_caches[{i}]", c) for i, c in enumerate(layers)]
-    for i, c in enumerate(layers):
-        if c.shape != layers[0].shape or c.dtype != layers[0].dtype:
-            fail(f"kv_caches[{i}]", f"have the shape {layers[0].shape} and dtype {layers[0].dtype} of "
-                 "kv_caches[0]", f"shape {c.shape}, dtype {c.dtype}")
-    if len({_addr(c) for c in layers}) != len(layers) or any(
-            np.may_share_memory(a, b) for i, a in enumerate(layers) for b in layers[i + 1:]):
-        fail("kv_caches", "hold distinct, non-overlapping layers", "two layers sharing memory")
+    layers = copy_layers(kv_caches)
     n_blocks = layers[0].shape[1]
     src, dst = check_block_mapping(block_mapping, n_blocks, n_blocks, same_cache=True)
     if src.size == 0:
@@ -382,7 +395,7 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
     f = block_row_len(slab, layers[0].itemsize, max_row_bytes)
     n_sub = slab // f
     halves = layers[0].shape[0]
-    _check_int32("rows of the block row view", n_layers * halves * n_blocks * n_sub)
+    check_int32_rows("rows of the block row view", n_layers * halves * n_blocks * n_sub)
     pairs = block_copy_row_pairs(src, dst, num_layers=n_layers, src_num_blocks=n_blocks,
                                  dst_num_blocks=n_blocks, n_sub=n_sub, halves=halves)
 
@@ -416,8 +429,8 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     Raises:
         ValueError: anything invalid (an unknown ``api`` included), before anything is written.
     """
-    run_api = _resolve(api)
-    dst_given = _writable(dst_cache, "dst_cache")
+    run_api = resolve_kernel_api(api)
+    dst_given = writable_array(dst_cache, "dst_cache")
     src_given, _ = to_numpy(src_cache, "src_cache")
     src = _block_layout("src_cache", src_given)
     dst = _block_layout("dst_cache", dst_given)
@@ -436,7 +449,7 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     slab = int(np.prod(dst.shape[2:]))
     f = block_row_len(slab, dst.itemsize, max_row_bytes)
     n_sub = slab // f
-    _check_int32("rows of the block row view", dst.shape[0] * max(src.shape[1], dst.shape[1]) * n_sub)
+    check_int32_rows("rows of the block row view", dst.shape[0] * max(src.shape[1], dst.shape[1]) * n_sub)
     pairs = block_copy_row_pairs(s_ids, d_ids, num_layers=1, src_num_blocks=src.shape[1],
                                  dst_num_blocks=dst.shape[1], n_sub=n_sub, halves=dst.shape[0])
 

@@ -72,8 +72,10 @@ class PagedGenerator:
         max_num_seqs: sequences running at once.  max_step_tokens: tokens per forward
             (>= max_num_seqs, so every decoding sequence advances every step).
         prefix_sharing: reuse cached full blocks of identical prompt prefixes.
-        mixed_precision, large_tile_size, kernel: ``paged_attention`` options (kernel None =
-            the host default).
+        mixed_precision: ``paged_attention``'s option; default False, so an fp32 model's greedy
+            tokens equal those of transformers' eager attention (True: bf16 matmul inputs, faster
+            on hardware, but near-tied tokens may differ from eager).
+        large_tile_size, kernel: ``paged_attention`` options (kernel None = the host default).
         kv_cache_dtype: cache dtype (default: the model's); ``torch.float8_e4m3fn`` /
             ``torch.float8_e5m2`` store K and V quantized with ``k_scale`` / ``v_scale`` (floats or
             (Hkv,) per KV head; required for fp8).
@@ -82,7 +84,7 @@ class PagedGenerator:
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_step_tokens: int = 256, prefix_sharing: bool = True,
-                 mixed_precision: bool = True, large_tile_size: int = 2048,
+                 mixed_precision: bool = False, large_tile_size: int = 2048,
                  kernel: str | None = None, kv_cache_dtype: torch.dtype | None = None,
                  k_scale: Any = None, v_scale: Any = None, record_logits: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)
@@ -92,6 +94,7 @@ class PagedGenerator:
         self.max_step_tokens = check_int("max_step_tokens", max_step_tokens,
                                          min_value=self.max_num_seqs)
         cfg = model.config.get_text_config()
+        self.vocab_size = int(cfg.vocab_size)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -122,6 +125,10 @@ class PagedGenerator:
         toks = [int(t) for t in prompt]
         if not toks:
             fail("prompt", "hold at least one token id", "an empty prompt")
+        bad = [t for t in toks if not 0 <= t < self.vocab_size]
+        if bad:
+            fail("prompt", f"hold token ids in [0, vocab_size={self.vocab_size})",
+                 f"token id {bad[0]} at position {toks.index(bad[0])}")
         n_new = check_int("max_new_tokens", max_new_tokens, min_value=1)
         rid = next(self._ids) if request_id is None else request_id
         known = {r.out.request_id for r in itertools.chain(self._waiting, self._running)}
@@ -240,7 +247,7 @@ def generate(model: Any, prompts: Sequence[Iterable[int]], max_new_tokens: int |
     """Greedy-generate for every prompt with a :class:`PagedGenerator`; outputs in prompt order.
 
     ``max_new_tokens`` is one int or one per prompt; ``generator_kwargs`` go to PagedGenerator
-    (``num_blocks`` is required).
+    (``num_blocks`` is required; ``mixed_precision`` defaults to False: tokens as eager).
     """
     gen = PagedGenerator(model, **generator_kwargs)
     counts = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)

@@ -54,8 +54,10 @@ class KVCacheManager:
         num_blocks: N >= 1.  block_size: B >= 1.
         kv_caches: optional cache the blocks live in, anything :func:`host.copy_blocks` accepts
             (a list of (2, N, Hkv, B, d) per-layer caches or one (L, 2, N, Hkv, B, d) array or
-            CPU torch tensor; MLA caches (N, B, E) / (L, N, B, E) alike). With it, copy-on-write copies run immediately through
-            ``host.copy_blocks``; without it they queue up for :meth:`pop_block_copies`.
+            CPU torch tensor; MLA caches (N, B, E) / (L, N, B, E) alike), checked at construction
+            with ``host.cache_ops.copy_layers`` (writable, C-contiguous, distinct layers). With it,
+            copy-on-write copies run immediately through ``host.copy_blocks``; without it they
+            queue up for :meth:`pop_block_copies`. A copy that raises changes nothing.
         prefix_sharing: share full prompt blocks between sequences with the same prefix.
     """
 
@@ -65,6 +67,9 @@ class KVCacheManager:
         self.block_size = check_int("block_size", block_size, min_value=1)
         if kv_caches is not None:
             _check_cache_geometry(kv_caches, self.num_blocks, self.block_size)
+            from host.cache_ops import copy_layers
+
+            copy_layers(kv_caches)      # a cache copy-on-write cannot copy in fails here, not later
         self._caches = kv_caches
         self._prefix_sharing = bool(prefix_sharing)
         self._lock = threading.RLock()
@@ -193,10 +198,13 @@ class KVCacheManager:
                 raise OutOfBlocksError(f"append_slots({seq_id!r}, {n}) needs {new_blocks + cow} free "
                                        f"blocks; {len(self._free)} of {self.num_blocks} are free")
             if cow:
-                old, new = table[-1], self._take()
+                # copy into the next free block BEFORE anything changes: a copy that raises
+                # leaves the manager exactly as it was (the sequence keeps its shared block)
+                old, new = table[-1], self._free[0]
+                self._copy(old, new)
+                self._take()
                 self._ref[old] -= 1
                 table[-1] = new
-                self._copy(old, new)
             table.extend(self._take() for _ in range(new_blocks))
             self._lens[sid] = start + n
             if self._tokens[sid] is not None and toks is not None:

@@ -34,10 +34,10 @@ from host.mla_layout import check_mla_cache
 from host.validation import (check_block_tables, check_float_array, check_int, check_integer_array,
                              check_lens, check_softmax_scale, fail)
 
-__all__ = ["MLAPlan", "check_mla_inputs", "MAX_MLA_HEADS"]
+__all__ = ["MLAPlan", "check_mla_inputs", "mla_batch", "MAX_MLA_HEADS", "MLA_DTYPES"]
 
 MAX_MLA_HEADS = 128            # query heads per launch: one SBUF partition each
-_DTYPES = ("float32", "bfloat16", "float16")
+MLA_DTYPES = ("float32", "bfloat16", "float16")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -93,8 +93,8 @@ def check_mla_inputs(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any, 
     P = check_int("qk_rope_head_dim", qk_rope_head_dim, min_value=1)
     q_np, _ = to_numpy(q, "q")
     q_arr = check_float_array("q", q_np, ndim=3)
-    if q_arr.dtype.name not in _DTYPES:
-        fail("q.dtype", f"be one of {_DTYPES}", q_arr.dtype.name)
+    if q_arr.dtype.name not in MLA_DTYPES:
+        fail("q.dtype", f"be one of {MLA_DTYPES}", q_arr.dtype.name)
     T, H, width = q_arr.shape
     if width != R + P:
         fail("q", f"have shape (T, H, kv_lora_rank + qk_rope_head_dim = {R + P})", f"shape {q_arr.shape}")
@@ -108,9 +108,25 @@ def check_mla_inputs(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any, 
         raise NotImplementedError(f"kv_cache: num_blocks * block_size = {N * B} exceeds the int32 "
                                   "row-index range; split the cache into smaller tensors")
 
+    return mla_batch(block_tables, query_lens, context_lens, num_tokens=T, num_heads=H,
+                     num_blocks=N, block_size=B, entry_size=E, kv_lora_rank=R,
+                     qk_rope_head_dim=P, softmax_scale=softmax_scale, dtype=q_arr.dtype.name)
+
+
+def mla_batch(block_tables: Any, query_lens: Any, context_lens: Any, *, num_tokens: int | None,
+              num_heads: int, num_blocks: int, block_size: int, entry_size: int,
+              kv_lora_rank: int, qk_rope_head_dim: int, softmax_scale: float | None,
+              dtype: str) -> MLAPlan:
+    """The :class:`MLAPlan` of checked geometry (H, N, B, E, R, P, dtype) and the batch:
+    validates the lengths (summing to ``num_tokens`` when given), the block tables and the
+    scale, as :func:`check_mla_inputs` does after its tensor checks."""
+    T, H, N, B, E = num_tokens, num_heads, num_blocks, block_size, entry_size
+    R, P = kv_lora_rank, qk_rope_head_dim
     qlens = check_lens("query_lens", query_lens, min_value=1)
     if qlens.shape[0] == 0:
         fail("query_lens", "have at least one entry (one per sequence)", "0 entries")
+    if T is None:
+        T = int(qlens.sum())
     if int(qlens.sum()) != T:
         fail("query_lens", f"sum to q.shape[0] = {T}", f"sum {int(qlens.sum())}")
     S = qlens.shape[0]
@@ -130,4 +146,4 @@ def check_mla_inputs(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any, 
                    kv_lora_rank=R, qk_rope_head_dim=P, num_seqs=S,
                    query_lens=readonly(qlens.copy()), context_lens=readonly(clens.copy()),
                    query_offsets=readonly(offsets), context_blocks=readonly(nblk.astype(np.int64)),
-                   softmax_scale=scale, dtype=q_arr.dtype.name)
+                   softmax_scale=scale, dtype=dtype)

@@ -18,20 +18,23 @@ cache (N, B, E) with E >= R + P, b' entries per gathered row (``host.schedule.it
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import numpy as np
 
-from host._arrays import from_numpy_like, to_numpy
-from host.mla import check_mla_inputs
+from host._arrays import from_numpy_like, readonly, to_numpy
+from host.launch import check_api, check_backend, launch_kernel
+from host.mla import MAX_MLA_HEADS, MLA_DTYPES, MLAPlan, check_mla_inputs, mla_batch
 from host.schedule import AttentionSchedule, make_schedule
-from host.scheduled import item_queries, pack_queries, unpack_output
-from host.validation import check_integer_array, check_power_of_two, fail
+from host.scheduled import UNUSED_F32, item_queries, pack_queries, unpack_output
+from host.validation import check_int, check_integer_array, check_power_of_two, fail
+from nki_kernels.contract import MAX_BLOCK_SIZE, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE
 
-__all__ = ["mla_paged_attention", "build_mla_overlay", "mla_schedule", "mla_kernel_inputs",
-           "mla_max_group_blocks"]
+__all__ = ["mla_paged_attention", "plan_mla_attention", "run_mla_attention", "MLAStepPlan",
+           "build_mla_overlay", "mla_schedule", "mla_kernel_inputs", "mla_max_group_blocks"]
 
-BACKENDS = ("auto", "sim", "neuron")
 _INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -59,7 +62,7 @@ def mla_max_group_blocks(plan, large_tile_size: int, mixed_precision: bool, item
             for the largest decode-layout block (LARGE_TILE_SZ too large for this entry size and
             dtype).
     """
-    from nki_kernels.constants import DECODE_LAYOUT_MAX_ROWS, tile_geometry
+    from nki_kernels.contract import DECODE_MAX_ROWS, tile_geometry
     from nki_kernels.mla_attention import MAX_VALUE_DIM, MLA_MAX_GROUP_BLOCKS
     from nki_kernels.mla_sbuf import SBUF_USABLE, decode_chunk_cap, mla_group_blocks, mla_sbuf_bytes
 
@@ -67,13 +70,14 @@ def mla_max_group_blocks(plan, large_tile_size: int, mixed_precision: bool, item
         raise NotImplementedError(f"kv_lora_rank = {plan.kv_lora_rank} > {MAX_VALUE_DIM} is not "
                                   "supported (the value accumulator is one PSUM bank); split the "
                                   f"latent into pieces of <= {MAX_VALUE_DIM}")
-    _, _, bp, _, nL = tile_geometry(plan.block_size, large_tile_size)
+    geo = tile_geometry(plan.block_size, large_tile_size)
+    bp, nL = geo.bp, geo.nL
     D, kd = plan.kv_lora_rank + plan.qk_rope_head_dim, 2 if mixed_precision else itemsize
     shape = dict(loads=nL, tiled_block_size=bp, entry_size=plan.entry_size, key_width=D,
                  value_width=plan.kv_lora_rank, cache_itemsize=itemsize, kernel_itemsize=kd,
                  query_itemsize=itemsize)
     blocks = mla_group_blocks(nc_gen="gen2", max_blocks=MLA_MAX_GROUP_BLOCKS, rows=128, **shape)
-    rows = DECODE_LAYOUT_MAX_ROWS
+    rows = DECODE_MAX_ROWS
     cap = decode_chunk_cap(key_width=D, rows=rows, kernel_itemsize=kd)
     decode = mla_sbuf_bytes(rows=rows, blocks=1, preload_cols=cap * rows, **shape)
     if blocks == 0 or decode > SBUF_USABLE["gen2"]:
@@ -112,9 +116,12 @@ def mla_kernel_inputs(cls, q: np.ndarray, kv_cache: np.ndarray, overlay: np.ndar
     decode-layout classes the per-item Q^T of both phases (``host.scheduled.item_queries``) and
     the partial items' one-partition mask bounds."""
     qt = pack_queries(cls, q, 1)
-    bounds = cls.partial.bounds if cls.partial.bounds is not None else np.zeros((1, 1), np.float32)
-    return (qt, item_queries(cls, qt, cls.full, 1), item_queries(cls, qt, cls.partial, 1), bounds,
-            kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
+    bounds = cls.partial.bounds if cls.partial.bounds is not None else UNUSED_F32
+    if cls.decode_layout:
+        q_full, q_part = item_queries(cls, qt, cls.full, 1), item_queries(cls, qt, cls.partial, 1)
+    else:
+        q_full = q_part = np.zeros((1, 1), qt.dtype)       # signature placeholders, not read
+    return (qt, q_full, q_part, bounds, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
             cls.full.meta_f, cls.rows, cls.blocks)
 
 
@@ -122,7 +129,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
                         context_lens: Any, *, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                         softmax_scale: float | None = None, mixed_precision: bool = True,
                         large_tile_size: int = 2048, backend: str = "auto",
-                        api: Any = None) -> Any:
+                        api: str | None = None) -> Any:
     """MLA attention of a flat batch of new tokens over a paged latent cache.
 
     Same arguments, convention and result as :func:`host.mla_paged_attention_ref` (the new tokens
@@ -142,7 +149,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         backend: "auto" | "sim" | "neuron" (as :func:`host.paged_attention`).
         api: "legacy" | "nki" | None / "auto": the NKI API of the kernel
             (``nki_kernels._nki.resolve_api``: the installed toolchain, else the simulator
-            target's API -- trn1 legacy, trn2 the current ``nki``).
+            target's API), validated with ``host.launch.check_api``.
 
     Returns:
         (T, H, R) in q's dtype (a torch tensor if ``q`` was one).
@@ -158,47 +165,120 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         for each class (decode / prefill): mla_paged_attention[1, 1](pack_queries(class, q, 1),
             kv_cache, overlay, class metadata, ...); unpack_output(class, out, result)
     """
-    from nki_kernels._nki import resolve_api
+    batch = check_mla_inputs(q, kv_cache, block_tables, query_lens, context_lens,
+                             kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+                             softmax_scale=softmax_scale)
+    plan = _step_plan(batch, block_tables, mixed_precision=mixed_precision,
+                      large_tile_size=large_tile_size, backend=backend, api=api)
+    q_np, was_torch = to_numpy(q, "q")
+    return from_numpy_like(_run(plan, q_np, to_numpy(kv_cache, "kv_cache")[0]), was_torch, like=q)
 
-    run_api = resolve_api(api)
-    plan = check_mla_inputs(q, kv_cache, block_tables, query_lens, context_lens,
-                            kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
-                            softmax_scale=softmax_scale)
+
+@dataclass(frozen=True, eq=False)
+class MLAStepPlan:
+    """The frozen plan of one MLA step (all layers): ``batch`` (the validated
+    :class:`host.MLAPlan`: geometry, lengths, scale), the schedule (one KV head, G = H), the
+    block tables (read-only int64), the kernel's keyword arguments (read-only mapping), backend
+    and api."""
+
+    batch: MLAPlan
+    schedule: AttentionSchedule = field(repr=False)
+    block_tables: np.ndarray = field(repr=False)
+    kernel_kwargs: Mapping[str, Any] = field(repr=False)
+    backend: str = "auto"
+    api: str | None = None
+
+
+def plan_mla_attention(block_tables: Any, query_lens: Any, context_lens: Any, *, num_heads: int,
+                       num_blocks: int, block_size: int, entry_size: int, dtype: Any,
+                       kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
+                       softmax_scale: float | None = None, mixed_precision: bool = True,
+                       large_tile_size: int = 2048, backend: str = "auto",
+                       api: str | None = None) -> MLAStepPlan:
+    """Validate an MLA step once and build its frozen :class:`MLAStepPlan` (schedule, SBUF group
+    size, kernel options), shared by every layer: ``run_mla_attention(plan, q, kv_cache)`` per
+    layer. Arguments as :func:`mla_paged_attention`, with the tensors' geometry given instead:
+    num_heads H (1..128), the cache's num_blocks N, block_size B and entry_size E (>= R + P),
+    dtype (of q and the cache). ValueError naming the argument for anything invalid."""
+    R = check_int("kv_lora_rank", kv_lora_rank, min_value=1)
+    P = check_int("qk_rope_head_dim", qk_rope_head_dim, min_value=1)
+    H = check_int("num_heads", num_heads, min_value=1, max_value=MAX_MLA_HEADS)
+    N = check_int("num_blocks", num_blocks, min_value=1)
+    B = check_power_of_two("block_size", block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
+    E = check_int("entry_size", entry_size, min_value=R + P)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        fail("dtype", f"be one of {MLA_DTYPES}", repr(dtype))
+    if dt.name not in MLA_DTYPES:
+        fail("dtype", f"be one of {MLA_DTYPES}", dt.name)
+    if N * B > _INT32_MAX:
+        raise NotImplementedError(f"num_blocks * block_size = {N * B} exceeds the int32 "
+                                  "row-index range; split the cache into smaller tensors")
+    batch = mla_batch(block_tables, query_lens, context_lens, num_tokens=None, num_heads=H,
+                      num_blocks=N, block_size=B, entry_size=E, kv_lora_rank=R,
+                      qk_rope_head_dim=P, softmax_scale=softmax_scale, dtype=dt.name)
+    return _step_plan(batch, block_tables, mixed_precision=mixed_precision,
+                      large_tile_size=large_tile_size, backend=backend, api=api)
+
+
+def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile_size, backend,
+               api) -> MLAStepPlan:
+    """The step plan of a validated batch (options checked here)."""
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        fail("backend", f"be one of {BACKENDS}", repr(backend))
-    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
-    B = plan.block_size
-    if B & (B - 1) or B > 256:
+    check_backend(backend)
+    api = check_api(api, kernel="MLA attention", both_apis=True)
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
+    B = batch.block_size
+    if B & (B - 1) or B > MAX_BLOCK_SIZE:
         fail("kv_cache", "have a block size (kv_cache.shape[1]) that is a power of two <= 256",
              f"block size {B}")
-    from nki_kernels.mla_attention import mla_paged_attention as kernel
-
-    q_np, was_torch = to_numpy(q, "q")
-    cache = np.ascontiguousarray(to_numpy(kv_cache, "kv_cache")[0])
     bt = check_integer_array("block_tables", to_numpy(block_tables, "block_tables")[0], ndim=2)
-    blocks = mla_max_group_blocks(plan, LT, bool(mixed_precision), cache.dtype.itemsize)
-    sched = mla_schedule(plan, bt, LT, blocks)
-    if 2 * plan.num_blocks * max(sched.tiling_factor, sched.partial_tiling_factor) > _INT32_MAX:
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[batch.dtype]
+    blocks = mla_max_group_blocks(batch, LT, bool(mixed_precision), itemsize)
+    sched = mla_schedule(batch, bt, LT, blocks)
+    if 2 * batch.num_blocks * max(sched.tiling_factor, sched.partial_tiling_factor) > _INT32_MAX:
         raise NotImplementedError("kv_cache: num_blocks * rows per block is beyond the int32 row-id "
                                   "range of the gathers; split the cache into smaller tensors")
-    R, D = plan.kv_lora_rank, plan.kv_lora_rank + plan.qk_rope_head_dim
-    overlay = build_mla_overlay(sched, cache, bt, D)
-    kwargs = dict(kv_lora_rank=R, qk_rope_head_dim=plan.qk_rope_head_dim,
-                  softmax_scale=plan.softmax_scale, mixed_precision=bool(mixed_precision),
-                  LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size)
-    from host.attention import _run
+    kwargs = MappingProxyType(dict(kv_lora_rank=batch.kv_lora_rank,
+                                   qk_rope_head_dim=batch.qk_rope_head_dim,
+                                   softmax_scale=batch.softmax_scale,
+                                   mixed_precision=bool(mixed_precision), LARGE_TILE_SZ=LT,
+                                   PARTIAL_TILE_SZ=sched.partial_tile_size))
+    return MLAStepPlan(batch=batch, schedule=sched, block_tables=readonly(bt.copy()),
+                       kernel_kwargs=kwargs, backend=backend, api=api)
 
-    result = np.zeros((plan.num_tokens, plan.num_heads, R), dtype=q_np.dtype)
-    for cls in sched.classes:
-        args = mla_kernel_inputs(cls, q_np, cache, overlay)
-        if run_api.name == "legacy":
-            out = _run(kernel, args, kwargs, 1, backend)
-        else:       # the current API updates every array argument in place: pass writable ones
-            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable else a
-                         for a in args)
-            device = backend == "neuron" or (backend == "auto" and not run_api.simulated)
-            out = np.asarray(run_api.launch(kernel, args, kwargs, num_kv_heads=1, device=device))
+
+def run_mla_attention(plan: MLAStepPlan, q: Any, kv_cache: Any) -> Any:
+    """One layer of a planned MLA step: q (T, H, R + P) and kv_cache (N, B, E) in the plan's
+    dtype -> (T, H, R) (torch in, torch out). A tensor that does not fit the plan is a
+    ValueError naming it, the plan's shape / dtype and the value."""
+    b = plan.batch
+    q_np, was_torch = to_numpy(q, "q")
+    cache, _ = to_numpy(kv_cache, "kv_cache")
+    for name, arr, shape in (("q", q_np, (b.num_tokens, b.num_heads,
+                                          b.kv_lora_rank + b.qk_rope_head_dim)),
+                             ("kv_cache", cache, (b.num_blocks, b.block_size, b.entry_size))):
+        if arr.shape != shape:
+            fail(name, f"have shape {shape} of the plan", f"shape {arr.shape}")
+        if arr.dtype.name != b.dtype:
+            fail(f"{name}.dtype", f"be the plan's {b.dtype}", arr.dtype.name)
+    return from_numpy_like(_run(plan, q_np, cache), was_torch, like=q)
+
+
+def _run(plan: MLAStepPlan, q: np.ndarray, kv_cache: np.ndarray) -> np.ndarray:
+    """Overlay (from this layer's cache), per-class kernel inputs, launches, unpack."""
+    from nki_kernels.mla_attention import mla_paged_attention as kernel
+
+    b = plan.batch
+    cache = np.ascontiguousarray(kv_cache)
+    overlay = build_mla_overlay(plan.schedule, cache, plan.block_tables,
+                                b.kv_lora_rank + b.qk_rope_head_dim)
+    result = np.zeros((b.num_tokens, b.num_heads, b.kv_lora_rank), dtype=q.dtype)
+    for cls in plan.schedule.classes:
+        out = launch_kernel(kernel, mla_kernel_inputs(cls, q, cache, overlay),
+                            dict(plan.kernel_kwargs), grid_heads=1, backend=plan.backend,
+                            api=plan.api)
         unpack_output(cls, out, result)
-    return from_numpy_like(result, was_torch, like=q)
+    return result

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from host.cache_ops import _check_int32, _resolve, _writable
+from host.cache_ops import check_int32_rows, resolve_kernel_api, writable_array
 from host.mla_layout import check_mla_cache
 from host.validation import check_float_array, check_slot_mapping, fail
 
@@ -54,8 +54,8 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
             before anything is written.
         NotImplementedError: an fp8 cache; N * B beyond the int32 index range.
     """
-    run_api = _resolve(api)
-    cache = _writable(kv_cache, "kv_cache")
+    run_api = resolve_kernel_api(api)
+    cache = writable_array(kv_cache, "kv_cache")
     latent = check_float_array("kv_c", kv_c, ndim=2)
     rope = check_float_array("k_pe", k_pe, ndim=2)
     T, R = latent.shape
@@ -66,7 +66,7 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
              f"shape {rope.shape}")
     N, B, _ = check_mla_cache("kv_cache", cache, min_entry=R + rope.shape[1])
     slots = check_slot_mapping(slot_mapping, num_tokens=T, num_slots=N * B, tokens_arg="kv_c")
-    _check_int32("num_blocks * block_size", N * B)
+    check_int32_rows("num_blocks * block_size", N * B)
     if not (slots >= 0).any():
         return kv_cache  # nothing to write (also covers T == 0)
 

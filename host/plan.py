@@ -26,6 +26,8 @@ import numpy as np
 
 from host._arrays import readonly
 from host.validation import check_int, check_lens, check_power_of_two, fail
+from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
+                                  PARTITIONS, tile_geometry)
 
 __all__ = [
     "PagedAttentionPlan",
@@ -36,11 +38,12 @@ __all__ = [
     "PARTITIONS",
 ]
 
-PARTITIONS = 128          # SBUF partitions; the kernel tiles Q (and the block-table rows) by 128
-MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
-MIN_LARGE_TILE, MAX_LARGE_TILE = 512, 8192
-SUPPORTED_BLOCK_SIZES = tuple(1 << i for i in range(9))            # 1 .. 256
-SUPPORTED_LARGE_TILE_SIZES = tuple(1 << i for i in range(9, 14))   # 512 .. 8192
+# Partitions (the kernel tiles Q and the block-table rows by 128), limits and the tile geometry
+# are the host-kernel contract's (nki_kernels.contract), never re-derived here.
+SUPPORTED_BLOCK_SIZES = tuple(1 << i for i in range(MIN_BLOCK_SIZE.bit_length() - 1,
+                                                    MAX_BLOCK_SIZE.bit_length()))   # 1 .. 256
+SUPPORTED_LARGE_TILE_SIZES = tuple(1 << i for i in range(MIN_TILE_SIZE.bit_length() - 1,
+                                                         MAX_TILE_SIZE.bit_length()))  # 512 .. 8192
 _INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -98,13 +101,13 @@ class PagedAttentionPlan:
         # Step 1: scalar parameters.
         B = check_power_of_two("block_size", self.block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
         LT = check_power_of_two("large_tile_size", self.large_tile_size,
-                                lo=MIN_LARGE_TILE, hi=MAX_LARGE_TILE)
+                                lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
         put("block_size", B)
         put("large_tile_size", LT)
         # Both are powers of two and LT >= 512 > 256 >= B, so M >= 2 is a power of two and, when
         # M < 128, Tf = 128 // M divides B (B / Tf = LT / 128 >= 4). Checked, not assumed:
-        M = LT // B
-        Tf = PARTITIONS // M if M < PARTITIONS else 1
+        geo = tile_geometry(B, LT)
+        M, Tf = geo.M, geo.T
         if LT % B or B % Tf:  # pragma: no cover - unreachable with the ranges above
             fail("block_size", f"divide large_tile_size={LT} with {PARTITIONS}//M dividing it", B)
 
@@ -155,8 +158,8 @@ class PagedAttentionPlan:
         put("block_offsets", readonly(np.concatenate(([0], np.cumsum(cblocks)[:-1])).astype(np.int64)))
         put("blocks_per_tile", M)
         put("tiling_factor", Tf)
-        put("tiled_block_size", B // Tf)
-        put("rows_per_tile", M * Tf)
+        put("tiled_block_size", geo.bp)
+        put("rows_per_tile", geo.L)
         put("num_active_blocks", nab)
         put("context_kv_len", ctx_len)
         put("num_large_tiles", ctx_len // LT)

@@ -40,20 +40,22 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.schedule_items import (ITEM_OVERHEAD_KEYS, TileGeometry, choose_partial_tile,
-                                 item_geometry, q_blocks, schedule_items)
+from host.schedule_items import (ITEM_OVERHEAD_KEYS, choose_partial_tile, item_geometry, q_blocks,
+                                 schedule_items)
 from host.validation import check_int, check_lens, check_power_of_two, fail
-from nki_kernels.constants import decode_layout
+from nki_kernels.contract import (DECODE_MAX_ROWS, MAX_BLOCK_SIZE, MAX_CHUNK, MAX_GROUP_BLOCKS,
+                                  MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE, chunk_size,
+                                  channel_slices, decode_layout, meta_layout, tile_geometry)
+from nki_kernels.contract import PARTITIONS as P
 from nki_kernels.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
-           "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "ITEM_OVERHEAD_KEYS", "item_geometry",
-           "meta_columns"]
+           "build_schedule", "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "MAX_CHUNK", "chunk_size",
+           "ITEM_OVERHEAD_KEYS", "item_geometry", "meta_columns"]
 
-P = 128
-DECODE_MAX_ROWS = 64        # sequences with G * q_len <= this many rows use the decode class
-MAX_GROUP_BLOCKS = 64       # 128-row Q blocks sharing one KV-tile load (prefill class)
-MAX_CHUNK = 64              # items whose metadata one DMA preloads
+# The decode-class threshold (DECODE_MAX_ROWS), the prefill group cap (MAX_GROUP_BLOCKS), the
+# metadata chunk (MAX_CHUNK, chunk_size), the tile geometry and the metadata columns
+# (meta_layout) are the host-kernel contract's (nki_kernels.contract): defined once, read here.
 
 
 def bucket(n: int) -> int:
@@ -68,14 +70,6 @@ def bucket(n: int) -> int:
         if m << e >= n:
             return m << e
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def chunk_size(items: int) -> int:
-    """Items per metadata chunk: the largest power of two <= MAX_CHUNK dividing ``items``."""
-    if items == 0:
-        return 1
-    c = items & -items
-    return min(c, MAX_CHUNK)
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,15 +195,33 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                    length_arg="query_lens")
     if q.shape[0] == 0:
         fail("query_lens", "have at least one entry (one per sequence)", "0 entries")
-    B = check_power_of_two("block_size", block_size, lo=1, hi=256)
-    LT = check_power_of_two("large_tile_size", large_tile_size, lo=512, hi=8192)
+    B = check_power_of_two("block_size", block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
+    LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
     if not (partial_tile_size is None or partial_tile_size == "auto"):
-        check_power_of_two("partial_tile_size", partial_tile_size, lo=512, hi=LT)
+        check_power_of_two("partial_tile_size", partial_tile_size, lo=MIN_TILE_SIZE, hi=LT)
     if sliding_window is not None:
         sliding_window = check_int("sliding_window", sliding_window, min_value=1)
+    return build_schedule(q, c, block_tables, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                          head_size=head_size, block_size=B, num_blocks=num_blocks,
+                          large_tile_size=LT, sliding_window=sliding_window, alibi=alibi,
+                          row_init=row_init, query_itemsize=query_itemsize,
+                          cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
+                          group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size)
+
+
+def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, num_heads: int,
+                   num_kv_heads: int, head_size: int, block_size: int, num_blocks: int,
+                   large_tile_size: int, sliding_window: int | None, alibi: bool, row_init: bool,
+                   query_itemsize: int, cache_itemsize: int, kernel_itemsize: int,
+                   group_blocks_cap: int | None,
+                   partial_tile_size: int | str | None) -> AttentionSchedule:
+    """:func:`make_schedule` on arguments it has validated (``q`` / ``c`` int64 (S,) length
+    vectors, ``block_size`` / ``large_tile_size`` / ``partial_tile_size`` / ``sliding_window``
+    checked); what ``host.plan_paged_attention`` calls after its own single validation."""
+    B, LT = block_size, large_tile_size
     G = num_heads // num_kv_heads
-    full_geo = TileGeometry(*item_geometry(B, LT))
-    nd = -(-head_size // P)
+    full_geo = tile_geometry(B, LT)
+    nd = channel_slices(head_size)
     Hkv = num_kv_heads
     S = q.shape[0]
     keys = c + q
@@ -241,10 +253,10 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
     if partial_tile_size is None:
         LTp = LT
     elif partial_tile_size == "auto":
-        LTp = choose_partial_tile(specs, B=B, LT=LT, c=c, keys=keys, window=sliding_window)
+        LTp = choose_partial_tile(specs, B=B, LT=LT, c=c, keys=keys, sliding_window=sliding_window)
     else:
         LTp = int(partial_tile_size)
-    part_geo = TileGeometry(*item_geometry(B, LTp))
+    part_geo = tile_geometry(B, LTp)
     bpp = part_geo.bp
     n_main_p = c // bpp                               # partial geometry: rows read from the cache
     n_rows_p = -(-keys // bpp)                        # partial geometry: key rows in all
@@ -259,7 +271,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
     # Step 2: items and phase arrays of every class.
     classes = tuple(
         _class_schedule(kind, rows, blocks, qb, q=q, c=c, Hkv=Hkv, d=head_size, nd=nd,
-                        geo={False: full_geo, True: part_geo}, window=sliding_window,
+                        geo={False: full_geo, True: part_geo}, sliding_window=sliding_window,
                         ov_off=ov_off, block_tables=block_tables, num_blocks=num_blocks,
                         ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1),
                         alibi=alibi, row_init=row_init, seqs=seqs)
@@ -274,7 +286,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         overlay_pos0=readonly(overlay_pos0), classes=classes)
 
 
-def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov_off,
+def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_window, ov_off,
                     block_tables, num_blocks, ov_sentinel, ov_rows_per_head, alibi, row_init,
                     seqs):
     """The two phases of one class (``qb``: ``host.schedule_items.q_blocks``); see :class:`PhaseArrays` for
@@ -283,7 +295,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
     keys = c + q
     nblk, row_real, row_pos, groups = qb["nblk"], qb["row_real"], qb["row_pos"], qb["groups"]
     full_items, part_items, group_lo = schedule_items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
-                                              window=window)
+                                              sliding_window=sliding_window)
     full_groups = {g for g, _ in full_items}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.
@@ -297,34 +309,34 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
         main_sentinel = 2 * num_blocks * Hkv * T      # beyond the flat view's first axis
         n_real = len(items_list)
         n_items = bucket(n_real)
-        kop = decode_layout(rows, blocks, alibi)
-        ki, kf = meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi,
-                              row_init=row_init, rows=rows)
+        kop = decode_layout(rows, blocks)
+        lay = meta_layout(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi,
+                          row_init=row_init, keys_on_partitions=kop)
+        ki, kf = lay.ki, lay.kf
         mi = np.empty((Hkv, P, n_items, ki), np.int32)
         mf = np.zeros((P, n_items, kf), np.float32)
         item_block = np.full(n_items, -1, np.int64)
         bnd = np.zeros((n_items, 2 * rows), np.float32) if (masked and kop) else None
         p = np.arange(P)
-        # defaults: every DMA skipped, reset on (padding items do nothing visible)
-        mi[:, :, :, :nL] = main_sentinel
-        col = nL
+        # defaults: every DMA skipped, reset on (padding items do nothing visible); the column
+        # offsets are the contract's (meta_layout): kv, ov (masked), q (query-rows classes), st,
+        # out (masked), ini (row_init on query-rows classes)
+        kv_col, st_col = lay.kv, lay.st
+        q_col = lay.q if lay.q is not None else st_col
+        mi[:, :, :, kv_col:kv_col + nL] = main_sentinel
         if masked:
-            mi[:, :, :, nL:2 * nL] = ov_sentinel
-            col = 2 * nL
-        q_col, st_col = col, col + (0 if kop else blocks * nd)
-        out_col = st_col + blocks
-        ini_col = out_col + (blocks if masked else 0)
+            mi[:, :, :, lay.ov:lay.ov + nL] = ov_sentinel
         mi[:, :, :, q_col:st_col] = Hkv * nblk * d        # Q^T sentinel (first-axis size)
-        mi[:, :, :, st_col:out_col] = nblk * rows         # state rows (per program)
-        mi[:, :, :, out_col:] = Hkv * nblk * rows         # output rows and init rows
-        mf[:, :, 0] = 1.0
+        mi[:, :, :, st_col:st_col + blocks] = nblk * rows  # state rows (per program)
+        mi[:, :, :, st_col + blocks:] = Hkv * nblk * rows  # output rows and init rows
+        mf[:, :, lay.reset] = 1.0
         prev_group = None
         for t, (gi, k) in enumerate(items_list):
             i, blist = groups[gi]
             first = gi != prev_group
             last = t + 1 == n_real or items_list[t + 1][0] != gi
             prev_group = gi
-            mf[:, t, 0] = 1.0 if first else 0.0
+            mf[:, t, lay.reset] = 1.0 if first else 0.0
             # KV rows of this tile: key row j = k*L + l*128 + p of sequence i
             j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
             # key rows wholly before every row's window are not gathered (skipped: zeros), so
@@ -337,20 +349,20 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
             sub = (j % T)
             for h in range(Hkv):
                 rows_main = (blk.astype(np.int64) * Hkv + h) * T + sub
-                mi[h, :, t, :nL] = np.where(main, rows_main, main_sentinel).T
+                mi[h, :, t, kv_col:kv_col + nL] = np.where(main, rows_main, main_sentinel).T
                 if masked:
                     ovr = h * ov_rows_per_head + ov_off[i] + (j - n_main[i])
-                    mi[h, :, t, nL:2 * nL] = np.where(in_seq & ~main, ovr, ov_sentinel).T
+                    mi[h, :, t, lay.ov:lay.ov + nL] = np.where(in_seq & ~main, ovr, ov_sentinel).T
             if not masked and not main.all():  # pragma: no cover - guarded by the classifier
                 raise AssertionError("internal: a FULL item has rows outside the cache")
             if alibi:
-                mf[:, t, kf - 1] = k * W
+                mf[:, t, lay.k0] = k * W
             item_block[t] = blist[0]
             for jj, b in enumerate(blist):
                 if first and row_init and not kop:
                     for h in range(Hkv):
                         v = (h * nblk + b) * rows + np.arange(rows)
-                        mi[h, :, t, ini_col + jj] = _pad_rows(v, Hkv * nblk * rows)
+                        mi[h, :, t, lay.ini + jj] = _pad_rows(v, Hkv * nblk * rows)
                 if first and not kop:
                     for kk in range(nd):
                         dk = min(P, d - kk * P)
@@ -367,10 +379,10 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
                 if masked and last:
                     for h in range(Hkv):
                         v = np.where(real, (h * nblk + b) * rows + np.arange(rows), Hkv * nblk * rows)
-                        mi[h, :, t, out_col + jj] = _pad_rows(v, Hkv * nblk * rows)
+                        mi[h, :, t, lay.out + jj] = _pad_rows(v, Hkv * nblk * rows)
                 if masked:
                     pos = row_pos[b]
-                    lo = pos - window + 1 if window is not None else np.zeros_like(pos)
+                    lo = pos - sliding_window + 1 if sliding_window is not None else np.zeros_like(pos)
                     lo = np.maximum(lo, 0) - k * W
                     hi = pos + 1 - k * W
                     lo = np.where(real, lo, 0)
@@ -379,8 +391,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
                         bnd[t, :rows] = (lo + hi - 1) / 2.0
                         bnd[t, rows:] = (hi - lo) / 2.0
                     else:
-                        mf[:rows, t, 1 + 2 * jj] = (lo + hi - 1) / 2.0
-                        mf[:rows, t, 2 + 2 * jj] = (hi - lo) / 2.0
+                        mf[:rows, t, lay.bounds + 2 * jj] = (lo + hi - 1) / 2.0
+                        mf[:rows, t, lay.bounds + 1 + 2 * jj] = (hi - lo) / 2.0
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
                            meta_f=readonly(mf.reshape(P, n_items * kf)),
@@ -388,7 +400,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, window, ov
                            bounds=None if bnd is None else readonly(bnd.reshape(1, -1)))
 
     return ClassSchedule(kind=kind, rows=rows, blocks=blocks, num_blocks=nblk,
-                         decode_layout=decode_layout(rows, blocks, alibi),
+                         decode_layout=decode_layout(rows, blocks),
                          seqs=readonly(seqs), row_token=readonly(qb["row_token"]),
                          row_head=readonly(qb["row_head"]),
                          row_pos=readonly(np.where(row_real, row_pos, -1).reshape(-1)),

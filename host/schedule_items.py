@@ -1,18 +1,18 @@
-"""Which work a batch needs (``host.schedule``, docs/layouts.md §16.2-16.3): tile geometries,
-Q blocks and groups, FULL / PARTIAL items with exact pruning, and the ``"auto"`` partial tile
+"""Which work a batch needs (``host.schedule``, docs/layouts.md §16.2-16.3): tile geometries
+(``nki_kernels.contract.TileGeometry``), Q blocks and groups, FULL / PARTIAL items with exact
+pruning, and the ``"auto"`` partial tile
 size. Plain NumPy / Python on lengths; ``host.schedule`` turns the items into kernel metadata.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
            "choose_partial_tile"]
 
-P = 128
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
 # partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
 # model (MODELED): every value from 3072 to at least 6144 makes "auto" pick the fastest size on
@@ -22,43 +22,27 @@ ITEM_OVERHEAD_KEYS = 4096
 
 
 def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
-    """``(T, b', L, nL)`` for a block size and tile size (both powers of two): T rows per block,
-    b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128 loads."""
-    M = large_tile_size // block_size
-    T = P // M if M < P else 1
-    L = M * T
-    return T, block_size // T, L, L // P
+    """``(T, b', L, nL)`` of ``nki_kernels.contract.tile_geometry`` (both powers of two): T rows
+    per block, b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128
+    loads."""
+    g = tile_geometry(block_size, large_tile_size)
+    return g.T, g.bp, g.L, g.nL
 
 
-@dataclass(frozen=True)
-class TileGeometry:
-    """One phase's tile geometry (:func:`item_geometry`): T rows per block, b' tokens per row, L rows
-    and nL loads per tile; W = L * b' keys per tile."""
-
-    T: int
-    bp: int
-    L: int
-    nL: int
-
-    @property
-    def W(self) -> int:
-        return self.L * self.bp
-
-
-def choose_partial_tile(specs, *, B, LT, c, keys, window) -> int:
+def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
     """``"auto"`` partial tile size: the power of two in [512, LT] whose partial items cost the
     least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (the
     per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
     Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
     turn one item into several where a large tile is visible in whole (a window's lower edge)."""
-    fg = TileGeometry(*item_geometry(B, LT))
+    fg = tile_geometry(B, LT)
     best = None
-    ltp = 512
+    ltp = MIN_TILE_SIZE
     while ltp <= LT:
-        pg = TileGeometry(*item_geometry(B, ltp))
+        pg = tile_geometry(B, ltp)
         cost = 0
         for _, _, _, _, qb in specs:
-            _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, window=window)
+            _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, sliding_window=sliding_window)
             nblk = [len(qb["groups"][g][1]) for g, _ in part]
             cost += sum(nblk) * pg.W + len(part) * ITEM_OVERHEAD_KEYS
         if best is None or cost < best[0]:
@@ -102,7 +86,7 @@ def q_blocks(seqs, rows, blocks, *, q, c, G, tok_off) -> dict:
                 row_real=row_real, groups=groups)
 
 
-def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, window):
+def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, sliding_window):
     """Step 2 of a class: ``(full_items, part_items, group_lo)``. A large tile (``fg``) is FULL
     when every real row of the group sees all of it and all its rows are cached; otherwise its
     partial tiles (``pg``) that some row sees are PARTIAL items. Items are (group index, tile
@@ -112,9 +96,9 @@ def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, win
     per_tile = fg.W // pg.W                           # partial tiles per large tile
     for gi, (i, blist) in enumerate(qb["groups"]):
         pos = qb["row_pos"][blist][qb["row_real"][blist]]
-        lo_min = 0 if window is None else max(0, int(pos.min()) - window + 1)
+        lo_min = 0 if sliding_window is None else max(0, int(pos.min()) - sliding_window + 1)
         group_lo[gi] = lo_min
-        lo_max = 0 if window is None else max(0, int(pos.max()) - window + 1)
+        lo_max = 0 if sliding_window is None else max(0, int(pos.max()) - sliding_window + 1)
         hi_min, hi_max = int(pos.min()) + 1, int(pos.max()) + 1
         end = int(keys[i])
         for k in range(-(-end // fg.W)):

@@ -1,21 +1,34 @@
-"""Kernel inputs and launch for the scheduled paged-attention kernel.
+"""Kernel inputs of the scheduled paged-attention kernel (one launch per class of a schedule).
 
-``run_scheduled`` is what ``host.paged_attention(kernel="scheduled")`` calls after validating
-its arguments: it builds the schedule (``host.schedule``), the overlay of key rows that are not
-whole cached-context rows, the packed Q^T blocks of every class, launches
-``nki_kernels.scheduled_attention.scheduled_paged_attention`` once per class on grid
-``[1, Hkv]`` and scatters the packed output back to ``(T, H, d)``. Layouts: docs/layouts.md
-("Scheduled kernel").
+Step-constant (built once per step by ``host.plan_paged_attention``): the per-row initial values
+(:func:`row_init`), their per-item form for keys-on-partitions classes (:func:`item_row_init`),
+gathered in a :class:`ClassLaunch`. Per layer (``host.run_paged_attention``): the overlay of key
+rows that are not whole cached-context rows (:func:`build_overlay`), the packed Q^T blocks of
+every class (:func:`pack_queries`, :func:`item_queries`), the positional arguments of
+``nki_kernels.scheduled_attention.scheduled_paged_attention`` (:func:`launch_args`, grid
+``[1, Hkv]``) and the scatter of its output back to ``(T, H, d)`` (:func:`unpack_output`).
+Layouts: docs/layouts.md ("Scheduled kernel").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from host.schedule import AttentionSchedule, ClassSchedule, make_schedule
+from dataclasses import dataclass, field
 
-__all__ = ["run_scheduled", "build_overlay", "pack_queries", "unpack_output", "kernel_inputs",
-           "row_init", "item_queries", "item_row_init"]
+from host._arrays import readonly
+from host.schedule import AttentionSchedule, ClassSchedule
+from nki_kernels.contract import (M_FLOOR, Q_INIT_COLUMNS, Q_INIT_L, Q_INIT_NEG_M, Q_INIT_SLOPE,
+                                  Q_INIT_SLOPE_POS)
+
+__all__ = ["build_overlay", "pack_queries", "unpack_output", "kernel_inputs", "row_init",
+           "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args",
+           "UNUSED_F32"]
+
+# The scheduled kernel's signature has inputs that only keys-on-partitions classes read
+# (per-item Q^T, per-item row starts, one-partition mask bounds); other classes pass this
+# (1, 1) placeholder (or one in the query dtype for the Q^T inputs), which the kernel never reads.
+UNUSED_F32 = readonly(np.zeros((1, 1), np.float32))
 
 
 def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarray,
@@ -68,12 +81,11 @@ def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int,
     G = H // num_kv_heads
     tok, g = cls.row_token, cls.row_head
     real = tok >= 0
-    packed = np.zeros((num_kv_heads, tok.shape[0], d), dtype=query.dtype)
-    for h in range(num_kv_heads):
-        rows = query[tok[real], h * G + g[real]]
-        if k_scale is not None:
-            rows = (rows.astype(np.float32) * k_scale[h]).astype(query.dtype)
-        packed[h, real] = rows
+    heads = np.arange(num_kv_heads)[:, None] * G + np.where(real, g, 0)[None, :]
+    packed = query[np.where(real, tok, 0)[None, :], heads]        # (Hkv, n, d): one gather
+    packed[:, ~real] = 0
+    if k_scale is not None:
+        packed = (packed.astype(np.float32) * k_scale[:, None, None]).astype(query.dtype)
     packed = packed.reshape(num_kv_heads, cls.num_blocks, cls.rows, d).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(packed.reshape(num_kv_heads * cls.num_blocks * d, cls.rows))
 
@@ -83,22 +95,20 @@ def row_init(cls: ClassSchedule, num_heads: int, num_kv_heads: int, *, sinks=Non
     """``(Hkv * nblk * rows, 4)`` float32 per query row: initial -m and l (``-M_FLOOR, 0``; with
     an attention sink ``-sink, 1``: the sink's exp(sink - m) is the starting sum), ALiBi slope
     and slope * query position (0 without ALiBi)."""
-    from nki_kernels.constants import M_FLOOR
-
     G = num_heads // num_kv_heads
     n = cls.row_token.shape[0]
-    init = np.zeros((num_kv_heads, n, 4), np.float32)
-    init[:, :, 0] = -M_FLOOR
+    init = np.zeros((num_kv_heads, n, Q_INIT_COLUMNS), np.float32)
+    init[:, :, Q_INIT_NEG_M] = -M_FLOOR
     real = cls.row_token >= 0
     for h in range(num_kv_heads):
         heads = h * G + cls.row_head[real]
         if sinks is not None:
-            init[h, real, 0] = -sinks[heads]
-            init[h, real, 1] = 1.0
+            init[h, real, Q_INIT_NEG_M] = -sinks[heads]
+            init[h, real, Q_INIT_L] = 1.0
         if alibi_slopes is not None:
-            init[h, real, 2] = alibi_slopes[heads]
-            init[h, real, 3] = alibi_slopes[heads] * cls.row_pos[real]
-    return init.reshape(num_kv_heads * n, 4)
+            init[h, real, Q_INIT_SLOPE] = alibi_slopes[heads]
+            init[h, real, Q_INIT_SLOPE_POS] = alibi_slopes[heads] * cls.row_pos[real]
+    return init.reshape(num_kv_heads * n, Q_INIT_COLUMNS)
 
 
 def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray,
@@ -125,83 +135,81 @@ def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase, num_kv_heads: i
         return np.zeros((1, 1), query_t.dtype)
     rows, nblk = cls.rows, cls.num_blocks
     d = query_t.shape[0] // (num_kv_heads * nblk)
-    q4 = query_t.reshape(num_kv_heads, nblk, d, rows)
+    q4t = query_t.reshape(num_kv_heads, nblk, d, rows).transpose(0, 2, 1, 3)   # (Hkv, d, nblk, rows)
     blk = phase.item_block
-    sel = np.where(blk[None, :, None, None] >= 0, q4[:, np.maximum(blk, 0)], 0)
-    return np.ascontiguousarray(sel.astype(query_t.dtype).transpose(0, 2, 1, 3)
-                                .reshape(num_kv_heads * d, blk.shape[0] * rows))
+    sel = q4t[:, :, np.maximum(blk, 0)]          # one gather, already in the output order
+    sel[:, :, blk < 0] = 0
+    return sel.reshape(num_kv_heads * d, blk.shape[0] * rows)
 
 
 def item_row_init(cls: ClassSchedule, q_init: np.ndarray, phase, num_kv_heads: int) -> np.ndarray:
     """Keys-on-partitions classes: ``(Hkv * rows, items * 4)`` float32, row ``h*rows + p``,
     columns ``[t*4, t*4 + 4)`` = the ``q_init`` row of query row p of item t's Q block for KV
-    head h (``-M_FLOOR, 0, 0, 0`` for padding items); otherwise a (1, 1) dummy."""
-    from nki_kernels.constants import M_FLOOR
-
-    if not cls.decode_layout:
-        return np.zeros((1, 1), np.float32)
+    head h (``-M_FLOOR, 0, 0, 0`` for padding items). Keys-on-partitions classes only."""
     rows, nblk = cls.rows, cls.num_blocks
-    q4 = q_init.reshape(num_kv_heads, nblk, rows, 4)
+    q4 = q_init.reshape(num_kv_heads, nblk, rows, Q_INIT_COLUMNS)
     blk = phase.item_block
-    pad = np.array([-M_FLOOR, 0.0, 0.0, 0.0], np.float32)
+    pad = np.zeros(Q_INIT_COLUMNS, np.float32)
+    pad[Q_INIT_NEG_M] = -M_FLOOR
     sel = np.where(blk[None, :, None, None] >= 0, q4[:, np.maximum(blk, 0)], pad)
     return np.ascontiguousarray(sel.astype(np.float32).transpose(0, 2, 1, 3)
-                                .reshape(num_kv_heads * rows, blk.shape[0] * 4))
+                                .reshape(num_kv_heads * rows, blk.shape[0] * Q_INIT_COLUMNS))
+
+
+@dataclass(frozen=True, eq=False)
+class ClassLaunch:
+    """Step-constant inputs of one scheduled-kernel launch (one class of sequences).
+
+    q_init: (Hkv * nblk * rows, 4) float32 per-row initial values (:func:`row_init`);
+    init_full / init_part: keys-on-partitions classes: the per-item rows of q_init for the full
+    / partial phase (:func:`item_row_init`), else :data:`UNUSED_F32`; bounds: the partial
+    phase's one-partition mask bounds (decode layout) or :data:`UNUSED_F32`.
+    """
+
+    cls: ClassSchedule
+    q_init: np.ndarray = field(repr=False)
+    init_full: np.ndarray = field(repr=False)
+    init_part: np.ndarray = field(repr=False)
+    bounds: np.ndarray = field(repr=False)
+
+
+def class_launch(cls: ClassSchedule, q_init: np.ndarray) -> ClassLaunch:
+    """The step-constant inputs of one class launch, from its ``q_init`` (:func:`row_init`)."""
+    init = readonly(np.asarray(q_init, np.float32))
+    if cls.decode_layout:
+        full = readonly(item_row_init(cls, init, cls.full, _kv_heads(cls, init)))
+        part = readonly(item_row_init(cls, init, cls.partial, _kv_heads(cls, init)))
+    else:
+        full = part = UNUSED_F32
+    bounds = cls.partial.bounds if cls.partial.bounds is not None else UNUSED_F32
+    return ClassLaunch(cls=cls, q_init=init, init_full=full, init_part=part, bounds=bounds)
+
+
+def _kv_heads(cls: ClassSchedule, q_init: np.ndarray) -> int:
+    return q_init.shape[0] // (cls.num_blocks * cls.rows)
+
+
+def launch_args(launch: ClassLaunch, query_t: np.ndarray, kv_cache: np.ndarray,
+                overlay: np.ndarray, item_q: tuple | None = None) -> tuple:
+    """Positional kernel arguments of one class launch: the step-constant parts of ``launch``
+    and this layer's packed Q^T (:func:`pack_queries`), cache (kernel view) and overlay.
+    ``item_q``: the per-item Q^T of the full and partial phase when the caller built them
+    (device tensors); by default :func:`item_queries` for keys-on-partitions classes."""
+    cls = launch.cls
+    Hkv = kv_cache.shape[2]
+    if item_q is not None:
+        q_full, q_part = item_q
+    elif cls.decode_layout:
+        q_full = item_queries(cls, query_t, cls.full, Hkv)
+        q_part = item_queries(cls, query_t, cls.partial, Hkv)
+    else:
+        q_full = q_part = np.zeros((1, 1), query_t.dtype)   # signature placeholders, not read
+    return (query_t, q_full, q_part, launch.init_full, launch.init_part, launch.bounds,
+            launch.q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
+            cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
 
 
 def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
                   kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
-    """Positional kernel arguments of one class launch."""
-    Hkv = kv_cache.shape[2]
-    bounds = cls.partial.bounds if cls.partial.bounds is not None else np.zeros((1, 1), np.float32)
-    return (query_t, item_queries(cls, query_t, cls.full, Hkv),
-            item_queries(cls, query_t, cls.partial, Hkv),
-            item_row_init(cls, q_init, cls.full, Hkv), item_row_init(cls, q_init, cls.partial, Hkv),
-            bounds, q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
-            cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
-
-
-def run_scheduled(query, key, value, kv_cache, block_tables, query_lens, context_lens, *, scale,
-                  mixed_precision, large_tile_size, launch, variants=None,
-                  partial_tile_size="auto") -> np.ndarray:
-    """Validated NumPy inputs in, ``(T, H, d)`` out (query dtype). ``launch(kernel, args,
-    kwargs, grid_heads)`` runs a kernel and returns its output as NumPy. ``variants``: a
-    validated ``host.variants.AttentionVariants`` or None (plain attention); an fp8 cache comes
-    with its scales there, and ``kv_cache`` is then the kernel view (``host.fp8``).
-    ``partial_tile_size``: ``make_schedule``'s (default "auto")."""
-    from nki_kernels.scheduled_attention import SchedOptions, scheduled_paged_attention
-
-    T, H, d = query.shape
-    _, N, Hkv, B, _ = kv_cache.shape
-    v = variants
-    window = v.sliding_window if v is not None else None
-    alibi = v.alibi_slopes if v is not None else None
-    sinks = v.sinks if v is not None else None
-    row_inits = alibi is not None or sinks is not None
-    sched = make_schedule(query_lens, context_lens, block_tables, num_heads=H, num_kv_heads=Hkv,
-                          head_size=d, block_size=B, num_blocks=N,
-                          large_tile_size=large_tile_size,
-                          partial_tile_size=partial_tile_size,
-                          sliding_window=window,
-                          alibi=alibi is not None, row_init=row_inits,
-                          query_itemsize=query.dtype.itemsize,
-                          cache_itemsize=kv_cache.dtype.itemsize,
-                          kernel_itemsize=2 if mixed_precision else query.dtype.itemsize)
-    fp8 = v is not None and v.is_fp8
-    kd = np.dtype("bfloat16") if mixed_precision else query.dtype
-    scales = (v.k_scale, v.v_scale) if fp8 else None
-    overlay = build_overlay(sched, kv_cache, key, value, block_tables,
-                            dtype=kd if fp8 else None, kv_scale=scales)
-    result = np.zeros((T, H, d), dtype=query.dtype)
-    kwargs = dict(options=SchedOptions(
-        softmax_scale=scale, mixed_precision=mixed_precision, LARGE_TILE_SZ=large_tile_size,
-        PARTIAL_TILE_SZ=sched.partial_tile_size,
-        logits_soft_cap=v.logits_soft_cap if v is not None else None,
-        alibi=alibi is not None, row_init=row_inits, windowed=window is not None))
-    for cls in sched.classes:
-        qt = pack_queries(cls, query, Hkv, k_scale=scales[0] if fp8 else None)
-        init = row_init(cls, H, Hkv, sinks=sinks, alibi_slopes=alibi)
-        out = launch(scheduled_paged_attention, kernel_inputs(cls, qt, init, kv_cache, overlay),
-                     kwargs, Hkv)
-        unpack_output(cls, out, result, v_scale=scales[1] if fp8 else None)
-    return result
+    """Positional kernel arguments of one class launch (:func:`class_launch` + :func:`launch_args`)."""
+    return launch_args(class_launch(cls, q_init), query_t, kv_cache, overlay)

@@ -1,23 +1,33 @@
 """Device path of the ``nki_pa`` torch ops: the ``@nki.jit`` kernels on XLA (Neuron) tensors.
 
-With the legacy NKI API (Neuron SDK 2.21-2.27) the documented way to call a kernel from PyTorch
-is to call the ``@nki.jit`` function with ``torch_xla`` tensors on the Neuron device: torch-neuronx
-detects the framework from the arguments and inserts the kernel into the XLA graph as a custom
-call (``torch_neuronx.nki_jit`` was the older spelling, removed in 2.24). This is what
-:func:`launch` does, with the kernels of ``nki_kernels`` and the same host-built inputs as
-``host.paged_attention`` (docs/layouts.md §2-§8), so vLLM's calling convention is kept.
+The documented way to call a kernel from PyTorch is to call the ``@nki.jit`` function with
+torch tensors on the Neuron device: torch-neuronx detects the framework from the arguments and
+inserts the kernel into the XLA graph as a custom call (legacy API, SDK 2.21-2.27:
+``kernel[1, Hkv](...)`` on ``torch_xla`` tensors; ``torch_neuronx.nki_jit`` was the older
+spelling, removed in 2.24). With the current ``nki`` API (trn2 / trn3, torch-neuronx or
+TorchNeuron) a kernel is launched without an SPMD grid (``kernel[lnc]`` takes one number, the
+logical NeuronCore count, which defaults to the environment's) and returns its outputs.
+:func:`launch` does both; the API of a kernel with both is ``nki_kernels._nki.resolve_api``'s.
+
+Kernel choice: the SAME as for CPU tensors. ``paged_attention`` runs the plan that
+``host.plan_paged_attention`` makes for the batch (``attention_kernel`` as on the CPU: the
+scheduled kernel by default, with its variants; "dense" for the vLLM-interface kernel), shared
+by every layer of a step (``host.plan_cache``). Lengths and block tables are read on the host (a
+device sync); the per-layer inputs are gathers on the tensors' device (``host.scheduled_index``:
+packed Q^T, the overlay rows from the cache and the new K/V), and the output rows are scattered
+back on the device.
 
 Selection: ``host.torch_ops`` registers the functions here as the ops' XLA kernels. Each call
 first checks :func:`toolchain_status`: torch-neuronx and torch-xla importable AND
-``nki_kernels._nki`` resolved to the real ``neuronxcc.nki``. If not, ``NotImplementedError``
-says what is missing; the call is never routed to the CPU or the simulator behind the caller's
-back. CPU tensors never reach this module.
+``nki_kernels._nki`` resolved to a real NKI package. If not, ``NotImplementedError`` says what
+is missing; the call is never routed to the CPU or the simulator behind the caller's back. CPU
+tensors never reach this module.
 
 Not verified on hardware (no device or neuronx-cc was available): the torch-side input
 preparation is tested on CPU with :func:`launch` replaced by a simulator launch
 (tests/integration/test_torch_ops.py); the torch-xla custom-call lowering itself is not.
-Limits of this path: the dense flash kernel only (no ``attention_kernel`` / variants, no GQA
-query packing); lengths, block tables and slot mappings are read on the host (a device sync).
+Limits of this path: no fp8 caches (k_scale / v_scale), no GQA query packing for the dense
+kernel.
 """
 
 from __future__ import annotations
@@ -27,16 +37,17 @@ from typing import Any
 
 import numpy as np
 
-from host.attention import _check_common, _check_scale
-from host.block_tables import active_block_table
 from host.cache_ops import (block_copy_row_pairs, block_row_len, cache_write_row_index,
                             check_block_mapping)
-from host.masks import build_attention_mask
-from host.plan import make_plan
+from host.plan_cache import cached_plan
+from host.scheduled import launch_args
+from host.scheduled_index import output_index, overlay_index, query_index
+from host.step_plan import layer_launches
 from host.validation import check_slot_mapping, fail
 
-__all__ = ["toolchain_status", "require_toolchain", "launch", "register_device_kernels",
-           "device_paged_attention", "device_reshape_and_cache", "device_copy_blocks"]
+__all__ = ["toolchain_status", "require_toolchain", "launch",
+           "register_device_kernels", "device_paged_attention", "device_reshape_and_cache",
+           "device_copy_blocks"]
 
 REQUIRED_MODULES = ("torch_neuronx", "torch_xla")
 _find_spec = importlib.util.find_spec  # module attribute so tests can stand in for installs
@@ -61,12 +72,25 @@ def require_toolchain(op: str) -> None:
     if not ok:
         raise NotImplementedError(
             f"nki_pa::{op} on an XLA device needs the Neuron toolchain (torch-neuronx, torch-xla, "
-            f"neuronx-cc; README 'Running on Trainium'): {why}. Move the tensors to the CPU to run "
-            "the kernels through the host API instead.")
+            f"neuronx-cc; docs/integration.md 'Device path'): {why}. Move the tensors to the CPU "
+            "to run the kernels through the host API instead.")
 
 
-def launch(kernel: Any, grid: tuple[int, ...] | None, *args: Any, **kwargs: Any) -> Any:
-    """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)."""
+def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | None = None,
+           **kwargs: Any) -> Any:
+    """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)
+    and return its output. A legacy-only kernel runs as ``kernel[grid](...)`` (``grid`` None: no
+    grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
+    ``nki_kernels._nki.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
+    Hkv)``, current ``kernel(...)`` -- one launch at the logical NeuronCore count of the
+    environment (``NEURON_LOGICAL_NC_CONFIG``), the kernel looping over its KV heads."""
+    from nki_kernels.ops import KernelFamily
+
+    if isinstance(kernel, KernelFamily):
+        from nki_kernels import _nki
+
+        chosen = _nki.resolve_api(api)
+        return chosen.launch(kernel, args, kwargs, num_kv_heads=grid[1], device=True)
     return (kernel[grid] if grid else kernel)(*args, **kwargs)
 
 
@@ -82,19 +106,20 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                          softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                          gqa_packing=None, attention_kernel=None, sliding_window=None,
                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                         v_scale=None):
+                         v_scale=None, api=None):
     require_toolchain("paged_attention")
-    variants = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                    alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-                    attention_kernel=None if attention_kernel == "dense" else attention_kernel)
-    unsupported = sorted(k for k, v in variants.items() if v is not None)
-    unsupported += ["gqa_packing=True"] if gqa_packing else []
-    if unsupported:
-        raise NotImplementedError(f"the XLA device path runs the dense flash kernel only; "
-                                  f"{unsupported} need CPU tensors (the host API)")
+    if k_scale is not None or v_scale is not None:
+        raise NotImplementedError("the XLA device path reads float32 / bfloat16 / float16 caches "
+                                  "only; fp8 caches (k_scale / v_scale) need CPU tensors")
+    if gqa_packing:
+        raise NotImplementedError("the XLA device path does not pack GQA query heads for the "
+                                  "dense kernel (gqa_packing=True); leave it None / False")
     return device_paged_attention(query, key, value, kv_cache, block_tables, query_lens,
                                   context_lens, softmax_scale=softmax_scale,
-                                  mixed_precision=mixed_precision, large_tile_size=large_tile_size)
+                                  mixed_precision=mixed_precision, large_tile_size=large_tile_size,
+                                  kernel=attention_kernel or "scheduled",
+                                  sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                                  alibi_slopes=alibi_slopes, sinks=sinks, api=api)
 
 
 def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
@@ -111,15 +136,15 @@ def _copy_blocks_xla(kv_caches, block_mapping):
 
 
 def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens, context_lens, *,
-                           softmax_scale=None, mixed_precision=True, large_tile_size=2048):
-    """:func:`host.paged_attention` with torch tensors kept on their device (no GQA packing).
+                           softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                           kernel="scheduled", sliding_window=None, logits_soft_cap=None,
+                           alibi_slopes=None, sinks=None, api=None):
+    """:func:`host.paged_attention` with torch tensors kept on their device (module docstring).
 
-    Shapes as ``host.paged_attention``. Host work: plan, active block table and mask from the
-    (small) length / block-table tensors; Q/K/V padding and transposes are torch ops on the
-    tensors' device. Returns (T, H, d) on query's device.
+    Shapes as ``host.paged_attention``; the plan is ``host.plan_cache.cached_plan`` of the
+    host copies of the lengths and block tables (one per step for all layers). Returns
+    (T, H, d) on query's device.
     """
-    import torch
-
     if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         fail("query / kv_cache", "be (T, H, d) / (2, num_blocks, Hkv, block_size, d)",
              f"shapes {tuple(query.shape)} / {tuple(kv_cache.shape)}")
@@ -131,26 +156,89 @@ def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens
                  f"{tuple(t.shape)} {t.dtype}")
     if kv_cache.dtype != query.dtype:
         fail("kv_cache.dtype", f"equal query.dtype ({query.dtype})", str(kv_cache.dtype))
-    _check_common(H, Hkv, d, N, mixed_precision, "neuron")
-    scale = _check_scale(softmax_scale, d)
-    plan = make_plan(_host(query_lens), _host(context_lens), block_size=B,
-                     large_tile_size=large_tile_size)
-    if plan.num_queries != T:
-        fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_queries}")
-    dev, Qpad = query.device, plan.padded_queries
-    active = torch.from_numpy(active_block_table(plan, _host(block_tables), num_blocks=N)).to(dev)
-    mask = torch.from_numpy(build_attention_mask(plan)).to(dev)
+    layer = dict(alibi_slopes=_host_or_none(alibi_slopes), sinks=_host_or_none(sinks))
+    plan = cached_plan(_host(block_tables), _host(query_lens), _host(context_lens), num_heads=H,
+                       num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
+                       dtype=_numpy_dtype(query.dtype), softmax_scale=softmax_scale,
+                       mixed_precision=mixed_precision, large_tile_size=large_tile_size,
+                       backend="neuron", gqa_packing=False if kernel == "dense" else "auto",
+                       kernel=kernel, sliding_window=sliding_window,
+                       logits_soft_cap=logits_soft_cap, api=api, **layer)
+    if plan.num_tokens != T:
+        fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
+    if plan.kernel == "dense":
+        return _device_dense(plan, query, key, value, kv_cache)
+    return _device_scheduled(plan, query, key, value, kv_cache, layer)
+
+
+def _device_scheduled(plan, query, key, value, kv_cache, layer):
+    """The scheduled kernel on device tensors: gathers build the per-layer inputs."""
+    import torch
+
+    from nki_kernels.scheduled_attention import scheduled_paged_attention
+
+    _, launches = layer_launches(plan, **layer)
+    T, H, d = query.shape
+    N, Hkv = plan.num_blocks, plan.num_kv_heads
+    dev = query.device
+    idx = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a writable copy)
+    new = torch.stack([key, value]).to(kv_cache.dtype).reshape(2, T * Hkv, d)   # row t*Hkv + h
+    src = torch.cat([kv_cache.reshape(2, N * Hkv * plan.block_size, d), new,
+                     kv_cache.new_zeros((2, 1, d))], dim=1)
+    ov = overlay_index(plan.schedule, plan.block_tables, num_blocks=N, num_tokens=T)
+    overlay = src[:, idx(ov.reshape(-1))].reshape(2, ov.shape[0], ov.shape[1] * d)
+    qflat = torch.cat([query.reshape(T * H, d), query.new_zeros((1, d))])
+    result = query.new_zeros((T * H, d))
+    for launch_in in launches:
+        cls = launch_in.cls
+        qi = query_index(cls, H, Hkv, T)
+        qt = qflat[idx(qi.reshape(-1))].reshape(Hkv, cls.num_blocks, cls.rows, d)
+        qt = qt.permute(0, 1, 3, 2).reshape(Hkv * cls.num_blocks * d, cls.rows)
+        args = launch_args(launch_in, qt, kv_cache, overlay,
+                           item_q=tuple(_item_queries(cls, qt, p, Hkv, idx)
+                                        for p in (cls.full, cls.partial)))
+        args = tuple(idx(a) if isinstance(a, np.ndarray) else a for a in args)
+        out = launch(scheduled_paged_attention, (1, Hkv), *args, api=plan.api,
+                     **plan.kernel_kwargs)
+        rows, dst = output_index(cls, H, Hkv)
+        result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)
+    return result.reshape(T, H, d)
+
+
+def _item_queries(cls, qt, phase, Hkv, idx):
+    """``host.scheduled.item_queries`` as a device gather (a placeholder for query-rows classes)."""
+    import torch
+
+    if not cls.decode_layout:
+        return qt.new_zeros((1, 1))                          # signature placeholder, not read
+    d = qt.shape[0] // (Hkv * cls.num_blocks)
+    q4 = qt.reshape(Hkv, cls.num_blocks, d, cls.rows)
+    blk = phase.item_block
+    sel = q4[:, idx(np.maximum(blk, 0))]
+    sel = torch.where(idx(blk >= 0)[None, :, None, None], sel, torch.zeros_like(sel))
+    return sel.permute(0, 2, 1, 3).reshape(Hkv * d, blk.shape[0] * cls.rows)
+
+
+def _device_dense(plan, query, key, value, kv_cache):
+    """The dense (vLLM-interface) kernel on device tensors: Q/K/V padded and transposed with
+    torch ops, the plan's active block table and mask moved to the device."""
+    import torch
+
+    from nki_kernels.flash_paged_attention import flash_paged_attention
+
+    T, H, d = query.shape
+    Hkv, dev = plan.num_kv_heads, query.device
+    Qpad = plan.dense.batch.padded_queries
+    active = torch.from_numpy(plan.dense.active_table.copy()).to(dev)
+    mask = torch.from_numpy(plan.dense.mask.copy()).to(dev)
     q_in = query.new_zeros((1, H, d, Qpad))
     q_in[0, :, :, :T] = query.permute(1, 2, 0)
     k_in = query.new_zeros((1, Hkv, d, Qpad))
     k_in[0, :, :, :T] = key.permute(1, 2, 0)
     v_in = query.new_zeros((1, Hkv, Qpad, d))
     v_in[0, :, :T, :] = value.permute(1, 0, 2)
-    from nki_kernels.flash_paged_attention import flash_paged_attention
-
-    out = launch(flash_paged_attention, (1, Hkv), q_in, k_in, v_in, kv_cache, active, mask,
-                 softmax_scale=scale, mixed_precision=bool(mixed_precision),
-                 LARGE_TILE_SZ=large_tile_size)
+    out = launch(flash_paged_attention, (1, Hkv), q_in, k_in, v_in, kv_cache, active,
+                 mask, **plan.kernel_kwargs)
     return out[0, :, :T, :].permute(1, 0, 2).contiguous()
 
 
@@ -200,10 +288,31 @@ def device_copy_blocks(kv_caches, block_mapping) -> None:
     _write_back(whole, out)
 
 
+def _host_or_none(t: Any) -> np.ndarray | None:
+    return None if t is None else _host(t)
+
+
+def _numpy_dtype(torch_dtype: Any) -> np.dtype:
+    """The NumPy / ml_dtypes dtype of a torch float dtype (float32, bfloat16, float16)."""
+    name = str(torch_dtype).removeprefix("torch.")
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def _host(t: Any) -> np.ndarray:
     """A small index tensor as a host NumPy array (a device sync for XLA tensors)."""
     if hasattr(t, "detach"):
-        return t.detach().cpu().numpy()
+        t = t.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            import ml_dtypes
+
+            import torch
+
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
     return np.asarray(t)
 
 

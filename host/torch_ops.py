@@ -5,13 +5,17 @@ implementation, so the ops work under ``torch.compile`` and fake-tensor tracing;
 
 Implementations, chosen by the device of the tensors (torch dispatch, never by guessing):
 
-* CPU tensors: the host functions (``host.paged_attention``, ``host.reshape_and_cache``,
-  ``host.copy_blocks``), which run the kernels on ``nki_sim`` here, or on a Trainium device
-  when the real toolchain is installed (``backend="auto"``).
+* CPU tensors: the host functions (``host.run_paged_attention`` with the step's plan,
+  ``host.reshape_and_cache``, ``host.copy_blocks``), which run the kernels on ``nki_sim`` here,
+  or on a Trainium device when the real toolchain is installed (``backend="auto"``). The layers
+  of a step share one plan: ``host.plan_cache`` keys plans by the content of the block tables
+  and lengths, so the first layer plans and the others reuse it.
 * XLA (Neuron) tensors: ``host.torch_neuron`` launches the ``@nki.jit`` kernels on the XLA
   tensors (torch-neuronx's NKI integration). It runs only when torch-neuronx, torch-xla and the
   real neuronx-cc are importable; otherwise the call raises ``NotImplementedError`` naming what
-  is missing -- it never falls back to the CPU.
+  is missing -- it never falls back to the CPU. The kernel is the one the CPU path runs.
+* Tensors on different devices (e.g. a CPU query with a ``meta`` cache) raise ``ValueError``
+  naming the tensor: a meta tensor has no data (all-meta calls trace shapes only).
 
 torch is an optional extra: importing this module without torch raises ImportError; nothing
 else in ``host`` imports it.
@@ -23,7 +27,8 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
                     softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                     gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
                     logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
-                    k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head))
+                    k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head),
+                    api=None ("legacy" | "nki": the NKI API of the launch))
                     -> (T,H,d)                                     [pure]
     reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,),
                       k_scale=None, v_scale=None)                   [mutates kv_cache]
@@ -48,9 +53,10 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from torch import Tensor
 
 from host import torch_neuron
+from host.step_plan import LAYER_VALUES
 
 __all__ = ["NAMESPACE", "paged_attention", "reshape_and_cache", "copy_blocks", "host_options",
-           "VARIANT_OPTIONS"]
+           "VARIANT_OPTIONS", "step_plan", "check_devices"]
 
 NAMESPACE = "nki_pa"
 VARIANT_OPTIONS = ("kernel", "sliding_window", "logits_soft_cap", "alibi_slopes", "sinks",
@@ -83,17 +89,62 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                     attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
                     logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
                     sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
-                    v_scale: Optional[Tensor] = None) -> Tensor:
-    """CPU: ``host.paged_attention`` (module docstring for shapes); returns a new (T, H, d) tensor."""
-    from host.attention import paged_attention as host_fn
+                    v_scale: Optional[Tensor] = None, api: Optional[str] = None) -> Tensor:
+    """CPU: ``host.run_paged_attention`` with the step's plan (``host.plan_cache``: the layers
+    of a step share one plan); module docstring for shapes. Returns a new (T, H, d) tensor."""
+    from host.attention import run_paged_attention
 
+    check_devices("paged_attention", query=query, key=key, value=value, kv_cache=kv_cache,
+                  block_tables=block_tables, query_lens=query_lens, context_lens=context_lens,
+                  alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     extra = host_options(kernel=attention_kernel, sliding_window=sliding_window,
                          logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes, sinks=sinks,
                          k_scale=k_scale, v_scale=v_scale)
-    return host_fn(query, key, value, kv_cache, block_tables, query_lens, context_lens,
-                   softmax_scale=softmax_scale, mixed_precision=mixed_precision,
-                   large_tile_size=large_tile_size,
-                   gqa_packing="auto" if gqa_packing is None else gqa_packing, **extra)
+    layer = {k: extra.pop(k) for k in LAYER_VALUES if k in extra}
+    plan = step_plan(query, key, value, kv_cache, block_tables, query_lens, context_lens,
+                     softmax_scale=softmax_scale, mixed_precision=mixed_precision,
+                     large_tile_size=large_tile_size,
+                     gqa_packing="auto" if gqa_packing is None else gqa_packing, api=api, **extra,
+                     **layer)
+    return run_paged_attention(plan, query, key, value, kv_cache, **layer)
+
+
+def step_plan(query, key, value, kv_cache, block_tables, query_lens, context_lens, **options):
+    """The plan of this call's batch, shared with the other layers of the step
+    (``host.plan_cache.cached_plan``): geometry from the tensors, ``options`` as
+    ``host.paged_attention``'s. Tensor checks happen here, before planning, with the messages
+    of ``host.paged_attention``."""
+    from host.attention import check_attention_tensors
+    from host.plan_cache import cached_plan
+
+    q, _, _, cache = check_attention_tensors(query, key, value, kv_cache)
+    T, H, d = q.shape
+    _, N, Hkv, B, _ = cache.shape
+    plan = cached_plan(block_tables, query_lens, context_lens, num_heads=H, num_kv_heads=Hkv,
+                       head_size=d, block_size=B, num_blocks=N, dtype=q.dtype,
+                       kv_cache_dtype=cache.dtype, **options)
+    if plan.num_tokens != T:
+        from host.validation import fail
+
+        fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
+    return plan
+
+
+def check_devices(op: str, **tensors: Any) -> None:
+    """Every given tensor on one device, and none on ``meta`` unless all are (shape tracing):
+    a ValueError naming the first tensor on another device."""
+    given = [(n, t) for n, t in tensors.items() if isinstance(t, Tensor)]
+    if not given:
+        return
+    first_name, first = given[0]
+    for name, t in given[1:]:
+        if t.device != first.device:
+            if "meta" in (t.device.type, first.device.type):
+                hint = " (a meta tensor has no data to read or write)"
+            else:
+                hint = ""
+            raise ValueError(f"nki_pa::{op}: {name} must be on the device of {first_name} "
+                             f"({first.device}){hint}; got {t.device}")
 
 
 @paged_attention.register_fake
@@ -101,7 +152,10 @@ def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens,
                           softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                           gqa_packing=None, attention_kernel=None, sliding_window=None,
                           logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                          v_scale=None):
+                          v_scale=None, api=None):
+    check_devices("paged_attention", query=query, key=key, value=value, kv_cache=kv_cache,
+                  block_tables=block_tables, query_lens=query_lens, context_lens=context_lens,
+                  alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     torch._check(query.dim() == 3, lambda: f"query must be (T, H, d); got {tuple(query.shape)}")
     return query.new_empty(query.shape)
 
@@ -114,12 +168,16 @@ def reshape_and_cache(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping
     (an fp8 cache quantizes with ``k_scale`` / ``v_scale``)."""
     from host.cache_ops import reshape_and_cache as host_fn
 
+    check_devices("reshape_and_cache", key=key, value=value, kv_cache=kv_cache,
+                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
     scales = {k: v for k, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None}
     host_fn(key, value, kv_cache, slot_mapping, **scales)
 
 
 @reshape_and_cache.register_fake
 def _reshape_and_cache_fake(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
+    check_devices("reshape_and_cache", key=key, value=value, kv_cache=kv_cache,
+                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return None
 
 
@@ -129,11 +187,13 @@ def copy_blocks(kv_caches: Tensor, block_mapping: Tensor) -> None:
     """CPU: ``host.copy_blocks`` on every layer of ``kv_caches`` (6-D) or on one layer (5-D)."""
     from host.cache_ops import copy_blocks as host_fn
 
+    check_devices("copy_blocks", kv_caches=kv_caches, block_mapping=block_mapping)
     host_fn([kv_caches] if kv_caches.dim() == 5 else kv_caches, block_mapping)
 
 
 @copy_blocks.register_fake
 def _copy_blocks_fake(kv_caches, block_mapping):
+    check_devices("copy_blocks", kv_caches=kv_caches, block_mapping=block_mapping)
     return None
 
 

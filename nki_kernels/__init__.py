@@ -1,5 +1,9 @@
-"""Device code: legacy-NKI ("Beta 1") kernels for Trainium (trn1 = gen2, trn2 = gen3).
+"""Device code: NKI kernels for Trainium (trn1 = gen2, trn2 = gen3), one source per family.
 
-Kernels import NKI only through :mod:`nki_kernels._nki`; see that module for how the
-backend (real ``neuronxcc.nki`` or the ``nki_sim`` simulator) is chosen.
+The scheduled paged-attention family runs on both NKI API generations through the project op
+layer (:mod:`nki_kernels.ops`: the legacy ``neuronxcc.nki`` for trn1, the current ``nki`` for
+trn2 / trn3); :mod:`nki_kernels._nki` chooses the API and package (``resolve_api``). The dense
+vLLM-interface kernel (``flash_paged_attention``), the cache kernels and MLA attention are
+legacy-API kernels (``from nki_kernels._nki import nki, nl, nisa``). Host-kernel contract
+values live in :mod:`nki_kernels.contract`.
 """

@@ -34,7 +34,7 @@ PLATFORM_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}     # the platforms' default LN
 API_ENV = "NKI_PA_API"            # "legacy" | "nki" | "auto": overrides the automatic choice
 TARGETS = ("trn1", "trn2", "trn3")
 # The API the simulator runs when none is asked for, per target.
-SIMULATOR_DEFAULT = {"trn1": LEGACY, "trn2": LEGACY, "trn3": CURRENT}
+SIMULATOR_DEFAULT = {"trn1": LEGACY, "trn2": CURRENT, "trn3": CURRENT}
 
 _VALID = ("auto", "sim", "neuron")
 BACKEND_REQUEST = os.environ.get("NKI_PA_BACKEND", "auto").strip().lower() or "auto"
@@ -198,15 +198,17 @@ class Api:
 
     def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool, lnc=None):
         """Run ``family`` on this API: legacy one program per KV head (grid ``[1, Hkv]``; with
-        LNC=2 ``[1, nl.nc(2) * Hkv/2]``), current one launch (the kernel loops over its KV heads,
-        each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. ``device`` runs it on a
+        LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
+        its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator)."""
         k = self.kernel(family)
         if device and self.simulated:
-            raise RuntimeError(f"running on a device needs the real {self.name!r} package; the "
-                               "simulator is active (NKI_PA_BACKEND="
-                               f"{BACKEND_REQUEST!r}); use the simulator backend")
+            pkg = "neuronx-cc (neuronxcc.nki)" if self.name == LEGACY else "nki"
+            raise RuntimeError(f"backend='neuron' needs the real Neuron toolchain ({pkg}, api="
+                               f"{self.name!r}) and a Trainium device, but the simulator is "
+                               f"active (NKI_PA_BACKEND={BACKEND_REQUEST!r}); use backend='sim' "
+                               "or 'auto'")
         cores = self.lnc(lnc, num_kv_heads)
         if self.name == LEGACY:
             grid = k[self.ops.launch_grid(num_kv_heads, cores or 1)]

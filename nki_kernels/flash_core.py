@@ -107,6 +107,41 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf
                                           dtype=acc_dtype)
 
 
+def visible_values(v_tile, mask_tile, ones, *, head_size, kernel_dtype):
+    """``v_tile`` with the value rows of keys that NO row of the Q tile may see set to 0.
+
+    A masked key's probability is exactly 0, but 0 * NaN (or Inf) in the P V matmul is NaN: a
+    cache slot no query may see (a block tail past a sequence's context, padding entries of the
+    block table pointing at block 0, another batch's data) must not reach the output. The
+    per-key visibility count ``mask^T 1`` comes from TensorE (one 128-key chunk per matmul,
+    keys on partitions like the V chunks) and a select (never a multiply) zeroes the unseen
+    rows. A key some row of the tile may see keeps its value, so a sequence's OWN visible NaN
+    still reaches the other rows of the same 128-row Q tile (0 * NaN); other tiles, and every
+    row of a tile that does not see it, stay clean.
+
+    Args:
+        v_tile: SBUF ``(128, W//128 * d)`` kernel_dtype (the ``load_kv_tile`` layout).
+        mask_tile: SBUF ``(128, W)`` bool, ``mask_tile[r, c]`` = row r may see key c.
+        ones: SBUF ``(128, 1)`` kernel_dtype of ones (allocated once by the caller).
+        head_size: d.  kernel_dtype: dtype of v_tile and the result.
+
+    Returns:
+        SBUF ``(128, W//128 * d)`` kernel_dtype.
+    """
+    P = B_P_SIZE
+    d = head_size
+    n_k = mask_tile.shape[1] // P
+    mask_k = nisa.tensor_copy(mask_tile, dtype=kernel_dtype, engine=nisa.gpsimd_engine)   # idle engine
+    seen = nl.ndarray((P, n_k), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(n_k):
+        seen[:, nl.ds(k, 1)] = nisa.nc_matmul(mask_k[:, nl.ds(k * P, P)], ones)
+    v_out = nl.ndarray((P, n_k * d), dtype=kernel_dtype, buffer=nl.sbuf)
+    for k in nl.affine_range(n_k):
+        v_out[:, nl.ds(k * d, d)] = nl.where(seen[:, nl.ds(k, 1)], v_tile[:, nl.ds(k * d, d)], 0.0,
+                                             dtype=kernel_dtype)
+    return v_out
+
+
 def _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
     """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
     s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)

@@ -17,7 +17,7 @@ from nki_kernels.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
                                    BLOCK_TABLE_BUDGET_BYTES, STEP_KEYS, tile_geometry)
-from nki_kernels.flash_core import flash_attention_tile
+from nki_kernels.flash_core import flash_attention_tile, visible_values
 from nki_kernels.kv_load import flat_kv_view, load_kv_tile
 from nki_kernels.sbuf_plan import q_tiles_per_group
 
@@ -109,8 +109,9 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
             -m, l, o = -M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
             for j in sequential_range(n_tiles):               # context: one KV load per KV head
                 K, V = load_kv(kv_flat, rows, j)               # nL indirect DMAs each for K and V
-                for i, g, step s of <= 2048 keys:
-                    flash_attention_tile(Qs[i, g], K[:, s], V[:, s], mask[i, tile j][:, s], state[i, g])
+                for i: V_i = visible_values(V, mask[i, tile j])  # keys no row of Q tile i sees -> 0
+                    for g, step s of <= 2048 keys:
+                        flash_attention_tile(Qs[i, g], K[:, s], V_i[:, s], mask[i, tile j][:, s], state[i, g])
             for active window w (<= 2048 keys):               # new tokens, causal tile skipping
                 for i with (i+1)*128 > w0, g: flash_attention_tile(Qs[i, g], K_w, V_w,
                                                    mask[i, ctx + w0 : ctx + min(w0+2048, (i+1)*128)])
@@ -152,6 +153,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
         rows = load_block_tables(block_tables, num_tiles=n_tiles, blocks_per_tile=cfg["M"],
                                  tiling_factor=cfg["T"], num_kv_heads=Hkv, head_id=head)
         kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg["T"])
+        ones = nl.full((P, 1), 1.0, dtype=kd, buffer=nl.sbuf)     # visible_values' reducer
 
     for grp in nl.static_range(n_groups):          # static: the last group may be smaller
         i0 = grp * q_per_group
@@ -177,10 +179,12 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                                          head_size=d, kernel_dtype=kd)
                 for ii in nl.affine_range(nqg):
                     mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(j * LT, LT)])
+                    # values of keys no row of this Q tile may see -> 0 (garbage-safe P V)
+                    v_seen = visible_values(v_tile, mask_tile, ones, head_size=d, kernel_dtype=kd)
                     for g in nl.affine_range(G):
                         slot = ii * G + g
                         for st in nl.static_range(LT // step):    # online-softmax steps
-                            flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_tile,
+                            flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_seen,
                                                  mask_tile[:, nl.ds(st * step, step)], o_buf,
                                                  nm_buf, l_buf, slot, k_start=st * step,
                                                  width=step, kernel_dtype=kd,

@@ -140,10 +140,11 @@ class GroupTiles:
 
 @dataclass(frozen=True)
 class Constants:
-    """Static tiles built once per kernel: key indices per phase (``kidx[masked]``), the decode
+    """Static tiles built once per kernel: key indices per phase (``kidx[masked]``: full, partial),
+    the decode
     constants, the identities of an fp8 cache."""
 
-    kidx: dict
+    kidx: tuple
     consts: Any
     eye: Any
 
@@ -257,17 +258,17 @@ def check_sbuf(ops, cfg, kv_cache, query_t):
     compiler spills) but the message names the fix."""
     gen = "gen2" if ops.nc_gen() == "gen2" else "gen3"
     LT, rows, blocks = cfg.opts.LARGE_TILE_SZ, cfg.rows, cfg.blocks
-    sizes = dict(cache_itemsize=itemsize(kv_cache.dtype), kernel_itemsize=itemsize(cfg.kd))
+    c_size, k_size, q_size = itemsize(kv_cache.dtype), itemsize(cfg.kd), itemsize(query_t.dtype)
     fits = max_group_blocks(nc_gen=gen, block_size=kv_cache.shape[3], large_tile=LT,
                             head_size=cfg.d, rows=rows, keys_on_partitions=cfg.decode,
-                            query_itemsize=itemsize(query_t.dtype), **sizes)
+                            query_itemsize=q_size, cache_itemsize=c_size, kernel_itemsize=k_size)
     if blocks <= fits:
         return
     need = (fixed_bytes(block_size=kv_cache.shape[3], large_tile=LT, head_size=cfg.d,
-                        keys_on_partitions=cfg.decode, rows=rows, **sizes)
-            + blocks * block_bytes(head_size=cfg.d, rows=rows,
-                                   query_itemsize=itemsize(query_t.dtype),
-                                   kernel_itemsize=sizes["kernel_itemsize"]))
+                        keys_on_partitions=cfg.decode, rows=rows, cache_itemsize=c_size,
+                        kernel_itemsize=k_size)
+            + blocks * block_bytes(head_size=cfg.d, rows=rows, query_itemsize=q_size,
+                                   kernel_itemsize=k_size))
     warnings.warn(f"{KERNEL}: a working set of about {need} SBUF bytes per partition ({gen}: "
                   f"{blocks} Q block(s) of {rows} rows per group, head size {cfg.d}, "
                   f"LARGE_TILE_SZ={LT}) exceeds the {SBUF_USABLE[gen]} usable: the compiler "

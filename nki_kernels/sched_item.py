@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from nki_kernels.contract import L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STEP_KEYS, channel_slices
+from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE_EXTRA_COLUMNS,
+                                  STEP_KEYS, channel_slices)
 from nki_kernels.sched_core import KVTile, StepConfig, flash_step
 from nki_kernels.sched_decode import decode_step
 
@@ -88,7 +89,7 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, rows, blocks, scale, kernel
 def load_state(ops, st, mi, st_col, state, *, rows, blocks, d):
     """Masked items: every block's state rows from ``state`` (rows of d + 2 fp32 left by the
     full phase; skipped unless the group starts here and had full items)."""
-    sw = d + 2
+    sw = d + STATE_EXTRA_COLUMNS
     for j in ops.static_range(blocks):
         ops.gather(st[:, ops.ds(j * sw, sw)], state, mi, st_col + j)
 
@@ -107,7 +108,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     ``fc.step.p_evac`` is None.
     """
     rows, blocks, d = fc.rows, fc.blocks, fc.step.d
-    sw = d + 2
+    sw = d + STATE_EXTRA_COLUMNS
     n_steps = fc.width // fc.step_keys
     if fc.keys_on_partitions:
         for j in ops.static_range(blocks):
@@ -163,7 +164,7 @@ def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked):
     ``col + j``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
     L_FLOOR)`` of every block to ``out`` (output columns ``col + j``; skipped unless the group
     ends here)."""
-    sw = d + 2
+    sw = d + STATE_EXTRA_COLUMNS
     for j in ops.static_range(blocks):
         if not masked:
             ops.scatter(state, mi, col + j, st[:, ops.ds(j * sw, sw)])

@@ -145,7 +145,7 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
     for head in ops.kv_heads(num_kv_heads):
         tiles = _group_tiles(ops, cfg, ins.query_t.dtype)
         if const is None:         # once per kernel, after the first head's tiles
-            const = _constants(ops, cfg, ins.overlay)
+            const = _constants(ops, cfg)
         for phase in (cfg.full, cfg.partial):
             if phase.items:
                 _run_phase(ops, cfg, ins, phase, head, tiles, const)
@@ -173,14 +173,14 @@ def _group_tiles(ops, cfg, q_dtype):
     return GroupTiles(st=st, init=init, al=al, q_raw=tuple(q_raw))
 
 
-def _constants(ops, cfg, overlay):
-    kidx = {}
+def _constants(ops, cfg):
+    kidx = []
     for phase in (cfg.full, cfg.partial):
-        kidx[phase.masked] = None
+        k = None
         if phase.items > 0 and (phase.masked or cfg.opts.alibi):
-            kidx[phase.masked] = (key_index_columns(ops, phase.geo.nL, phase.geo.bp)
-                                  if phase.keys_on_partitions
-                                  else key_index_tile(ops, cfg.rows, phase.geo.nL, phase.geo.bp))
+            k = (key_index_columns(ops, phase.geo.nL, phase.geo.bp) if phase.keys_on_partitions
+                 else key_index_tile(ops, cfg.rows, phase.geo.nL, phase.geo.bp))
+        kidx.append(k)
     consts = None
     if cfg.full.keys_on_partitions:
         consts = decode_constants(ops, cfg.rows, max(cfg.full.step_keys, cfg.partial.step_keys),
@@ -188,7 +188,7 @@ def _constants(ops, cfg, overlay):
     eye = None
     if cfg.fp8_direct:      # identity matmuls transpose fp8 K rows (and the overlay rows)
         eye = (identity_tile(ops, P, cfg.full.kv_flat.dtype), identity_tile(ops, P, cfg.kd))
-    return Constants(kidx=kidx, consts=consts, eye=eye)
+    return Constants(kidx=tuple(kidx), consts=consts, eye=eye)
 
 
 def _run_phase(ops, cfg, ins, phase, head, tiles, const):
@@ -274,7 +274,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles):
                           op1="subtract", operand1=al[:, ops.ds(j * 2 + 1, 1)])
         return slope, off
 
-    tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[masked])
+    tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)])
     fold_tile(ops, cfg.fold_config(phase), qs, tile, st, mf, cf, consts=const.consts,
               chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial

@@ -1,4 +1,4 @@
-"""``nki-pa``: argument parsing and exit codes (0 PASS, 1 FAIL, 2 bad usage / missing extra)."""
+"""``nki-pa``: argument parsing and exit codes (0 PASS, 1 FAIL, 2 bad usage)."""
 from __future__ import annotations
 
 import argparse
@@ -15,8 +15,31 @@ on the embedded NKI simulator (nki_sim) for trn1 and trn2, check it against the 
 reference, print the max error, PASS/FAIL and the MODELED figures (nki_sim.cost: modeled us,
 per-engine us, DMA instructions and bytes), and write into --out: one Perfetto trace per run
 (trace-<kernel>-<target>.json, open in https://ui.perfetto.dev), summary.json and
-modeled-engines.png. Every kernel of host.paged_attention(kernel=...) runs, the default first.
-Exit code 0 = PASS, 1 = FAIL, 2 = bad usage or matplotlib missing (use --no-png)."""
+modeled-engines.png (only when matplotlib is installed: the bench extra; without it the demo
+says so and skips the PNG). Every kernel of host.paged_attention(kernel=...) runs, the default
+first. Exit code 0 = PASS, 1 = FAIL, 2 = bad usage."""
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0; got {text!r}")
+    return value
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when not installed)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        return dist_version("nki-paged-attention")
+    except PackageNotFoundError:
+        from nki_pa_cli import __version__
+
+        return __version__
 
 
 def _positive_float(text: str) -> float:
@@ -31,6 +54,7 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="nki-pa", description="NKI flash paged attention: command line.")
+    ap.add_argument("--version", action="version", version=f"nki-pa {version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="mixed batch on the simulator: accuracy, MODELED figures, "
                           "trace, PNG", description=DEMO_HELP,
@@ -39,12 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="small batch (4 sequences, H=8, Hkv=2, d=64; under a second)")
     demo.add_argument("--out", type=Path, default=Path("out") / "demo",
                       help="output folder (created; default: out/demo)")
-    demo.add_argument("--no-png", action="store_true", help="skip the PNG (no matplotlib needed)")
+    demo.add_argument("--no-png", action="store_true",
+                      help="skip the PNG (skipped anyway, with a note, without matplotlib)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     demo.add_argument("--tolerance", type=_positive_float, default=None,
                       help="largest accepted max |error| (default 3e-2, the tests' bound for "
                            "fp32 inputs in mixed precision)")
-    demo.add_argument("--seed", type=int, default=0, help="RNG seed of the batch (default 0)")
+    demo.add_argument("--seed", type=_seed, default=0,
+                      help="RNG seed of the batch, an integer >= 0 (default 0)")
     demo.set_defaults(func=run_demo_command)
     return ap
 
@@ -56,12 +82,14 @@ def run_demo_command(args: argparse.Namespace) -> int:
         return _usage(f"the demo runs on the embedded simulator; NKI_PA_BACKEND={requested!r} "
                       "asks for another backend (unset it or set it to 'sim')")
     os.environ["NKI_PA_BACKEND"] = "sim"          # read when the kernels are first imported
-    if not args.no_png:
+    png = not args.no_png
+    if png:
         from nki_pa_cli.plot import matplotlib_missing
 
-        missing = matplotlib_missing(instead="pass --no-png")
+        missing = matplotlib_missing(instead="pass --no-png to skip it")
         if missing:
-            return _usage(missing)
+            print(f"nki-pa demo: note: no PNG: {missing}", file=sys.stderr)
+            png = False
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -78,7 +106,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     with Progress(steps, label="nki-pa demo", enabled=False if args.no_progress else None) as bar:
         results = demo.run_demo(batch, tolerance=tolerance, seed=args.seed, kernels=kernels,
                                 step=lambda note: bar.advance(note=note))
-        written = demo.write_outputs(args.out, batch, results, tolerance, png=not args.no_png)
+        written = demo.write_outputs(args.out, batch, results, tolerance, png=png)
         bar.advance(note="outputs written")
     print(demo.format_report(batch, results, tolerance))
     print("wrote: " + ", ".join(str(p) for p in written))

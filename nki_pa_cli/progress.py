@@ -6,10 +6,12 @@
             bar.advance(note=str(item))
 
 Disabled automatically when the stream is not a terminal (unless enabled=True), so logs and
-piped output stay clean.
+piped output stay clean. Each redraw fits the terminal width (one column spare, so the cursor
+never wraps) and blanks only what the previous, longer line left behind.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -27,6 +29,7 @@ class Progress:
         self.enabled = isatty() if enabled is None else enabled
         self.done = 0
         self._t0 = time.monotonic()
+        self._shown = 0            # length of the line on screen
 
     def render(self, note: str = "") -> str:
         """The bar as a string (no carriage return)."""
@@ -37,12 +40,22 @@ class Progress:
         text = f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:5.1f}s"
         return f"{text} {note}" if note else text
 
+    @staticmethod
+    def columns() -> int:
+        """Usable line width: the terminal's columns minus one (80 when unknown)."""
+        return max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+
+    def _draw(self, note: str = "") -> None:
+        line = self.render(note)[:self.columns()]
+        self.stream.write("\r" + line.ljust(self._shown))
+        self._shown = len(line)
+        self.stream.flush()
+
     def advance(self, n: int = 1, note: str = "") -> None:
         """Count n more items done and redraw."""
         self.done += n
         if self.enabled:
-            self.stream.write("\r" + self.render(note)[:150].ljust(150))
-            self.stream.flush()
+            self._draw(note)
 
     def close(self) -> None:
         if self.enabled:
@@ -51,8 +64,7 @@ class Progress:
 
     def __enter__(self) -> "Progress":
         if self.enabled:
-            self.stream.write(self.render())
-            self.stream.flush()
+            self._draw()
         return self
 
     def __exit__(self, *exc) -> None:

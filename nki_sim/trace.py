@@ -199,15 +199,20 @@ def kernel_src_loc() -> tuple:
     getframe = sys._getframe
     caller = getframe(1)
     key = caller.f_code
+    known = _in_sim_code
     for d in _depths.get(key, ()):
         try:
             f = getframe(d)
         except ValueError:
             continue
-        if not _sim_code(f.f_code, f):
+        code = f.f_code
+        sim = known.get(code)
+        if not (_sim_code(code, f) if sim is None else sim):
             below = getframe(d - 1)
-            if _sim_code(below.f_code, below):
-                return _loc(f)
+            sim = known.get(below.f_code)
+            if _sim_code(below.f_code, below) if sim is None else sim:
+                base = _basenames.get(code.co_filename)
+                return _loc(f) if base is None else (base, f.f_lineno)
     f, d = caller, 1
     while f is not None:
         if not _sim_code(f.f_code, f):
@@ -218,10 +223,6 @@ def kernel_src_loc() -> tuple:
         f = f.f_back
         d += 1
     return ("", 0)
-
-
-def _dname(d) -> str:
-    return d if type(d) is str else dname(d)
 
 
 _new = object.__new__
@@ -246,7 +247,8 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
         "seq": 0, "engine": engine, "op": op, "name": name or "",
         "in_shapes": tuple([sh if type(sh) is tuple else tuple(map(int, sh)) for sh in in_shapes]),
         "out_shape": out_shape if type(out_shape) is tuple else tuple(map(int, out_shape)),
-        "in_dtypes": tuple([_dname(d) for d in in_dtypes]), "out_dtype": _dname(out_dtype),
+        "in_dtypes": tuple([d if type(d) is str else dname(d) for d in in_dtypes]),
+        "out_dtype": out_dtype if type(out_dtype) is str else dname(out_dtype),
         "partitions": int(partitions), "free_elems": int(free_elems), "bytes": int(nbytes),
         "src_loc": kernel_src_loc(),
         "loop_indices": tuple([f.value for f in k.loops]) if k else (),

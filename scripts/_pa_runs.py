@@ -62,21 +62,21 @@ def kernel_inputs(batch: dict, large_tile_size: int = LARGE_TILE):
 
 @contextlib.contextmanager
 def captured_schedules():
-    """Record every ``AttentionSchedule`` that ``host.scheduled.run_scheduled`` builds inside the
-    block (a read-only spy on its ``make_schedule``), so the metadata counted is exactly what
+    """Record every ``AttentionSchedule`` that ``host.plan_paged_attention`` builds inside the
+    block (a read-only spy on its ``build_schedule``), so the metadata counted is exactly what
     the kernel launches received."""
-    import host.scheduled as hs
-    real, seen = hs.make_schedule, []
+    import host.step_plan as sp
+    real, seen = sp.build_schedule, []
 
     def spy(*args, **kwargs):
         seen.append(real(*args, **kwargs))
         return seen[-1]
 
-    hs.make_schedule = spy
+    sp.build_schedule = spy
     try:
         yield seen
     finally:
-        hs.make_schedule = real
+        sp.build_schedule = real
 
 
 def scheduled_metadata(schedules) -> dict:
@@ -84,7 +84,7 @@ def scheduled_metadata(schedules) -> dict:
     = every float array of every ``PhaseArrays`` (``meta_f``: reset flags and per-row bounds;
     ``bounds``: the decode layout's bounds), index bytes = the int32 ``meta_i`` arrays."""
     if not schedules:
-        raise RuntimeError("no schedule captured: host.scheduled no longer calls make_schedule")
+        raise RuntimeError("no schedule captured: host.step_plan no longer calls build_schedule")
     phases = [(c, p) for s in schedules for c in s.classes for p in (c.partial, c.full)]
     floats = [getattr(p, f.name) for _, p in phases for f in dataclasses.fields(p)]
     return dict(

@@ -14,8 +14,8 @@ into a preallocated buffer (one memset + the bands), what a runner reusing a sha
 
     python scripts/bench_host_prep.py [--repeats 15] [--quick] [--json out.json]
 
---quick: 28 decode + 4 prefill sequences, 3 repeats (a smoke run; the figures are not the
-README's).
+--quick: 28 decode + 4 prefill sequences, 3 repeats (a smoke run; the figures are not those of
+docs/host-api.md).
 """
 
 from __future__ import annotations

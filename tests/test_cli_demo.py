@@ -60,14 +60,52 @@ def test_demo_fails_with_exit_code_1_when_the_error_exceeds_the_tolerance(tmp_pa
     assert not (tmp_path / "modeled-engines.png").exists()
 
 
-def test_demo_without_matplotlib_fails_before_running(tmp_path, capsys, monkeypatch, sim_env):
+def test_demo_runs_without_matplotlib_and_says_there_is_no_png(tmp_path, capsys, monkeypatch,
+                                                                sim_env):
+    # the README's first install command has no matplotlib: the demo must still pass
     monkeypatch.setitem(sys.modules, "matplotlib", None)         # import matplotlib -> ImportError
-    monkeypatch.setattr(demo, "run_demo", lambda *a, **k: pytest.fail("ran without matplotlib"))
-    out = tmp_path / "never"
-    assert main(["demo", "--quick", "--out", str(out)]) == EXIT_USAGE
-    err = capsys.readouterr().err
-    assert "matplotlib" in err and "--no-png" in err
-    assert not out.exists()
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--no-progress"]) == EXIT_PASS
+    captured = capsys.readouterr()
+    assert "no PNG" in captured.err and "matplotlib" in captured.err
+    assert captured.out.rstrip().splitlines()[-1].startswith("PASS")
+    assert (out / "summary.json").exists() and not (out / "modeled-engines.png").exists()
+
+
+@pytest.mark.parametrize("bad", [["--seed", "-1"], ["--seed", "x"]])
+def test_bad_seed_is_a_usage_error_not_a_traceback(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--quick", *bad])
+    assert e.value.code == EXIT_USAGE
+    assert "--seed: must be an integer >= 0" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import tomllib
+
+    from nki_pa_cli import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    want = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"nki-pa {want}" and __version__ == want
+
+
+def test_progress_bar_fits_an_80_column_terminal(monkeypatch):
+    import io
+    import os as _os
+
+    from nki_pa_cli.progress import Progress
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=None: _os.terminal_size((80, 24)))
+    stream = io.StringIO()
+    with Progress(3, label="nki-pa demo", stream=stream, enabled=True) as bar:
+        bar.advance(note="x" * 200)
+        bar.advance(note="short")
+    lines = stream.getvalue().split("\r")
+    assert all(len(line.rstrip("\n")) <= 79 for line in lines)
+    assert lines[-1].rstrip("\n").rstrip().endswith("short")
 
 
 @pytest.mark.parametrize("bad", [["--tolerance", "0"], ["--tolerance", "nan"], ["--tolerance", "x"],

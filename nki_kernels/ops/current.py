@@ -9,7 +9,8 @@ with ``oob_mode.skip``, strided and broadcast views through ``.ap`` patterns (st
 broadcasts), plain ``range`` loops, no ``mask=``, no SPMD grid (the kernel loops over its KV
 heads), outputs in ``shared_hbm``. Where the current API lacks a legacy form the lowering is
 spelled out next to the op (selects through ``tensor_copy_predicated`` with an integer
-predicate, ``o / l`` as a reciprocal and a multiply). docs/nki-compatibility-review.md lists each construct with its source.
+predicate, ``o / l`` as a reciprocal and a multiply, ``o * alpha + pv`` as one
+``scalar_tensor_tensor``). docs/nki-compatibility-review.md lists each construct with its source.
 """
 
 from __future__ import annotations
@@ -198,16 +199,16 @@ def absolute(dst, src):
 
 
 def scale_add(dst, a, col, b):
-    """``dst = a * col + b`` (``col`` a (P, 1) column): ``tensor_scalar`` then ``tensor_tensor``
-    (``nisa.scalar_tensor_tensor`` would do it in one pass)."""
-    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=col)
-    nisa.tensor_tensor(dst=dst, data1=b, data2=dst, op=nl.add)
+    """``dst = a * col + b`` (``col`` a (P, 1) column): one ``scalar_tensor_tensor`` pass."""
+    nisa.scalar_tensor_tensor(dst=dst, data=a, op0=nl.multiply, operand0=col, op1=nl.add,
+                              operand1=b)
 
 
 def divide(dst, a, col):
-    """``dst = a / col`` (``col`` a (P, 1) column): ``a * reciprocal(col)``."""
+    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``, the reciprocal on ScalarE
+    (its activation table holds 1/x for |x| in [2^-42, 2^42])."""
     r = sbuf((col.shape[0], 1), nl.float32)
-    nisa.reciprocal(dst=r, data=col)
+    nisa.activation(dst=r, op=nl.reciprocal, data=col)
     nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
 
 

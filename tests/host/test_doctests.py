@@ -8,11 +8,12 @@ import host.block_tables
 import host.masks
 import host.plan
 import host.reference
+import host.step_plan
 import host.variants
 
 
 @pytest.mark.parametrize("module", [host.plan, host.block_tables, host.masks, host.reference,
-                                    host.variants],
+                                    host.variants, host.step_plan],
                          ids=lambda m: m.__name__)
 def test_doctests(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)

@@ -128,8 +128,15 @@ def test_bad_arguments_raise_value_error_naming_them():
         KVCacheManager(4, 2, kv_caches=np.zeros((2, 5, 1, 2, 8), np.float32))
     with pytest.raises(ValueError, match=r"kv_caches\[1\] must have shape .* or MLA \(\.\.\., 4, 2, E\)"):
         KVCacheManager(4, 2, kv_caches=[np.zeros((4, 2, 8)), np.zeros((4, 3, 8))])
-    KVCacheManager(4, 2, kv_caches=[np.zeros((4, 2, 8))] * 2)            # MLA layers
-    KVCacheManager(4, 2, kv_caches=np.zeros((3, 2, 4, 1, 2, 8)))           # (L, 2, N, Hkv, B, d)
+    KVCacheManager(4, 2, kv_caches=[np.zeros((4, 2, 8), np.float32) for _ in range(2)])   # MLA
+    KVCacheManager(4, 2, kv_caches=np.zeros((3, 2, 4, 1, 2, 8), np.float32))  # (L, 2, N, Hkv, B, d)
+    # caches copy-on-write could not copy in are rejected here, not at the first copy
+    with pytest.raises(ValueError, match="kv_caches must hold distinct, non-overlapping layers"):
+        KVCacheManager(4, 2, kv_caches=[np.zeros((4, 2, 8), np.float32)] * 2)
+    with pytest.raises(ValueError, match=r"kv_caches\[0\] must have dtype in"):
+        KVCacheManager(4, 2, kv_caches=np.zeros((3, 2, 4, 1, 2, 8)))       # float64
+    with pytest.raises(ValueError, match="kv_caches must be C-contiguous"):
+        KVCacheManager(4, 2, kv_caches=np.zeros((3, 2, 4, 1, 2, 8), np.float32)[::-1])
     mgr.append_slots("a", 3)
     with pytest.raises(ValueError, match="width must be >= 2"):
         mgr.block_tables(["a"], width=1)

@@ -212,16 +212,16 @@ def _one_sequence_batch(T=6, ctx=4):
 def test_variant_options_reach_the_host_and_an_inert_window_is_dropped(monkeypatch):
     import functools
 
-    import host.attention
+    import host.torch_ops
 
-    seen, real = [], host.attention.paged_attention
+    seen, real = [], host.torch_ops.step_plan
 
     @functools.wraps(real)
     def spy(*a, **kw):
         seen.append({k: kw.get(k) for k in ("sliding_window", "logits_soft_cap", "sinks")})
         return real(*a, **kw)
 
-    monkeypatch.setattr(host.attention, "paged_attention", spy)
+    monkeypatch.setattr(host.torch_ops, "step_plan", spy)
     meta, q, k, v = _one_sequence_batch()
     assert meta.max_seq_len == 10
     plain, _ = hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta)

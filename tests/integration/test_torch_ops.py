@@ -72,24 +72,40 @@ def test_paged_attention_op_passes_kernel_scale_and_packing(attention_kernel, gq
 
 
 def test_paged_attention_op_selects_the_kernel(monkeypatch):
-    """attention_kernel reaches host.paged_attention as kernel= (None: the host default)."""
+    """attention_kernel reaches the step's plan as kernel= (None: the host default)."""
     import functools
 
-    import host.attention
-
     seen = []
-    real = host.attention.paged_attention
+    real = ops.step_plan
 
     @functools.wraps(real)
     def spy(*a, **kw):
         seen.append(kw.get("kernel"))
-        return real(*a, **kw)
+        plan = real(*a, **kw)
+        seen.append(plan.kernel)
+        return plan
 
-    monkeypatch.setattr(host.attention, "paged_attention", spy)
+    monkeypatch.setattr(ops, "step_plan", spy)
     b = make_batch(11)
     torch.ops.nki_pa.paged_attention(*args(b), large_tile_size=512)
     torch.ops.nki_pa.paged_attention(*args(b), large_tile_size=512, attention_kernel="dense")
-    assert seen == [None, "dense"]
+    assert seen == [None, "scheduled", "dense", "dense"]
+
+
+def test_layers_of_a_step_share_one_plan():
+    """Four 'layers' with the same batch: one plan is built, three are reused; the per-layer
+    sinks still reach each layer (a different sink changes the output)."""
+    from host.plan_cache import clear_plan_cache, plan_cache_stats
+
+    clear_plan_cache()
+    b = make_batch(12)
+    outs = [torch.ops.nki_pa.paged_attention(*args(b), large_tile_size=512,
+                                             sinks=torch.full((H,), float(i)))
+            for i in range(4)]
+    assert plan_cache_stats() == {"built": 1, "reused": 3}
+    assert not torch.equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[3].numpy(), reference(b, sinks=np.full(H, 3.0, np.float32)),
+                               atol=3e-2)
 
 
 @pytest.mark.parametrize("option", ops.VARIANT_OPTIONS)
@@ -240,10 +256,16 @@ def simulated_device(monkeypatch):
     CPU tensors); returns the list of (kernel, grid) launches."""
     calls = []
 
-    def launch(kernel, grid, *a, **kw):
+    from nki_kernels.ops import KernelFamily
+
+    def launch(kernel, grid, *a, api=None, **kw):
         calls.append((kernel, grid))
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
-        out = _nki.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
+        if isinstance(kernel, KernelFamily):          # the API choice of the real path
+            out = _nki.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
+                                               device=False)
+        else:
+            out = _nki.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
         return torch.from_numpy(np.ascontiguousarray(out))
 
     monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))
@@ -256,9 +278,22 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     from nki_kernels.flash_paged_attention import flash_paged_attention
     from nki_kernels.kv_cache_update import kv_cache_update
 
+    from nki_kernels.scheduled_attention import scheduled_paged_attention
+
     b = make_batch(8)
     out = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512)
     np.testing.assert_allclose(out.numpy(), reference(b), atol=tol("fp32", "float32")[0])
+    cpu = torch.ops.nki_pa.paged_attention(*args(b), mixed_precision=False, large_tile_size=512)
+    assert torch.equal(out, cpu)                   # the same kernel and inputs as on the CPU
+    win = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512,
+                                            sliding_window=4, sinks=torch.linspace(-1, 1, H))
+    np.testing.assert_allclose(win.numpy(), reference(b, sliding_window=4,
+                                                      sinks=np.linspace(-1, 1, H, dtype=np.float32)),
+                               atol=tol("fp32", "float32")[0])
+    dense = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512,
+                                              attention_kernel="dense")
+    np.testing.assert_allclose(dense.numpy(), reference(b), atol=tol("fp32", "float32")[0])
+    launches = len(simulated_device)
 
     cache = b["kv_cache"].clone()
     slots = torch.tensor([3, 50, -1, 91, 20])
@@ -273,15 +308,19 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     torch_neuron._copy_blocks_xla(caches, torch.tensor([[2, 9]]))
     assert torch.equal(caches[:, :, 9], caches[:, :, 2]) and torch.equal(caches[:, :, 2],
                                                                        torch.stack([b["kv_cache"], -b["kv_cache"]])[:, :, 2])
-    assert simulated_device == [(flash_paged_attention, (1, HKV)),
-                                (kv_cache_update.for_api("legacy"), None),
-                                (copy_cache_blocks.for_api("legacy"), None)]
+    assert [k for k, _ in simulated_device[:launches]].count(flash_paged_attention) == 1
+    assert {k for k, _ in simulated_device[:launches]} == {scheduled_paged_attention,
+                                                           flash_paged_attention}
+    assert all(g == (1, HKV) for _, g in simulated_device[:launches])
+    assert simulated_device[launches:] == [(kv_cache_update.for_api("legacy"), None),
+                                          (copy_cache_blocks.for_api("legacy"), None)]
 
 
 def test_device_path_rejects_what_it_cannot_run(simulated_device):
     b = make_batch(9)
-    with pytest.raises(NotImplementedError, match=r"dense flash kernel only; \['sliding_window'\]"):
-        torch_neuron._paged_attention_xla(*args(b), sliding_window=4)
+    with pytest.raises(NotImplementedError, match=r"fp8 caches \(k_scale / v_scale\) need CPU"):
+        torch_neuron._paged_attention_xla(*args(b), k_scale=torch.tensor(1.0),
+                                          v_scale=torch.tensor(1.0))
     with pytest.raises(NotImplementedError, match=r"gqa_packing=True"):
         torch_neuron._paged_attention_xla(*args(b), gqa_packing=True)
     with pytest.raises(NotImplementedError, match=r"fp8 caches \(k_scale / v_scale\) need CPU"):

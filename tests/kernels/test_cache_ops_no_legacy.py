@@ -94,7 +94,7 @@ def test_cache_ops_run_on_the_current_api_without_the_legacy_namespace():
 
 def test_the_blocking_hook_must_fail_a_legacy_import():
     """Must-fail twin: the same hook makes ``import neuronxcc.nki`` fail."""
-    code = SCRIPT.split("import numpy as np")[0] + textwrap.dedent('''
+    code = SCRIPT.split("import nki_sim")[0] + textwrap.dedent('''
         try:
             import neuronxcc.nki
         except ImportError:

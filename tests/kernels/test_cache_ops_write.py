@@ -289,3 +289,29 @@ def test_realistic_prefill_batch_bf16(rng):
     expected = reference_write(key, value, cache, slots)
     reshape_and_cache(key, value, cache, slots)
     assert_same_bits(cache, expected)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_the_requested_api_runs(rng, monkeypatch, api):
+    """api= reaches every cache op's launch: its kernel family is jitted for that API only."""
+    from host.cache_ops import copy_blocks, swap_blocks
+    from host.mla_cache import concat_and_cache_mla
+    from nki_kernels.ops import KernelFamily
+
+    asked = []
+    real = KernelFamily.for_api
+
+    def spy(self, name):
+        asked.append((self.__name__, name))
+        return real(self, name)
+
+    monkeypatch.setattr(KernelFamily, "for_api", spy)
+    key, value, cache, slots = make_case(rng, n_tok=3, n_heads=1, d=4, n_blocks=4, block_size=4)
+    reshape_and_cache(key, value, cache, slots, api=api)
+    copy_blocks([cache], [[0, 3]], api=api)
+    swap_blocks(cache, np.zeros_like(cache), [[1, 2]], api=api)
+    concat_and_cache_mla(key[:, 0], value[:, 0], np.zeros((2, 4, 8), np.float32), [0, 5, -1],
+                         api=api)
+    assert {k for k, _ in asked} == {"kv_cache_update", "copy_cache_blocks", "swap_cache_blocks",
+                                     "mla_cache_update"}
+    assert {a for _, a in asked} == {api}

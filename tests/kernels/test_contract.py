@@ -59,8 +59,6 @@ def test_kernel_side_defines_no_contract_value():
     assert _second_definitions("nki_kernels") == []
 
 
-@pytest.mark.xfail(strict=True, reason="host/ still defines its own copies (it switches to "
-                   "nki_kernels.contract); strict: passing means the marker must go")
 def test_host_side_defines_no_contract_value():
     assert _second_definitions("host") == []
 

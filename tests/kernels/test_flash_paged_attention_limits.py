@@ -207,9 +207,12 @@ def test_fp16_inputs(batch_factory, check_reference, mixed):
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_oldest_supported_sdk_and_traced_loop_rules(target, batch_factory, check_reference):
+def test_oldest_supported_sdk_and_traced_loop_rules(target, batch_factory, check_reference,
+                                                    on_api):
     # Only APIs present in Neuron SDK 2.21 (the oldest legacy release the project supports), and
     # no Python decision on an affine/sequential loop variable (undefined under the legacy tracer).
+    # The SDK floors are the legacy API's: the scheduled kernel runs on it on both targets here.
+    on_api("legacy", target)
     batch = batch_factory(15, [130, 1, 2], [300, 2100, 0], H=4, Hkv=2, d=32, block_size=16,
                           dtype=ml_dtypes.bfloat16)
     with nki_sim.configure(sdk="2.21", traced_loops="error"), nki_sim.use_target(target):

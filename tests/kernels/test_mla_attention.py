@@ -188,15 +188,12 @@ def test_one_gather_per_row_tile_and_padding_moves_no_bytes(api):
     ("api", "neuron", r"^api must be one of \('auto', 'legacy', 'nki'\); got 'neuron'"),
 ])
 def test_bad_inputs_raise_value_error_before_anything_runs(arg, value, match, monkeypatch):
-    import host.attention
+    import host.mla_attention
 
     def no_launch(*a, **k):
         raise AssertionError("a kernel was launched")
 
-    from nki_kernels import _nki
-
-    monkeypatch.setattr(host.attention, "_run", no_launch)          # the legacy launch
-    monkeypatch.setattr(_nki.Api, "launch", no_launch)              # the current API's
+    monkeypatch.setattr(host.mla_attention, "launch_kernel", no_launch)
     q, cache, bt, ql, cl = make_mla_batch(8, [2, 1], [20, 40], H=16, block_size=16, entry_size=576)
     args = dict(q=q, kv_cache=cache, block_tables=bt, query_lens=ql, context_lens=cl)
     kw = dict(backend="sim")
@@ -227,3 +224,22 @@ def test_unsupported_requests_raise_not_implemented_error():
     with pytest.raises(NotImplementedError, match=r"large_tile_size=8192 .* SBUF"):
         mla_paged_attention(q, cache, bt, ql, cl, large_tile_size=8192, mixed_precision=False,
                             backend="sim")
+
+
+@pytest.mark.parametrize("target, api, want", [("trn2", "legacy", "legacy"), ("trn2", "nki", "nki"),
+                                               ("trn1", None, "legacy")])
+def test_the_requested_api_runs(monkeypatch, target, api, want, tol):
+    """api= reaches the launch: the kernel family is jitted / launched for that API only."""
+    from nki_kernels.ops import KernelFamily
+
+    asked = []
+    real = KernelFamily.for_api
+
+    def spy(self, name):
+        asked.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(KernelFamily, "for_api", spy)
+    batch = make_mla_batch(4, [1, 2], [30, 60], H=16, block_size=16, entry_size=640)
+    check(batch, tol, target=target, large_tile_size=512, api=api)
+    assert asked and set(asked) == {want}

@@ -54,6 +54,20 @@ def test_sbuf_budget_bounds_the_simulated_peak(dtype, mixed, lt, H, qlen, blocks
         assert over > SBUF_USABLE["gen2"]
 
 
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_sbuf_budget_bounds_the_simulated_peak_on_trn2(api):
+    """The same bound on trn2 on both APIs (one source, the same tiles): 8 row blocks of bf16."""
+    q, cache, bt, ql, cl = make_mla_batch(11, [8], [38], H=128, block_size=16, entry_size=640,
+                                          dtype=BF16)
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+        mla_paged_attention(q, cache, bt, ql, cl, large_tile_size=2048, backend="sim", api=api)
+    s = trace.summary()
+    need = _budget(rows=128, blocks=8, entry_size=640, itemsize=2, kernel_itemsize=2,
+                   large_tile_size=2048)
+    assert 0 < s["peak_sbuf_bytes_per_partition"] <= need <= SBUF_USABLE["gen3"]
+    assert not s["sbuf_over_capacity"] and not s["psum_over_capacity"]
+
+
 def test_decode_chunks_are_cut_to_the_q_preload_budget(tol):
     """64-row decode blocks in fp32: a metadata chunk may hold 16 items, but only 8 items' Q^T
     fit the preload budget, so the kernel cuts the chunk; results and SBUF stay right."""

@@ -215,3 +215,15 @@ def test_left_aligned_broadcasting(rng, sa, sb, a_col, b_col, expect):
     assert out.shape == expect
     assert np.array_equal(out, (a + b).reshape(expect) if not (a_col or b_col)
                           else np.broadcast_to(a + b, expect))
+
+
+@pytest.mark.parametrize("n", [16, 80000])
+def test_bf16_widening_matches_ml_dtypes_bit_for_bit(rng, n):
+    # every bf16 bit pattern class: random bits (NaNs, infinities, subnormals, both signs); the
+    # large size takes the bit-shift path of as_f32, the small one NumPy's own cast
+    bits = rng.integers(0, 2 ** 16, size=n, dtype=np.uint32).astype(np.uint16)
+    bits[:6] = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001]
+    x = bits.view(ml_dtypes.bfloat16).reshape(-1, 8)[:, ::2]      # a strided view too
+    got = D.as_f32(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_array_equal(got.view(np.uint32), x.astype(np.float32).view(np.uint32))

@@ -1,0 +1,94 @@
+"""Kernel launch on the chosen backend: the one place the host calls an ``@nki.jit`` kernel.
+
+Backends (``backend=``): ``"sim"`` runs ``nki.simulate_kernel`` (the project's ``nki_sim``, or
+the real toolchain's CPU simulator when neuronx-cc is installed); ``"neuron"`` runs the kernel
+on a Trainium device (requires the real ``neuronxcc.nki``; ``nki.jit`` with NumPy arguments is
+baremetal); ``"auto"`` is ``"neuron"`` when the real toolchain is active, else ``"sim"``.
+Which NKI package is active is decided once by ``nki_kernels._nki`` (env ``NKI_PA_BACKEND``).
+APIs (``api=``): kernels with one source for both NKI generations run on the legacy
+``neuronxcc.nki`` or the current ``nki`` as ``nki_kernels._nki.resolve_api`` decides (env
+``NKI_PA_API``); legacy-only kernels refuse ``api="nki"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from host.validation import fail
+
+__all__ = ["BACKENDS", "APIS", "check_backend", "check_api", "launch_kernel"]
+
+BACKENDS = ("auto", "sim", "neuron")
+APIS = ("auto", "legacy", "nki")
+
+
+def check_backend(backend: Any) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`, else the standard ValueError."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        fail("backend", f"be one of {BACKENDS}", repr(backend))
+    return backend
+
+
+def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
+    """The ``api=`` option of a launcher: None / "auto" (``NKI_PA_API`` or the automatic choice
+    of ``nki_kernels._nki.resolve_api``), "legacy" or "nki"; returned as None, "legacy" or "nki".
+    A kernel with one source for both APIs (``both_apis``) resolves it now, so a combination the
+    installed toolchain cannot run fails before any work; a legacy-only kernel refuses "nki".
+
+    Raises:
+        ValueError: not one of the values (named).
+        NotImplementedError: api="nki" for a legacy-only kernel (``kernel`` names it).
+        RuntimeError: from ``resolve_api`` (what to install).
+    """
+    if api is not None and not (isinstance(api, str) and api in APIS):
+        fail("api", f"be one of {APIS}", repr(api))
+    api = None if api == "auto" else api
+    if both_apis:
+        from nki_kernels import _nki
+
+        _nki.resolve_api(api)
+    elif api == "nki":
+        raise NotImplementedError(f"the {kernel} kernel runs on the legacy NKI API only; use "
+                                  "api='legacy' (or None), or a kernel that has both APIs")
+    return api
+
+
+def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
+                  backend: str, api: str | None = None, lnc: int | None = None) -> np.ndarray:
+    """Run ``kernel`` over ``grid_heads`` KV heads on ``backend`` (already checked); returns its
+    output as NumPy. A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
+    ``nki_kernels._nki.resolve_api(api)`` (legacy: grid ``[1, grid_heads]``; current: one launch
+    that loops over the heads) on ``lnc`` physical cores (``Api.lnc``); a legacy-only kernel on
+    grid ``[1, grid_heads]``.
+
+    Raises:
+        RuntimeError: ``backend="neuron"`` while the simulator is the active NKI package.
+    """
+    from nki_kernels import _nki
+    from nki_kernels.ops import KernelFamily
+
+    if isinstance(kernel, KernelFamily):
+        chosen = _nki.resolve_api(api)
+        device = backend == "neuron" or (backend == "auto" and not chosen.simulated)
+        if device and chosen.simulated:
+            raise RuntimeError(f"backend='neuron' needs the real Neuron toolchain (the {chosen.name!r} "
+                               "NKI package) and a Trainium device, but nki_sim is active "
+                               f"(NKI_PA_BACKEND={_nki.BACKEND_REQUEST!r}); use backend='sim' or "
+                               "'auto'")
+        if chosen.simulated and chosen.name == _nki.CURRENT:
+            # nki.simulate writes its array arguments back: hand it writable ones
+            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
+                         else a for a in args)
+        return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
+                                        device=device, lnc=lnc))
+
+    on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
+    if on_device:
+        if _nki.SIMULATED:
+            raise RuntimeError("backend='neuron' needs the real Neuron toolchain (neuronx-cc) and a "
+                               "Trainium device, but nki_sim is active (NKI_PA_BACKEND="
+                               f"{_nki.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
+        return np.asarray(kernel[1, grid_heads](*args, **kwargs))
+    return np.asarray(_nki.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))
