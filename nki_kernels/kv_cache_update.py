@@ -266,7 +266,8 @@ def _index_dtype(dtype) -> bool:
 def _write_rows(ops, key, value, kv_cache, row_index, row_scale, bytes_per_tile, row_bytes,
                 name=KERNEL):
     """The (2, N, Hkv, B, d) layout: (token, head) rows of d elements into the (2, N*Hkv*B, d)
-    cache view (K half lead 0, V half lead 1); ``row_scale`` None = plain copy, else fp8 quantize."""
+    cache view (K half at leading index 0, V half at leading index 1); ``row_scale`` None = plain
+    copy, else fp8 quantize."""
     d = key.shape[2]
     _, n_blocks, n_heads, block_size, _ = kv_cache.shape
     rows = key.shape[0] * n_heads
