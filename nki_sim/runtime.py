@@ -1,10 +1,10 @@
 """Kernel launch (front-end neutral): :func:`run_kernel`.
 
-A launch wraps NumPy arguments as HBM tensors of the front end's tensor class (immutable
+A launch wraps NumPy arguments (and CPU torch tensors, :mod:`nki_sim.arguments`) as HBM tensors of the front end's tensor class (immutable
 unless the parameter's annotation sets ``_nki_mutable``, e.g. ``nt.mutable_tensor``), runs the
 SPMD programs serially in row-major grid order (each with fresh SBUF/PSUM/private HBM;
 ``shared_hbm`` allocations are shared by position), and converts returned tensors back to
-NumPy.  The legacy decorators (``nki.jit``, ``kernel[grid]``, ``simulate_kernel``) are in
+NumPy (torch tensors if any argument was one).  The legacy decorators (``nki.jit``, ``kernel[grid]``, ``simulate_kernel``) are in
 :mod:`nki_sim.legacy.launch`.
 """
 
@@ -17,9 +17,8 @@ import os
 
 import numpy as np
 
-from . import dtypes as D
+from . import arguments as A
 from . import errors as E
-from .access import Access
 from .blas import single_threaded
 from .config import config
 from .memory import Alloc, Live
@@ -38,12 +37,10 @@ def _is_mutable_annotation(ann) -> bool:
     return isinstance(ann, str) and "mutable_tensor" in ann
 
 
-def _wrap_input(name: str, arr: np.ndarray, mutable: bool, tensor_type=Tensor) -> Tensor:
-    d = arr.dtype
-    if d not in D.SUPPORTED:
-        raise ValueError(
-            f"kernel argument '{name}' must have an NKI dtype (float32, float16, bfloat16, fp8, "
-            f"(u)int8/16/32, bool); got {d.name}. Cast it on the host first.")
+def _wrap_input(name: str, arr: np.ndarray, mutable: bool, tensor_type=Tensor, user=None) -> Tensor:
+    """An HBM input tensor over ``arr``; ``user`` is the caller's object (``arr`` itself or the
+    torch tensor ``arr`` was made from), the target of the write-back of a mutable input."""
+    A.check_dtype(name, arr.dtype)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if mutable:
@@ -52,18 +49,18 @@ def _wrap_input(name: str, arr: np.ndarray, mutable: bool, tensor_type=Tensor) -
         data = np.ascontiguousarray(arr).view()
         data.flags.writeable = False
     a = Alloc(data, "hbm", name=name, kind="input", written=True, mutable=mutable)
-    a.user_array = arr
+    a.user_array = arr if user is None else user
     return tensor_type(a, data)
 
 
-def _output(x, ctx, inputs_by_alloc):
+def _output(x, ctx, torch_out=False):
     if isinstance(x, Tensor):
         a = x.alloc
         if a.kind == "input":
             if x.idx is None and x.shape == a.data.shape and x.arr.strides == a.data.strides and \
                     x.arr.__array_interface__["data"][0] == a.data.__array_interface__["data"][0]:
                 return a.user_array          # the whole parameter: the caller's own array
-            return _materialize(x)
+            return A.to_framework(A.materialize(x), torch_out)
         if a.buffer not in ("shared_hbm", "hbm", "private_hbm"):
             raise E.KernelSignatureError(
                 f"kernel returned on-chip ({a.buffer}) tensor {a.name}; outputs must be HBM tensors "
@@ -72,20 +69,12 @@ def _output(x, ctx, inputs_by_alloc):
             raise E.KernelSignatureError(
                 f"output tensor {a.name} was never written (err_tensor_output_not_written_to)",
                 code="err_tensor_output_not_written_to")
-        return _materialize(x)
+        return A.to_framework(A.materialize(x), torch_out)
     if isinstance(x, (tuple, list)):
-        return tuple(_output(v, ctx, inputs_by_alloc) for v in x)
+        return tuple(_output(v, ctx, torch_out) for v in x)
     if isinstance(x, dict):
-        return {k: _output(v, ctx, inputs_by_alloc) for k, v in x.items()}
+        return {k: _output(v, ctx, torch_out) for k, v in x.items()}
     return x
-
-
-def _materialize(x: Tensor) -> np.ndarray:
-    """A NumPy copy of a returned tensor view (basic or advanced)."""
-    x.alloc.poison()
-    if x.idx is None:
-        return np.array(x.arr)
-    return np.array(Access(x).gather(x.alloc.data))
 
 
 def _returned_allocs(x, out):
@@ -132,7 +121,8 @@ def _lnc_axis(grid):
 
 
 def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Tensor):
-    """Simulate ``func`` over ``grid`` with NumPy arguments; returns NumPy outputs.
+    """Simulate ``func`` over ``grid`` with NumPy (or CPU torch) arguments; returns NumPy
+    outputs (torch tensors when an argument was a torch tensor).
 
     ``tensor_type``: the front end's tensor class (a :class:`~nki_sim.tensor.Tensor` subclass)
     of the inputs and of every tensor the kernel creates (``KernelContext.tensor_type``)."""
@@ -153,18 +143,18 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"kernel {func.__name__}: {e}") from None
-        inputs = []
+        inputs, torch_in = [], []
 
         def wrap(pname, val, param):
-            if isinstance(val, np.ndarray):
-                mutable = _is_mutable_annotation(param.annotation) or config.legacy_inplace_outputs
-                t = _wrap_input(pname, val, mutable, tensor_type)
-                inputs.append(t)
-                return t
-            if hasattr(val, "__array__") and type(val).__module__.startswith("torch"):
-                raise TypeError(f"kernel argument '{pname}' is a torch tensor; pass a NumPy array "
-                                "(host/_arrays.to_numpy) to the simulator")
-            return val
+            arr, tt = A.to_numpy(pname, val)
+            if arr is None:
+                return val
+            if tt is not None:
+                torch_in.append(pname)
+            mutable = _is_mutable_annotation(param.annotation) or config.legacy_inplace_outputs
+            t = _wrap_input(pname, arr, mutable, tensor_type, user=val)
+            inputs.append(t)
+            return t
 
         for pname, val in bound.arguments.items():
             param = sig.parameters[pname]
@@ -208,6 +198,5 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
                     raise E.KernelSignatureError(
                         f"mutable parameter '{a.name}' is written by the kernel but not returned "
                         "(err_mutable_parameter_not_returned)", code="err_mutable_parameter_not_returned")
-                if a.data is not a.user_array:
-                    np.copyto(a.user_array, a.data)
-        return _output(ret, ctx, None)
+                A.write_back(a.name, a.user_array, a.data)
+        return _output(ret, ctx, bool(torch_in))

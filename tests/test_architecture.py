@@ -120,7 +120,7 @@ SIM_MODULE_LAYERS = {
     "nki_sim.cost_constants": "observation",
     "nki_sim.indexing": "core", "nki_sim.memory": "core", "nki_sim.positions": "core",
     "nki_sim.deps": "core", "nki_sim.access": "core", "nki_sim.tensor": "core", "nki_sim.alu": "core",
-    "nki_sim.runtime": "runtime", "nki_sim.loops": "runtime",
+    "nki_sim.runtime": "runtime", "nki_sim.loops": "runtime", "nki_sim.arguments": "runtime",
     "nki_sim.legacy": "legacy", "nki_sim.legacy.nki_api": "legacy", "nki_sim.legacy.launch": "legacy",
     "nki_sim.legacy.tensor": "legacy", "nki_sim.legacy.assign": "legacy",
     "nki_sim.legacy.compute": "legacy", "nki_sim.legacy.dma": "legacy",
