@@ -101,6 +101,8 @@ def assigned_engine(ev: Any, hw: HardwareConstants) -> str:
     op = ev.op
     if op == "copy" and not _attr(ev, "staging_for"):      # (the inferred affine_select staging
         return "scalar"                                   # copy stays on VectorE, README rule 3)
+    if op == "tensor_copy" and _attr(ev, "engine_unspecified"):     # nl.copy in either API
+        return "scalar"
     if op == "tensor_scalar" and _attr(ev, "engine_unspecified") and \
             tuple(_attr(ev, "ops") or ()) in _SCALAR_AFFINE:
         return "scalar"
@@ -144,6 +146,8 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
         from_psum = getattr(ev, "src_buffer", "") == "psum" or bool(_attr(ev, "psum_input"))
         if op == "reciprocal":
             return max(ii, hw.reciprocal_factor * n)
+        if op == "tensor_tensor" and _attr(ev, "nl"):        # an nl binary op of two tiles:
+            return max(ii, n)                                # trn1 profiles (docs/cost-model.md)
         if op in ("tensor_tensor", "tensor_tensor_scan") and not (
                 op == "tensor_tensor" and (from_psum or half)):
             return max(ii, 2.0 * n)

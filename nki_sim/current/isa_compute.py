@@ -152,8 +152,8 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
                reduce_cmd=_rc.reset_reduce, name=name, _api="activation_reduce")
 
 
-def tensor_tensor(dst, data1, data2, op, engine=None, name=""):
-    """``dst = op(data1, data2)`` element-wise."""
+def tensor_tensor(dst, data1, data2, op, engine=None, name="", _nl=False):
+    """``dst = op(data1, data2)`` element-wise (``_nl``: called by an ``nl`` binary op)."""
     require_kernel("nisa.tensor_tensor")
     dst, a, b = (tile(x, "tensor_tensor", n) for x, n in ((dst, "dst"), (data1, "data1"), (data2, "data2")))
     opn = alu_name(op, "nisa.tensor_tensor")
@@ -168,7 +168,7 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=""):
     if ALU[opn][2] == "bitvec" and not ints:
         fail(f"tensor_tensor: bitvec op {opn} needs integer operands; got {a.dtype}, {b.dtype}")
     _no_psum_gpsimd("tensor_tensor", eng, dst, a, b)
-    V.tensor_tensor(dst.core(), a.core(), b.core(), opn, engine=eng, name=name)
+    V.tensor_tensor(dst.core(), a.core(), b.core(), opn, engine=eng, name=name, nl=_nl)
 
 
 def _no_psum_gpsimd(op, eng, *tiles):
@@ -226,7 +226,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=""):
     V.tensor_reduce(dst.core(), data.core(), opn, axes, negate=bool(negate), keepdims=True, name=name)
 
 
-def tensor_copy(dst, src, engine=None, name="", dtype=None):
+def tensor_copy(dst, src, engine=None, name="", dtype=None, _nl=False):
     """``dst = src`` (cast through fp32 when the dtypes differ).  ``dtype=`` is not in the
     documented signature but AWS's current-API matmul tutorial passes it (also different from
     dst's dtype); the destination's dtype is the output dtype, a different ``dtype`` warns."""
@@ -244,7 +244,7 @@ def tensor_copy(dst, src, engine=None, name="", dtype=None):
         fail("tensor_copy on the Scalar engine is not available on NeuronCore-v2; use "
              "nisa.activation(op=nl.copy)")
     _no_psum_gpsimd("tensor_copy", eng, dst, src)
-    V.tensor_copy(dst.core(), src.core(), engine=eng, name=name)
+    V.tensor_copy(dst.core(), src.core(), engine=eng, name=name, unspecified=_nl)
 
 
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=""):

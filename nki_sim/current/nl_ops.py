@@ -36,11 +36,12 @@ def store(dst, value, name=""):
 
 
 def copy(x, dtype=None, name=""):
-    """A VectorE ``tensor_copy`` of ``x`` into a new SBUF tile."""
+    """A ``tensor_copy`` of ``x`` into a new SBUF tile, on the engine the compiler picks (run on
+    VectorE; the cost model charges ScalarE, ``nki_sim.cost.assigned_engine``)."""
     require_kernel("nl.copy")
     x = tile(x, "copy", "x")
     out = allocate(x.shape, dtype or x.dtype, sbuf, name)
-    C.tensor_copy(out, x, name=name)
+    C.tensor_copy(out, x, name=name, _nl=True)
     return out
 
 
@@ -53,7 +54,7 @@ def _binary(alu):
         if isinstance(x, NkiTensor) and isinstance(y, NkiTensor):
             no_broadcast(alu, x, y)
             out = allocate(x.shape, dtype or x.dtype, sbuf, name)
-            C.tensor_tensor(out, x, y, f)
+            C.tensor_tensor(out, x, y, f, _nl=True)
             return out
         if isinstance(x, NkiTensor):
             out = allocate(x.shape, dtype or x.dtype, sbuf, name)

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from .. import dtypes as D
 from .. import trace
 from ..state import state
 
@@ -51,6 +52,41 @@ def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=Non
                partitions=shape[0] if shape else 1,
                free_elems=free_size(shape) if free_elems is None else free_elems,
                nbytes=n * out.arr.itemsize, attrs=attrs)
+
+
+def free_contiguous(t) -> bool:
+    """Whether the elements of each partition of tile view ``t`` are consecutive in memory
+    (stride 1 along the free dims)."""
+    if t.idx is not None:
+        offs = t.flat_offsets()
+        o = offs.reshape(offs.shape[0], -1) if offs.ndim else offs.reshape(1, 1)
+        return o.shape[1] < 2 or bool(np.all(np.diff(o, axis=1) == 1))
+    _, es = t.elem_layout()
+    run = 1
+    for n, s in zip(reversed(t.arr.shape[1:]), reversed(es[1:])):
+        if n != 1:
+            if s != run:
+                return False
+            run *= n
+    return True
+
+
+_TT_FAST = frozenset({"add", "multiply", "subtract"})
+
+
+def tensor_tensor_attrs(alu: str, inputs, nl: bool = False) -> dict:
+    """Event attrs of a ``tensor_tensor``: its ALU op; ``nl`` when an ``nki.language`` binary op
+    of two tiles lowered to it (the compiler owns that lowering); ``strided`` when a tile operand
+    is not contiguous along its free dims, recorded where the documented VectorE cost depends on
+    it (bf16 operands, add / multiply / subtract)."""
+    attrs = {"alu": alu}
+    if nl:
+        attrs["nl"] = True
+    tiles = [o for o in inputs if o.t is not None]
+    if alu in _TT_FAST and all(o.dtype == D.bfloat16 for o in tiles) and \
+            not all(free_contiguous(o.t) for o in tiles):
+        attrs["strided"] = True
+    return attrs
 
 
 def _basic_runs(t):

@@ -12,7 +12,9 @@ import numpy as np
 from .. import dtypes as D
 from .. import errors as E
 from ..alu import ALU, reduce_values
+from ..state import state
 from .common import accumulators, as_rows, emit, free_size, operand, pvec, write_dst
+from .events import tensor_tensor_attrs
 
 
 def compute_fn(name, dts):
@@ -26,14 +28,16 @@ def compute_fn(name, dts):
     return fn, cdt
 
 
-def tensor_tensor(dst, data1, data2, alu: str, *, engine="vector", name=""):
-    """``dst = alu(data1, data2)`` element-wise (same partitions and elements per partition)."""
+def tensor_tensor(dst, data1, data2, alu: str, *, engine="vector", name="", nl=False):
+    """``dst = alu(data1, data2)`` element-wise (same partitions and elements per partition);
+    ``nl``: an ``nki.language`` binary op lowered to it (trace attr for nki_sim.cost)."""
     a = operand(data1, "data1", "tensor_tensor", True)
     b = operand(data2, "data2", "tensor_tensor", True)
     fn, cdt = compute_fn(alu, [a.dtype, b.dtype])
     r = fn(np.asarray(a.v, cdt), np.asarray(b.v, cdt).reshape(a.v.shape))
     write_dst(dst, r, "tensor_tensor", inputs=(a, b))
-    emit(engine, "tensor_tensor", (a, b), dst, name=name, attrs={"alu": alu})
+    if state.traces:
+        emit(engine, "tensor_tensor", (a, b), dst, name=name, attrs=tensor_tensor_attrs(alu, (a, b), nl))
 
 
 def tensor_scalar(dst, data, stages, *, engine="vector", name="", unspecified=False):
@@ -71,14 +75,16 @@ def tensor_reduce(dst, data, alu: str, axes, *, negate=False, keepdims=False, na
     emit("vector", "tensor_reduce", (a,), dst, name=name, free_elems=free_size(a.shape))
 
 
-def tensor_copy(dst, src, *, engine="vector", name=""):
-    """``dst = src`` (bit-exact when the dtypes match; ScalarE goes through fp32)."""
+def tensor_copy(dst, src, *, engine="vector", name="", unspecified=False):
+    """``dst = src`` (bit-exact when the dtypes match; ScalarE goes through fp32);
+    ``unspecified``: an ``nl.copy``, whose engine the compiler picks (trace attr for nki_sim.cost)."""
     a = operand(src, "src", "tensor_copy", True)
     v = a.v
     if engine == "scalar" and dst.arr.dtype != a.dtype:
         v = np.asarray(v, np.float32)
     write_dst(dst, v, "tensor_copy", inputs=(a,))
-    emit(engine, "tensor_copy", (a,), dst, name=name)
+    emit(engine, "tensor_copy", (a,), dst, name=name,
+         attrs={"engine_unspecified": True} if unspecified else None)
 
 
 def copy_predicated(dst, src, predicate, *, reverse=False, name=""):

@@ -144,8 +144,12 @@ def check_same_partitions(op: str, named):
 
 def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, shape=None,
                 buffer: str = "sbuf", name: str = "", fresh=True, free_elems=None,
-                attrs=None, emit=True) -> Tensor:
-    """Allocate the output tile of an instruction, write ``values`` (cast), record the event."""
+                attrs=None, emit=True, isa=None) -> Tensor:
+    """Allocate the output tile of an instruction, write ``values`` (cast), record the event.
+
+    ``op`` names the API call (messages, ``producer``); ``isa`` the engine instruction it lowers
+    to, the event's op (default ``op``): ``nl.add`` of two tiles records ``tensor_tensor`` as
+    ``nisa.tensor_tensor`` and the current API's ``nl.add`` do."""
     d = dtype if type(dtype) is np.dtype else np.dtype(dtype)
     v = values if type(values) is np.ndarray else np.asarray(values)
     shape = v.shape if shape is None else tuple(shape)
@@ -179,7 +183,7 @@ def result_tile(values, dtype, *, op: str, engine: str, inputs=(), mask=None, sh
     t.producer = (engine, op)
     t.pmask = None if m is None else alloc.written
     if emit and state.traces:
-        emit_compute(engine, op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,
+        emit_compute(engine, isa or op, inputs, t, name=name, free_elems=free_elems, attrs=attrs,
                      count=None if m is None else int(np.count_nonzero(m)))
     return t
 

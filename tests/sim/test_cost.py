@@ -160,6 +160,9 @@ def test_vector_scalar_gpsimd_formulas():
     assert cost.formula_cycles(compute("vector", "tensor_scalar", 10), hw) == 64   # max(64, N)
     assert cost.formula_cycles(compute("vector", "tensor_scalar", 1000), hw) == 1000
     assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, n_in=2), hw) == 2000
+    # an nl binary op of two tiles: N (trn1 profiles of fp32 nl ops, docs/cost-model.md)
+    assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, n_in=2,
+                                       attrs=(("alu", "add"), ("nl", True))), hw) == 1000
     assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, dtype="bfloat16",
                                        n_in=2), hw) == 1000
     assert cost.formula_cycles(compute("vector", "reciprocal", 100), hw) == 350   # fitted 3.5 N

@@ -38,7 +38,7 @@ def _chain_and_independent(x):
 def test_deps_name_the_last_writer_of_each_input():
     ev = _trace(_chain_and_independent, np.ones((128, 4), np.float32))
     deps = [e.attr("deps", ()) for e in ev]
-    assert [e.op for e in ev] == ["load", "load", "activation", "activation", "add", "store"]
+    assert [e.op for e in ev] == ["load", "load", "activation", "activation", "tensor_tensor", "store"]
     assert deps == [(), (), (0,), (1,), (2, 3), (4,)]
 
 
@@ -61,7 +61,7 @@ def test_src_buffer_and_engine_unspecified_are_recorded():
     x = np.ones((128, 128), np.float32)
     ev = [e for e in _trace(_psum_copy_and_scalars, x, x) if e.engine != "dma"]
     by_op = [(e.op, e.src_buffer, bool(e.attr("engine_unspecified"))) for e in ev]
-    assert by_op == [("nc_matmul", "sbuf", False), ("copy", "psum", False),
+    assert by_op == [("nc_matmul", "sbuf", False), ("tensor_copy", "psum", True),     # nl.copy
                      ("tensor_scalar", "sbuf", True), ("tensor_scalar", "sbuf", False),
                      ("tensor_scalar", "sbuf", True)]
     assert [e.attr("ops") for e in ev[2:]] == [("multiply", "add"), ("multiply",), ("maximum",)]

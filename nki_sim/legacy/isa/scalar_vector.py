@@ -13,6 +13,7 @@ from ... import trace
 from ...access import write
 from ...alu import ALU, act_name, alu_name, apply_act, reduce_values
 from ..compute import check_same_partitions, free_size, operand, require_kernel, result_tile
+from ...engines.events import tensor_tensor_attrs
 from ...indexing import IndexExpr, MaskExpr, broadcast_left, mask_array
 from ..language.reduce import reduce_op
 from ...state import state
@@ -219,7 +220,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, name=
     r = fn(np.asarray(a.v, cdt), np.asarray(b.v, cdt).reshape(a.shape))
     out_dt = D.as_dtype(dtype) if dtype is not None else D.promote(a.dtype, b.dtype)
     return result_tile(r, out_dt, op="tensor_tensor", engine=eng, inputs=(a, b), mask=m, name=name,
-                       attrs={"alu": opn})
+                       attrs=tensor_tensor_attrs(opn, (a, b)) if state.traces else None)
 
 
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, *,

@@ -15,6 +15,8 @@ from ... import dtypes as D
 from ... import errors as E
 from ...alu import ALU, apply_act
 from ..compute import operand, result_tile, require_kernel
+from ...engines.events import tensor_tensor_attrs
+from ...state import state
 from ...indexing import MaskExpr, broadcast_left, left_shape, mask_array
 from ...tensor import Tensor
 
@@ -70,8 +72,27 @@ def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=
     if engine is None:       # 32-bit integer add/sub/mul run on GpSimd (which cannot read PSUM)
         engine = "gpsimd" if (cdt == np.int64 and name in ("add", "subtract", "multiply")
                               and "psum" not in (a.buffer, b.buffer)) else "vector"
-    return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a, b), mask=m, shape=shape,
-                       name=tname)
+    isa, inputs, attrs = lowering(name, a, b)
+    return result_tile(r, out_dt, op=opname, engine=engine, inputs=inputs, mask=m, shape=shape,
+                       name=tname, isa=isa, attrs=attrs)
+
+
+def lowering(name, a, b):
+    """(instruction, its operands in instruction order, event attrs) of ``nl.<name>(x, y)``:
+    two tiles of the same elements per partition are a VectorE ``tensor_tensor`` (attr ``nl``); a
+    tile with a
+    Python scalar or a ``[P, 1]`` column (broadcast along the free axis) is a ``tensor_scalar``
+    whose engine the compiler picks, its data operand first (as ``nisa.tensor_tensor`` /
+    ``nisa.tensor_scalar`` and the current API's ``nl`` ops record them)."""
+    fa, fb = _free(a), _free(b)
+    if a.is_scalar or b.is_scalar or (fa != fb and 1 in (fa, fb) and a.shape[0] == b.shape[0]):
+        data, opnd = (b, a) if (a.is_scalar or (not b.is_scalar and fa == 1)) else (a, b)
+        return "tensor_scalar", (data, opnd), {"ops": (name,), "engine_unspecified": True}
+    return "tensor_tensor", (a, b), tensor_tensor_attrs(name, (a, b), nl=True) if state.traces else None
+
+
+def _free(o):
+    return 0 if o.is_scalar else (int(np.prod(o.shape[1:])) if len(o.shape) > 1 else 1)
 
 
 def _make_binary(opname, doc):
@@ -132,7 +153,7 @@ def unary(name, x, *, dtype=None, mask=None, op=None, tname=""):
         r = apply_act(name, a.v)
     engine = "vector" if name in _VECTOR_UNARY else "scalar"
     return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a,), mask=m, shape=x.shape,
-                       name=tname)
+                       name=tname, isa="activation" if engine == "scalar" else None)
 
 
 ACT_INT = {"negative": np.negative, "abs": np.abs, "sign": np.sign,
@@ -242,7 +263,7 @@ def copy(src, *, dtype=None, mask=None, name="", **kwargs):
     a = operand(src, "src", "copy", m)
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     return result_tile(a.v, out_dt, op="copy", engine="vector", inputs=(a,), mask=m, shape=src.shape,
-                       name=name)
+                       name=name, isa="tensor_copy", attrs={"engine_unspecified": True})
 
 
 copy._act = "copy"

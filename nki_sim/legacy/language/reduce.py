@@ -76,8 +76,14 @@ def reduce_op(name, kind, x, axis, dtype=None, mask=None, keepdims=False, negate
         out_m = m.any(axis=axes, keepdims=keepdims)
         if out_m.all():
             out_m = None
+    isa = "tensor_reduce" if engine == "vector" and kind in _ISA_REDUCE else None
     return result_tile(r, out_dt, op=name, engine=engine, inputs=(a,), mask=out_m, name=tname,
-                       free_elems=free)
+                       free_elems=free, isa=isa)
+
+
+# reductions that are one VectorE tensor_reduce instruction (nl.sum / max / min / prod / all /
+# any, as nisa.tensor_reduce and the current API's nl reductions record them)
+_ISA_REDUCE = frozenset({"add", "maximum", "minimum", "multiply", "all", "any"})
 
 
 def _make(opname, kind, doc):
@@ -99,3 +105,4 @@ mean = _make("mean", "mean", "mean (fp32 for integer inputs)")
 var = _make("var", "var", "variance")
 all = _make("all", "all", "logical all")                               # noqa: A001
 any = _make("any", "any", "logical any")                               # noqa: A001
+
