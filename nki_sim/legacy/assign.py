@@ -99,6 +99,9 @@ def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
 def assign(t: Tensor, key, value) -> None:
     """``t[key] = value``: a copy instruction (or the destination of the op that made value)."""
     dst = t[key]
+    if getattr(value, "nki_loop_reduce", False):        # acc[...] = nl.loop_reduce(x, ...)
+        value.assign_into(dst)
+        return
     if isinstance(value, Tensor):
         if value.fresh == "acc" and _same_region(dst, value):
             return

@@ -107,6 +107,9 @@ def operand(x, name: str, op: str, mask=None, *, allow_hbm=False, allow_psum=Tru
     if isinstance(x, np.ndarray):
         raise TypeError(f"operand '{name}' of '{op}' is a NumPy array; kernel inputs must be passed "
                         "as kernel arguments (HBM) and loaded with nl.load")
+    if getattr(x, "nki_loop_reduce", False):
+        raise TypeError(f"operand '{name}' of '{op}' is the result of nl.loop_reduce, which must be "
+                        "assigned into its accumulator tile first (acc[...] = nl.loop_reduce(x, ...))")
     raise TypeError(f"operand '{name}' of '{op}' must be a tile{' or a scalar' if allow_scalar else ''}; "
                     f"got {type(x).__name__}")
 

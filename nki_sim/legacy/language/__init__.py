@@ -29,7 +29,7 @@ from .elementwise import (  # noqa: F401
     power, reciprocal, relu, right_shift, rsqrt, sigmoid, sign, silu, sin, softplus, sqrt,
     square, subtract, tan, tanh, trunc, where)
 from .misc import gather_flattened, softmax  # noqa: F401
-from .reduce import all, any, max, mean, min, prod, sum, var  # noqa: F401
+from .reduce import all, any, loop_reduce, max, mean, min, prod, sum, var  # noqa: F401
 from .tensor_engine import matmul, transpose  # noqa: F401
 
 # ---- dtypes (NumPy dtype objects, as in the legacy API) ------------------------------
@@ -82,7 +82,7 @@ def dropout(*a, **k):
 
 # names of the real legacy module that nki_sim does not emulate
 _NOT_EMULATED = {
-    "rms_norm", "loop_reduce", "atomic_rmw", "rand",
+    "rms_norm", "atomic_rmw", "rand",
     "random_seed", "shuffle", "invert_permutation", "exp2", "log2", "log1p", "expm1",
     "sequence_bounds", "load_transpose", "all_reduce", "tile", "tensor",
 }

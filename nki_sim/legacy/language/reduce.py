@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
@@ -106,3 +107,56 @@ var = _make("var", "var", "variance")
 all = _make("all", "all", "logical all")                               # noqa: A001
 any = _make("any", "any", "logical any")                               # noqa: A001
 
+
+# ---------------------------------------------------------------------------- loop_reduce
+_LOOP_REDUCE_OPS = ("add", "multiply", "maximum", "minimum")
+
+
+class LoopReduce:
+    """The result of ``nl.loop_reduce(x, op, loop_indices)``: assigned into its accumulator tile,
+    ``acc[...] = nl.loop_reduce(x, op=np.add, loop_indices=[k])``, it updates
+    ``acc = op(acc, x)`` (the documented equivalent ``nisa.tensor_tensor(data1=acc, data2=x,
+    op)``: the destination is also an input). Any other use is an error."""
+
+    __slots__ = ("x", "alu", "dtype", "mask")
+    nki_loop_reduce = True
+
+    def __init__(self, x, alu, dtype, mask):
+        self.x, self.alu, self.dtype, self.mask = x, alu, dtype, mask
+
+    def assign_into(self, dst: Tensor):
+        """``dst = alu(dst, x)`` (masked), recorded as the VectorE ``tensor_tensor`` it is; an
+        associative reduction over the loop, so exempt from the ``affine_range`` dependency
+        check like ``+=`` (README rule 5)."""
+        from ...access import read, write
+        from ... import trace
+        from .elementwise import binary
+        if not dst.onchip:
+            raise E.MemorySpaceError(
+                f"nl.loop_reduce accumulates into an on-chip tile; {dst.name} is in {dst.buffer}")
+        res = binary(self.alu, dst, self.x, dtype=self.dtype, mask=self.mask, op="loop_reduce")
+        vals, _ = read(res, res.pmask, op="loop_reduce")
+        write(dst, vals, res.pmask, op="loop_reduce", exempt=True)
+        res.fresh = False
+        trace.note_write(dst.alloc.id, res.alloc.id)
+
+
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
+    """``nl.loop_reduce``: reduce ``x`` over the loops ``loop_indices`` into the tile the result
+    is assigned to (:class:`LoopReduce`). ``op``: add / multiply / maximum / minimum."""
+    from ...alu import alu_name
+    require_kernel("nl.loop_reduce")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"nl.loop_reduce: x must be a tile; got {type(x).__name__}")
+    alu = alu_name(op, "nl.loop_reduce")
+    if alu not in _LOOP_REDUCE_OPS:
+        raise NotImplementedError(
+            f"nl.loop_reduce(op={alu}): nki_sim emulates the associative reductions "
+            f"{', '.join(_LOOP_REDUCE_OPS)}; for another operator write acc[...] = "
+            "nisa.tensor_tensor(acc, x, op) in the loop")
+    idx = loop_indices if isinstance(loop_indices, (tuple, list)) else (loop_indices,)
+    if not idx or not builtins.all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+                                   for i in idx):
+        raise ValueError(f"nl.loop_reduce: loop_indices must be a loop index or a non-empty tuple of "
+                         f"loop indices (nl.affine_range variables or ints); got {loop_indices!r}")
+    return LoopReduce(x, alu, dtype, mask)
