@@ -77,10 +77,6 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                                "NKI package) and a Trainium device, but nki_sim is active "
                                f"(NKI_PA_BACKEND={_nki.BACKEND_REQUEST!r}); use backend='sim' or "
                                "'auto'")
-        if chosen.simulated and chosen.name == _nki.CURRENT:
-            # nki.simulate writes its array arguments back: hand it writable ones
-            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
-                         else a for a in args)
         return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
                                         device=device, lnc=lnc))
 

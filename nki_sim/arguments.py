@@ -9,8 +9,11 @@ One definition, used by both front ends' launches (:mod:`nki_sim.runtime` for th
   where torch allows (bf16 through an int16 view); torch tensors on another device and JAX
   arrays are rejected.
 * :func:`check_dtype`: the NKI dtype rule for arguments (``ValueError`` naming the argument).
-* :func:`write_back`: copy a kernel-written HBM array into the caller's array / tensor (a
-  read-only NumPy array is a ``ValueError`` naming the argument).
+* :func:`input_alloc`: the HBM allocation of an array argument (the caller's memory when it can
+  be, else a contiguous copy; a read-only view for an immutable input).
+* :func:`write_back`: copy a kernel-written HBM array into the caller's array / tensor; a
+  read-only NumPy array that the kernel wrote is a ``ValueError`` naming the argument, one it
+  only read needs no write-back.
 * :func:`materialize` / :func:`to_framework`: a returned tensor view as a fresh NumPy array, and
   that array as a torch tensor when the arguments were torch tensors.
 """
@@ -21,6 +24,7 @@ import numpy as np
 
 from . import dtypes as D
 from .access import Access
+from .memory import Alloc
 
 
 def _is_torch(x) -> bool:
@@ -57,6 +61,23 @@ def check_dtype(name: str, dtype) -> None:
             f"(u)int8/16/32, bool); got {np.dtype(dtype).name}. Cast it on the host first.")
 
 
+def input_alloc(name: str, arr: np.ndarray, buffer: str, *, mutable: bool, user) -> Alloc:
+    """The HBM allocation of array argument ``name`` (``user``: the caller's object, ``arr`` or
+    the torch tensor it views).  A mutable input writes the caller's memory directly when it is
+    C-contiguous and writable, a contiguous copy otherwise (:func:`write_back` returns the
+    result); an immutable one is a read-only view."""
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if mutable:
+        data = arr if arr.flags.c_contiguous and arr.flags.writeable else np.ascontiguousarray(arr).copy()
+    else:
+        data = np.ascontiguousarray(arr).view()
+        data.flags.writeable = False
+    a = Alloc(data, buffer, name=name, kind="input", written=True, mutable=mutable)
+    a.user_array = user
+    return a
+
+
 def writable(name: str, user) -> None:
     """``ValueError`` if the kernel wrote argument ``name`` but the caller's NumPy array is
     read-only (the result could not be returned in place)."""
@@ -66,9 +87,11 @@ def writable(name: str, user) -> None:
             "(flags.writeable is False); pass a writable array (e.g. arr.copy())")
 
 
-def write_back(name: str, user, data: np.ndarray) -> None:
+def write_back(name: str, user, data: np.ndarray, written: bool = True) -> None:
     """Copy ``data`` (the kernel's HBM storage of argument ``name``) into the caller's object
-    ``user`` (a NumPy array or a torch tensor) unless both are the same memory."""
+    ``user`` (a NumPy array or a torch tensor) unless both are the same memory.  A read-only
+    NumPy ``user`` is left alone when the kernel neither ``written`` the argument nor changed its
+    bytes (a dtype view of it may write without marking it), and is a ``ValueError`` otherwise."""
     if _is_torch(user):
         import torch
         src = torch.from_numpy(np.ascontiguousarray(data).view(np.int16)).view(torch.bfloat16) \
@@ -79,7 +102,11 @@ def write_back(name: str, user, data: np.ndarray) -> None:
         return
     if data is user:
         return
-    writable(name, user)
+    if not user.flags.writeable:
+        if not written and np.array_equal(np.ascontiguousarray(user).reshape(-1).view(np.uint8),
+                                          data.reshape(-1).view(np.uint8)):
+            return
+        writable(name, user)
     np.copyto(user, data.reshape(user.shape))
 
 

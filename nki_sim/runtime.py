@@ -21,7 +21,7 @@ from . import arguments as A
 from . import errors as E
 from .blas import single_threaded
 from .config import config
-from .memory import Alloc, Live
+from .memory import Live
 from .state import KernelContext, state
 from .target import get_target, use_target
 from .tensor import Tensor
@@ -41,16 +41,8 @@ def _wrap_input(name: str, arr: np.ndarray, mutable: bool, tensor_type=Tensor, u
     """An HBM input tensor over ``arr``; ``user`` is the caller's object (``arr`` itself or the
     torch tensor ``arr`` was made from), the target of the write-back of a mutable input."""
     A.check_dtype(name, arr.dtype)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if mutable:
-        data = arr if arr.flags.c_contiguous and arr.flags.writeable else np.ascontiguousarray(arr).copy()
-    else:
-        data = np.ascontiguousarray(arr).view()
-        data.flags.writeable = False
-    a = Alloc(data, "hbm", name=name, kind="input", written=True, mutable=mutable)
-    a.user_array = arr if user is None else user
-    return tensor_type(a, data)
+    a = A.input_alloc(name, arr, "hbm", mutable=mutable, user=arr if user is None else user)
+    return tensor_type(a, a.data)
 
 
 def _output(x, ctx, torch_out=False):

@@ -2,7 +2,9 @@
 ``nki.simulator.simulate_kernel``.
 
 Arguments: NumPy arrays or torch tensors become HBM tensors (``nl.hbm``; ``nl.shared_hbm`` under
-LNC=2) that the kernel may update in place (written back into the caller's array / tensor);
+LNC=2) that the kernel may update in place (written back into the caller's array / tensor; a
+read-only array works as an input and is a ``ValueError`` if the kernel writes it; the conversions
+are :mod:`nki_sim.arguments`, shared with the legacy launch);
 Python scalars and tuples pass through.  Outputs are ``nl.shared_hbm`` tensors returned by the
 kernel, converted to the arguments' framework (torch in -> torch out).  ``lnc`` logical cores
 run one after another with ``nl.program_id(0)`` = 0, 1 over the same HBM (each with its own
@@ -20,10 +22,10 @@ import warnings
 
 import numpy as np
 
-from .. import dtypes as D
+from .. import arguments as A
 from .. import errors as E
 from ..blas import single_threaded
-from ..memory import Alloc, Live
+from ..memory import Live
 from ..state import KernelContext, state
 from ..target import get_target
 from . import version
@@ -52,35 +54,13 @@ def _check_target():
     return tgt
 
 
-def _to_numpy(x):
-    """(NumPy array, torch tensor or None) of a kernel argument."""
-    if isinstance(x, np.ndarray):
-        return x, None
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        import torch
-        t = x.detach()
-        if t.device.type != "cpu":
-            raise ValueError(f"torch argument on {t.device}: the simulator runs on CPU tensors")
-        if t.dtype == torch.bfloat16:
-            return t.contiguous().view(torch.int16).numpy().view(D.bfloat16), x
-        return t.contiguous().numpy(), x
-    if mod.startswith("jax"):
-        raise TypeError("JAX arrays are not supported by nki.simulate (AWS's simulator does not support JAX)")
-    return None, None
-
-
-def _wrap(name, arr, buffer, copies, orig=None):
-    d = arr.dtype
-    T.name_of(d)                               # ValueError for float64 / int64 ...
-    data = arr if arr.flags.c_contiguous and arr.flags.writeable else np.ascontiguousarray(arr).copy()
-    if data.ndim == 0:
-        data = data.reshape(1)
-    a = Alloc(data, buffer, name=name, kind="input", written=True, mutable=True)
-    a.user_array = arr if orig is None else orig
-    if data is not arr:
-        copies.append((data, arr))
-    return wrap_alloc(a, T.name_of(d))
+def _wrap(name, arr, buffer, inputs, user):
+    """An HBM tensor over array argument ``name`` (any argument may be written: the caller's
+    memory directly when it can be, else a copy returned by :func:`_copy_back`)."""
+    dt = T.name_of(arr.dtype)                  # ValueError for float64 / int64 ...
+    a = A.input_alloc(name, arr, buffer, mutable=True, user=user)
+    inputs.append(a)
+    return wrap_alloc(a, dt)
 
 
 def _convert_args(func, args, kwargs, buffer):
@@ -90,37 +70,30 @@ def _convert_args(func, args, kwargs, buffer):
     except TypeError as e:
         raise TypeError(f"kernel {func.__name__}: {e}") from None
     bound.apply_defaults()
-    copies, torch_in = [], []
+    inputs, torch_in = [], []
 
     def conv(name, v):
         if isinstance(v, tuple):
             return tuple(conv(f"{name}[{i}]", x) for i, x in enumerate(v))
         if isinstance(v, list):
             raise TypeError(f"kernel argument '{name}' is a list; pass a tuple (NKI kernels take no lists)")
-        arr, tt = _to_numpy(v)
+        arr, tt = A.to_numpy(name, v)
         if arr is None:
             return v
         if tt is not None:
             torch_in.append(tt)
-            copies.append((None, (arr, tt)))
-        return _wrap(name, arr, buffer, copies, tt)
+        return _wrap(name, arr, buffer, inputs, v)
 
     for n in list(bound.arguments):
         bound.arguments[n] = conv(n, bound.arguments[n])
-    return bound, copies, torch_in
+    return bound, inputs, torch_in
 
 
-def _copy_back(copies):
-    for data, dst in copies:
-        if data is None:                       # torch argument: copy the NumPy storage back
-            arr, tt = dst
-            import torch
-            src = torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16) \
-                if arr.dtype == D.bfloat16 else torch.from_numpy(np.ascontiguousarray(arr))
-            with torch.no_grad():
-                tt.copy_(src.reshape(tt.shape))
-        else:
-            np.copyto(dst, data)
+def _copy_back(inputs):
+    """Return every argument's HBM contents to the caller's array / tensor (nothing to do where
+    the kernel ran on the caller's memory); a read-only array the kernel wrote is an error."""
+    for a in inputs:
+        A.write_back(a.name, a.user_array, a.data, written=a.ever_written)
 
 
 def _output(x, torch_out):
@@ -132,20 +105,11 @@ def _output(x, torch_out):
         if a.kind != "input" and a.buffer != "shared_hbm":
             raise E.KernelSignatureError(
                 f"kernel returned {a.buffer} tensor `{a.name}`: output tensors must use nl.shared_hbm")
-        a.poison()
-        from ..access import Access
-        core = x.core()
-        arr = np.array(core.arr) if core.idx is None else np.array(Access(core).gather(a.data))
-        arr = arr.reshape(x.shape)
+        arr = A.materialize(x.core()).reshape(x.shape)
         want = T.declared_np(x.dtype)
         if arr.dtype != want:                  # NKI_PRECISE_FP=0: fp32 storage of a narrow dtype
             arr = arr.astype(want)
-        if torch_out:
-            import torch
-            if arr.dtype == D.bfloat16:
-                return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-            return torch.from_numpy(arr.copy())
-        return arr
+        return A.to_framework(arr, torch_out)
     if isinstance(x, (tuple, list)):
         return tuple(_output(v, torch_out) for v in x)
     return x
@@ -166,7 +130,7 @@ def run(func, lnc, args, kwargs):
     if lnc == 2 and tgt.nc_version == "gen2":
         raise E.TargetError("LNC=2 needs trn2 (NeuronCore-v3): trn1 has one core per logical core")
     with single_threaded(), np.errstate(all="ignore"):
-        bound, copies, torch_in = _convert_args(func, args, kwargs, "shared_hbm" if lnc == 2 else "hbm")
+        bound, inputs, torch_in = _convert_args(func, args, kwargs, "shared_hbm" if lnc == 2 else "hbm")
         ctx_args = dict(name=func.__name__, grid=(lnc,), target=tgt,
                         code=getattr(inspect.unwrap(func), "__code__", None))
         for tr in state.traces:
@@ -188,7 +152,7 @@ def run(func, lnc, args, kwargs):
             finally:
                 state.kernel = None
         out = _output(ret, bool(torch_in))
-        _copy_back(copies)
+        _copy_back(inputs)
         return out
 
 

@@ -10,6 +10,7 @@ import pytest
 import neuronxcc.nki as nki
 import neuronxcc.nki.isa as nisa
 import neuronxcc.nki.language as nl
+import neuronxcc.nki.typing as nt
 
 import nki_sim
 
@@ -294,3 +295,23 @@ def test_trace_mode_sub_kernel_is_inlined(rng):
     x = rng.standard_normal((64, 8)).astype(np.float32)
     np.testing.assert_allclose(nki.simulate_kernel(calls_trace_helper_k, x), -2 * x.astype(np.float64),
                                rtol=1e-6)
+
+
+@nki.jit
+def _bump_rows(cache: nt.mutable_tensor, x):
+    """cache[0:128] = x + 1 (cache written in place, returned); x only read."""
+    nl.store(cache[0:128, :], value=nl.add(nl.load(x), 1.0))
+    return cache
+
+
+def test_read_only_arrays_as_input_and_as_written_argument(rng, sim_only, rejects):
+    x = rng.standard_normal((128, 8)).astype(np.float32)
+    x.flags.writeable = False                          # a read-only input just works
+    cache = np.zeros((256, 8), np.float32)
+    assert nki.simulate_kernel(_bump_rows, cache, x) is cache
+    np.testing.assert_array_equal(cache[:128], (x.astype(np.float64) + 1.0).astype(np.float32))
+    ro = np.zeros((256, 8), np.float32)
+    ro.flags.writeable = False                         # ... a written one is an error naming it
+    with rejects(ValueError, match="kernel argument 'cache' is written by the kernel, but the "
+                                   "array passed is read-only"):
+        nki.simulate_kernel(_bump_rows, ro, x)

@@ -242,3 +242,57 @@ def test_instructions_return_handles_with_depends_on():
 
     x = np.ones((4, 4), np.float32)
     np.testing.assert_array_equal(k(x), x)
+
+
+def _ro(a):
+    a = np.array(a)
+    a.flags.writeable = False
+    return a
+
+
+@nki.jit
+def _scale_into(x, out_arg):
+    """out_arg[...] = 3 * x (an argument written in place); returns a fresh 2 * x output."""
+    t = load(x)
+    r = sb(x.shape, x.dtype)
+    nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=3.0)
+    nisa.dma_copy(dst=out_arg, src=r)
+    return _double(x)
+
+
+@nki.jit
+def _write_bits(x, dst):
+    """dst (8, 8) int32 receives x's bits through a float32 dtype view of dst."""
+    nisa.dma_copy(dst=dst.view(nl.float32), src=load(x))
+    return dst
+
+
+def test_read_only_inputs_just_work():
+    x = _ro(np.arange(16, dtype=np.float32).reshape(4, 4))
+    np.testing.assert_array_equal(nki.simulate(nki.jit(_double))(x), 2 * x)
+    np.testing.assert_array_equal(nki.jit(_double)(x), 2 * x)
+    assert not x.flags.writeable                       # the caller's array is untouched
+    np.testing.assert_array_equal(x, np.arange(16, dtype=np.float32).reshape(4, 4))
+    # a read-only array the kernel only reads, next to a written writable one
+    out_arg = np.zeros((4, 4), np.float32)
+    np.testing.assert_array_equal(nki.simulate(_scale_into)(x, out_arg), 2 * x)
+    np.testing.assert_array_equal(out_arg, 3 * x)
+
+
+def test_read_only_written_argument_is_a_clear_error():
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    out_arg = _ro(np.zeros((4, 4), np.float32))
+    with pytest.raises(ValueError, match=r"kernel argument 'out_arg' is written by the kernel, but "
+                                         r"the array passed is read-only"):
+        nki.simulate(_scale_into)(x, out_arg)
+    assert not out_arg.any()
+
+
+def test_read_only_argument_written_through_a_dtype_view_is_an_error():
+    x = np.arange(64, dtype=np.float32).reshape(8, 8) + 0.5
+    dst = np.zeros((8, 8), np.int32)
+    r = nki.simulate(_write_bits)(x, dst)               # must-pass twin: a writable destination
+    assert r is dst
+    np.testing.assert_array_equal(dst, x.view(np.int32))
+    with pytest.raises(ValueError, match="kernel argument 'dst' is written by the kernel"):
+        nki.simulate(_write_bits)(x, _ro(np.zeros((8, 8), np.int32)))
