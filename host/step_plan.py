@@ -289,8 +289,9 @@ def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: in
                    sinks=None, alibi_slopes=None) -> tuple:
     """One ``host.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
     from ``sinks`` / ``alibi_slopes``, validated (H,) float32 or None)."""
+    with_row_init = sinks is not None or alibi_slopes is not None
     return tuple(class_launch(cls, row_init(cls, num_heads, num_kv_heads, sinks=sinks,
-                                            alibi_slopes=alibi_slopes))
+                                            alibi_slopes=alibi_slopes), row_init=with_row_init)
                  for cls in schedule.classes)
 
 

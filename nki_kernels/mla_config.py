@@ -17,7 +17,8 @@ from nki_kernels.contract import (PARTITIONS as P, PSUM_BANK_F32, STEP_KEYS, Met
                                   TileGeometry, channel_slices, decode_layout, meta_layout)
 from nki_kernels.mla_sbuf import MAX_CHUNK_ITEMS, SBUF_USABLE, decode_chunk_cap, mla_sbuf_bytes
 from nki_kernels.ops import dtype_name, itemsize
-from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value, tile_geometries
+from nki_kernels.sched_checks import (check_item_inputs, check_phase_metadata,
+                                      softmax_scale_value, tile_geometries)
 from nki_kernels.sched_core import StepConfig
 from nki_kernels.sched_item import FoldConfig, decode_step_keys
 
@@ -210,22 +211,10 @@ def configure(ops, ins: MLAInputs, kv_cache, rows, blocks, opts) -> MLAConfig:
 
 def _check_decode_inputs(ins, decode, D, rows, items, q_dt):
     """Decode-layout classes need the per-item Q^T of both phases (``items = (full, partial)``
-    item counts) and the partial items' bounds; other classes read none of them."""
-    if not decode:
-        return
-    for name, qa, n in (("q_full", ins.q_items[0], items[0]),
-                        ("q_part", ins.q_items[1], items[1])):
-        want = (D, n * rows)
-        kernel_check(qa is not None, KERNEL, name,
-                     f"be given for a decode-layout class: a {want} array of the query dtype",
-                     None)
-        kernel_check(tuple(qa.shape) == want and dtype_name(qa.dtype) == q_dt, KERNEL, name,
-                     f"be a {want} array of the query dtype (decode layout)",
-                     (tuple(qa.shape), dtype_name(qa.dtype)))
-    b = ins.bounds_p
-    want = (1, items[1] * 2 * rows)
-    kernel_check(b is not None, KERNEL, "bounds_p",
-                 f"be given for a decode-layout class: a float32 {want} array", None)
-    kernel_check(tuple(b.shape) == want and dtype_name(b.dtype) == "float32", KERNEL,
-                 "bounds_p", "be a float32 (1, items * 2 * rows) array (decode layout)",
-                 (tuple(b.shape), dtype_name(b.dtype)))
+    item counts) and the partial items' bounds; other classes read none of them (None)."""
+    if decode:
+        cls = "a decode-layout class"
+        check_item_inputs(KERNEL, (("q_full", ins.q_items[0], (D, items[0] * rows), q_dt, cls),
+                                   ("q_part", ins.q_items[1], (D, items[1] * rows), q_dt, cls),
+                                   ("bounds_p", ins.bounds_p, (1, items[1] * 2 * rows),
+                                    "float32", cls)))

@@ -125,7 +125,7 @@ def test_paged_attention_plans_once(monkeypatch):
     monkeypatch.setattr(sp, "build_schedule", lambda *a, **k: calls.append(1) or real(*a, **k))
     q, k, v, cache, bt = _batch()
     monkeypatch.setattr("host.attention.launch_kernel",
-                        lambda kern, args, kw, **_: np.zeros((args[6].shape[0], D), np.float32))
+                        lambda kern, args, kw, **_: np.zeros((args[1].shape[0], D), np.float32))
     host.paged_attention(q, k, v, cache, bt, QLENS, CLENS, large_tile_size=512, backend="sim")
     assert len(calls) == 1
 
