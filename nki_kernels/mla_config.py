@@ -94,7 +94,7 @@ class MLAConfig:
         visible keys start at position 0); P^T copies of 128-row blocks split 2:1 between
         ScalarE and VectorE (ScalarE also copies the K^T of D-wide entries, the busier engine)."""
         p_evac = ("scalar", "scalar", "vector") if self.rows == P else None
-        step = StepConfig(d=self.R, kernel_dtype=self.kd, v_stride=self.E, one_sided=True,
+        step = StepConfig(d=self.R, kernel_dtype=self.kd, v_stride=self.E, windowed=False,
                           tiled_block_size=phase.geo.bp, p_evac=p_evac)
         return FoldConfig(step=step, rows=self.rows, blocks=self.blocks, width=phase.geo.W,
                           step_keys=phase.step_keys, masked=phase.masked,

@@ -49,7 +49,9 @@ class SchedOptions:
     row_init: start each group's rows from ``q_init`` (sinks, ALiBi) instead of
         (-M_FLOOR, 0); the metadata then carries the ``ini`` columns.
     windowed: False promises that every row's visible keys start at or before each tile it
-        meets (no sliding window): masks then test only the upper bound (cheaper).
+        meets (no sliding window): masks then test only the upper bound (cheaper). The host
+        sets it to ``sliding_window is not None``; the steps read the same flag
+        (``sched_core.StepConfig.windowed``).
     """
 
     softmax_scale: float | None = None
@@ -101,7 +103,7 @@ class SchedConfig:
 
     def step_config(self, phase: Phase) -> StepConfig:
         return StepConfig(d=self.d, kernel_dtype=self.kd, soft_cap=self.opts.logits_soft_cap,
-                          one_sided=not self.opts.windowed,
+                          windowed=self.opts.windowed,
                           tiled_block_size=phase.geo.bp)
 
     def fold_config(self, phase: Phase) -> FoldConfig:
