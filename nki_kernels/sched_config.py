@@ -228,16 +228,15 @@ def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts) -> SchedConfig:
     # their masks take one ScalarE pass). (Measured on the cost model: keys on partitions for the
     # full items of 128-row blocks was slower, per-step small ops dominate.)
     step_keys = decode_step_keys(rows) if decode else STEP_KEYS
-    phases = {}
-    for masked, geo, n in ((False, g_full, items_f), (True, g_part, items_p)):
-        phases[masked] = Phase(masked=masked, geo=geo, items=n, meta=layouts[masked],
-                               keys_on_partitions=decode, step_keys=min(geo.W, step_keys),
-                               kv_flat=kv_cache.reshape((2, geo.flat_rows(N, Hkv), geo.bp * d)))
+    full, partial = (Phase(masked=masked, geo=geo, items=n, meta=layouts[masked],
+                           keys_on_partitions=decode, step_keys=min(geo.W, step_keys),
+                           kv_flat=kv_cache.reshape((2, geo.flat_rows(N, Hkv), geo.bp * d)))
+                     for masked, geo, n in ((False, g_full, items_f), (True, g_part, items_p)))
     # fp8 rows straight into TensorE when the other operand is 16-bit (float32 matmul operands
     # must both be float32: an fp8 cache with a float32 kernel dtype is converted on chip)
     cfg = SchedConfig(d=d, nd=channel_slices(d), kd=kd, fp8_direct=fp8 and itemsize(kd) == 2,
                       scale=scale, rows=rows, blocks=blocks, opts=opts, decode=decode,
-                      full=phases[False], partial=phases[True])
+                      full=full, partial=partial)
     check_sbuf(ops, cfg, kv_cache, query_t)
     return cfg
 
