@@ -79,8 +79,8 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                                "'auto'")
         if chosen.simulated and chosen.name == _nki.CURRENT:
             # nki.simulate writes its array arguments back: hand it writable ones
-            args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
-                         else a for a in args)
+            args = tuple(_writable(a) for a in args)
+            kwargs = {k: _writable(a) for k, a in kwargs.items()}
         return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
                                         device=device, lnc=lnc))
 
@@ -92,3 +92,8 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                                f"{_nki.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
         return np.asarray(kernel[1, grid_heads](*args, **kwargs))
     return np.asarray(_nki.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))
+
+
+def _writable(a: Any) -> Any:
+    """A writable copy of a read-only NumPy array; anything else as is."""
+    return np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable else a

@@ -36,8 +36,9 @@ class StepConfig:
     kernel_dtype: matmul-input / probability dtype.  soft_cap: None or c > 0.
     v_stride: columns between V chunks (None: d; e.g. an MLA entry size when K and V are the
         same gathered rows).
-    one_sided: every row's visible range starts at or before each tile (no sliding window):
-        masks test the upper bound only.
+    windowed: False promises that every row's visible range starts at or before each tile (no
+        sliding window): masks then test the upper bound only (``SchedOptions.windowed``, the
+        same flag; the host sets it from ``sliding_window``).
     tiled_block_size: b' of the tile's rows (lets masked query-rows steps use range_select on
         NeuronCore-v3); None: never.
     p_evac: engine name(s) of the P^T PSUM -> SBUF copies (``tile_ops.transpose_blocks``).
@@ -47,7 +48,7 @@ class StepConfig:
     kernel_dtype: Any
     soft_cap: float | None = None
     v_stride: int | None = None
-    one_sided: bool = False
+    windowed: bool = True
     tiled_block_size: int | None = None
     p_evac: Any = None
 
@@ -103,7 +104,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         S = S + slope * kidx + off                                    (ALiBi only)
         U = tanh(S / cap) if soft_cap else S;  mult = cap or 1        (score = mult * U)
         U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only;
-                                                                       one-sided: kidx < c + r + 1/2;
+                                                                       not windowed: kidx < c + r + 1/2;
                                                                        v3: range_select, fp32.min)
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
         P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused]
@@ -142,7 +143,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                                 cfg.soft_cap)
     elif cfg.soft_cap is not None or bounds is not None:
         seen = None
-        if bounds is not None and cfg.one_sided:
+        if bounds is not None and not cfg.windowed:
             # every row's range starts at or before the tile (no window): t < hi = c + r + 1/2,
             # i.e. relu(c + r - t) > 0 for integer t -- one ScalarE pass, a float predicate
             top = ops.sbuf((rows, 1), f32)

@@ -86,7 +86,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
-        cfg: the phase's ``sched_core.StepConfig`` (``one_sided``, ``tiled_block_size`` and
+        cfg: the phase's ``sched_core.StepConfig`` (``windowed``, ``tiled_block_size`` and
             ``p_evac`` do not apply: masks here cost per (chunk x row) column).
         q_slices: nd SBUF tiles ``(dk, rows)`` kernel dtype: the block's Q^T, pre-scaled.
         tile: the ``sched_core.KVTile`` (``kidx``: :func:`key_index_columns`, masked steps and

@@ -175,11 +175,9 @@ def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):
 
 
 def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False):
-    kw = {}
-    if op1 is not None:
-        kw = {"op1": _ALU[op1], "operand1": operand1}
+    kw = {} if op1 is None else {"op1": _ALU[op1], "operand1": operand1}
     if reverse0:
-        kw["reverse0"] = True
+        kw = {**kw, "reverse0": True}
     dst[...] = nisa.tensor_scalar(data, _ALU[op0], operand0, dtype=dst.dtype, **kw)
 
 
