@@ -194,8 +194,10 @@ def tensor_tensor(dst, a, b, op):
 
 
 def absolute(dst, src):
-    """``dst = |src|`` (ScalarE)."""
-    nisa.activation(dst=dst, op=nl.abs, data=src)
+    """``dst = |src|`` = max(-src, src): one VectorE ``scalar_tensor_tensor`` pass (exact), which
+    keeps the pass off ScalarE, the busier engine in the attention kernels."""
+    nisa.scalar_tensor_tensor(dst=dst, data=src, op0=nl.multiply, operand0=-1.0, op1=nl.maximum,
+                              operand1=src)
 
 
 def scale_add(dst, a, col, b):
@@ -205,11 +207,11 @@ def scale_add(dst, a, col, b):
 
 
 def divide(dst, a, col):
-    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``, the reciprocal on ScalarE
-    (its activation table holds 1/x for |x| in [2^-42, 2^42])."""
+    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``, the reciprocal on VectorE
+    (``nisa.reciprocal``), off ScalarE, the busier engine in the attention kernels."""
     r = sbuf((col.shape[0], 1), nl.float32)
-    nisa.activation(dst=r, op=nl.reciprocal, data=col)
-    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
+    nisa.reciprocal(dst=r, data=col)
+    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r, engine=nisa.engine.vector)
 
 
 def _predicate(pred):
