@@ -230,7 +230,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles):
               chunk_bounds=data.bounds, it=it)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
     store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
-                 blocks=blocks, d=R, masked=masked)
+                 blocks=blocks, d=R, masked=masked, engine="vector")   # ScalarE: the busier
 
 
 def mla_chunk(n_items, cap):

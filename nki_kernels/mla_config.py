@@ -92,10 +92,11 @@ class MLAConfig:
     def fold_config(self, phase: MLAPhase) -> FoldConfig:
         """The fold of a phase: V read in place at the stride E; no sliding window (every row's
         visible keys start at position 0); P^T copies of 128-row blocks split 2:1 between
-        ScalarE and VectorE (ScalarE also copies the K^T of D-wide entries, the busier engine)."""
+        ScalarE and VectorE (ScalarE also copies the K^T of D-wide entries, the busier engine,
+        so the mask's |x| goes to VectorE too: ``side_engine``)."""
         p_evac = ("scalar", "scalar", "vector") if self.rows == P else None
         step = StepConfig(d=self.R, kernel_dtype=self.kd, v_stride=self.E, windowed=False,
-                          tiled_block_size=phase.geo.bp, p_evac=p_evac)
+                          tiled_block_size=phase.geo.bp, p_evac=p_evac, side_engine="vector")
         return FoldConfig(step=step, rows=self.rows, blocks=self.blocks, width=phase.geo.W,
                           step_keys=phase.step_keys, masked=phase.masked,
                           keys_on_partitions=self.decode)

@@ -101,13 +101,17 @@ class SchedConfig:
     def phase(self, masked: bool) -> Phase:
         return self.partial if masked else self.full
 
-    def step_config(self, phase: Phase) -> StepConfig:
+    def step_config(self, phase: Phase, keys_by_dma: bool = False) -> StepConfig:
+        """``keys_by_dma``: the phase's K^T arrives by DMA transpose (``sched_tile.keys_by_dma``),
+        so ScalarE has no K^T PSUM copies and takes the decode step's small copies."""
+        copy_engine = "scalar" if keys_by_dma and phase.keys_on_partitions else None
         return StepConfig(d=self.d, kernel_dtype=self.kd, soft_cap=self.opts.logits_soft_cap,
                           windowed=self.opts.windowed,
-                          tiled_block_size=phase.geo.bp)
+                          tiled_block_size=phase.geo.bp, copy_engine=copy_engine)
 
-    def fold_config(self, phase: Phase) -> FoldConfig:
-        return FoldConfig(step=self.step_config(phase), rows=self.rows, blocks=self.blocks,
+    def fold_config(self, phase: Phase, keys_by_dma: bool = False) -> FoldConfig:
+        return FoldConfig(step=self.step_config(phase, keys_by_dma), rows=self.rows,
+                          blocks=self.blocks,
                           width=phase.geo.W, step_keys=phase.step_keys, masked=phase.masked,
                           keys_on_partitions=phase.keys_on_partitions)
 

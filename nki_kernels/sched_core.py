@@ -42,6 +42,12 @@ class StepConfig:
     tiled_block_size: b' of the tile's rows (lets masked query-rows steps use range_select on
         NeuronCore-v3); None: never.
     p_evac: engine name(s) of the P^T PSUM -> SBUF copies (``tile_ops.transpose_blocks``).
+    side_engine: "vector" puts the keys-on-partitions step's |x| (window mask) on VectorE
+        (``ops.absolute``); None: the op layer's default (ScalarE on the current API). A kernel
+        whose ScalarE is the busier engine (MLA) passes "vector".
+    copy_engine: engine name of the keys-on-partitions step's small copies (its PV PSUM -> SBUF
+        copy and the running-max state copy); None: the compiler's choice. A kernel whose K^T
+        arrives by DMA transpose leaves ScalarE idle, so it passes "scalar" to offload VectorE.
     """
 
     d: int
@@ -51,6 +57,8 @@ class StepConfig:
     windowed: bool = True
     tiled_block_size: int | None = None
     p_evac: Any = None
+    copy_engine: str | None = None
+    side_engine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -259,12 +267,13 @@ def rescale_factor(ops, nm_prev, nm_new):
     return alpha
 
 
-def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv):
+def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None):
     """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
-    columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions)."""
+    columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions); the -m copy on
+    ``copy_engine`` (None: the compiler's choice)."""
     l_col = st[:, ops.ds(col0 + d + 1, 1)]
     ops.tensor_scalar(st[:, ops.ds(col0 + d + 1, 1)], l_col, "multiply", alpha, op1="add",
                       operand1=row_sum)
-    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new)
+    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=copy_engine)
     o_view = st[:, ops.ds(col0, d)]
     ops.scale_add(st[:, ops.ds(col0, d)], o_view, alpha, pv)

@@ -280,7 +280,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles):
         return slope, off
 
     tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)])
-    fold_tile(ops, cfg.fold_config(phase), qs, tile, st, mf, cf, consts=const.consts,
+    fold_tile(ops, cfg.fold_config(phase, keys_by_dma(ops, cfg, phase)), qs, tile, st, mf, cf, consts=const.consts,
               chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
     # phase the output.

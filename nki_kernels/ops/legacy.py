@@ -186,8 +186,8 @@ def tensor_tensor(dst, a, b, op):
     dst[...] = _NL[op](a, b, dtype=dst.dtype)
 
 
-def absolute(dst, src):
-    """``dst = |src|``."""
+def absolute(dst, src, engine=None):
+    """``dst = |src|`` (``nl.abs``; ``engine`` is a hint of the current-API layer, unused here)."""
     dst[...] = nl.abs(src, dtype=dst.dtype)
 
 
@@ -196,8 +196,9 @@ def scale_add(dst, a, col, b):
     dst[...] = nl.add(nl.multiply(a, col, dtype=nl.float32), b, dtype=dst.dtype)
 
 
-def divide(dst, a, col):
-    """``dst = a / col`` (``col`` a (P, 1) column)."""
+def divide(dst, a, col, engine=None):
+    """``dst = a / col`` (``col`` a (P, 1) column; ``nl.divide``; ``engine`` is a hint of the
+    current-API layer, unused here)."""
     dst[...] = nl.divide(a, col, dtype=dst.dtype)
 
 
