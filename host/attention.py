@@ -209,9 +209,9 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     kwargs = dict(plan.kernel_kwargs)
     for launch in launches:
         qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
-        out = launch_kernel(scheduled_paged_attention, launch_args(launch, qt, cache, overlay),
-                            kwargs, grid_heads=Hkv, backend=plan.backend, api=plan.api,
-                            lnc=plan.lnc)
+        args, inputs = launch_args(launch, qt, cache, overlay)
+        out = launch_kernel(scheduled_paged_attention, args, {**kwargs, **inputs},
+                            grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc)
         unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
     return result
 

@@ -28,7 +28,7 @@ from host._arrays import from_numpy_like, readonly, to_numpy
 from host.launch import check_api, check_backend, launch_kernel
 from host.mla import MAX_MLA_HEADS, MLA_DTYPES, MLAPlan, check_mla_inputs, mla_batch
 from host.schedule import AttentionSchedule, make_schedule
-from host.scheduled import UNUSED_F32, item_queries, pack_queries, unpack_output
+from host.scheduled import item_queries, pack_queries, unpack_output
 from host.validation import check_int, check_integer_array, check_power_of_two, fail
 from nki_kernels.contract import MAX_BLOCK_SIZE, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE
 
@@ -112,17 +112,19 @@ def build_mla_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, block_tabl
 
 
 def mla_kernel_inputs(cls, q: np.ndarray, kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
-    """Positional kernel arguments of one class launch: Q^T packed with one KV head, and for
-    decode-layout classes the per-item Q^T of both phases (``host.scheduled.item_queries``) and
-    the partial items' one-partition mask bounds."""
+    """``(args, inputs)`` of one class launch: the positional kernel arguments (Q^T packed with
+    one KV head, the cache, the overlay, the class metadata, rows, blocks) and the keyword
+    inputs only decode-layout classes have (the per-item Q^T of both phases,
+    ``host.scheduled.item_queries``, and the partial items' one-partition mask bounds; empty
+    for other classes, whose kernel inputs default to None)."""
     qt = pack_queries(cls, q, 1)
-    bounds = cls.partial.bounds if cls.partial.bounds is not None else UNUSED_F32
+    inputs = {}
     if cls.decode_layout:
-        q_full, q_part = item_queries(cls, qt, cls.full, 1), item_queries(cls, qt, cls.partial, 1)
-    else:
-        q_full = q_part = np.zeros((1, 1), qt.dtype)       # signature placeholders, not read
-    return (qt, q_full, q_part, bounds, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
+        inputs = dict(q_full=item_queries(cls, qt, cls.full, 1),
+                      q_part=item_queries(cls, qt, cls.partial, 1), bounds_p=cls.partial.bounds)
+    args = (qt, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f, cls.full.meta_i,
             cls.full.meta_f, cls.rows, cls.blocks)
+    return args, inputs
 
 
 def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any,
@@ -163,7 +165,8 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         plan = check_mla_inputs(...); sched = mla_schedule(plan, block_tables, LT)
         overlay = build_mla_overlay(sched, kv_cache, block_tables, R + P)
         for each class (decode / prefill): mla_paged_attention[1, 1](pack_queries(class, q, 1),
-            kv_cache, overlay, class metadata, ...); unpack_output(class, out, result)
+            kv_cache, overlay, class metadata, rows, blocks, options=MLAOptions(...)
+            [, q_full=, q_part=, bounds_p= (decode layout)]); unpack_output(class, out, result)
     """
     batch = check_mla_inputs(q, kv_cache, block_tables, query_lens, context_lens,
                              kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
@@ -241,11 +244,12 @@ def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile
     if 2 * batch.num_blocks * max(sched.tiling_factor, sched.partial_tiling_factor) > _INT32_MAX:
         raise NotImplementedError("kv_cache: num_blocks * rows per block is beyond the int32 row-id "
                                   "range of the gathers; split the cache into smaller tensors")
-    kwargs = MappingProxyType(dict(kv_lora_rank=batch.kv_lora_rank,
-                                   qk_rope_head_dim=batch.qk_rope_head_dim,
-                                   softmax_scale=batch.softmax_scale,
-                                   mixed_precision=bool(mixed_precision), LARGE_TILE_SZ=LT,
-                                   PARTIAL_TILE_SZ=sched.partial_tile_size))
+    from nki_kernels.mla_config import MLAOptions
+
+    kwargs = MappingProxyType(dict(options=MLAOptions(
+        kv_lora_rank=batch.kv_lora_rank, qk_rope_head_dim=batch.qk_rope_head_dim,
+        softmax_scale=batch.softmax_scale, mixed_precision=bool(mixed_precision),
+        LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size)))
     return MLAStepPlan(batch=batch, schedule=sched, block_tables=readonly(bt.copy()),
                        kernel_kwargs=kwargs, backend=backend, api=api)
 
@@ -277,8 +281,8 @@ def _run(plan: MLAStepPlan, q: np.ndarray, kv_cache: np.ndarray) -> np.ndarray:
                                 b.kv_lora_rank + b.qk_rope_head_dim)
     result = np.zeros((b.num_tokens, b.num_heads, b.kv_lora_rank), dtype=q.dtype)
     for cls in plan.schedule.classes:
-        out = launch_kernel(kernel, mla_kernel_inputs(cls, q, cache, overlay),
-                            dict(plan.kernel_kwargs), grid_heads=1, backend=plan.backend,
-                            api=plan.api)
+        args, inputs = mla_kernel_inputs(cls, q, cache, overlay)
+        out = launch_kernel(kernel, args, {**plan.kernel_kwargs, **inputs}, grid_heads=1,
+                            backend=plan.backend, api=plan.api)
         unpack_output(cls, out, result)
     return result

@@ -90,12 +90,12 @@ def mla_paged_attention_ref(q: Any, kv_cache: Any, block_tables: Any, query_lens
         entries = cache[bt[i, pos // B], pos % B].astype(np.float64)   # (c, E)
         keys, values = entries[:, :R + P], entries[:, :R]
         qs = q_all[start:start + n].astype(np.float64)              # (n, H, R + P)
-        scores = np.einsum("ahe,ke->hak", qs, keys) * scale         # (H, n, c)
+        scores = (qs.transpose(1, 0, 2) @ keys.T) * scale            # (H, n, c)
         visible = pos[None, :] <= (c - n + np.arange(n))[:, None]  # (n, c) causal
         scores = np.where(visible[None], scores, -np.inf)
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
-        out[start:start + n] = np.einsum("hak,kr->ahr", p, values)
+        out[start:start + n] = (p @ values).transpose(1, 0, 2)
         start += n
     return from_numpy_like(out, was_torch, like=q)

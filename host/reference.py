@@ -37,6 +37,8 @@ from host.variants import make_variants
 
 __all__ = ["paged_attention_ref"]
 
+_QUERY_CHUNK = 256      # query rows per score block (bounds the float64 (H, rows, K) temporaries)
+
 
 def paged_attention_ref(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
                         query_lens: Any, context_lens: Any, *,
@@ -117,28 +119,32 @@ def paged_attention_ref(query: Any, key: Any, value: Any, kv_cache: Any, block_t
             k_ctx, v_ctx = k_ctx * k_scale64, v_ctx * v_scale64
         keys = np.concatenate([k_ctx, k_new[start:start + qn].astype(np.float64)])
         vals = np.concatenate([v_ctx, v_new[start:start + qn].astype(np.float64)])
-        qs = q_all[start:start + qn].astype(np.float64)           # (qn, H, d)
         keys, vals = keys[:, kv_head_of, :], vals[:, kv_head_of, :]   # (cn+qn, H, d)
-        scores = np.einsum("ahd,khd->hak", qs, keys) * scale      # (H, qn, cn+qn)
-        q_pos = cn + np.arange(qn)[:, None]                       # absolute positions
+        k_t = np.ascontiguousarray(keys.transpose(1, 2, 0))      # (H, d, K)
+        v_h = np.ascontiguousarray(vals.transpose(1, 0, 2))      # (H, K, d)
         k_pos = np.arange(cn + qn)[None, :]
-        if variants.alibi_slopes is not None:
-            scores = scores + variants.alibi_slopes.astype(np.float64)[:, None, None] * (k_pos - q_pos)
-        if variants.logits_soft_cap is not None:
-            cap = variants.logits_soft_cap
-            scores = cap * np.tanh(scores / cap)
-        visible = k_pos <= q_pos
-        if variants.sliding_window is not None:
-            visible &= k_pos > q_pos - variants.sliding_window
-        scores = np.where(visible[None], scores, -np.inf)
-        m = scores.max(axis=-1, keepdims=True)                    # finite: key p is always visible
-        if variants.sinks is not None:
-            sink = variants.sinks.astype(np.float64)[:, None, None]
-            m = np.maximum(m, sink)
-        p = np.exp(scores - m)
-        denom = p.sum(axis=-1, keepdims=True)
-        if variants.sinks is not None:
-            denom = denom + np.exp(sink - m)
-        out[start:start + qn] = np.einsum("hak,khd->ahd", p / denom, vals)
+        for a0 in range(0, qn, _QUERY_CHUNK):                     # bounded (H, rows, K) scores
+            a1 = min(qn, a0 + _QUERY_CHUNK)
+            qs = q_all[start + a0:start + a1].astype(np.float64)  # (rows, H, d)
+            scores = (qs.transpose(1, 0, 2) @ k_t) * scale        # (H, rows, cn+qn)
+            q_pos = cn + np.arange(a0, a1)[:, None]               # absolute positions
+            if variants.alibi_slopes is not None:
+                scores = scores + variants.alibi_slopes.astype(np.float64)[:, None, None] * (k_pos - q_pos)
+            if variants.logits_soft_cap is not None:
+                cap = variants.logits_soft_cap
+                scores = cap * np.tanh(scores / cap)
+            visible = k_pos <= q_pos
+            if variants.sliding_window is not None:
+                visible &= k_pos > q_pos - variants.sliding_window
+            scores = np.where(visible[None], scores, -np.inf)
+            m = scores.max(axis=-1, keepdims=True)                # finite: key p is always visible
+            if variants.sinks is not None:
+                sink = variants.sinks.astype(np.float64)[:, None, None]
+                m = np.maximum(m, sink)
+            p = np.exp(scores - m)
+            denom = p.sum(axis=-1, keepdims=True)
+            if variants.sinks is not None:
+                denom = denom + np.exp(sink - m)
+            out[start + a0:start + a1] = ((p / denom) @ v_h).transpose(1, 0, 2)
         start += qn
     return from_numpy_like(out, was_torch, like=query)

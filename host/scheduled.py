@@ -6,7 +6,8 @@ gathered in a :class:`ClassLaunch`. Per layer (``host.run_paged_attention``): th
 rows that are not whole cached-context rows (:func:`build_overlay`), the packed Q^T blocks of
 every class (:func:`pack_queries`, :func:`item_queries`), the positional arguments of
 ``nki_kernels.scheduled_attention.scheduled_paged_attention`` (:func:`launch_args`, grid
-``[1, Hkv]``) and the scatter of its output back to ``(T, H, d)`` (:func:`unpack_output`).
+``[1, Hkv]``: positional arguments, and the keyword inputs only keys-on-partitions classes
+have) and the scatter of its output back to ``(T, H, d)`` (:func:`unpack_output`).
 Layouts: docs/layouts.md ("Scheduled kernel").
 """
 
@@ -22,13 +23,7 @@ from nki_kernels.contract import (M_FLOOR, Q_INIT_COLUMNS, Q_INIT_L, Q_INIT_NEG_
                                   Q_INIT_SLOPE_POS)
 
 __all__ = ["build_overlay", "pack_queries", "unpack_output", "kernel_inputs", "row_init",
-           "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args",
-           "UNUSED_F32"]
-
-# The scheduled kernel's signature has inputs that only keys-on-partitions classes read
-# (per-item Q^T, per-item row starts, one-partition mask bounds); other classes pass this
-# (1, 1) placeholder (or one in the query dtype for the Q^T inputs), which the kernel never reads.
-UNUSED_F32 = readonly(np.zeros((1, 1), np.float32))
+           "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args"]
 
 
 def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarray,
@@ -127,12 +122,13 @@ def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray,
         result[tok[real], h * G + g[real]] = rows
 
 
-def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase, num_kv_heads: int) -> np.ndarray:
+def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase,
+                 num_kv_heads: int) -> np.ndarray | None:
     """Keys-on-partitions classes: ``(Hkv * d, items * rows)``, column ``t*rows + r`` of row
     ``h*d + ch`` = channel ch of row r of the Q^T block of item t of ``phase`` for KV head h
-    (zeros for padding items); otherwise a (1, 1) dummy the kernel does not read."""
+    (zeros for padding items); None for other classes (the kernel has no such input)."""
     if not cls.decode_layout:
-        return np.zeros((1, 1), query_t.dtype)
+        return None
     rows, nblk = cls.rows, cls.num_blocks
     d = query_t.shape[0] // (num_kv_heads * nblk)
     q4t = query_t.reshape(num_kv_heads, nblk, d, rows).transpose(0, 2, 1, 3)   # (Hkv, d, nblk, rows)
@@ -161,27 +157,30 @@ class ClassLaunch:
     """Step-constant inputs of one scheduled-kernel launch (one class of sequences).
 
     q_init: (Hkv * nblk * rows, 4) float32 per-row initial values (:func:`row_init`);
-    init_full / init_part: keys-on-partitions classes: the per-item rows of q_init for the full
-    / partial phase (:func:`item_row_init`), else :data:`UNUSED_F32`; bounds: the partial
-    phase's one-partition mask bounds (decode layout) or :data:`UNUSED_F32`.
+    init_full / init_part: keys-on-partitions classes with ``row_init``: the per-item rows of
+    q_init for the full / partial phase (:func:`item_row_init`), else None; bounds: the partial
+    phase's one-partition mask bounds (keys-on-partitions classes), else None. None inputs are
+    not passed to the kernel (its defaults).
     """
 
     cls: ClassSchedule
     q_init: np.ndarray = field(repr=False)
-    init_full: np.ndarray = field(repr=False)
-    init_part: np.ndarray = field(repr=False)
-    bounds: np.ndarray = field(repr=False)
+    init_full: np.ndarray | None = field(default=None, repr=False)
+    init_part: np.ndarray | None = field(default=None, repr=False)
+    bounds: np.ndarray | None = field(default=None, repr=False)
 
 
-def class_launch(cls: ClassSchedule, q_init: np.ndarray) -> ClassLaunch:
-    """The step-constant inputs of one class launch, from its ``q_init`` (:func:`row_init`)."""
+def class_launch(cls: ClassSchedule, q_init: np.ndarray, *, row_init: bool = False) -> ClassLaunch:
+    """The step-constant inputs of one class launch, from its ``q_init`` (:func:`row_init`);
+    ``row_init``: the launch starts its rows from ``q_init`` (sinks, ALiBi:
+    ``SchedOptions.row_init``), so keys-on-partitions classes get its per-item form."""
     init = readonly(np.asarray(q_init, np.float32))
+    full = part = bounds = None
     if cls.decode_layout:
-        full = readonly(item_row_init(cls, init, cls.full, _kv_heads(cls, init)))
-        part = readonly(item_row_init(cls, init, cls.partial, _kv_heads(cls, init)))
-    else:
-        full = part = UNUSED_F32
-    bounds = cls.partial.bounds if cls.partial.bounds is not None else UNUSED_F32
+        bounds = cls.partial.bounds
+        if row_init:
+            full = readonly(item_row_init(cls, init, cls.full, _kv_heads(cls, init)))
+            part = readonly(item_row_init(cls, init, cls.partial, _kv_heads(cls, init)))
     return ClassLaunch(cls=cls, q_init=init, init_full=full, init_part=part, bounds=bounds)
 
 
@@ -190,26 +189,31 @@ def _kv_heads(cls: ClassSchedule, q_init: np.ndarray) -> int:
 
 
 def launch_args(launch: ClassLaunch, query_t: np.ndarray, kv_cache: np.ndarray,
-                overlay: np.ndarray, item_q: tuple | None = None) -> tuple:
-    """Positional kernel arguments of one class launch: the step-constant parts of ``launch``
-    and this layer's packed Q^T (:func:`pack_queries`), cache (kernel view) and overlay.
+                overlay: np.ndarray, item_q: tuple | None = None) -> tuple[tuple, dict]:
+    """``(args, inputs)`` of one class launch: the positional kernel arguments (this layer's
+    packed Q^T, :func:`pack_queries`, the step-constant ``q_init``, the cache in its kernel view,
+    the overlay, the class metadata, rows, blocks) and the keyword inputs only keys-on-partitions
+    classes have: ``q_full`` / ``q_part`` (:func:`item_queries`), ``bounds_p`` and, with
+    row_init, ``i_full`` / ``i_part`` (empty for other classes: the kernel's None defaults).
     ``item_q``: the per-item Q^T of the full and partial phase when the caller built them
-    (device tensors); by default :func:`item_queries` for keys-on-partitions classes."""
+    (device tensors; None for other classes)."""
     cls = launch.cls
-    Hkv = kv_cache.shape[2]
-    if item_q is not None:
-        q_full, q_part = item_q
-    elif cls.decode_layout:
-        q_full = item_queries(cls, query_t, cls.full, Hkv)
-        q_part = item_queries(cls, query_t, cls.partial, Hkv)
-    else:
-        q_full = q_part = np.zeros((1, 1), query_t.dtype)   # signature placeholders, not read
-    return (query_t, q_full, q_part, launch.init_full, launch.init_part, launch.bounds,
-            launch.q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
+    args = (query_t, launch.q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
             cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
+    if not cls.decode_layout:
+        return args, {}
+    Hkv = kv_cache.shape[2]
+    if item_q is None:
+        item_q = (item_queries(cls, query_t, cls.full, Hkv),
+                  item_queries(cls, query_t, cls.partial, Hkv))
+    inputs = dict(q_full=item_q[0], q_part=item_q[1], bounds_p=launch.bounds)
+    if launch.init_full is not None:
+        inputs.update(i_full=launch.init_full, i_part=launch.init_part)
+    return args, inputs
 
 
 def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
-                  kv_cache: np.ndarray, overlay: np.ndarray) -> tuple:
-    """Positional kernel arguments of one class launch (:func:`class_launch` + :func:`launch_args`)."""
-    return launch_args(class_launch(cls, q_init), query_t, kv_cache, overlay)
+                  kv_cache: np.ndarray, overlay: np.ndarray, *,
+                  row_init: bool = False) -> tuple[tuple, dict]:
+    """``(args, inputs)`` of one class launch (:func:`class_launch` + :func:`launch_args`)."""
+    return launch_args(class_launch(cls, q_init, row_init=row_init), query_t, kv_cache, overlay)

@@ -262,13 +262,13 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
     H, Hkv, LT = common["num_heads"], common["num_kv_heads"], common["large_tile_size"]
     alibi = v.alibi_slopes if v is not None else None
     sinks = v.sinks if v is not None else None
-    window = v.sliding_window if v is not None else None
+    sliding_window = v.sliding_window if v is not None else None
     with_row_init = alibi is not None or sinks is not None
     itemsize = np.dtype(common["dtype"]).itemsize
     sched = build_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv,
                            head_size=common["head_size"], block_size=common["block_size"],
                            num_blocks=common["num_blocks"], large_tile_size=LT,
-                           sliding_window=window, alibi=alibi is not None,
+                           sliding_window=sliding_window, alibi=alibi is not None,
                            row_init=with_row_init, query_itemsize=itemsize,
                            cache_itemsize=np.dtype(common["kv_cache_dtype"]).itemsize,
                            kernel_itemsize=2 if common["mixed_precision"] else itemsize,
@@ -279,7 +279,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
         softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
         LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
         logits_soft_cap=v.logits_soft_cap if v is not None else None,
-        alibi=alibi is not None, row_init=with_row_init, windowed=window is not None)))
+        alibi=alibi is not None, row_init=with_row_init, windowed=sliding_window is not None)))
     launches = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
     return AttentionPlan(kernel="scheduled", kernel_kwargs=kwargs, schedule=sched,
                          launches=launches, block_tables=readonly(bt.copy()), **common)
@@ -289,8 +289,9 @@ def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: in
                    sinks=None, alibi_slopes=None) -> tuple:
     """One ``host.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
     from ``sinks`` / ``alibi_slopes``, validated (H,) float32 or None)."""
+    with_row_init = sinks is not None or alibi_slopes is not None
     return tuple(class_launch(cls, row_init(cls, num_heads, num_kv_heads, sinks=sinks,
-                                            alibi_slopes=alibi_slopes))
+                                            alibi_slopes=alibi_slopes), row_init=with_row_init)
                  for cls in schedule.classes)
 
 

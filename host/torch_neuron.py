@@ -194,23 +194,21 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         qi = query_index(cls, H, Hkv, T)
         qt = qflat[idx(qi.reshape(-1))].reshape(Hkv, cls.num_blocks, cls.rows, d)
         qt = qt.permute(0, 1, 3, 2).reshape(Hkv * cls.num_blocks * d, cls.rows)
-        args = launch_args(launch_in, qt, kv_cache, overlay,
-                           item_q=tuple(_item_queries(cls, qt, p, Hkv, idx)
-                                        for p in (cls.full, cls.partial)))
-        args = tuple(idx(a) if isinstance(a, np.ndarray) else a for a in args)
-        out = launch(scheduled_paged_attention, (1, Hkv), *args, api=plan.api,
-                     **plan.kernel_kwargs)
+        item_q = (tuple(_item_queries(cls, qt, p, Hkv, idx) for p in (cls.full, cls.partial))
+                  if cls.decode_layout else None)
+        args, inputs = launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q)
+        on_dev = lambda a: idx(a) if isinstance(a, np.ndarray) else a  # noqa: E731
+        out = launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args), api=plan.api,
+                     **plan.kernel_kwargs, **{n: on_dev(a) for n, a in inputs.items()})
         rows, dst = output_index(cls, H, Hkv)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)
     return result.reshape(T, H, d)
 
 
 def _item_queries(cls, qt, phase, Hkv, idx):
-    """``host.scheduled.item_queries`` as a device gather (a placeholder for query-rows classes)."""
+    """``host.scheduled.item_queries`` of a keys-on-partitions class as a device gather."""
     import torch
 
-    if not cls.decode_layout:
-        return qt.new_zeros((1, 1))                          # signature placeholder, not read
     d = qt.shape[0] // (Hkv * cls.num_blocks)
     q4 = qt.reshape(Hkv, cls.num_blocks, d, cls.rows)
     blk = phase.item_block

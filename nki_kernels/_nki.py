@@ -109,13 +109,25 @@ def simulator_has_current() -> bool:
     return callable(getattr(installer, "install_current", None))
 
 
-_CURRENT = {}
+@dataclass(frozen=True)
+class CurrentPackage:
+    """The loaded current-API package: ``nki``, ``nki.language``, ``nki.isa`` and whether it is
+    the simulator's front end."""
+
+    nki: object
+    nl: object
+    nisa: object
+    simulated: bool
+
+
+_CURRENT: CurrentPackage | None = None       # set once by load_current
 
 
 def load_current():
     """``(nki, nki.language, nki.isa)`` of the current API: the real package when installed
     (and ``NKI_PA_BACKEND`` is not ``sim``), else the simulator's front end."""
-    if not _CURRENT:
+    global _CURRENT
+    if _CURRENT is None:
         if BACKEND_REQUEST != "sim" and real_current_available():
             simulated = False
         elif BACKEND_REQUEST == "neuron":
@@ -128,10 +140,10 @@ def load_current():
                                           "api='legacy'")
             installer.install_current(force=BACKEND_REQUEST == "sim")
             simulated = True
-        pkg = importlib.import_module("nki")
-        _CURRENT.update(nki=pkg, nl=importlib.import_module("nki.language"),
-                        nisa=importlib.import_module("nki.isa"), simulated=simulated)
-    return _CURRENT["nki"], _CURRENT["nl"], _CURRENT["nisa"]
+        _CURRENT = CurrentPackage(nki=importlib.import_module("nki"),
+                                  nl=importlib.import_module("nki.language"),
+                                  nisa=importlib.import_module("nki.isa"), simulated=simulated)
+    return _CURRENT.nki, _CURRENT.nl, _CURRENT.nisa
 
 
 # ---- API selection ----------------------------------------------------------------------------
@@ -213,7 +225,7 @@ class Api:
         if self.name == LEGACY:
             grid = k[self.ops.launch_grid(num_kv_heads, cores or 1)]
             return grid(*args, **kwargs) if device else nki.simulate_kernel(grid, *args, **kwargs)
-        pkg = _CURRENT["nki"]
+        pkg = load_current()[0]
         if device:
             env = os.environ.get(LNC_ENV, "").strip()
             return (k if cores is None or env == str(cores) else k[cores])(*args, **kwargs)

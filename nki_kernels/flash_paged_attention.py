@@ -8,6 +8,8 @@ PR #13245 / #15911 (fused ``kv_cache``); host wrappers live in ``host/attention.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +25,34 @@ from nki_kernels.sbuf_plan import q_tiles_per_group
 
 KERNEL = "flash_paged_attention"
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class DenseGeometry:
+    """The validated static geometry of a launch (:func:`_check_inputs`; symbols as in
+    :func:`flash_paged_attention_body`): query heads H, head size d, padded queries Qpad, cache
+    blocks N, KV heads Hkv, G = H // Hkv, block size B; M, T, b' (``bp``), L and nL
+    (``n_loads``) of ``constants.tile_geometry``; active blocks nab, context keys ctx = nab * B,
+    context tiles n_tiles; the kernel (matmul-input) and accumulator dtypes; the softmax scale."""
+
+    H: int
+    d: int
+    Qpad: int
+    N: int
+    Hkv: int
+    G: int
+    B: int
+    M: int
+    T: int
+    bp: int
+    L: int
+    n_loads: int
+    nab: int
+    ctx: int
+    n_tiles: int
+    kernel_dtype: Any
+    acc_dtype: Any
+    scale: float
 
 
 @nki.jit
@@ -120,9 +150,9 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     # Step 0: validate inputs and derive the geometry (plain Python on shapes and dtypes).
     cfg = _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
                         mixed_precision, LARGE_TILE_SZ)
-    H, d, Qpad, Hkv, G = cfg["H"], cfg["d"], cfg["Qpad"], cfg["Hkv"], cfg["G"]
-    LT, n_tiles, ctx = LARGE_TILE_SZ, cfg["n_tiles"], cfg["ctx"]
-    kd, acc, scale = cfg["kernel_dtype"], cfg["acc_dtype"], cfg["scale"]
+    H, d, Qpad, Hkv, G = cfg.H, cfg.d, cfg.Qpad, cfg.Hkv, cfg.G
+    LT, n_tiles, ctx = LARGE_TILE_SZ, cfg.n_tiles, cfg.ctx
+    kd, acc, scale = cfg.kernel_dtype, cfg.acc_dtype, cfg.scale
     _check_grid(Hkv)
     P = B_P_SIZE
     n_q = Qpad // P
@@ -137,10 +167,10 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     # common case, e.g. up to 10 Q tiles for G = 8, d = 128).
     q_per_group = q_tiles_per_group(
         nc_gen="gen3" if nisa.get_nc_version() == nisa.nc_version.gen3 else "gen2",
-        n_q_tiles=n_q, heads_per_kv=G, large_tile=LT, head_size=d, tiled_block_size=cfg["bp"],
+        n_q_tiles=n_q, heads_per_kv=G, large_tile=LT, head_size=d, tiled_block_size=cfg.bp,
         kernel_itemsize=np.dtype(kd).itemsize, acc_itemsize=np.dtype(acc).itemsize,
         cache_itemsize=np.dtype(kv_cache.dtype).itemsize,
-        table_bytes=cfg["n_loads"] * n_tiles * 4, kernel=KERNEL)
+        table_bytes=cfg.n_loads * n_tiles * 4, kernel=KERNEL)
     n_groups = (n_q + q_per_group - 1) // q_per_group
 
     kernel_check(tuple(out.shape) == (1, H, Qpad, d) and np.dtype(out.dtype) == np.dtype(query.dtype),
@@ -150,9 +180,9 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
 
     if n_tiles > 0:
         # Flat-cache rows of every large tile for this KV head: (128, nL, n_tiles) int32.
-        rows = load_block_tables(block_tables, num_tiles=n_tiles, blocks_per_tile=cfg["M"],
-                                 tiling_factor=cfg["T"], num_kv_heads=Hkv, head_id=head)
-        kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg["T"])
+        rows = load_block_tables(block_tables, num_tiles=n_tiles, blocks_per_tile=cfg.M,
+                                 tiling_factor=cfg.T, num_kv_heads=Hkv, head_id=head)
+        kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg.T)
         ones = nl.full((P, 1), 1.0, dtype=kd, buffer=nl.sbuf)     # visible_values' reducer
 
     for grp in nl.static_range(n_groups):          # static: the last group may be smaller
@@ -175,7 +205,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
         # mask removes other sequences' and padding tokens); one KV load per tile and group.
         if n_tiles > 0:
             for j in nl.sequential_range(n_tiles):
-                k_tile, v_tile = load_kv(kv_flat, rows, j, tiled_block_size=cfg["bp"],
+                k_tile, v_tile = load_kv(kv_flat, rows, j, tiled_block_size=cfg.bp,
                                          head_size=d, kernel_dtype=kd)
                 for ii in nl.affine_range(nqg):
                     mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(j * LT, LT)])
@@ -239,7 +269,7 @@ def _check_grid(Hkv):
 
 def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
                   mixed_precision, LARGE_TILE_SZ):
-    """Validate every kernel input; return the derived geometry as a dict."""
+    """Validate every kernel input; return the derived :class:`DenseGeometry`."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
     ck(len(query.shape) == 4 and query.shape[0] == 1, "query.shape",
        "be (1, H, d, Qpad)", tuple(query.shape))
@@ -304,6 +334,6 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
        mixed_precision)
     kd = nl.bfloat16 if mixed_precision else query.dtype
     acc = nl.float32 if mixed_precision else query.dtype
-    return dict(H=H, d=d, Qpad=Qpad, N=N, Hkv=Hkv, G=H // Hkv, B=B, M=M, T=T, bp=bp, L=L,
-                n_loads=n_loads, nab=nab, ctx=ctx, n_tiles=ctx // LARGE_TILE_SZ,
-                kernel_dtype=kd, acc_dtype=acc, scale=scale)
+    return DenseGeometry(H=H, d=d, Qpad=Qpad, N=N, Hkv=Hkv, G=H // Hkv, B=B, M=M, T=T, bp=bp,
+                         L=L, n_loads=n_loads, nab=nab, ctx=ctx, n_tiles=ctx // LARGE_TILE_SZ,
+                         kernel_dtype=kd, acc_dtype=acc, scale=scale)

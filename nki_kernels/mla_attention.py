@@ -25,38 +25,31 @@ Dimensions (static): R = kv_lora_rank, P = qk_rope_head_dim, D = R + P key chann
 (nd = ceil(D / 128) slices), E >= D entry size, N blocks of B entries; rows query rows per Q
 block (<= 128; a row is (token, head)), blocks Q blocks per group (<= MLA_MAX_GROUP_BLOCKS),
 nblk Q blocks of the launch; T, b', nL from ``LARGE_TILE_SZ`` and B
-(``nki_kernels.constants.tile_geometry``); W = nL * 128 * b' keys per item.
+(``nki_kernels.contract.tile_geometry``); W = nL * 128 * b' keys per item. The launch's static
+configuration (options, per-phase geometry, inputs, tiles) is the frozen dataclasses of
+``nki_kernels.mla_config``.
 """
 
 from __future__ import annotations
 
-from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels.constants import B_F_SIZE, B_P_SIZE, M_FLOOR, STEP_KEYS, decode_layout
-from nki_kernels.mla_sbuf import MAX_CHUNK_ITEMS, SBUF_USABLE, decode_chunk_cap, mla_sbuf_bytes
-from nki_kernels.ops import KernelFamily, dtype_name, itemsize
-from nki_kernels.row_tiles import require_oob_skip
-from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value, tile_geometries
-from nki_kernels.sched_core import KVTile, StepConfig, key_index_tile
-from nki_kernels.sched_decode import decode_constants, key_index_columns
-from nki_kernels.sched_item import (FoldConfig, chunk_queries, decode_step_keys, fold_tile,
-                                    load_q_slices, load_state, store_blocks)
-from nki_kernels.sched_plan import meta_columns
-from nki_kernels.tile_ops import transpose_blocks
+from dataclasses import replace
 
-KERNEL = "mla_paged_attention"
-# Q blocks sharing one KV-tile load, at most (fewer when nki_kernels.mla_sbuf says they do not
-# fit): per 128-row block the group keeps o (R fp32), m, l and D channels of Q^T (raw + scaled)
-# in SBUF, ~6.6 KiB per partition at R = 512, D = 576 with bf16 Q.
-MLA_MAX_GROUP_BLOCKS = 8
-MAX_VALUE_DIM = B_F_SIZE     # R: PV accumulates (rows, R) fp32 in one PSUM bank
-_FLOAT = ("float32", "bfloat16", "float16")
+from nki_kernels.contract import M_FLOOR, PARTITIONS as P
+from nki_kernels.mla_config import (KERNEL, MAX_VALUE_DIM, MLA_MAX_GROUP_BLOCKS,  # noqa: F401
+                                    MLAChunk, MLAConfig, MLAInputs, MLAOptions, MLAPhase,
+                                    MLATiles, configure)
+from nki_kernels.ops import KernelFamily, dtype_name
+from nki_kernels.row_tiles import require_oob_skip
+from nki_kernels.sched_core import KVTile, key_index_tile
+from nki_kernels.sched_decode import decode_constants, key_index_columns
+from nki_kernels.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
+from nki_kernels.tile_ops import transpose_blocks
 
 
 def _build(ops):
-    def mla_paged_attention(query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf,
-                            meta_fi, meta_ff, rows, blocks, kv_lora_rank=512, qk_rope_head_dim=64,
-                            softmax_scale=None, mixed_precision=True, LARGE_TILE_SZ=2048,
-                            PARTIAL_TILE_SZ=None):
+    def mla_paged_attention(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
+                            blocks, options=MLAOptions(), q_full=None, q_part=None,
+                            bounds_p=None):
         """MLA paged attention of one class of Q blocks (legacy grid ``[1, 1]``; current: one launch).
 
         Args:
@@ -64,14 +57,6 @@ def _build(ops):
                 the ``rows`` query rows of Q block b (Q^T blocks, D = R + P; query row = (token,
                 head) of one sequence, ``host.scheduled.pack_queries`` with one KV head), gathered
                 when a group starts (query-rows classes).
-            q_full, q_part: decode-layout classes (``constants.decode_layout``: one block of <= 64
-                rows): the Q^T of every item of the full / partial phase, (D, items * rows) in
-                query_t's dtype, column ``t*rows + r`` = row r of item t's block
-                (``host.scheduled.item_queries``), preloaded per metadata chunk. Otherwise any (1, 1)
-                array (unused).
-            bounds_p: decode-layout classes: (1, Ip * 2 * rows) float32, the partial items' mask
-                bounds on one partition (``host.schedule.PhaseArrays.bounds``), loaded per chunk and
-                broadcast in-kernel. Otherwise any (1, 1) float32 array (unused).
             kv_cache: (N, B, E) latent cache, E >= R + P, query_t's dtype (read only).
             overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are
                 not whole rows of the cache below ``context - query`` (a sequence's partly filled
@@ -79,41 +64,35 @@ def _build(ops):
                 sequence end; cache dtype.
             meta_pi, meta_pf, meta_fi, meta_ff: the partial / full phase metadata of
                 ``host.schedule.PhaseArrays`` with Hkv = 1: (1, 128, I * ki) int32 and (128, I * kf)
-                float32 (I items, may be 0; main rows index the flat view (N*T, b'*E)).
+                float32 (I items, may be 0; main rows index the flat view (N*T, b'*E); columns
+                ``contract.meta_layout``).
             rows, blocks: query rows per Q block (1..128), Q blocks per group (static ints).
-            kv_lora_rank: R (1..512), the value width.  qk_rope_head_dim: P >= 0.
-            softmax_scale: default 1 / sqrt(R + P).
-            mixed_precision: True: bf16 matmul inputs and probabilities; False: the input dtype.
-                Scores, statistics and the output accumulator are fp32 either way.
-            LARGE_TILE_SZ: keys per full-phase KV tile before block-size tiling (power of two,
-                512..8192).
-            PARTIAL_TILE_SZ: the same for the partial phase (power of two, 512..LARGE_TILE_SZ;
-                None: LARGE_TILE_SZ); its rows (b'_p entries) and overlay rows are of this geometry.
+            options: :class:`MLAOptions` (R, P, softmax scale, precision, tile sizes).
+            q_full, q_part: decode-layout classes (``contract.decode_layout``: one block of <= 64
+                rows) only, else None (not read): the Q^T of every item of the full / partial
+                phase, (D, items * rows) in query_t's dtype, column ``t*rows + r`` = row r of item
+                t's block (``host.scheduled.item_queries``), preloaded per metadata chunk.
+            bounds_p: decode-layout classes only, else None (not read): (1, Ip * 2 * rows)
+                float32, the partial items' mask bounds on one partition
+                (``host.schedule.PhaseArrays.bounds``), loaded per chunk and broadcast in-kernel.
 
         Returns:
             (nblk * rows, R) in query_t.dtype: row ``b*rows + r`` = output of query row r of Q block
             b (rows no item stores are left unwritten; the host never reads them).
+
+        Raises:
+            ValueError: a bad input (named), including a decode-layout input left None.
+            NotImplementedError: a cache dtype other than the query's, or a working set over the
+                target's SBUF.
         """
-        R = kv_lora_rank
-        D = R + qk_rope_head_dim
-        kernel_check(isinstance(R, int) and isinstance(qk_rope_head_dim, int) and 1 <= R <= MAX_VALUE_DIM
-                     and qk_rope_head_dim >= 0, KERNEL, "kv_lora_rank, qk_rope_head_dim",
-                     f"be ints with 1 <= kv_lora_rank <= {MAX_VALUE_DIM}, qk_rope_head_dim >= 0",
-                     (kv_lora_rank, qk_rope_head_dim))
-        kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % D == 0 and query_t.shape[0] > 0,
-                     KERNEL, "query_t.shape", f"be (nblk*D, rows) with D = R + P = {D}",
-                     tuple(query_t.shape))
-        cfg = _check(ops, query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-                     meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LARGE_TILE_SZ,
-                     PARTIAL_TILE_SZ)
-        nblk = query_t.shape[0] // D
-        out = ops.ndarray((nblk * rows, R), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
-        state = ops.ndarray((nblk * rows, R + 2), dtype=ops.float32, buffer=ops.PRIVATE_HBM)
-        for geo in cfg["geo"].values():      # each phase's flat view: rows of b' entries
-            geo["kv_flat"] = kv_cache.reshape((geo["main_rows"], geo["bp"] * cfg["E"]))
-        _body(ops, cfg, query_t, overlay,
-              ((False, meta_fi, meta_ff, q_full), (True, meta_pi, meta_pf, q_part)), bounds_p, out,
-              state)
+        ins = MLAInputs(query_t=query_t, overlay=overlay, q_items=(q_full, q_part),
+                        bounds_p=bounds_p, meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf),
+                        out=None, state=None)
+        cfg = configure(ops, ins, kv_cache, rows, blocks, options)
+        nblk = query_t.shape[0] // cfg.D
+        out = ops.ndarray((nblk * rows, cfg.R), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
+        state = ops.ndarray((nblk * rows, cfg.R + 2), dtype=ops.float32, buffer=ops.PRIVATE_HBM)
+        _body(ops, cfg, replace(ins, out=out, state=state))
         return out
 
     return mla_paged_attention
@@ -122,7 +101,7 @@ def _build(ops):
 mla_paged_attention = KernelFamily(_build, KERNEL)
 
 
-def _body(ops, cfg, query_t, overlay, phases, bounds_p, out, state):
+def _body(ops, cfg: MLAConfig, ins: MLAInputs):
     """The item loops (full phase first, masked phase last).
 
     Pseudocode, per phase, per item t (metadata chunks preloaded):
@@ -138,7 +117,16 @@ def _body(ops, cfg, query_t, overlay, phases, bounds_p, out, state):
         [masked] out rows out[t] <- o / max(l, L_FLOOR)   (skipped unless the group ends here)
     """
     require_oob_skip(ops, KERNEL)
-    rows, blocks, R = cfg["rows"], cfg["blocks"], cfg["R"]
+    tiles = _tiles(ops, cfg, ins.query_t.dtype)
+    for phase in (cfg.full, cfg.partial):
+        if phase.items:
+            _run_phase(ops, cfg, ins, phase, tiles)
+
+
+def _tiles(ops, cfg, q_dtype) -> MLATiles:
+    """The group state, its reset copy, the raw Q^T slices, the key indices, the decode
+    constants and the KV rows of an item."""
+    rows, blocks, R = cfg.rows, cfg.blocks, cfg.R
     sw = R + 2
     f32 = ops.float32
     st = ops.sbuf((rows, blocks * sw), f32)
@@ -149,83 +137,79 @@ def _body(ops, cfg, query_t, overlay, phases, bounds_p, out, state):
         ops.memset(init[:, ops.ds(j * sw + R + 1, 1)], 0.0)
     ops.copy(st, init)
     q_raw = []
-    for k in ops.static_range(cfg["nd"]):
-        dk = min(B_P_SIZE, cfg["D"] - k * B_P_SIZE)
-        qr = ops.sbuf((dk, blocks * rows), query_t.dtype)
+    for k in ops.static_range(cfg.nd):
+        dk = min(P, cfg.D - k * P)
+        qr = ops.sbuf((dk, blocks * rows), q_dtype)
         ops.memset(qr, 0.0)
         q_raw.append(qr)
-    pg = cfg["geo"][True]
-    pg["kidx"] = None
-    if cfg["items"][0] > 0:        # masked items: the tile-local key index of every column
-        pg["kidx"] = (key_index_columns(ops, pg["loads"], pg["bp"]) if cfg["small"]
-                      else key_index_tile(ops, rows, pg["loads"], pg["bp"]))
-    cfg["geo"][False]["kidx"] = None
-    consts = (decode_constants(ops, rows, max(g["step"] for g in cfg["geo"].values()), cfg["kd"])
-              if cfg["small"] else None)
+    pg = cfg.partial
+    kidx = None
+    if pg.items > 0:        # masked items: the tile-local key index of every column
+        kidx = (key_index_columns(ops, pg.geo.nL, pg.geo.bp) if cfg.decode
+                else key_index_tile(ops, rows, pg.geo.nL, pg.geo.bp))
+    consts = (decode_constants(ops, rows, max(cfg.full.step_keys, pg.step_keys), cfg.kd)
+              if cfg.decode else None)
     # The KV rows of an item, zeroed ONCE: a row no DMA of an item writes keeps what an earlier
     # item gathered -- whole rows of cached context or overlay rows, always finite (block tails,
     # unreferenced blocks and beyond-the-end positions are never gathered; entry padding is
     # gathered but no engine reads it) -- and is masked, so its probability is exactly 0.
     # (both phases use the same tile, the partial phase its first nL_p * b'_p * E columns)
-    width = max(g["loads"] * g["rw"] for g in cfg["geo"].values())
-    x_rows = ops.zeros((B_P_SIZE, width), cfg["cache_dtype"])
-    bufs = dict(st=st, init=init, q_raw=q_raw, x_rows=x_rows, consts=consts)
-    for masked, mi_all, mf_all, q_all in phases:
-        n_items = cfg["items"][0 if masked else 1]
-        if n_items == 0:
-            continue
-        ki, kf = meta_columns(loads=cfg["geo"][masked]["loads"], blocks=blocks,
-                              head_size=cfg["D"], masked=masked, rows=rows)
-        chunk = mla_chunk(n_items, cfg["chunk_cap"])
-        for ch in ops.sequential_range(n_items // chunk):
-            mi = ops.sbuf((B_P_SIZE, chunk * ki), ops.int32)
-            ops.load(mi, mi_all[0, :, ops.ds(ch * chunk * ki, chunk * ki)])
-            mf = ops.sbuf((B_P_SIZE, chunk * kf), f32)
-            ops.load(mf, mf_all[:, ops.ds(ch * chunk * kf, chunk * kf)])
-            if cfg["small"] and masked:      # decode layout: the chunk's bounds, one partition
-                b_chunk = ops.sbuf((1, chunk * 2 * rows), f32)
-                ops.load(b_chunk, bounds_p[0:1, ops.ds(ch * chunk * 2 * rows, chunk * 2 * rows)])
-                bufs["b_chunk"] = b_chunk
-            if cfg["small"]:       # decode layout: the chunk's Q^T, scaled once
-                bufs["q_chunk"] = chunk_queries(ops, q_all, 0, cfg["D"], ch * chunk * rows,
-                                                chunk * rows, scale=cfg["scale"],
-                                                kernel_dtype=cfg["kd"])
-            for it in ops.sequential_range(chunk):
-                _item(ops, cfg, masked, (mi, mf, it, ki, kf), query_t, overlay, out, state, bufs)
+    width = max(g.geo.nL * g.rw for g in (cfg.full, pg))
+    x_rows = ops.zeros((P, width), cfg.cache_dtype)
+    return MLATiles(st=st, init=init, q_raw=tuple(q_raw), x_rows=x_rows, kidx=(None, kidx),
+                    consts=consts)
 
 
-def _item(ops, cfg, masked, meta, query_t, overlay, out, state, bufs):
-    """Item ``it`` of the chunk (``meta = (mi, mf, it, ki, kf)``): reset / carry the group state,
-    load Q and the KV rows, fold the tile, store."""
-    mi, mf, it, ki, kf = meta
-    ci, cf = it * ki, it * kf
-    P = B_P_SIZE
-    rows, blocks, R, D, E = cfg["rows"], cfg["blocks"], cfg["R"], cfg["D"], cfg["E"]
-    geo = cfg["geo"][masked]
-    nd, bp, nL, rw, kd = cfg["nd"], geo["bp"], geo["loads"], geo["rw"], cfg["kd"]
-    kv_flat = geo["kv_flat"]
-    st, q_raw = bufs["st"], bufs["q_raw"]
-    q_col = ci + (2 * nL if masked else nL)
-    st_col = q_col + (0 if cfg["small"] else blocks * nd)
-    out_col = st_col + blocks
+def _run_phase(ops, cfg, ins, phase, tiles):
+    """The phase's item loop, one metadata chunk at a time."""
+    masked, rows, f32 = phase.masked, cfg.rows, ops.float32
+    ki, kf = phase.meta.ki, phase.meta.kf
+    mi_all, mf_all = ins.meta_i[int(masked)], ins.meta_f[int(masked)]
+    q_all = ins.q_items[int(masked)]
+    chunk = mla_chunk(phase.items, cfg.chunk_cap)
+    for ch in ops.sequential_range(phase.items // chunk):
+        mi = ops.sbuf((P, chunk * ki), ops.int32)
+        ops.load(mi, mi_all[0, :, ops.ds(ch * chunk * ki, chunk * ki)])
+        mf = ops.sbuf((P, chunk * kf), f32)
+        ops.load(mf, mf_all[:, ops.ds(ch * chunk * kf, chunk * kf)])
+        q = bounds = None
+        if cfg.decode and masked:      # decode layout: the chunk's bounds, one partition
+            bounds = ops.sbuf((1, chunk * 2 * rows), f32)
+            ops.load(bounds, ins.bounds_p[0:1, ops.ds(ch * chunk * 2 * rows, chunk * 2 * rows)])
+        if cfg.decode:       # decode layout: the chunk's Q^T, scaled once
+            q = chunk_queries(ops, q_all, 0, cfg.D, ch * chunk * rows, chunk * rows,
+                              scale=cfg.scale, kernel_dtype=cfg.kd)
+        data = MLAChunk(mi=mi, mf=mf, q=q, bounds=bounds)
+        for it in ops.sequential_range(chunk):
+            _item(ops, cfg, ins, phase, data, it, tiles)
+
+
+def _item(ops, cfg, ins, phase, data, it, tiles):
+    """Item ``it`` of the chunk: reset / carry the group state, load Q and the KV rows, fold the
+    tile, store."""
+    m, masked = phase.meta, phase.masked
+    ci, cf = it * m.ki, it * m.kf
+    rows, blocks, R, D, E, nd, kd = cfg.rows, cfg.blocks, cfg.R, cfg.D, cfg.E, cfg.nd, cfg.kd
+    bp, nL, rw, kv_flat = phase.geo.bp, phase.geo.nL, phase.rw, phase.kv_flat
+    st, mi, mf = tiles.st, data.mi, data.mf
     # Step 1: a new group starts -> every row's state is reset.
-    ops.where(st, mf[0:rows, ops.ds(cf, 1)], bufs["init"], st)
+    ops.where(st, mf[0:rows, ops.ds(cf + m.reset, 1)], tiles.init, st)
     # Step 2: Q^T slices of every block, scaled into the kernel dtype: the item's columns of the
     # chunk's preloaded Q^T (decode layout), or gathered when a group starts (skipped rows keep
     # the group's Q).
-    if cfg["small"]:
-        q_scaled = [q[:, ops.ds(it * rows, rows)] for q in bufs["q_chunk"]]
+    if cfg.decode:
+        q_scaled = [q[:, ops.ds(it * rows, rows)] for q in data.q]
     else:
-        q_scaled = load_q_slices(ops, q_raw, query_t, mi, q_col, rows=rows, blocks=blocks,
-                                 scale=cfg["scale"], kernel_dtype=kd)
+        q_scaled = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, rows=rows,
+                                 blocks=blocks, scale=cfg.scale, kernel_dtype=kd)
     if masked:          # Step 3: the group's state left by the full phase
-        load_state(ops, st, mi, st_col, state, rows=rows, blocks=blocks, d=R)
+        load_state(ops, st, mi, ci + m.st, ins.state, rows=rows, blocks=blocks, d=R)
     # Step 4: ONE gather per 128 rows of b' entries; keys and values are the same rows.
-    x = bufs["x_rows"]
+    x = tiles.x_rows
     for l in ops.static_range(nL):
-        ops.gather(x[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + l)
+        ops.gather(x[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + m.kv + l)
         if masked:
-            ops.gather(x[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l)
+            ops.gather(x[:, ops.ds(l * rw, rw)], ins.overlay, mi, ci + m.ov + l)
     if dtype_name(kv_flat.dtype) != dtype_name(kd):
         xc = ops.sbuf(x.shape, kd)
         ops.copy(xc, x, engine="scalar")
@@ -235,92 +219,21 @@ def _item(ops, cfg, masked, meta, query_t, overlay, out, state, bufs):
     k_t = []
     for k in ops.static_range(nd):
         dk = min(P, D - k * P)
-        kt = ops.sbuf((dk, geo["W"]), kd)
+        kt = ops.sbuf((dk, phase.geo.W), kd)
         for l in ops.static_range(nL):
             transpose_blocks(ops, kt, l * P * bp, x, l * rw + k * P, dk, bp, evac="scalar",
                              src_stride=E)
         k_t.append(kt)
-    # P^T copies of 128-row blocks split 2:1 between ScalarE and VectorE on both targets: ScalarE
-    # also copies the K^T of D-wide entries (5 channel slices at D = 576), the busier engine here.
-    p_evac = ("scalar", "scalar", "vector") if rows == P else None
-    # Step 5: fold the tile into every block's state; V = x read in place at the stride E. No
-    # sliding window: every row's visible keys start at position 0 (one-sided masks).
-    step = StepConfig(d=R, kernel_dtype=kd, v_stride=E, one_sided=True, tiled_block_size=bp,
-                      p_evac=p_evac)
-    fc = FoldConfig(step=step, rows=rows, blocks=blocks, width=geo["W"], step_keys=geo["step"],
-                    masked=masked, keys_on_partitions=cfg["small"])
-    fold_tile(ops, fc, q_scaled, KVTile(k_t=k_t, v_rows=x, kidx=geo["kidx"]), st, mf, cf,
-              consts=bufs["consts"], chunk_bounds=bufs.get("b_chunk"), it=it)
+    # Step 5: fold the tile into every block's state; V = x read in place at the stride E.
+    tile = KVTile(k_t=k_t, v_rows=x, kidx=tiles.kidx[int(masked)])
+    fold_tile(ops, cfg.fold_config(phase), q_scaled, tile, st, mf, cf, consts=tiles.consts,
+              chunk_bounds=data.bounds, it=it)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
-    store_blocks(ops, st, mi, out_col if masked else st_col, out, state, rows=rows,
-                 blocks=blocks, d=R, masked=masked)
+    store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
+                 blocks=blocks, d=R, masked=masked, engine="vector")   # ScalarE: the busier
 
 
 def mla_chunk(n_items, cap):
     """Items per metadata chunk: the largest power of two dividing ``n_items`` (a bucketed
     count), at most ``cap`` (a power of two)."""
     return min(n_items & -n_items, cap)
-
-
-def _check(ops, query_t, q_full, q_part, bounds_p, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-           meta_ff, rows, blocks, R, D, softmax_scale, mixed_precision, LT, LTp=None):
-    """Validate every input; return the static geometry."""
-    ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
-    ck(len(kv_cache.shape) == 3, "kv_cache.shape", "be (num_blocks, block_size, E)",
-       tuple(kv_cache.shape))
-    N, B, E = kv_cache.shape
-    ck(E >= D, "kv_cache.shape[2] (entry size E)", f"be >= kv_lora_rank + qk_rope_head_dim = {D}", E)
-    q_dt, c_dt = dtype_name(query_t.dtype), dtype_name(kv_cache.dtype)
-    ck(q_dt in _FLOAT, "query_t.dtype", f"be one of {_FLOAT}", q_dt)
-    kernel_unsupported(c_dt == q_dt, KERNEL, f"a kv_cache of dtype {c_dt} with {q_dt} queries",
-                       "cast the cache or the queries")
-    ck(isinstance(rows, int) and 1 <= rows <= B_P_SIZE, "rows", "be an int in [1, 128]", rows)
-    ck(isinstance(blocks, int) and 1 <= blocks <= MLA_MAX_GROUP_BLOCKS, "blocks",
-       f"be an int in [1, {MLA_MAX_GROUP_BLOCKS}]", blocks)
-    ck(B >= 1 and (B & (B - 1)) == 0 and B <= 256, "kv_cache.shape[1] (block_size)",
-       "be a power of two in [1, 256]", B)
-    g_full, g_part = tile_geometries(KERNEL, B, LT, LTp)
-    (T, bp, nL), (Tp, bpp, nLp) = (g_full.T, g_full.bp, g_full.nL), (g_part.T, g_part.bp, g_part.nL)
-    ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
-       tuple(query_t.shape))
-    ck(len(overlay.shape) == 2 and overlay.shape[1] == bpp * E and overlay.shape[0] >= 1,
-       "overlay.shape", f"be (R_ov >= 1, b'_p*E) = (R_ov, {bpp * E})", tuple(overlay.shape))
-    ck(dtype_name(overlay.dtype) == c_dt, "overlay.dtype", f"equal kv_cache.dtype ({c_dt})",
-       dtype_name(overlay.dtype))
-    small = decode_layout(rows, blocks)
-    items = check_phase_metadata(
-        KERNEL, meta_pi, meta_pf, meta_fi, meta_ff, programs=1,
-        columns=lambda masked: meta_columns(loads=nLp if masked else nL, blocks=blocks,
-                                            head_size=D, masked=masked, rows=rows))
-    for name, qa, n in (("q_full", q_full, items[1]), ("q_part", q_part, items[0])):
-        want = (D, n * rows) if small else None
-        ck(want is None or (tuple(qa.shape) == want and dtype_name(qa.dtype) == q_dt),
-           name, f"be a {want} array of the query dtype (decode layout)",
-           (tuple(qa.shape), dtype_name(qa.dtype)))
-    ck(not small or (tuple(bounds_p.shape) == (1, items[0] * 2 * rows)
-                     and dtype_name(bounds_p.dtype) == "float32"),
-       "bounds_p", "be a float32 (1, items * 2 * rows) array (decode layout)",
-       (tuple(bounds_p.shape), dtype_name(bounds_p.dtype)))
-    scale = softmax_scale_value(KERNEL, softmax_scale, D)
-    ck(isinstance(mixed_precision, bool), "mixed_precision", "be a bool", mixed_precision)
-    kd = ops.bfloat16 if mixed_precision else query_t.dtype
-    kds = itemsize(kd)
-    cap = decode_chunk_cap(key_width=D, rows=rows, kernel_itemsize=kds) if small else MAX_CHUNK_ITEMS
-    gen = "gen2" if ops.nc_gen() == "gen2" else "gen3"
-    need = mla_sbuf_bytes(loads=nL, tiled_block_size=bp, entry_size=E, key_width=D, value_width=R,
-                          rows=rows, blocks=blocks, cache_itemsize=itemsize(c_dt),
-                          kernel_itemsize=kds, query_itemsize=itemsize(q_dt),
-                          preload_cols=cap * rows if small else 0)
-    kernel_unsupported(need <= SBUF_USABLE[gen], KERNEL,
-                       f"LARGE_TILE_SZ={LT} with E={E}, {blocks} Q blocks of {rows} rows and "
-                       f"{dtype_name(kd)} compute ({need} SBUF bytes per partition, "
-                       f"{SBUF_USABLE[gen]} usable on {gen})",
-                       "use a smaller LARGE_TILE_SZ, fewer Q blocks per group or mixed precision")
-    step = lambda W: min(W, decode_step_keys(rows) if small else STEP_KEYS)  # noqa: E731
-    geo = {False: dict(bp=bp, loads=nL, rw=bp * E, W=nL * B_P_SIZE * bp, main_rows=N * T),
-           True: dict(bp=bpp, loads=nLp, rw=bpp * E, W=nLp * B_P_SIZE * bpp, main_rows=N * Tp)}
-    for g in geo.values():
-        g["step"] = step(g["W"])
-    return dict(R=R, D=D, E=E, nd=-(-D // B_P_SIZE), kd=kd, scale=scale, items=items, rows=rows,
-                blocks=blocks, small=small, chunk_cap=cap, geo=geo,
-                cache_dtype=kv_cache.dtype)

@@ -13,6 +13,7 @@ import numpy as np
 
 from nki_kernels._assert import kernel_check
 from nki_kernels.contract import MAX_TILE_SIZE, MIN_TILE_SIZE, PARTITIONS as B_P_SIZE, tile_geometry
+from nki_kernels.ops import dtype_name
 
 
 def check_phase_metadata(kernel, meta_pi, meta_pf, meta_fi, meta_ff, *, programs, columns):
@@ -66,3 +67,15 @@ def tile_geometries(kernel, block_size, large_tile, partial_tile):
                  "PARTIAL_TILE_SZ", f"be None or a power of two in [{lo}, LARGE_TILE_SZ = {LT}]",
                  LTp)
     return tile_geometry(block_size, LT), tile_geometry(block_size, LTp)
+
+
+def check_item_inputs(kernel, need):
+    """Check the per-item inputs a decode-layout class needs: ``need`` is a sequence of ``(name,
+    array or None, shape, dtype name, what)``, ``what`` the class that needs it (e.g. "a
+    decode-layout class"); None is a ValueError saying what to pass."""
+    for name, arr, want, dt, what in need:
+        kernel_check(arr is not None, kernel, name, f"be given for {what}: a {dt} {want} array",
+                     None)
+        kernel_check(tuple(arr.shape) == want and dtype_name(arr.dtype) == dt, kernel, name,
+                     f"be a {dt} {want} array (keys on partitions)",
+                     (tuple(arr.shape), dtype_name(arr.dtype)))

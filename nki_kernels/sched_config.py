@@ -20,7 +20,8 @@ from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_GROUP_BLOCKS, MAX_HEAD_SIZ
                                   meta_layout)
 from nki_kernels.ops import dtype_name, itemsize
 from nki_kernels.sbuf_plan import SbufBudgetWarning
-from nki_kernels.sched_checks import check_phase_metadata, softmax_scale_value, tile_geometries
+from nki_kernels.sched_checks import (check_item_inputs, check_phase_metadata,
+                                      softmax_scale_value, tile_geometries)
 from nki_kernels.sched_core import StepConfig
 from nki_kernels.sched_item import FoldConfig, decode_step_keys
 from nki_kernels.sched_plan import SBUF_USABLE, block_bytes, fixed_bytes, max_group_blocks
@@ -48,7 +49,9 @@ class SchedOptions:
     row_init: start each group's rows from ``q_init`` (sinks, ALiBi) instead of
         (-M_FLOOR, 0); the metadata then carries the ``ini`` columns.
     windowed: False promises that every row's visible keys start at or before each tile it
-        meets (no sliding window): masks then test only the upper bound (cheaper).
+        meets (no sliding window): masks then test only the upper bound (cheaper). The host
+        sets it to ``sliding_window is not None``; the steps read the same flag
+        (``sched_core.StepConfig.windowed``).
     """
 
     softmax_scale: float | None = None
@@ -98,13 +101,17 @@ class SchedConfig:
     def phase(self, masked: bool) -> Phase:
         return self.partial if masked else self.full
 
-    def step_config(self, phase: Phase) -> StepConfig:
+    def step_config(self, phase: Phase, keys_by_dma: bool = False) -> StepConfig:
+        """``keys_by_dma``: the phase's K^T arrives by DMA transpose (``sched_tile.keys_by_dma``),
+        so ScalarE has no K^T PSUM copies and takes the decode step's small copies."""
+        copy_engine = "scalar" if keys_by_dma and phase.keys_on_partitions else None
         return StepConfig(d=self.d, kernel_dtype=self.kd, soft_cap=self.opts.logits_soft_cap,
-                          one_sided=not self.opts.windowed,
-                          tiled_block_size=phase.geo.bp)
+                          windowed=self.opts.windowed,
+                          tiled_block_size=phase.geo.bp, copy_engine=copy_engine)
 
-    def fold_config(self, phase: Phase) -> FoldConfig:
-        return FoldConfig(step=self.step_config(phase), rows=self.rows, blocks=self.blocks,
+    def fold_config(self, phase: Phase, keys_by_dma: bool = False) -> FoldConfig:
+        return FoldConfig(step=self.step_config(phase, keys_by_dma), rows=self.rows,
+                          blocks=self.blocks,
                           width=phase.geo.W, step_keys=phase.step_keys, masked=phase.masked,
                           keys_on_partitions=phase.keys_on_partitions)
 
@@ -115,9 +122,9 @@ class Inputs:
     and the state scratch."""
 
     query_t: Any
-    q_items: tuple        # (full, partial) decode layout: preloaded Q^T per item
-    i_items: tuple        # (full, partial) decode layout with row_init: preloaded init rows
-    bounds_p: Any
+    q_items: tuple        # (full, partial) decode layout: preloaded Q^T per item, else None
+    i_items: tuple        # (full, partial) decode layout with row_init: init rows, else None
+    bounds_p: Any         # decode layout: the partial items' one-partition bounds, else None
     q_init: Any
     overlay: Any
     meta_i: tuple         # (full, partial)
@@ -219,37 +226,41 @@ def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts) -> SchedConfig:
     ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)
                             and math.isfinite(float(soft_cap)) and soft_cap > 0),
        "logits_soft_cap", "be None or a finite number > 0", soft_cap)
-    ck(not decode or (tuple(ins.bounds_p.shape) == (1, items_p * 2 * rows)
-                      and dtype_name(ins.bounds_p.dtype) == "float32"),
-       "bounds_p", "be a float32 (1, items * 2 * rows) array (decode layout)",
-       (tuple(ins.bounds_p.shape), dtype_name(ins.bounds_p.dtype)))
-    for name, qa, n in (("q_full", ins.q_items[0], items_f), ("q_part", ins.q_items[1], items_p)):
-        want = (Hkv * d, n * rows) if decode else None
-        ck(want is None or (tuple(qa.shape) == want and dtype_name(qa.dtype) == q_dt), name,
-           f"be a {want} array of the query dtype (keys on partitions)",
-           (tuple(qa.shape), dtype_name(qa.dtype)))
-    for name, ia, n in (("i_full", ins.i_items[0], items_f), ("i_part", ins.i_items[1], items_p)):
-        want = (Hkv * rows, n * Q_INIT_COLUMNS) if decode and opts.row_init else None
-        ck(want is None or (tuple(ia.shape) == want and dtype_name(ia.dtype) == "float32"), name,
-           f"be a float32 {want} array (keys on partitions, row_init)",
-           (tuple(ia.shape), dtype_name(ia.dtype)))
+    _check_decode_inputs(ins, decode, opts.row_init, Hkv, d, rows, (items_f, items_p), q_dt)
     # Keys on partitions (sched_decode) for decode-layout classes; query rows on partitions
     # (sched_core) for 128-row classes (per-step overheads amortize over 2048-key steps and
     # their masks take one ScalarE pass). (Measured on the cost model: keys on partitions for the
     # full items of 128-row blocks was slower, per-step small ops dominate.)
     step_keys = decode_step_keys(rows) if decode else STEP_KEYS
-    phases = {}
-    for masked, geo, n in ((False, g_full, items_f), (True, g_part, items_p)):
-        phases[masked] = Phase(masked=masked, geo=geo, items=n, meta=layouts[masked],
-                               keys_on_partitions=decode, step_keys=min(geo.W, step_keys),
-                               kv_flat=kv_cache.reshape((2, geo.flat_rows(N, Hkv), geo.bp * d)))
+    full, partial = (Phase(masked=masked, geo=geo, items=n, meta=layouts[masked],
+                           keys_on_partitions=decode, step_keys=min(geo.W, step_keys),
+                           kv_flat=kv_cache.reshape((2, geo.flat_rows(N, Hkv), geo.bp * d)))
+                     for masked, geo, n in ((False, g_full, items_f), (True, g_part, items_p)))
     # fp8 rows straight into TensorE when the other operand is 16-bit (float32 matmul operands
     # must both be float32: an fp8 cache with a float32 kernel dtype is converted on chip)
     cfg = SchedConfig(d=d, nd=channel_slices(d), kd=kd, fp8_direct=fp8 and itemsize(kd) == 2,
                       scale=scale, rows=rows, blocks=blocks, opts=opts, decode=decode,
-                      full=phases[False], partial=phases[True])
+                      full=full, partial=partial)
     check_sbuf(ops, cfg, kv_cache, query_t)
     return cfg
+
+
+def _check_decode_inputs(ins, decode, row_init, Hkv, d, rows, items, q_dt):
+    """Decode-layout classes need the per-item Q^T of both phases (``items = (full, partial)``
+    item counts), the partial items' bounds and, with ``row_init``, the per-item init rows;
+    other classes read none of them (None)."""
+    if not decode:
+        return
+    cls, init = "a decode-layout class", "a decode-layout class with row_init"
+    need = (("q_full", ins.q_items[0], (Hkv * d, items[0] * rows), q_dt, cls),
+            ("q_part", ins.q_items[1], (Hkv * d, items[1] * rows), q_dt, cls),
+            ("bounds_p", ins.bounds_p, (1, items[1] * 2 * rows), "float32", cls))
+    if row_init:
+        need += (("i_full", ins.i_items[0], (Hkv * rows, items[0] * Q_INIT_COLUMNS), "float32",
+                  init),
+                 ("i_part", ins.i_items[1], (Hkv * rows, items[1] * Q_INIT_COLUMNS), "float32",
+                  init))
+    check_item_inputs(KERNEL, need)
 
 
 def check_sbuf(ops, cfg, kv_cache, query_t):

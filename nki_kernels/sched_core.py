@@ -36,20 +36,29 @@ class StepConfig:
     kernel_dtype: matmul-input / probability dtype.  soft_cap: None or c > 0.
     v_stride: columns between V chunks (None: d; e.g. an MLA entry size when K and V are the
         same gathered rows).
-    one_sided: every row's visible range starts at or before each tile (no sliding window):
-        masks test the upper bound only.
+    windowed: False promises that every row's visible range starts at or before each tile (no
+        sliding window): masks then test the upper bound only (``SchedOptions.windowed``, the
+        same flag; the host sets it from ``sliding_window``).
     tiled_block_size: b' of the tile's rows (lets masked query-rows steps use range_select on
         NeuronCore-v3); None: never.
     p_evac: engine name(s) of the P^T PSUM -> SBUF copies (``tile_ops.transpose_blocks``).
+    side_engine: "vector" puts the keys-on-partitions step's |x| (window mask) on VectorE
+        (``ops.absolute``); None: the op layer's default (ScalarE on the current API). A kernel
+        whose ScalarE is the busier engine (MLA) passes "vector".
+    copy_engine: engine name of the keys-on-partitions step's small copies (its PV PSUM -> SBUF
+        copy and the running-max state copy); None: the compiler's choice. A kernel whose K^T
+        arrives by DMA transpose leaves ScalarE idle, so it passes "scalar" to offload VectorE.
     """
 
     d: int
     kernel_dtype: Any
     soft_cap: float | None = None
     v_stride: int | None = None
-    one_sided: bool = False
+    windowed: bool = True
     tiled_block_size: int | None = None
     p_evac: Any = None
+    copy_engine: str | None = None
+    side_engine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         S = S + slope * kidx + off                                    (ALiBi only)
         U = tanh(S / cap) if soft_cap else S;  mult = cap or 1        (score = mult * U)
         U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only;
-                                                                       one-sided: kidx < c + r + 1/2;
+                                                                       not windowed: kidx < c + r + 1/2;
                                                                        v3: range_select, fp32.min)
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
         P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused]
@@ -142,7 +151,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                                 cfg.soft_cap)
     elif cfg.soft_cap is not None or bounds is not None:
         seen = None
-        if bounds is not None and cfg.one_sided:
+        if bounds is not None and not cfg.windowed:
             # every row's range starts at or before the tile (no window): t < hi = c + r + 1/2,
             # i.e. relu(c + r - t) > 0 for integer t -- one ScalarE pass, a float predicate
             top = ops.sbuf((rows, 1), f32)
@@ -258,12 +267,13 @@ def rescale_factor(ops, nm_prev, nm_new):
     return alpha
 
 
-def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv):
+def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None):
     """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
-    columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions)."""
+    columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions); the -m copy on
+    ``copy_engine`` (None: the compiler's choice)."""
     l_col = st[:, ops.ds(col0 + d + 1, 1)]
     ops.tensor_scalar(st[:, ops.ds(col0 + d + 1, 1)], l_col, "multiply", alpha, op1="add",
                       operand1=row_sum)
-    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new)
+    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=copy_engine)
     o_view = st[:, ops.ds(col0, d)]
     ops.scale_add(st[:, ops.ds(col0, d)], o_view, alpha, pv)

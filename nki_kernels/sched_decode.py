@@ -86,7 +86,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
-        cfg: the phase's ``sched_core.StepConfig`` (``one_sided``, ``tiled_block_size`` and
+        cfg: the phase's ``sched_core.StepConfig`` (``windowed``, ``tiled_block_size`` and
             ``p_evac`` do not apply: masks here cost per (chunk x row) column).
         q_slices: nd SBUF tiles ``(dk, rows)`` kernel dtype: the block's Q^T, pre-scaled.
         tile: the ``sched_core.KVTile`` (``kidx``: :func:`key_index_columns`, masked steps and
@@ -154,7 +154,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         ops.tensor_tensor(ops.free_view(diff, grid), kk,
                           ops.free_view(bounds[0], ((0, nch), (1, rows))), "subtract")
         dist = ops.sbuf((P, ncol), f32)
-        ops.absolute(ops.free_view(dist, grid), ops.free_view(diff, grid))
+        ops.absolute(ops.free_view(dist, grid), ops.free_view(diff, grid), engine=cfg.side_engine)
         seen = ops.sbuf((P, ncol), ops.PRED)
         ops.tensor_tensor(ops.free_view(seen, grid), ops.free_view(dist, grid),
                           ops.free_view(bounds[1], ((0, nch), (1, rows))), "less")
@@ -226,10 +226,11 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
                 ops.matmul(acc, p_u, v_u, accumulate=u > 0 or i > 0)
     if pv_t:
         pv_sb = ops.sbuf((d, rows), f32)
-        ops.copy(pv_sb, acc)
+        ops.copy(pv_sb, acc, engine=cfg.copy_engine)
         pv = ops.psum((rows, d), f32)
         ops.transpose(pv, pv_sb)
     else:
         pv = acc
     # Step 6: state update.
-    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=pv)
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=pv,
+                 copy_engine=cfg.copy_engine)

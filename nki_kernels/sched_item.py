@@ -117,7 +117,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
                 b_ps = ops.psum((P, 2 * rows), ops.float32)
                 ops.matmul(b_ps, consts.ones_f, chunk_bounds[0:1, ops.ds(it * 2 * rows, 2 * rows)])
                 b_sb = ops.sbuf((P, 2 * rows), ops.float32)
-                ops.copy(b_sb, b_ps)
+                ops.copy(b_sb, b_ps, engine=fc.step.copy_engine)
                 bounds = (b_sb[:, ops.ds(0, rows)], b_sb[:, ops.ds(rows, rows)])
             alibi = None
             if alibi_of is not None:       # (slope, off) of every row on every key partition
@@ -159,11 +159,11 @@ def _rows_to_free_axis(ops, cols, rows, consts):
     return tuple(bc[:, ops.ds(i * rows, rows)] for i in range(n))
 
 
-def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked):
+def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked, engine=None):
     """Full items: every block's state rows to ``state`` (rows of d + 2 fp32, state columns
     ``col + j``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
     L_FLOOR)`` of every block to ``out`` (output columns ``col + j``; skipped unless the group
-    ends here)."""
+    ends here; the division on ``engine``: ``ops.divide``)."""
     sw = d + STATE_EXTRA_COLUMNS
     for j in ops.static_range(blocks):
         if not masked:
@@ -172,5 +172,5 @@ def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked):
         l_safe = ops.sbuf((rows, 1), ops.float32)
         ops.tensor_tensor(l_safe, st[:, ops.ds(j * sw + d + 1, 1)], L_FLOOR, "maximum")
         o_tile = ops.sbuf((rows, d), out.dtype)
-        ops.divide(o_tile, st[:, ops.ds(j * sw, d)], l_safe)
+        ops.divide(o_tile, st[:, ops.ds(j * sw, d)], l_safe, engine=engine)
         ops.scatter(out, mi, col + j, o_tile)

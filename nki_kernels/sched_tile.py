@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from nki_kernels.contract import PARTITIONS as P
 from nki_kernels.ops import dtype_name, itemsize
-from nki_kernels.tile_ops import pe_matmul_transpose_blocks, transpose_blocks
+from nki_kernels.tile_ops import fill_zero, pe_matmul_transpose_blocks, transpose_blocks
 
 
 def keys_by_dma(ops, cfg, phase) -> bool:
@@ -61,7 +61,8 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
         k_t = _zeroed(ops, (cfg.d, geo.W), kd, "gpsimd") if masked else kv_tiles[0]
-        v_rows = _zeroed(ops, (P, nL * rw), cdt, "vector") if masked else kv_tiles[1]
+        # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
+        v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, kv_flat, mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=(0,), col0=l * P * geo.bp)
@@ -99,14 +100,15 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
 
 
 def _zeroed(ops, shape, dtype, engine):
-    """A new SBUF tile of zeros. A 1-byte (fp8) tile with an even free size is zeroed as its
-    16-bit view (all-zero bits either way): half the elements for the memset to write."""
+    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1-byte (fp8) tile with
+    an even free size is zeroed as its 16-bit view (all-zero bits either way): half the elements
+    to write."""
     if itemsize(dtype) == 1 and shape[1] % 2 == 0:
         t = ops.sbuf((shape[0], shape[1] // 2), ops.bfloat16)
-        ops.memset(t, 0.0, engine=engine)
+        fill_zero(ops, t, engine)
         return ops.bitcast(t, dtype)
     t = ops.sbuf(shape, dtype)
-    ops.memset(t, 0.0, engine=engine)
+    fill_zero(ops, t, engine)
     return t
 
 

@@ -56,26 +56,15 @@ from nki_kernels.tile_ops import identity_tile
 
 
 def _build(ops):
-    def scheduled_paged_attention(query_t, q_full, q_part, i_full, i_part, bounds_p, q_init,
-                                  kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
-                                  blocks, options=SchedOptions()):
+    def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
+                                  meta_ff, rows, blocks, options=SchedOptions(), q_full=None,
+                                  q_part=None, i_full=None, i_part=None, bounds_p=None):
         """Scheduled paged attention of one class of Q blocks.
 
         Args:
             query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
                 holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T
                 blocks), gathered when a group starts (query-rows classes).
-            q_full, q_part: decode-layout classes (``contract.decode_layout``): the Q^T of every
-                item of the full / partial phase, (Hkv * d, items * rows) in query_t's dtype,
-                column ``t*rows + r`` = row r of item t's block for KV head ``row // d``;
-                preloaded with each chunk's metadata. Otherwise any (1, 1) array (unused).
-            i_full, i_part: decode-layout classes with ``row_init``: the ``q_init`` rows of every
-                item of the full / partial phase, (Hkv * rows, items * 4) float32, row
-                ``h*rows + p``, columns ``[t*4, t*4 + 4)`` for query row p of item t
-                (``host.scheduled.item_row_init``). Otherwise any (1, 1) float32 array (unused).
-            bounds_p: decode-layout classes: (1, Ip * 2 * rows) float32, item t's mask bounds
-                (``c_q`` then ``r_q``; row q sees tile-local key t iff ``|t - c_q| < r_q``) on ONE
-                partition, broadcast in-kernel; otherwise any (1, 1) float32 array (unused).
             q_init: (Hkv * nblk * rows, 4) float32, per query row (``contract.Q_INIT_*``):
                 initial -m and l of the online softmax (-M_FLOOR, 0 normally; -sink, 1 with an
                 attention sink), the ALiBi slope and slope * query position. Read only with
@@ -90,11 +79,27 @@ def _build(ops):
             meta_fi, meta_ff: full-phase metadata, (Hkv, 128, If * ki') int32, (128, If * kf').
             rows, blocks: query rows per Q block (1..128) and Q blocks per group (static ints).
             options: :class:`SchedOptions`.
+            q_full, q_part: decode-layout classes (``contract.decode_layout``) only, else None
+                (not read): the Q^T of every item of the full / partial phase, (Hkv * d,
+                items * rows) in query_t's dtype, column ``t*rows + r`` = row r of item t's block
+                for KV head ``row // d``; preloaded with each chunk's metadata.
+            i_full, i_part: decode-layout classes with ``options.row_init`` only, else None (not
+                read): the ``q_init`` rows of every item of the full / partial phase, (Hkv * rows,
+                items * 4) float32, row ``h*rows + p``, columns ``[t*4, t*4 + 4)`` for query row
+                p of item t (``host.scheduled.item_row_init``).
+            bounds_p: decode-layout classes only, else None (not read): (1, Ip * 2 * rows)
+                float32, item t's mask bounds (``c_q`` then ``r_q``; row q sees tile-local key t
+                iff ``|t - c_q| < r_q``) on ONE partition, broadcast in-kernel.
 
         Returns:
             (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of
             query row r of Q block b of KV head h (rows no item stores are left unwritten; the
             host never reads them).
+
+        Raises:
+            ValueError: a bad input (named), including an input the class needs left None.
+            NotImplementedError: a cache dtype that is neither the query's nor fp8, or a
+                toolchain without out-of-bounds DMA skipping.
         """
         kernel_check(len(kv_cache.shape) == 5, KERNEL, "kv_cache.shape",
                      "be (2, num_blocks, Hkv, block_size, d)", tuple(kv_cache.shape))
@@ -275,7 +280,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles):
         return slope, off
 
     tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)])
-    fold_tile(ops, cfg.fold_config(phase), qs, tile, st, mf, cf, consts=const.consts,
+    fold_tile(ops, cfg.fold_config(phase, keys_by_dma(ops, cfg, phase)), qs, tile, st, mf, cf, consts=const.consts,
               chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
     # phase the output.

@@ -12,6 +12,18 @@ from __future__ import annotations
 from nki_kernels.contract import PSUM_BANK_F32
 
 
+def fill_zero(ops, dst, engine):
+    """``dst[...] = 0`` on ``engine``: a VectorE / GpSimd memset, or on ScalarE (memset runs on
+    VectorE / GpSimd only) a copy of a zero column broadcast along the free axis (stride-0 view;
+    the column is memset on GpSimd). ``dst``: a 2-D SBUF tile of a 16- or 32-bit float dtype."""
+    if engine != "scalar":
+        ops.memset(dst, 0.0, engine=engine)
+        return
+    zero_col = ops.sbuf((dst.shape[0], 1), dst.dtype)
+    ops.memset(zero_col, 0.0, engine="gpsimd")
+    ops.activation(dst, "copy", ops.free_view(zero_col, ((0, dst.shape[1]),)))
+
+
 def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac=None,
                      src_stride=None):
     """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.

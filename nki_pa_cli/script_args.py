@@ -8,6 +8,11 @@
 * ``--plot PATH`` (scripts that draw): matplotlib is checked before anything runs (exit 2 with
   the install hint), and the plot is drawn after the JSON is written, so a plotting error never
   loses the results.
+* ``--api auto|legacy|nki|both`` (scripts that run a kernel with both NKI APIs): ``auto`` the API
+  each target's users get (trn1 legacy, trn2 the current ``nki``), ``legacy`` / ``nki`` that API
+  on every target, ``both`` legacy on every target plus ``nki`` where it is modeled (trn2). The
+  current API supports trn2 / trn3 only: ``--api nki`` with trn1 among the targets exits 2
+  before anything runs (:func:`check_api_targets`); ``both`` runs trn1 on legacy only.
 
     from nki_pa_cli.script_args import add_common_args, parse_args, write_json
     ap = argparse.ArgumentParser(...)
@@ -15,11 +20,17 @@
     args = parse_args(ap, argv)            # validates --json's folder (exit 2 before the run)
     ...
     write_json(args, __file__, rows, extra_key=...)
+
+    add_api_arg(ap, default="both")
+    args = parse_args(ap, argv)
+    check_api_targets(ap, args.api, args.targets)
+    for target, api in api_runs(args.api, args.targets): ...
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 
@@ -55,3 +66,54 @@ def write_json(args: argparse.Namespace, script: str, rows: list, **extra) -> No
     doc = {"script": Path(script).name, "quick": bool(args.quick), "rows": rows, **extra}
     args.json.write_text(json.dumps(doc, indent=2))
     print(f"json: {args.json}")
+
+
+def git_commit(*paths: str) -> str:
+    """Short hash of the checkout's HEAD, or of the last commit touching ``paths``; "unknown"
+    outside a git checkout. Generated pages state it beside their command."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = ["git", "log", "-1", "--format=%h", "--", *paths] if paths else \
+        ["git", "rev-parse", "--short", "HEAD"]
+    try:
+        return subprocess.run(cmd, cwd=root, text=True, capture_output=True,
+                              check=True).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+API_CHOICES = ("auto", "legacy", "nki", "both")
+AUTO_API = {"trn1": "legacy", "trn2": "nki"}      # the API each target's users get
+CURRENT_API_TARGETS = ("trn2",)                   # simulated targets of the current API
+
+
+def add_api_arg(ap: argparse.ArgumentParser, *, default: str = "auto", what: str = "the kernel") -> None:
+    """Add ``--api`` (module docstring) with ``default`` ("auto" or "both")."""
+    if default not in API_CHOICES:
+        raise ValueError(f"default must be one of {API_CHOICES}; got {default!r}")
+    ap.add_argument("--api", choices=API_CHOICES, default=default,
+                    help=f"NKI API of {what}: auto (trn1 legacy, trn2 nki), legacy, nki (trn2 "
+                         f"only), both (legacy everywhere + nki on trn2); default {default}")
+
+
+def check_api_targets(ap: argparse.ArgumentParser, api: str, targets) -> None:
+    """Exit 2 (``ap.error``) for ``--api nki`` with a target the current API does not support."""
+    bad = [t for t in targets if t not in CURRENT_API_TARGETS]
+    if api == "nki" and bad:
+        ap.error(f"--api nki: the current NKI API is modeled on {', '.join(CURRENT_API_TARGETS)} "
+                 f"only; got targets {bad} (pass --targets {' '.join(CURRENT_API_TARGETS)}, or "
+                 "--api auto / both, which run trn1 on the legacy API)")
+
+
+def api_runs(api: str, targets) -> list[tuple[str, str]]:
+    """The (target, api) pairs an ``--api`` value runs, target by target in the given order."""
+    if api not in API_CHOICES:
+        raise ValueError(f"api must be one of {API_CHOICES}; got {api!r}")
+    out = []
+    for t in targets:
+        if api == "auto":
+            out.append((t, AUTO_API[t]))
+        elif api == "both":
+            out += [(t, "legacy")] + ([(t, "nki")] if t in CURRENT_API_TARGETS else [])
+        else:
+            out.append((t, api))
+    return out

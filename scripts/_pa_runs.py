@@ -30,6 +30,7 @@ from collections import defaultdict
 import numpy as np
 
 from _pa_workloads import Workload, useful_roofline_us, useful_work
+from nki_pa_cli.script_args import AUTO_API
 
 KERNELS = ("scheduled", "dense", "per_block")
 LARGE_TILE = 2048
@@ -151,7 +152,9 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
     """One JSON row: modeled cost, useful work, efficiency and the work ratios. With ``lnc``
     physical cores the modeled time is the slower core's (``nki_sim.cost.estimate_cores``) and
     the useful roofline that of ``lnc`` cores (efficiency per physical core used); the row's
-    target label is then ``<target>-lnc<lnc>``. Per-engine and DMA times are the slower core's;
+    target label is then ``<target>-lnc<lnc>``, and a scheduled row on another API than the
+    target's default (``nki_pa_cli.script_args.AUTO_API``; trn2: legacy) ends in ``-<api>``,
+    e.g. ``trn2-lnc2-legacy``. Per-engine and DMA times are the slower core's;
     bytes, FLOPs and instruction counts are of all cores."""
     from nki_sim import cost
     rep = cost.estimate(trace, target)
@@ -160,8 +163,11 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
     roof = useful_roofline_us(work, target)
     roof_us = roof["us"] / lnc
     slow = launch.per_core[launch.slowest_core]      # per-engine figures: the slower core's
+    label = target if lnc == 1 else f"{target}-lnc{lnc}"
+    if kernel == "scheduled" and api is not None and api != AUTO_API.get(target):
+        label += f"-{api}"
     return dict(
-        workload=w.name, kind=w.kind, target=target if lnc == 1 else f"{target}-lnc{lnc}",
+        workload=w.name, kind=w.kind, target=label,
         kernel=kernel, block_size=block_size, api=api, lnc=lnc,
         num_seqs=w.num_seqs, query_tokens=w.query_tokens, context_tokens=w.context_tokens,
         modeled_us=launch.launch_us, useful_roofline_us=roof_us, useful_bound=roof["bound"],

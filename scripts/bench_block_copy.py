@@ -18,13 +18,18 @@ indirect gather and one indirect scatter per batch of <= 128 rows:
               rows of any layer / kv / group per DMA, indices of all tiles in one load
                                                                      -> 2 * ceil(L * 2 * n * n_sub / 128)
 
+The two coalesced variants run on each NKI API of ``--api`` (nki_pa_cli.script_args; default
+both: legacy and the current ``nki``; one kernel source); the per-block / per-group baseline
+kernel is legacy-only. Every trace is simulated for trn2; the current API supports trn2 / trn3
+only, so its rows have no trn1 figure.
+
 Reported from the simulator trace: gather + scatter DMA instructions, index-load DMAs, all DMA
 instructions, descriptors, KV payload bytes (gather + scatter; must be equal across variants, the
 script asserts it) and the MODELED trn2 time of the trace (``nki_sim.cost.estimate``; analytical,
 not measured; "-" if the cost module is missing). Results of all variants are checked identical.
 
     python scripts/bench_block_copy.py [--layers 4] [--blocks 24] [--kv-heads 8] [--block-size 16]
-                                       [--head-size 128] [--quick] [--json out.json]
+                                       [--head-size 128] [--api both] [--quick] [--json out.json]
 
 --quick: 2 layers, 6 blocks, Hkv 2, block size 8, head size 64 (the same four variants).
 """
@@ -41,7 +46,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nki_sim  # noqa: E402
-from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
+from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
+                                    parse_args, write_json)
 from host.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_len,  # noqa: E402
                             copy_blocks)
 from nki_kernels.baselines.block_copy_batched import copy_rows_batched  # noqa: E402
@@ -78,17 +84,23 @@ def batches(pairs: np.ndarray, n_layers: int, n: int, g: int, n_sub: int, unit: 
     return np.ascontiguousarray(spans.reshape(-1, 2)), tuple(sizes)
 
 
-def summarize(trace) -> dict:
+def summarize(trace, api: str = "legacy") -> dict:
     dma = [e for e in trace.events if e.engine == "dma"]
     ind = [e for e in dma if e.dma_kind == "indirect"]
-    return {"gather_scatter_dmas": len(ind), "index_dmas": len(dma) - len(ind),
+    trn1 = estimate is not None and api == "legacy"      # the current API: trn2 / trn3 only
+    return {"api": api, "gather_scatter_dmas": len(ind), "index_dmas": len(dma) - len(ind),
             "dma_instructions": len(dma), "dma_descriptors": sum(len(e.descriptor_bytes) for e in dma),
             "kv_bytes": sum(e.bytes for e in ind),
             "modeled_us_trn2": estimate(trace, "trn2").modeled_us if estimate else None,
-            "modeled_us_trn1": estimate(trace, "trn1").modeled_us if estimate else None}
+            "modeled_us_trn1": estimate(trace, "trn1").modeled_us if trn1 else None}
 
 
-def bench(n_layers: int, n: int, hkv: int = 8, block: int = 16, head: int = 128) -> list[dict]:
+VARIANTS = ("per-block", "per-group", "coalesced per layer", "coalesced")
+
+
+def bench(n_layers: int, n: int, hkv: int = 8, block: int = 16, head: int = 128,
+          apis=("legacy", "nki")) -> list[dict]:
+    """Rows of every group count and variant; the coalesced variants once per API of ``apis``."""
     rng = np.random.default_rng(0)
     slab = hkv * block * head
     f = block_row_len(slab, 2)
@@ -102,25 +114,26 @@ def bench(n_layers: int, n: int, hkv: int = 8, block: int = 16, head: int = 128)
         pairs = block_copy_row_pairs(mapping[:, 0], mapping[:, 1], num_layers=n_layers,
                                      src_num_blocks=N_BLOCKS, dst_num_blocks=N_BLOCKS, n_sub=n_sub)
         results = {}
-        for variant in ("per-block", "per-group", "coalesced per layer", "coalesced"):
+        runs = [(v, api) for v in VARIANTS for api in (apis if v.startswith("coalesced") else ("legacy",))]
+        for variant, api in runs:
             layers = allocate_kv_caches(n_layers, N_BLOCKS, hkv, block, head, DTYPE)
             for dst_layer, src_layer in zip(layers, start):
                 dst_layer[...] = src_layer
-            with nki_sim.tracing() as trace:
+            with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
                 if variant == "coalesced":
-                    copy_blocks(layers, mapping)
+                    copy_blocks(layers, mapping, api=api)
                 elif variant == "coalesced per layer":          # L launches of the same kernel
                     for layer in layers:
-                        copy_blocks([layer], mapping)
+                        copy_blocks([layer], mapping, api=api)
                 else:
                     ordered, sizes = batches(pairs, n_layers, n, g, n_sub,
                                              "block" if variant == "per-block" else "group")
                     whole = layers[0].base            # the (L, 2, N, Hkv, B, d) buffer
                     copy_rows_batched(whole, ordered, row_elems=f, batch_sizes=sizes)
-            results[variant] = b"".join(layer.tobytes() for layer in layers)
+            results[(variant, api)] = b"".join(layer.tobytes() for layer in layers)
             rows.append({"groups": g, "variant": variant, "layers": n_layers, "blocks": n,
                          "cache_shape": [2, N_BLOCKS, hkv, block, head], "row_bytes": f * 2,
-                         **summarize(trace)})
+                         **summarize(trace, api)})
         if len(set(results.values())) != 1:
             raise AssertionError(f"g={g}: variants produced different caches")
         kv = {r["kv_bytes"] for r in rows if r["groups"] == g}
@@ -138,10 +151,12 @@ def markdown(rows: list[dict]) -> str:
     title = (f"L={r0['layers']} layers, {r0['blocks']} blocks copied, cache {tuple(r0['cache_shape'])} bf16, "
              f"rows of {r0['row_bytes']} B")
     lines = [title, "",
-             "| groups | variant | gather+scatter DMAs | index DMAs | all DMA instr | descriptors "
-             "| KV bytes | modeled trn2 us | modeled trn1 us |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| groups | variant | API | gather+scatter DMAs | index DMAs | all DMA instr | descriptors "
+             "| KV bytes | modeled trn2 us | modeled trn1 us |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['groups']} | {r['variant']} | {r['gather_scatter_dmas']} | {r['index_dmas']} "
+        lines.append(f"| {r['groups']} | {r['variant']} | {r['api']} | {r['gather_scatter_dmas']} "
+                     f"| {r['index_dmas']} "
                      f"| {r['dma_instructions']} | {r['dma_descriptors']} | {r['kv_bytes']} "
                      f"| {fmt(r['modeled_us_trn2'], '.2f')} | {fmt(r['modeled_us_trn1'], '.2f')} |")
     note = ("\nmodeled = nki_sim.cost.estimate on the simulator trace (analytical model, not a measurement; "
@@ -161,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-heads", type=int, default=None, help="default 8")
     ap.add_argument("--block-size", type=int, default=None, help="default 16")
     ap.add_argument("--head-size", type=int, default=None, help="default 128")
+    add_api_arg(ap, default="both", what="the coalesced kernel (the baselines are legacy)")
     add_common_args(ap, quick_help="small shapes: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     args = parse_args(ap, argv)
     defaults = QUICK if args.quick else {"layers": 4, "blocks": 24, "kv_heads": 8, "block_size": 16,
@@ -171,8 +187,9 @@ def main(argv=None) -> int:
             ap.error(f"--{k.replace('_', '-')} must be >= 1; got {shape[k]}")
     if shape["blocks"] % 6 or shape["blocks"] <= 0 or 4 * shape["blocks"] > 2 * N_BLOCKS:
         ap.error(f"--blocks must be a positive multiple of 6 and <= {N_BLOCKS // 2}; got {shape['blocks']}")
+    apis = tuple(a for _, a in api_runs(args.api, ["trn2"]))       # traces are simulated for trn2
     rows = bench(shape["layers"], shape["blocks"], shape["kv_heads"], shape["block_size"],
-                 shape["head_size"])
+                 shape["head_size"], apis)
     print(markdown(rows))
     write_json(args, __file__, rows, cost_model=estimate is not None)
     return 0

@@ -25,7 +25,7 @@ valid tokens, MEASURED wall time on this machine (median of --repeats), labelled
 It is a different machine class than the modeled NeuronCore figures; compare kernels with
 kernels, and use the CPU figure only as the host-side alternative's cost.
 
-    python scripts/bench_cache_write.py [--repeats 7] [--api legacy|nki|both] [--quick] [--json out.json]
+    python scripts/bench_cache_write.py [--repeats 7] [--api auto|legacy|nki|both] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import nki_sim  # noqa: E402
-from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
+from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
+                                    parse_args, write_json)
 from host.cache_ops import cache_write_row_index, reshape_and_cache  # noqa: E402
 from nki_kernels.baselines.kv_write_per_token import kv_write_per_token  # noqa: E402
 
@@ -188,13 +189,12 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7, help="CPU timing repeats (median)")
-    ap.add_argument("--api", choices=("legacy", "nki", "both"), default="both",
-                    help="NKI API of the product kernel rows (default both; the baselines are legacy)")
+    add_api_arg(ap, default="both", what="the product kernel rows (the baselines are legacy)")
     add_common_args(ap, quick_help="only the two decode workloads (smoke test)")
     args = parse_args(ap, argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1; got {args.repeats}")
-    apis = ("legacy", "nki") if args.api == "both" else (args.api,)
+    apis = tuple(a for _, a in api_runs(args.api, ["trn2"]))       # traces are simulated for trn2
     rows = bench(args.repeats, WORKLOADS[:2] if args.quick else WORKLOADS, apis)
     print(markdown(rows))
     write_json(args, __file__, rows, cost_model=estimate is not None, dtype="bfloat16")

@@ -5,7 +5,8 @@ Every (workload, H, target, entry size) runs the MLA kernel on nki_sim under tra
 nki_sim.cost.estimate turns the exact counts into MODELED times (docs/cost-model.md); nothing is
 measured on hardware. Configuration: R = kv_lora_rank 512, P = qk_rope_head_dim 64, bf16 q and
 cache, mixed precision, block size 64, large_tile_size 2048 (b' = 16 entries per gathered row),
-one new token per sequence (already in the cache, MLA convention), one NeuronCore.
+one new token per sequence (already in the cache, MLA convention), one NeuronCore; on the NKI
+API(s) of --api per target (nki_pa_cli.script_args: auto = trn1 legacy, trn2 the current nki).
 
 Useful-work roofline per row: useful bytes = every context entry's R + P elements once + q + out;
 BW = min(HBM per core, 16 x practical DMA engine bandwidth) = 272 GB/s (trn1) / 362.5 GB/s (trn2);
@@ -18,7 +19,8 @@ reading only [0, R + P) of each entry would move -- same instructions, more and 
 descriptors; the kernel itself gathers whole rows.
 
     python scripts/bench_mla.py --quick --json q.json
-    python scripts/bench_mla.py --json full.json --markdown docs/bench-mla.md
+    python scripts/bench_mla.py --json full.json --markdown table.txt
+    python scripts/bench_mla.py --targets trn2 --api both      # legacy vs current API on trn2
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
+from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
+                                    check_api_targets, git_commit, parse_args, write_json)
 
 R, P, B, LARGE_TILE = 512, 64, 64, 2048
 ENTRY_SIZES = (576, 640)          # R + P unpadded; padded to 256 bytes (bf16)
@@ -111,19 +114,21 @@ def entrywise_events(trace, entry_size: int, itemsize: int):
     return out
 
 
-def simulate(batch: dict, entry_size: int, target: str):
-    """Run the MLA kernel on nki_sim under tracing -> (output, trace, seconds)."""
+def simulate(batch: dict, entry_size: int, target: str, api: str = "auto"):
+    """Run the MLA kernel on nki_sim under tracing on ``api`` -> (output, trace, seconds)."""
     import nki_sim
     from host import mla_paged_attention
     cache = np.ascontiguousarray(batch["cache"][:, :, :entry_size])
     t0 = time.perf_counter()
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         out = mla_paged_attention(batch["q"], cache, batch["block_tables"], batch["query_lens"],
-                                  batch["context_lens"], large_tile_size=LARGE_TILE, backend="sim")
+                                  batch["context_lens"], large_tile_size=LARGE_TILE, backend="sim",
+                                  api=api)
     return out, trace, time.perf_counter() - t0
 
 
-def row_for(w: Workload, H: int, E: int, target: str, batch: dict, trace, sim_s: float) -> dict:
+def row_for(w: Workload, H: int, E: int, target: str, batch: dict, trace, sim_s: float,
+            api: str = "auto") -> dict:
     from nki_sim import cost
     rep = cost.estimate(trace, target)
     roof, nbytes, flops = useful_roofline(batch, target)
@@ -131,7 +136,7 @@ def row_for(w: Workload, H: int, E: int, target: str, batch: dict, trace, sim_s:
     row = dict(
         workload=w.name, num_seqs=len(w.context_lens), context_tokens=int(sum(w.context_lens)),
         max_context=int(max(w.context_lens)), H=H, entry_size=E, aligned=E != R + P,
-        target=target, block_size=B, large_tile_size=LARGE_TILE, dtype="bfloat16",
+        target=target, api=api, block_size=B, large_tile_size=LARGE_TILE, dtype="bfloat16",
         modeled_us=rep.modeled_us, lower_bound_us=rep.lower_bound_us, bottleneck=rep.bottleneck,
         per_engine_us=dict(rep.per_engine_us), useful_bytes=nbytes, useful_flops=flops,
         useful_roofline_us=roof, efficiency=roof / rep.modeled_us,
@@ -146,23 +151,25 @@ def row_for(w: Workload, H: int, E: int, target: str, batch: dict, trace, sim_s:
     return row
 
 
-def run(workloads, heads, targets, *, check_reference: bool, progress=True) -> list[dict]:
+def run(workloads, heads, runs, *, check_reference: bool, progress=True) -> list[dict]:
+    """Every (workload, H) on every (target, api) of ``runs``, both entry sizes."""
     from nki_pa_cli.progress import Progress
     rows = []
     jobs = [(w, H) for w in workloads for H in heads]
-    with Progress(len(jobs) * len(targets) * len(ENTRY_SIZES), label="bench_mla",
+    with Progress(len(jobs) * len(runs) * len(ENTRY_SIZES), label="bench_mla",
                   enabled=None if progress else False) as bar:
         for w, H in jobs:
             batch = make_batch(w, H)
-            for t in targets:
+            for t, api in runs:
                 outs = []
                 for E in ENTRY_SIZES:
-                    out, trace, sim_s = simulate(batch, E, t)
-                    rows.append(row_for(w, H, E, t, batch, trace, sim_s))
+                    out, trace, sim_s = simulate(batch, E, t, api)
+                    rows.append(row_for(w, H, E, t, batch, trace, sim_s, api))
                     outs.append(out)
-                    bar.advance(note=f"{w.name} H={H} {t} E={E}")
+                    bar.advance(note=f"{w.name} H={H} {t} {api} E={E}")
                 if not np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16)):
-                    raise AssertionError(f"576- and 640-entry outputs differ ({w.name} H={H} {t})")
+                    raise AssertionError(f"576- and 640-entry outputs differ ({w.name} H={H} {t} "
+                                         f"{api})")
                 if check_reference:
                     _check_reference(batch, outs[0])
     return rows
@@ -178,22 +185,22 @@ def _check_reference(batch, out) -> None:
 
 
 def markdown_table(rows) -> str:
-    """One line per (workload, H, target): unaligned (576) vs aligned (640) side by side."""
+    """One line per (workload, H, target, api): unaligned (576) vs aligned (640) side by side."""
     pairs = {}
     for r in rows:
-        pairs.setdefault((r["workload"], r["H"], r["target"]), {})[r["entry_size"]] = r
+        pairs.setdefault((r["workload"], r["H"], r["target"], r["api"]), {})[r["entry_size"]] = r
     head = ("MODELED (nki_sim trace + nki_sim.cost; not measured). MLA decode, R=512, P=64, bf16, "
             f"mixed precision, B={B}, large_tile_size={LARGE_TILE}, one new token per sequence, "
             "one NeuronCore. Efficiency = useful-work roofline / modeled time.\n\n"
-            "| workload | ctx tokens | H | target | modeled us 576 / 640 | 640 entry-wise what-if us "
+            "| workload | ctx tokens | H | target | API | modeled us 576 / 640 | 640 entry-wise what-if us "
             "| efficiency 576 / 640 | roofline us 576 | DMA instr | descriptors 576 / 640 "
             "| DMA MiB 576 / 640 | bottleneck 576 / 640 |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
-    for (w, H, t), p in pairs.items():
+    for (w, H, t, api), p in pairs.items():
         u, a = p[576], p[640]
         lines.append(
-            f"| {w} | {u['context_tokens']} | {H} | {t} | {u['modeled_us']:.1f} / "
+            f"| {w} | {u['context_tokens']} | {H} | {t} | {api} | {u['modeled_us']:.1f} / "
             f"{a['modeled_us']:.1f} | {a['entrywise_modeled_us']:.1f} | {u['efficiency']:.3f} / "
             f"{a['efficiency']:.3f} | {u['useful_roofline_us']:.1f} | {u['dma_instructions']} | "
             f"{u['descriptors']} / {a['descriptors']} | {u['dma_bytes'] / 2**20:.1f} / "
@@ -205,7 +212,7 @@ def alignment_summary(rows) -> str:
     """One paragraph: does 256-byte entry alignment pay under the model?"""
     pairs = {}
     for r in rows:
-        pairs.setdefault((r["workload"], r["H"], r["target"]), {})[r["entry_size"]] = r
+        pairs.setdefault((r["workload"], r["H"], r["target"], r["api"]), {})[r["entry_size"]] = r
     ratios = [p[640]["modeled_us"] / p[576]["modeled_us"] for p in pairs.values()]
     what_if = [p[640]["entrywise_modeled_us"] / p[576]["modeled_us"] for p in pairs.values()]
     dma = [p[640]["per_engine_us"]["dma"] / p[576]["per_engine_us"]["dma"] for p in pairs.values()]
@@ -223,18 +230,22 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", type=Path, metavar="FILE", help="write the table to FILE")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     ap.add_argument("--heads", nargs="+", type=int, choices=HEADS, default=list(HEADS))
+    add_api_arg(ap, default="auto", what="the MLA kernel")
     ap.add_argument("--no-progress", action="store_true")
     args = parse_args(ap, argv)
     if args.markdown is not None and not args.markdown.parent.is_dir():
         ap.error(f"--markdown folder must exist; got {str(args.markdown.parent)!r}")
+    check_api_targets(ap, args.api, args.targets)
     t0 = time.perf_counter()
-    rows = run(make_workloads(args.quick), args.heads, args.targets, check_reference=args.quick,
-               progress=not args.no_progress)
+    rows = run(make_workloads(args.quick), args.heads, api_runs(args.api, args.targets),
+               check_reference=args.quick, progress=not args.no_progress)
     table, summary = markdown_table(rows), alignment_summary(rows)
-    write_json(args, __file__, rows, summary=summary)
+    command = "python scripts/bench_mla.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_json(args, __file__, rows, summary=summary, commit=git_commit(), command=command)
     print(table + "\n\n" + summary)
     if args.markdown is not None:
-        args.markdown.write_text(table + "\n\n" + summary + "\n")
+        args.markdown.write_text(table + "\n\n" + summary + f"\n\nGenerated at commit "
+                                 f"{git_commit()} by `{command}`.\n")
         print(f"markdown: {args.markdown}")
     print(f"\n({len(rows)} simulations, {time.perf_counter() - t0:.0f} s)")
     return 0

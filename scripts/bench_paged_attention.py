@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,8 @@ import _pa_runs as runs  # noqa: E402
 import _pa_workloads as workloads  # noqa: E402
 from _pa_runs import KERNELS, breakdown, kernel_inputs, make_row, simulate  # noqa: E402,F401
 from _pa_workloads import HKV, H, make_batch, make_workloads  # noqa: E402
+from nki_pa_cli.script_args import (AUTO_API, add_api_arg, api_runs,  # noqa: E402
+                                    check_api_targets, git_commit)
 
 TARGETS = ("trn1", "trn2")
 BLOCK = 32                     # block size of every workload; 16 / 128 in the sensitivity rows
@@ -50,21 +51,21 @@ SENSITIVITY = {"workload": "decode_32", "blocks": (16, 128), "target": "trn2"}
 DENSE_BLOCK_BUDGET = {"dense": 16000, "per_block": 6000}
 QUICK_BLOCK_BUDGET = {"dense": 1000, "per_block": 0}
 TRN2_ONLY = {"decode_256"}     # keeps the full sweep under ~30 min; the x8 scaling point
-AUTO_API = {"trn1": "legacy", "trn2": "nki"}     # --api auto: the API each target's users get
 
 
 def expand_lnc(jobs, lncs, api: str):
-    """(workload, block, kernel, target) jobs -> (..., api, lnc): the scheduled kernel on trn2 at
-    every LNC of ``lncs`` (trn1 and the block-size sensitivity rows: 1 only), the dense kernels
-    at LNC 1 on the legacy API."""
+    """(workload, block, kernel, target) jobs -> (..., api, lnc): the scheduled kernel on each
+    API ``api`` runs on ``t`` (``nki_pa_cli.script_args.api_runs``; "both": legacy, then nki on
+    trn2) at every LNC of ``lncs`` (trn1 and the block-size sensitivity rows: 1 only), the dense
+    kernels at LNC 1 on the legacy API."""
     out = []
     for w, b, k, t in jobs:
         if k != "scheduled":
             out.append((w, b, k, t, "legacy", 1))
             continue
-        a = AUTO_API[t] if api == "auto" else api
-        out += [(w, b, k, t, a, n) for n in sorted(set(lncs))
-                if n == 1 or (t != "trn1" and b == BLOCK)]     # block-size rows: LNC 1 only
+        for _, a in api_runs(api, [t]):
+            out += [(w, b, k, t, a, n) for n in sorted(set(lncs))
+                    if n == 1 or (t != "trn1" and b == BLOCK)]     # block-size rows: LNC 1 only
     return out
 
 
@@ -149,17 +150,6 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
     return rows, bds
 
 
-def git_commit(*paths: str) -> str:
-    """Short hash of HEAD, or of the last commit touching ``paths`` (e.g. the kernel code)."""
-    cmd = ["git", "log", "-1", "--format=%h", "--", *paths] if paths else \
-        ["git", "rev-parse", "--short", "HEAD"]
-    try:
-        return subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True,
-                              check=True).stdout.strip() or "unknown"
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def require_matplotlib() -> None:
     """Fail BEFORE the sweep when --plot cannot be honoured."""
     try:
@@ -178,14 +168,15 @@ def main(argv=None) -> int:
                     help="print where the modeled time goes (one decode, one mixed workload)")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
-    ap.add_argument("--api", choices=("auto", "legacy", "nki"), default="auto",
-                    help="API of the scheduled kernel (auto: trn1 legacy, trn2 nki)")
+    add_api_arg(ap, default="auto", what="the scheduled kernel")
     ap.add_argument("--lnc", nargs="+", type=int, choices=(1, 2), default=[1, 2],
                     help="physical cores per launch of the scheduled kernel on trn2")
     ap.add_argument("--workloads", nargs="+", metavar="NAME", help="subset of workload names")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--table-from", metavar="JSON", help="only render the report of a --json file")
     a = ap.parse_args(argv)
+    if not a.table_from:
+        check_api_targets(ap, a.api, a.targets)
     if a.plot:
         require_matplotlib()
     if a.table_from:

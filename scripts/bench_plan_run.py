@@ -64,11 +64,11 @@ def stub_launches():
 
     real = ha.launch_kernel
 
-    def stub(kernel, args, kwargs, *, grid_heads, backend, api=None):
+    def stub(kernel, args, kwargs, **_):      # grid_heads, backend, api, lnc
         if len(args) == 6:                      # dense: (1, H, Qpad, d)
             _, hq, d, qpad = args[0].shape
             return np.zeros((1, hq, qpad, d), args[0].dtype)
-        return np.zeros((args[6].shape[0], D), args[0].dtype)   # scheduled: (rows of q_init, d)
+        return np.zeros((args[1].shape[0], D), args[0].dtype)   # scheduled: (rows of q_init, d)
 
     ha.launch_kernel = stub
     try:

@@ -7,6 +7,7 @@ hardware: every time printed here is MODELED (docs/cost-model.md).
 
     python scripts/bench_variants.py --quick [--json quick.json] [--markdown FILE]
     python scripts/bench_variants.py --json full.json --markdown docs/bench-variants.md [--plot f.png]
+    python scripts/bench_variants.py --targets trn2 --api both     # legacy vs current API on trn2
 
 Workloads (S decode sequences, 1 new token each, equal contexts):
     plain 4K / plain 32K       no option, context 4096 / 32768
@@ -16,7 +17,8 @@ Workloads (S decode sequences, 1 new token each, equal contexts):
     soft-cap / sinks / ALiBi   one option each at context 4096 (overhead vs plain 4K)
     window+sinks+fp8 @ 32K     the three together
 Full run: H=32, Hkv=8, d=128, block 32, LARGE_TILE_SZ=2048, S=32, bf16 queries and cache
-(except fp8 rows), mixed precision, trn1 and trn2. --quick: S=4, H=8, Hkv=2 (same d, block,
+(except fp8 rows), mixed precision, trn1 and trn2 (--targets), each on the NKI API(s) of --api
+(nki_pa_cli.script_args: auto = trn1 legacy, trn2 the current nki API). --quick: S=4, H=8, Hkv=2 (same d, block,
 contexts and tile); the cost model charges KV heads and sequences one after the other on one
 NeuronCore, so times scale with S * Hkv and the ratios between rows do not.
 
@@ -45,7 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
+from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
+                                    check_api_targets, git_commit, parse_args,
+                                    write_json)
 
 D, BLOCK, TILE = 128, 32, 2048
 TARGETS = ("trn1", "trn2")
@@ -137,7 +141,7 @@ def kv_gather_bytes(trace, row_bytes) -> int:
                and e.descriptor_bytes and set(e.descriptor_bytes) <= sizes)
 
 
-def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
+def run(w: Workload, target: str, S: int, H: int, Hkv: int, api: str = "auto") -> dict:
     import nki_sim
     from nki_sim.cost import estimate
     from host.attention import paged_attention
@@ -148,7 +152,7 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         t0 = time.perf_counter()
         out = paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim",
-                              kernel="scheduled", **opts)
+                              kernel="scheduled", api=api, **opts)
         wall = time.perf_counter() - t0
     rep = estimate(trace, target=target)
     bps = {item_geometry(BLOCK, t)[1] for t in (512, 1024, 2048) if t <= TILE}
@@ -162,7 +166,7 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
     err = None
     if w.context <= REF_MAX_CONTEXT:
         err = float(np.abs(np.asarray(out, np.float64) - paged_attention_ref(*args, **opts)).max())
-    return dict(workload=w.name, baseline=w.baseline, target=target, S=S, H=H, Hkv=Hkv, d=D,
+    return dict(workload=w.name, baseline=w.baseline, target=target, api=api, S=S, H=H, Hkv=Hkv, d=D,
                 block_size=BLOCK, context=w.context, options=list(w.options),
                 cache_dtype=np.dtype(args[3].dtype).name,
                 modeled_us=round(rep.modeled_us, 2), hbm_bytes=rep.hbm_bytes,
@@ -175,31 +179,32 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int) -> dict:
                 max_abs_err=err, sim_wall_s=round(wall, 1))
 
 
-def bench(quick: bool) -> list[dict]:
+def bench(quick: bool, runs=(("trn1", "legacy"), ("trn2", "nki"))) -> list[dict]:
+    """Every workload on every (target, api) of ``runs``."""
     S, H, Hkv = (4, 8, 2) if quick else (32, 32, 8)
     rows = []
     for w in make_workloads():
-        for target in TARGETS:
-            rows.append(run(w, target, S, H, Hkv))
+        for target, api in runs:
+            rows.append(run(w, target, S, H, Hkv, api))
             r = rows[-1]
-            print(f"  {w.name} {target}: {r['modeled_us']} us MODELED ({r['sim_wall_s']} s sim)",
-                  file=sys.stderr)
-    base = {(r["workload"], r["target"]): r["modeled_us"] for r in rows}
+            print(f"  {w.name} {target} {api}: {r['modeled_us']} us MODELED ({r['sim_wall_s']} s "
+                  "sim)", file=sys.stderr)
+    base = {(r["workload"], r["target"], r["api"]): r["modeled_us"] for r in rows}
     for r in rows:
-        b = base[(r["baseline"], r["target"])]
+        b = base[(r["baseline"], r["target"], r["api"])]
         r["vs_baseline"] = round(r["modeled_us"] / b, 4) if b else None
     return rows
 
 
 def table(rows) -> str:
-    head = ("| workload | target | cache | LTp | modeled us | vs base | HBM MB | KV MB | DMA instr "
+    head = ("| workload | target | API | cache | LTp | modeled us | vs base | HBM MB | KV MB | DMA instr "
             "| TensorE us | VectorE us | ScalarE us | GpSimd us | DMA us | efficiency | max abs err |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         e = r["per_engine_us"]
         err = "—" if r["max_abs_err"] is None else f"{r['max_abs_err']:.1e}"
         lines.append(
-            f"| {r['workload']} | {r['target']} | {r['cache_dtype']} | {r['partial_tile_size']} "
+            f"| {r['workload']} | {r['target']} | {r['api']} | {r['cache_dtype']} | {r['partial_tile_size']} "
             f"| {r['modeled_us']:.1f} "
             f"| {r['vs_baseline']:.2f}x | {r['hbm_bytes'] / 1e6:.1f} | {r['kv_bytes'] / 1e6:.1f} "
             f"| {r['dma_instructions']} | {e['tensor']:.1f} | {e['vector']:.1f} | {e['scalar']:.1f} "
@@ -207,17 +212,22 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def _ratio(rows, a, b, target, key="modeled_us"):
-    get = {(r["workload"], r["target"]): r[key] for r in rows}
-    return get[(a, target)] / get[(b, target)]
+def _runs(rows) -> list[tuple[str, str]]:
+    """The (target, api) pairs of ``rows``, in row order."""
+    return list(dict.fromkeys((r["target"], r["api"]) for r in rows))
+
+
+def _ratio(rows, a, b, run, key="modeled_us"):
+    get = {(r["workload"], r["target"], r["api"]): r[key] for r in rows}
+    return get[(a, *run)] / get[(b, *run)]
 
 
 def findings(rows) -> str:
     """Ratios computed from the rows (so the text never disagrees with the table)."""
     out = []
-    for t in TARGETS:
+    for t in _runs(rows):
         out.append(
-            f"* **{t}**: window 4K @ 32K / plain 4K = {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t):.2f}x "
+            f"* **{t[0]}, {t[1]} API**: window 4K @ 32K / plain 4K = {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t):.2f}x "
             f"modeled time, {_ratio(rows, 'window 4K @ 32K', 'plain 4K', t, 'kv_bytes'):.2f}x KV bytes; "
             f"plain 32K / plain 4K = {_ratio(rows, 'plain 32K', 'plain 4K', t):.2f}x. "
             f"fp8 / bf16: e4m3fn 4K {_ratio(rows, 'fp8 e4m3fn 4K', 'plain 4K', t):.2f}x modeled time "
@@ -233,19 +243,20 @@ def findings(rows) -> str:
 
 def header(rows, quick: bool) -> str:
     r = rows[0]
-    bw = ", ".join(f"{t} {useful_bandwidth(t):g} GB/s" for t in TARGETS)
+    bw = ", ".join(f"{t} {useful_bandwidth(t):g} GB/s" for t in dict.fromkeys(r["target"] for r in rows))
     return (f"MODELED (nki_sim.cost, not measured): scheduled kernel, {r['S']} decode sequences, "
             f"H={r['H']}, Hkv={r['Hkv']}, d={r['d']}, block {r['block_size']}, "
             f"LARGE_TILE_SZ={TILE}, bf16 queries, mixed precision{' (--quick)' if quick else ''}. "
             f"Efficiency = useful bytes / BW / modeled time, BW: {bw}.")
 
 
-def markdown(rows, quick: bool) -> str:
-    cmd = "python scripts/bench_variants.py" + (" --quick" if quick else "") + \
-        " --json out.json --markdown docs/bench-variants.md"
+def markdown(rows, quick: bool, command: str = "", commit: str = "") -> str:
+    cmd = command or ("python scripts/bench_variants.py" + (" --quick" if quick else "") +
+                      " --json out.json --markdown docs/bench-variants.md")
+    at = f" at commit {commit}" if commit else ""
     return f"""# Attention variants: modeled cost (MODELED)
 
-Generated by `{cmd}`. Every time here is **modeled** by
+Generated by `{cmd}`{at}. Every time here is **modeled** by
 `nki_sim.cost` from exact simulator counts ([cost-model.md](cost-model.md)); nothing was measured
 on hardware.
 
@@ -291,10 +302,12 @@ def plot(rows, path: Path) -> None:
     names = list(dict.fromkeys(r["workload"] for r in rows))
     fig, ax = plt.subplots(figsize=(9, 4))
     x = np.arange(len(names))
-    for k, t in enumerate(TARGETS):
-        v = [next(r["modeled_us"] for r in rows if r["workload"] == n and r["target"] == t)
-             for n in names]
-        ax.bar(x + (k - 0.5) * 0.4, v, 0.4, label=t)
+    runs = _runs(rows)
+    width = 0.8 / len(runs)
+    for k, (t, api) in enumerate(runs):
+        v = [next(r["modeled_us"] for r in rows if r["workload"] == n and r["target"] == t
+                  and r["api"] == api) for n in names]
+        ax.bar(x + (k - (len(runs) - 1) / 2) * width, v, width, label=f"{t} {api}")
     ax.set_xticks(x, names, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("modeled us (MODELED)")
     ax.set_title("Attention variants, scheduled kernel (MODELED)")
@@ -309,18 +322,22 @@ def main(argv=None) -> int:
                     plot_help="bar chart of the modeled times")
     ap.add_argument("--markdown", type=Path, metavar="FILE",
                     help="write the table, findings and method as a markdown page")
+    ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    add_api_arg(ap, default="auto", what="the scheduled kernel")
     a = parse_args(ap, argv)
     if a.markdown is not None and not a.markdown.parent.is_dir():
         ap.error(f"--markdown folder must exist; got {str(a.markdown.parent)!r}")
+    check_api_targets(ap, a.api, a.targets)
     t0 = time.perf_counter()
-    rows = bench(a.quick)
+    rows = bench(a.quick, api_runs(a.api, a.targets))
     print(header(rows, a.quick))
     print(table(rows))
     print(findings(rows))
     print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     write_json(a, __file__, rows, times="MODELED")
     if a.markdown:
-        a.markdown.write_text(markdown(rows, a.quick))
+        cmd = "python scripts/bench_variants.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        a.markdown.write_text(markdown(rows, a.quick, cmd, git_commit()))
         print(f"markdown: {a.markdown}")
     if a.plot:
         plot(rows, a.plot)

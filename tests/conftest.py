@@ -8,6 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings as _hypothesis_settings
+
+# Every property test is seeded: hypothesis draws its examples from a fixed seed (derandomize)
+# and keeps no example database, so a run is reproducible and independent of earlier runs.
+_hypothesis_settings.register_profile("seeded", derandomize=True, database=None)
+_hypothesis_settings.load_profile("seeded")
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

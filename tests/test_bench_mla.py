@@ -27,13 +27,32 @@ def test_quick_run_rows_and_alignment_columns(load_script, tmp_path, capsys):
         assert 0 < r["efficiency"] <= 1 and r["modeled_us"] > r["useful_roofline_us"]
     out = capsys.readouterr().out
     assert "MODELED" in out and doc["summary"] in out
-    assert md.read_text().startswith("MODELED")
+    assert md.read_text().startswith("MODELED") and "| trn2 | nki |" in md.read_text()
+    assert {r["api"] for r in doc["rows"]} == {"nki"}        # --api auto: trn2 runs the current API
+    assert doc["command"].startswith("python scripts/bench_mla.py --quick") and doc["commit"]
+
+
+@pytest.mark.simulation
+def test_quick_run_on_both_apis(load_script, tmp_path):
+    """--api both on trn2: the same workload on each API; same DMA work, same output checks."""
+    js = tmp_path / "mla.json"
+    argv = ["--quick", "--targets", "trn2", "--heads", "16", "--api", "both", "--no-progress",
+            "--json", str(js)]
+    assert load_script("bench_mla").main(argv) == 0
+    rows = json.loads(js.read_text())["rows"]
+    by = {(r["api"], r["entry_size"]): r for r in rows}
+    assert set(by) == {(a, e) for a in ("legacy", "nki") for e in (576, 640)}
+    for e in (576, 640):
+        assert by[("legacy", e)]["dma_bytes"] == by[("nki", e)]["dma_bytes"]
+        assert by[("legacy", e)]["modeled_us"] > 0 and by[("nki", e)]["modeled_us"] > 0
 
 
 @pytest.mark.parametrize("bad, message", [
     (["--json", "{tmp}/missing/x.json"], "--json folder must exist"),
     (["--markdown", "{tmp}/missing/table.txt"], "--markdown folder must exist"),
     (["--heads", "32"], "invalid choice"),
+    (["--api", "nki"], "--api nki: the current NKI API is modeled on trn2 only"),
+    (["--api", "current"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_before_the_run(bad, message, load_script, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:

@@ -43,12 +43,39 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_host_prep", ["--decode", "0", "--prefill", "0"]), ("bench_host_prep", ["--tile", "0"]),
     ("bench_sim_speed", ["--iters", "0"]), ("time_flash_sim", ["--ctx", "100"]),
     ("time_flash_sim", ["--workload", "prefill"]),
-    ("bench_variants", ["--markdown", "no-such-folder/page"])])
+    ("bench_variants", ["--markdown", "no-such-folder/page"]),
+    ("bench_variants", ["--api", "nki"]), ("bench_variants", ["--api", "nki", "--targets", "trn1"]),
+    ("bench_mla", ["--api", "nki"]), ("bench_paged_attention", ["--api", "nki"]),
+    ("bench_block_copy", ["--api", "current"]), ("bench_cache_write", ["--api", "current"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
     assert e.value.code == 2
     assert capsys.readouterr().out == ""          # nothing ran, nothing printed
+
+
+@pytest.mark.parametrize("name", ["bench_variants", "bench_mla", "bench_paged_attention"])
+def test_api_nki_on_trn1_is_an_argparse_error_naming_what_to_pass(name, capsys, load_script):
+    with pytest.raises(SystemExit) as e:
+        load_script(name).main(["--quick", "--api", "nki", "--targets", "trn1", "trn2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--api nki" in err and "trn2 only" in err and "['trn1']" in err and "--targets trn2" in err
+
+
+def test_api_runs_per_target():
+    runs = script_args.api_runs
+    assert runs("auto", ["trn1", "trn2"]) == [("trn1", "legacy"), ("trn2", "nki")]
+    assert runs("both", ["trn1", "trn2"]) == [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")]
+    assert runs("legacy", ["trn2"]) == [("trn2", "legacy")]
+    assert runs("nki", ["trn2"]) == [("trn2", "nki")]
+    with pytest.raises(ValueError, match="api must be one of"):
+        runs("current", ["trn2"])
+    ap = argparse.ArgumentParser(prog="toy")
+    script_args.add_api_arg(ap, default="both")
+    assert ap.parse_args([]).api == "both" and ap.parse_args(["--api", "auto"]).api == "auto"
+    script_args.check_api_targets(ap, "nki", ["trn2"])          # accepted: nothing raised
+    script_args.check_api_targets(ap, "both", ["trn1", "trn2"])
 
 
 def _toy_parser():
@@ -77,13 +104,24 @@ def test_plot_and_json_accepted_when_possible(tmp_path, capsys):
 
 @pytest.mark.simulation
 def test_bench_block_copy_quick(run_quick, capsys):
-    rows = run_quick("bench_block_copy")["rows"]
-    assert "| coalesced |" in capsys.readouterr().out
+    rows = run_quick("bench_block_copy")["rows"]          # default --api both
+    assert "| coalesced | nki |" in capsys.readouterr().out
     for g in {r["groups"] for r in rows}:
-        group = {r["variant"]: r for r in rows if r["groups"] == g}
+        group = {(r["variant"], r["api"]): r for r in rows if r["groups"] == g}
+        assert set(group) == {("per-block", "legacy"), ("per-group", "legacy"),
+                              ("coalesced per layer", "legacy"), ("coalesced per layer", "nki"),
+                              ("coalesced", "legacy"), ("coalesced", "nki")}
         assert len({r["kv_bytes"] for r in group.values()}) == 1
-        assert group["coalesced"]["gather_scatter_dmas"] == min(
+        assert group[("coalesced", "nki")]["gather_scatter_dmas"] == min(
             r["gather_scatter_dmas"] for r in group.values())
+        for (variant, api), r in group.items():     # the current API: no trn1 figure
+            assert (r["modeled_us_trn1"] is None) == (api == "nki") and r["modeled_us_trn2"] > 0
+
+
+@pytest.mark.simulation
+def test_bench_block_copy_one_api(run_quick):
+    rows = run_quick("bench_block_copy", "--api", "legacy")["rows"]
+    assert {r["api"] for r in rows} == {"legacy"}
 
 
 def test_bench_host_prep_quick(run_quick, capsys):
@@ -126,3 +164,22 @@ def test_bench_variants_useful_roofline(load_script):
     assert m.useful_bytes(win, 32, 32, 8, cache_itemsize=1) == 2 * 32 * 4095 * 8 * 128 + io
     assert m.useful_bytes(plain, 32, 32, 8, cache_itemsize=2) == 2 * 32 * 4096 * 8 * 128 * 2 + io
     assert m.useful_bandwidth("trn1") == 272.0 and m.useful_bandwidth("trn2") == 362.5
+
+
+def test_bench_variants_rows_per_target_and_api(load_script, monkeypatch):
+    """Each (target, api) run divides by its own baseline row and gets its own findings line."""
+    m = load_script("bench_variants")
+    t = {"legacy": 100.0, "nki": 80.0}
+
+    def fake_run(w, target, S, H, Hkv, api):
+        us = t[api] * (2.0 if w.context > 4096 else 1.0) * (1.5 if w.options else 1.0)
+        return dict(workload=w.name, baseline=w.baseline, target=target, api=api, modeled_us=us,
+                    kv_bytes=us, sim_wall_s=0.0)
+
+    monkeypatch.setattr(m, "run", fake_run)
+    rows = m.bench(True, [("trn2", "legacy"), ("trn2", "nki")])
+    assert {(r["target"], r["api"]) for r in rows} == {("trn2", "legacy"), ("trn2", "nki")}
+    plain32 = {r["api"]: r["vs_baseline"] for r in rows if r["workload"] == "plain 32K"}
+    assert plain32 == {"legacy": 2.0, "nki": 2.0}
+    text = m.findings(rows)
+    assert "**trn2, legacy API**" in text and "**trn2, nki API**" in text

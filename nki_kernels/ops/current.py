@@ -193,8 +193,14 @@ def tensor_tensor(dst, a, b, op):
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=_ALU[op])
 
 
-def absolute(dst, src):
-    """``dst = |src|`` (ScalarE)."""
+def absolute(dst, src, engine=None):
+    """``dst = |src|``: on ScalarE (an ``abs`` activation), or with ``engine="vector"`` one
+    VectorE ``scalar_tensor_tensor`` pass max(-src, src) (exact) for kernels whose ScalarE is the
+    busier engine."""
+    if engine == "vector":
+        nisa.scalar_tensor_tensor(dst=dst, data=src, op0=nl.multiply, operand0=-1.0,
+                                  op1=nl.maximum, operand1=src)
+        return
     nisa.activation(dst=dst, op=nl.abs, data=src)
 
 
@@ -204,10 +210,17 @@ def scale_add(dst, a, col, b):
                               operand1=b)
 
 
-def divide(dst, a, col):
-    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``, the reciprocal on ScalarE
-    (its activation table holds 1/x for |x| in [2^-42, 2^42])."""
+def divide(dst, a, col, engine=None):
+    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``. Default: the reciprocal on
+    ScalarE (its activation table holds 1/x for |x| in [2^-42, 2^42]) and the product on the
+    compiler's engine; ``engine="vector"``: both on VectorE (``nisa.reciprocal``, a pinned
+    ``tensor_scalar``), for kernels whose ScalarE is the busier engine."""
     r = sbuf((col.shape[0], 1), nl.float32)
+    if engine == "vector":
+        nisa.reciprocal(dst=r, data=col)
+        nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r,
+                           engine=nisa.engine.vector)
+        return
     nisa.activation(dst=r, op=nl.reciprocal, data=col)
     nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
 

@@ -175,11 +175,9 @@ def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):
 
 
 def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False):
-    kw = {}
-    if op1 is not None:
-        kw = {"op1": _ALU[op1], "operand1": operand1}
+    kw = {} if op1 is None else {"op1": _ALU[op1], "operand1": operand1}
     if reverse0:
-        kw["reverse0"] = True
+        kw = {**kw, "reverse0": True}
     dst[...] = nisa.tensor_scalar(data, _ALU[op0], operand0, dtype=dst.dtype, **kw)
 
 
@@ -188,8 +186,8 @@ def tensor_tensor(dst, a, b, op):
     dst[...] = _NL[op](a, b, dtype=dst.dtype)
 
 
-def absolute(dst, src):
-    """``dst = |src|``."""
+def absolute(dst, src, engine=None):
+    """``dst = |src|`` (``nl.abs``; ``engine`` is a hint of the current-API layer, unused here)."""
     dst[...] = nl.abs(src, dtype=dst.dtype)
 
 
@@ -198,8 +196,9 @@ def scale_add(dst, a, col, b):
     dst[...] = nl.add(nl.multiply(a, col, dtype=nl.float32), b, dtype=dst.dtype)
 
 
-def divide(dst, a, col):
-    """``dst = a / col`` (``col`` a (P, 1) column)."""
+def divide(dst, a, col, engine=None):
+    """``dst = a / col`` (``col`` a (P, 1) column; ``nl.divide``; ``engine`` is a hint of the
+    current-API layer, unused here)."""
     dst[...] = nl.divide(a, col, dtype=dst.dtype)
 
 

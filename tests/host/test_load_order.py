@@ -119,7 +119,7 @@ def check_load_matches_reference(B, LT, Hkv, qlens, clens, seed, extra_tiles=0):
 
 
 @pytest.mark.slow
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(B=BLOCKS, LT=TILES, Hkv=st.integers(1, 8), seed=st.integers(0, 10_000),
        lens=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 20_000)), min_size=1, max_size=12))
 def test_gather_sweep_slow(B, LT, Hkv, seed, lens):

@@ -57,6 +57,21 @@ def test_plan_is_frozen_and_read_only():
         plan.kernel_kwargs["alibi"] = True                  # a read-only mapping
 
 
+def test_the_window_flag_has_one_kernel_side_name():
+    # the host's sliding_window (int or None) becomes ONE kernel flag, ``windowed``, from the
+    # launch options down to the online-softmax steps
+    from nki_kernels.sched_config import SchedOptions
+    from nki_kernels.sched_core import StepConfig
+
+    *_, bt = _batch()
+    for window, want in ((None, False), (4, True)):
+        plan = _plan(bt, sliding_window=window)
+        assert plan.kernel_kwargs["options"].windowed is want
+    for cls in (SchedOptions, StepConfig):
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert "windowed" in names and not names & {"one_sided", "window", "sliding_window"}
+
+
 @pytest.mark.simulation
 @pytest.mark.parametrize("kernel", ["scheduled", "dense"])
 def test_runs_of_one_plan_equal_the_one_shot_call_bit_for_bit(kernel):
@@ -125,7 +140,7 @@ def test_paged_attention_plans_once(monkeypatch):
     monkeypatch.setattr(sp, "build_schedule", lambda *a, **k: calls.append(1) or real(*a, **k))
     q, k, v, cache, bt = _batch()
     monkeypatch.setattr("host.attention.launch_kernel",
-                        lambda kern, args, kw, **_: np.zeros((args[6].shape[0], D), np.float32))
+                        lambda kern, args, kw, **_: np.zeros((args[1].shape[0], D), np.float32))
     host.paged_attention(q, k, v, cache, bt, QLENS, CLENS, large_tile_size=512, backend="sim")
     assert len(calls) == 1
 

@@ -261,6 +261,7 @@ def simulated_device(monkeypatch):
     def launch(kernel, grid, *a, api=None, **kw):
         calls.append((kernel, grid))
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
+        kw = {k: x.numpy() if isinstance(x, torch.Tensor) else x for k, x in kw.items()}
         if isinstance(kernel, KernelFamily):          # the API choice of the real path
             out = _nki.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
                                                device=False)

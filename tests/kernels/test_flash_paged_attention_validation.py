@@ -92,7 +92,7 @@ def test_block_ids_must_be_exact_in_fp32():
     with pytest.raises(ValueError, match=r"num_blocks \* Hkv \* tiling_factor < 2\*\*24"):
         _check_inputs(*args, None, True, 512)
     ok = (*args[:3], t((2, (1 << 18) - 1, 1, 256, 1)), *args[4:])
-    assert _check_inputs(*ok, None, True, 512)["T"] == 64
+    assert _check_inputs(*ok, None, True, 512).T == 64
 
 
 # ---- host wrappers ------------------------------------------------------------------------------
@@ -204,4 +204,4 @@ def test_oversized_block_table_is_unsupported():
     with pytest.raises(NotImplementedError, match="use a larger block_size"):
         _check_inputs(*args, None, True, 512)
     ok = (*args[:4], t((nab - 512,), np.int32), t((128, nab - 512 + 128), np.bool_))
-    assert _check_inputs(*ok, None, True, 512)["n_tiles"] == 4096
+    assert _check_inputs(*ok, None, True, 512).n_tiles == 4096

@@ -96,17 +96,21 @@ def _direct_inputs(max_group_blocks, dtype=np.float32):
     plan = check_mla_inputs(q, cache, bt, ql, cl)
     sched = mla_schedule(plan, bt, 2048, max_group_blocks, partial_tile_size=None)  # LTp = LT
     (cls,) = sched.classes
-    return mla_kernel_inputs(cls, q, cache, build_mla_overlay(sched, cache, bt, 576))
+    args, inputs = mla_kernel_inputs(cls, q, cache, build_mla_overlay(sched, cache, bt, 576))
+    assert inputs == {}              # a query-rows class: no decode-layout inputs
+    return args
 
 
-def simulate(api, args, **kw):
-    """The MLA kernel of ``api`` called directly on the simulator (writable argument copies: the
-    current API updates array arguments in place)."""
+def simulate(api, args, inputs=None, **kw):
+    """The MLA kernel of ``api`` called directly on the simulator with ``MLAOptions(**kw)``
+    (writable argument copies: the current API updates array arguments in place)."""
     from nki_kernels._nki import resolve_api
-    from nki_kernels.mla_attention import mla_paged_attention as kernel
+    from nki_kernels.mla_attention import MLAOptions, mla_paged_attention as kernel
 
     args = tuple(np.array(a) if isinstance(a, np.ndarray) else a for a in args)
-    return resolve_api(api).launch(kernel, args, kw, num_kv_heads=1, device=False)
+    kwargs = {k: np.array(v) for k, v in (inputs or {}).items()}
+    return resolve_api(api).launch(kernel, args, dict(kwargs, options=MLAOptions(**kw)),
+                                   num_kv_heads=1, device=False)
 
 
 @pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "nki")])
@@ -140,3 +144,42 @@ def test_kernel_argument_checks(kw, match, api):
         simulate(api, args, **kw)
     with pytest.raises(ValueError, match=r"blocks must be an int in \[1, 8\]"):
         simulate(api, args[:-1] + (9,))
+
+
+def _decode_inputs():
+    """A decode-layout class (16 heads x 1 token): positional arguments and its keyword inputs."""
+    q, cache, bt, ql, cl = make_mla_batch(13, [1, 1], [40, 300], H=16, block_size=16,
+                                          entry_size=576)
+    plan = check_mla_inputs(q, cache, bt, ql, cl)
+    sched = mla_schedule(plan, bt, 2048, 8)
+    (cls,) = sched.classes
+    assert cls.decode_layout
+    return ((q, cache, bt, ql, cl), sched.partial_tile_size,
+            mla_kernel_inputs(cls, q, cache, build_mla_overlay(sched, cache, bt, 576)))
+
+
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_decode_layout_inputs_are_keywords_and_required(api):
+    batch, ltp, (args, inputs) = _decode_inputs()
+    assert sorted(inputs) == ["bounds_p", "q_full", "q_part"]
+    with nki_sim.use_target("trn2"):
+        out = simulate(api, args, inputs, PARTIAL_TILE_SZ=ltp)   # must pass: every input given
+        host_out = mla_paged_attention(*batch, backend="sim", api=api)
+        for name in inputs:                               # must fail: one left None
+            with pytest.raises(ValueError, match=rf"{name} must be given for a decode-layout "
+                                                 "class"):
+                simulate(api, args, {k: v for k, v in inputs.items() if k != name},
+                         PARTIAL_TILE_SZ=ltp)
+    # the host scatters the kernel's rows (row r of the block = head r of the sequence's token)
+    assert np.array_equal(np.asarray(out)[:16], np.asarray(host_out)[0])
+
+
+def test_kernel_options_must_be_mla_options():
+    from nki_kernels._nki import resolve_api
+    from nki_kernels.mla_attention import mla_paged_attention as kernel
+
+    args = tuple(np.array(a) for a in _direct_inputs(3)[:-2]) + (128, 3)
+    with nki_sim.use_target("trn1"), pytest.raises(ValueError,
+                                                   match="options must be an MLAOptions"):
+        resolve_api("legacy").launch(kernel, args, dict(options=dict(kv_lora_rank=512)),
+                                     num_kv_heads=1, device=False)

@@ -233,3 +233,32 @@ def test_progress_bar_renders_and_validates(load_script):
     assert quiet.getvalue() == ""
     with pytest.raises(ValueError, match="total must be >= 0; got -1"):
         prog.Progress(-1)
+
+
+def test_api_axis_expands_the_scheduled_jobs_only(load_script):
+    """--api both: the scheduled kernel on legacy everywhere and on nki on trn2, each at its
+    LNCs; the dense kernels stay legacy at LNC 1."""
+    bench = load_script("bench_paged_attention")
+    w = bench.make_workloads(quick=True)[0]
+    jobs = [(w, bench.BLOCK, "scheduled", "trn1"), (w, bench.BLOCK, "scheduled", "trn2"),
+            (w, bench.BLOCK, "dense", "trn2")]
+    got = [(k, t, a, n) for _, _, k, t, a, n in bench.expand_lnc(jobs, [1, 2], "both")]
+    assert got == [("scheduled", "trn1", "legacy", 1),
+                   ("scheduled", "trn2", "legacy", 1), ("scheduled", "trn2", "legacy", 2),
+                   ("scheduled", "trn2", "nki", 1), ("scheduled", "trn2", "nki", 2),
+                   ("dense", "trn2", "legacy", 1)]
+    auto = [(t, a) for _, _, k, t, a, n in bench.expand_lnc(jobs[:2], [1], "auto")]
+    assert auto == [("trn1", "legacy"), ("trn2", "nki")]
+
+
+def test_rows_of_the_non_default_api_are_labelled(tiny_rows, load_script):
+    runs = load_script("bench_paged_attention").runs
+    w, _, k, _, trace, row = next(x for x in tiny_rows if x[2] == "scheduled")
+    assert row["target"] == "trn2" and row["api"] is None
+    labels = {api: runs.make_row(w, 16, "trn2", "scheduled", trace, 0.0, row["meta"] | {
+        "mask_bytes": 0, "index_bytes": 0}, TINY, api=api, lnc=lnc)["target"]
+        for api, lnc in (("nki", 1), ("legacy", 2))}
+    assert labels == {"nki": "trn2", "legacy": "trn2-lnc2-legacy"}
+    dense = runs.make_row(w, 16, "trn2", "dense", trace, 0.0, {"mask_bytes": 0, "index_bytes": 0},
+                          TINY, api="legacy")
+    assert dense["target"] == "trn2"

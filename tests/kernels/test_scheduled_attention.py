@@ -176,7 +176,7 @@ def test_random_batches_match_reference(B, LT, heads, d, lens, mixed, dtype, tar
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(**_GIVEN)
 def test_random_batches_match_reference_sweep(B, LT, heads, d, lens, mixed, dtype, target, seed,

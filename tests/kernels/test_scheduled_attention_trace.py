@@ -49,11 +49,12 @@ def _launch(batch, s, overlay, classes, LT):
     out = np.zeros((T, H, d), batch.query.dtype)
     with nki_sim.tracing() as trace:
         for cls in classes:
-            args = kernel_inputs(cls, pack_queries(cls, batch.query, Hkv), row_init(cls, H, Hkv),
-                                 batch.kv_cache, overlay)
+            args, inputs = kernel_inputs(cls, pack_queries(cls, batch.query, Hkv),
+                                         row_init(cls, H, Hkv), batch.kv_cache, overlay)
             opts = SchedOptions(softmax_scale=1.0 / math.sqrt(d), mixed_precision=True,
                                 LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=s.partial_tile_size)
-            o = _nki.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args, options=opts)
+            o = _nki.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args, options=opts,
+                                         **inputs)
             unpack_output(cls, np.asarray(o), out)
     return out, trace
 
@@ -275,8 +276,8 @@ def test_kernel_checks_the_partial_tile_size(ltp, match, batch_factory):
     s, overlay = _prepare(batch, 2048)
     T, H, d = batch.query.shape
     cls = s.classes[0]
-    args = kernel_inputs(cls, pack_queries(cls, batch.query, 2), row_init(cls, H, 2),
-                         batch.kv_cache, overlay)
+    args, inputs = kernel_inputs(cls, pack_queries(cls, batch.query, 2), row_init(cls, H, 2),
+                                 batch.kv_cache, overlay)
     with pytest.raises(ValueError, match=match):
-        _nki.nki.simulate_kernel(scheduled_paged_attention[1, 2], *args,
+        _nki.nki.simulate_kernel(scheduled_paged_attention[1, 2], *args, **inputs,
                                  options=SchedOptions(LARGE_TILE_SZ=2048, PARTIAL_TILE_SZ=ltp))

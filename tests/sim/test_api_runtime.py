@@ -315,3 +315,38 @@ def test_read_only_arrays_as_input_and_as_written_argument(rng, sim_only, reject
     with rejects(ValueError, match="kernel argument 'cache' is written by the kernel, but the "
                                    "array passed is read-only"):
         nki.simulate_kernel(_bump_rows, ro, x)
+
+
+# --------------------------------------------------------------------------- None arguments
+@nki.jit
+def plus_optional_k(x, bias=None):
+    """x + bias when an optional tensor is given (None: x), as kernels with Optional inputs."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    if bias is not None:
+        t = nl.add(t, nl.load(bias))
+    nl.store(out, value=t)
+    return out
+
+
+def test_none_kernel_arguments_are_plain_values():
+    # an Optional tensor input left None (default, keyword or positional) reaches the kernel as
+    # None through simulate_kernel, grid launches and plain calls; a given one is a tensor
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    for out in (nki.simulate_kernel(plus_optional_k, x), nki.simulate_kernel(plus_optional_k, x, None),
+                nki.simulate_kernel(plus_optional_k[1, 2], x, bias=None), plus_optional_k(x, bias=None)):
+        np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(nki.simulate_kernel(plus_optional_k, x, bias=np.ones_like(x)),
+                                  x + 1)
+    seen = []
+
+    @nki.jit
+    def probe(x, bias=None):
+        seen.append(bias)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x))
+        return out
+
+    nki.simulate_kernel(probe, x, bias=None)
+    nki.simulate_kernel(probe, x, bias=x)
+    assert seen[0] is None and seen[1] is not None and tuple(seen[1].shape) == (4, 4)

@@ -296,3 +296,33 @@ def test_read_only_argument_written_through_a_dtype_view_is_an_error():
     np.testing.assert_array_equal(dst, x.view(np.int32))
     with pytest.raises(ValueError, match="kernel argument 'dst' is written by the kernel"):
         nki.simulate(_write_bits)(x, _ro(np.zeros((8, 8), np.int32)))
+
+
+def _plus_optional(x, bias=None):
+    """x + bias when an optional tensor is given (None: x), as kernels with Optional inputs."""
+    t = load(x)
+    if bias is not None:
+        b = load(bias)
+        nisa.tensor_tensor(dst=t, data1=t, data2=b, op=nl.add)
+    return out_of(t)
+
+
+def test_none_kernel_arguments_are_plain_values():
+    # an Optional tensor input left None (default, keyword or positional) reaches the kernel as
+    # None on every entry point; a given one is a tensor (the must-fail twin: not None)
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    k = nki.jit(_plus_optional)
+    for out in (k(x), k(x, None), k(x, bias=None), nki.simulate(k)(x, bias=None),
+                nki.simulator.simulate_kernel(k, (x,), {"bias": None}, 1)):
+        np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(k(x, bias=np.ones_like(x)), x + 1)
+    seen = []
+
+    @nki.jit
+    def probe(x, bias=None):
+        seen.append(bias)
+        return out_of(load(x))
+
+    probe(x, bias=None)
+    probe(x, bias=x)
+    assert seen[0] is None and seen[1] is not None and tuple(seen[1].shape) == (4, 4)
