@@ -148,8 +148,9 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
             return max(ii, hw.reciprocal_factor * n)
         if op == "tensor_tensor" and _attr(ev, "nl"):        # an nl binary op of two tiles:
             return max(ii, n)                                # trn1 profiles (docs/cost-model.md)
-        if op in ("tensor_tensor", "tensor_tensor_scan") and not (
-                op == "tensor_tensor" and (from_psum or half)):
+        if op == "tensor_tensor":
+            return max(ii, n if (from_psum or _tensor_tensor_fast(ev, in_dtypes)) else 2.0 * n)
+        if op == "tensor_tensor_scan":
             return max(ii, 2.0 * n)
         if op == "tensor_scalar_reduce":                     # docstring: max(MIN_II, N) + MIN_II
             return max(ii, n) + ii
@@ -162,6 +163,18 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
             return max(ii, n / hw.vector_perf_mode_factor)
         return max(ii, n)
     raise ValueError(f"event engine must be one of {ENGINES}; got {engine!r} (op {op!r})")
+
+
+_TT_FAST_ALU = frozenset({"add", "multiply", "subtract"})
+
+
+def _tensor_tensor_fast(ev: Any, in_dtypes) -> bool:
+    """The SBUF-only case that the nki.isa.tensor_tensor docstring charges N (not 2N) VectorE
+    cycles: input and output dtypes all bfloat16, the operator add / multiply / subtract, the
+    input data contiguous along the free dimension (event attrs ``alu``, ``strided``)."""
+    return (bool(in_dtypes) and all(d == "bfloat16" for d in in_dtypes)
+            and getattr(ev, "out_dtype", "") == "bfloat16" and _attr(ev, "alu") in _TT_FAST_ALU
+            and not _attr(ev, "strided"))
 
 
 @dataclass(frozen=True)

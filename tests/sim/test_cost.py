@@ -66,7 +66,8 @@ def matmul(k=128, m=128, n=512, dtype="bfloat16", op="nc_matmul"):
 
 def compute(engine, op, n, partitions=128, dtype="float32", **kw):
     return Ev(engine=engine, op=op, partitions=partitions, free_elems=n,
-              in_dtypes=(dtype,) * kw.pop("n_in", 1), out_dtype=dtype, bytes=partitions * n * 4,
+              in_dtypes=(dtype,) * kw.pop("n_in", 1), out_dtype=kw.pop("out_dtype", dtype),
+              bytes=partitions * n * 4,
               **kw)
 
 
@@ -159,12 +160,21 @@ def test_vector_scalar_gpsimd_formulas():
     hw = cost.TRN1
     assert cost.formula_cycles(compute("vector", "tensor_scalar", 10), hw) == 64   # max(64, N)
     assert cost.formula_cycles(compute("vector", "tensor_scalar", 1000), hw) == 1000
-    assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, n_in=2), hw) == 2000
+    # tensor_tensor, the nki.isa docstring's table: N with a PSUM input, or with all-bf16 input and
+    # output dtypes, add / multiply / subtract and free-contiguous inputs; 2N otherwise
+    tt = lambda **kw: cost.formula_cycles(compute("vector", "tensor_tensor", 1000, n_in=2,  # noqa: E731
+                                                  **kw), hw)
+    assert tt() == 2000
+    assert tt(attrs=(("alu", "add"),)) == 2000                                     # fp32
+    assert tt(dtype="bfloat16", attrs=(("alu", "add"),)) == 1000
+    assert tt(dtype="bfloat16", attrs=(("alu", "multiply"),)) == 1000
+    assert tt(dtype="bfloat16", attrs=(("alu", "maximum"),)) == 2000               # operator
+    assert tt(dtype="bfloat16", attrs=(("alu", "add"), ("strided", True))) == 2000  # stride
+    assert tt(dtype="float16", attrs=(("alu", "add"),)) == 2000                    # not bf16
+    assert tt(dtype="bfloat16", out_dtype="float32", attrs=(("alu", "add"),)) == 2000   # output
+    assert tt(src_buffer="psum", attrs=(("alu", "maximum"),)) == 1000              # PSUM input
     # an nl binary op of two tiles: N (trn1 profiles of fp32 nl ops, docs/cost-model.md)
-    assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, n_in=2,
-                                       attrs=(("alu", "add"), ("nl", True))), hw) == 1000
-    assert cost.formula_cycles(compute("vector", "tensor_tensor", 1000, dtype="bfloat16",
-                                       n_in=2), hw) == 1000
+    assert tt(attrs=(("alu", "add"), ("nl", True))) == 1000
     assert cost.formula_cycles(compute("vector", "reciprocal", 100), hw) == 350   # fitted 3.5 N
     assert cost.formula_cycles(compute("vector", "tensor_reduce", 512), hw) == 512
     assert cost.formula_cycles(compute("vector", "tensor_reduce", 512, dtype="bfloat16"),
