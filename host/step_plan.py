@@ -3,7 +3,7 @@
 A serving step runs the same batch (lengths, block tables) through every layer of a model; only
 the layer's tensors (query, new K/V, its cache) differ. Everything that depends on the batch
 alone is built here once, validated once, and frozen: the schedule of the scheduled kernel
-(``host.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
+(``host.scheduled.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
 values, mask bounds), or, for the dense kernel, the active block table and the dense mask (GQA
 packing decided). ``host.run_paged_attention(plan, query, key, value, kv_cache)`` then builds
 only the per-layer tensors (``host/attention.py``). Plans are immutable (frozen dataclasses,
@@ -30,14 +30,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from host._arrays import readonly, to_numpy
-from host.block_tables import active_table_of, check_block_tables
+from host.dense.block_tables import active_table_of, check_block_tables
 from host.fp8 import is_fp8_cache_dtype
-from host.gqa_packing import choose_gqa_packing, packed_attention_mask
+from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
 from host.launch import check_api, check_backend
-from host.masks import build_attention_mask
-from host.plan import PagedAttentionPlan, make_plan
-from host.schedule import AttentionSchedule, build_schedule
-from host.scheduled import class_launch, row_init
+from host.dense.masks import build_attention_mask
+from host.dense.plan import PagedAttentionPlan, make_plan
+from host.scheduled.schedule import AttentionSchedule, build_schedule
+from host.scheduled.scheduled import class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
@@ -307,7 +307,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
                            kernel_itemsize=2 if common["mixed_precision"] else itemsize,
                            group_blocks_cap=None, partial_tile_size=partial_tile_size,
                            kv_layout=common["kv_layout"])
-    from nki_kernels.sched_config import SchedOptions
+    from nki_kernels.scheduled.sched_config import SchedOptions
 
     kwargs = MappingProxyType(dict(options=SchedOptions(
         softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
@@ -322,7 +322,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
 
 def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: int, *,
                    sinks=None, alibi_slopes=None) -> tuple:
-    """One ``host.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
+    """One ``host.scheduled.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
     from ``sinks`` / ``alibi_slopes``, validated (H,) float32 or None)."""
     with_row_init = sinks is not None or alibi_slopes is not None
     return tuple(class_launch(cls, row_init(cls, num_heads, num_kv_heads, sinks=sinks,
