@@ -1,10 +1,15 @@
-"""vLLM's block-KV layout in the cache ops: one ``(N, B, Hkv, d)`` tensor per K and per V.
+"""vLLM's block-KV layout: one ``(N, B, Hkv, d)`` tensor per K and per V.
 
 vLLM (``kv_cache.unbind(0)`` of a per-layer ``(2, N, B, Hkv, d)`` tensor) and vllm-neuron
 (``(total_blocks, block_size, num_kv_heads, head_dim)``, block 0 the null block) hand the cache
 over this way. ``host.reshape_and_cache`` and ``host.copy_blocks`` accept it as a
 ``(key_cache, value_cache)`` pair (per layer for ``copy_blocks``) and work on the arrays in
-place, without a host copy (docs/layouts.md, "vLLM block-KV layout"):
+place, and the scheduled paged-attention kernel (``host.paged_attention``,
+``host.run_paged_attention`` with ``kv_layout="block_kv"``) reads them in place -- no host copy
+anywhere (docs/layouts.md §18). Layout functions here: :func:`check_pair` (shapes / dtypes of a
+pair), :func:`kv_dims`, :func:`cached_tokens` (what the attention overlay copies) and the layout
+transform :func:`fused_from_block_kv` with its inverse :func:`block_kv_from_fused` (copies, for
+callers converting a cache; the kernels never need them).
 
     reshape_and_cache   slot s = block * B + offset is the contiguous run of Hkv * d elements
                         ``cache[s // B, s % B]``: the (N * B, Hkv * d) row view has row = slot
@@ -24,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from host._arrays import is_torch_tensor, to_numpy
 from host.validation import check_float_array, check_slot_mapping, fail
 
-__all__ = ["is_block_kv", "check_new_kv", "block_kv_row_index", "reshape_and_cache_blocks",
-           "block_kv_layers"]
+__all__ = ["is_block_kv", "check_pair", "inplace_array", "kv_dims", "cached_tokens",
+           "fused_from_block_kv", "block_kv_from_fused", "check_new_kv", "block_kv_row_index",
+           "reshape_and_cache_blocks", "block_kv_layers"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 MAX_ROW_BYTES = 16 * 1024           # the kernel's largest row (nki_kernels.kv_cache_update)
@@ -39,11 +46,72 @@ def is_block_kv(kv_cache: Any) -> bool:
         kv_cache[0], (tuple, list))
 
 
-def _check_pair(name: str, pair: Any, writable) -> tuple[np.ndarray, np.ndarray]:
+def inplace_array(x: Any, name: str) -> np.ndarray:
+    """A NumPy array sharing memory with ``x`` (NumPy array or CPU torch tensor), C-contiguous
+    (a kernel reads it in place: no copy is ever made); it may be read-only."""
+    if is_torch_tensor(x):
+        if x.device.type != "cpu":
+            raise NotImplementedError(f"{name} on torch device {x.device} is not supported by the "
+                                      "host wrapper; call it with a CPU tensor (or a NumPy array)")
+        if not x.is_contiguous():
+            fail(name, "be contiguous (the kernel reads it in place, without a copy)",
+                 f"strides {tuple(x.stride())}")
+        arr, _ = to_numpy(x, name)          # contiguous CPU tensors convert without a copy
+        return arr
+    if not isinstance(x, np.ndarray):
+        fail(name, "be a NumPy array or a CPU torch tensor (read in place)", type(x).__name__)
+    if not x.flags.c_contiguous:
+        fail(name, "be C-contiguous (the kernel reads it in place, without a copy)",
+             f"strides {x.strides}")
+    return x
+
+
+def kv_dims(kv_cache: Any) -> tuple[int, int, int, int]:
+    """``(N, B, Hkv, d)`` of a checked cache in either layout: a fused (2, N, Hkv, B, d) array
+    or a block-KV ``(key_cache, value_cache)`` pair of (N, B, Hkv, d) arrays."""
+    if is_block_kv(kv_cache):
+        N, B, Hkv, d = kv_cache[0].shape
+        return N, B, Hkv, d
+    _, N, Hkv, B, d = kv_cache.shape
+    return N, B, Hkv, d
+
+
+def cached_tokens(kv_cache: Any, blocks: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``(2, n, Hkv, d)``: K ([0]) and V ([1]) of the n cached tokens at (``blocks[i]``,
+    ``offsets[i]``) of a fused cache or a block-KV pair (a gather of those tokens only)."""
+    if is_block_kv(kv_cache):
+        return np.stack([kv_cache[0][blocks, offsets], kv_cache[1][blocks, offsets]])
+    return np.moveaxis(kv_cache[:, blocks, :, offsets, :], 0, 1)
+
+
+def fused_from_block_kv(pair: Any) -> np.ndarray:
+    """The layout transform: a ``(key_cache, value_cache)`` pair of (N, B, Hkv, d) caches as one
+    fused (2, N, Hkv, B, d) cache (a copy): ``fused[0, n, h, t] = key_cache[n, t, h]``,
+    ``fused[1, n, h, t] = value_cache[n, t, h]`` (docs/layouts.md §18)."""
+    k, v = check_pair("pair", pair, lambda x, arg: to_numpy(x, arg)[0])
+    return np.ascontiguousarray(np.stack([k, v]).transpose(0, 1, 3, 2, 4))
+
+
+def block_kv_from_fused(kv_cache: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`fused_from_block_kv`: a fused (2, N, Hkv, B, d) cache as a
+    ``(key_cache, value_cache)`` pair of (N, B, Hkv, d) views of ONE new (2, N, B, Hkv, d)
+    buffer (the per-layer tensor vLLM unbinds)."""
+    kv = np.asarray(kv_cache)
+    if kv.ndim != 5 or kv.shape[0] != 2:
+        fail("kv_cache", "have shape (2, num_blocks, Hkv, block_size, d)", f"shape {kv.shape}")
+    both = np.ascontiguousarray(kv.transpose(0, 1, 3, 2, 4))
+    return both[0], both[1]
+
+
+def check_pair(name: str, pair: Any, access=inplace_array) -> tuple[np.ndarray, np.ndarray]:
+    """``(key_cache, value_cache)`` of a block-KV ``pair`` as NumPy arrays (``access(x, arg)``:
+    :func:`inplace_array`, or a writable accessor for the cache ops): both (N, B, Hkv, d), no
+    zero dimension, one float dtype, non-overlapping. ValueError naming the element otherwise;
+    NotImplementedError for fp8 (the fused layout holds fp8 caches)."""
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
         fail(name, "be a (key_cache, value_cache) pair of (N, B, Hkv, d) caches", repr(type(pair)))
-    k = writable(pair[0], f"{name}[0] (key_cache)")
-    v = writable(pair[1], f"{name}[1] (value_cache)")
+    k = access(pair[0], f"{name}[0] (key_cache)")
+    v = access(pair[1], f"{name}[1] (value_cache)")
     for arg, c in ((f"{name}[0] (key_cache)", k), (f"{name}[1] (value_cache)", v)):
         if c.ndim != 4 or min(c.shape) == 0:
             fail(arg, "have shape (num_blocks, block_size, num_kv_heads, head_size), no zero "
@@ -90,7 +158,7 @@ def block_kv_row_index(slots: np.ndarray, *, num_slots: int, num_kv_heads: int,
 def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_scale, run_api,
                              writable, check_int32) -> Any:
     """:func:`host.reshape_and_cache` on a ``(key_cache, value_cache)`` pair (module docstring)."""
-    k_cache, v_cache = _check_pair("kv_cache", kv_cache, writable)
+    k_cache, v_cache = check_pair("kv_cache", kv_cache, writable)
     N, B, Hkv, d = k_cache.shape
     if k_scale is not None or v_scale is not None:
         fail("k_scale / v_scale", "be None for a non-fp8 cache", (k_scale, v_scale))
@@ -120,7 +188,7 @@ def block_kv_layers(kv_caches: Any, writable, share_buffer) -> list[list[np.ndar
         return None
     flat = []
     for i, pair in enumerate(kv_caches):
-        flat.extend(_check_pair(f"kv_caches[{i}]", pair, writable))
+        flat.extend(check_pair(f"kv_caches[{i}]", pair, writable))
     for i, c in enumerate(flat):
         if c.shape != flat[0].shape or c.dtype != flat[0].dtype:
             fail(f"kv_caches[{i // 2}]", f"have the shape {flat[0].shape} and dtype "

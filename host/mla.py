@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly, to_numpy
+from host.block_kv import is_block_kv
 from host.mla_layout import check_mla_cache
 from host.validation import (check_block_tables, check_float_array, check_int, check_integer_array,
                              check_lens, check_softmax_scale, fail)
@@ -100,6 +101,10 @@ def check_mla_inputs(q: Any, kv_cache: Any, block_tables: Any, query_lens: Any, 
         fail("q", f"have shape (T, H, kv_lora_rank + qk_rope_head_dim = {R + P})", f"shape {q_arr.shape}")
     if not 1 <= H <= MAX_MLA_HEADS:
         fail("q", f"have 1 <= H <= {MAX_MLA_HEADS} query heads (q.shape[1])", f"H = {H}")
+    if is_block_kv(kv_cache):
+        raise NotImplementedError("mla_paged_attention: an MLA cache holds one latent entry per "
+                                  "token, not a (key_cache, value_cache) pair; pass the "
+                                  "(num_blocks, block_size, entry_size) latent cache")
     cache, _ = to_numpy(kv_cache, "kv_cache")
     N, B, E = check_mla_cache("kv_cache", cache, min_entry=R + P)
     if cache.dtype != q_arr.dtype:

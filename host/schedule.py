@@ -43,9 +43,10 @@ from host._arrays import readonly
 from host.schedule_items import (ITEM_OVERHEAD_KEYS, choose_partial_tile, item_geometry, q_blocks,
                                  schedule_items)
 from host.validation import check_int, check_lens, check_power_of_two, fail
-from nki_kernels.contract import (DECODE_MAX_ROWS, MAX_BLOCK_SIZE, MAX_CHUNK, MAX_GROUP_BLOCKS,
-                                  MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE, chunk_size,
-                                  channel_slices, decode_layout, meta_layout, tile_geometry)
+from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
+                                  MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
+                                  cache_row_count, chunk_size, channel_slices, decode_layout,
+                                  main_cache_row, meta_layout, tile_geometry)
 from nki_kernels.contract import PARTITIONS as P
 from nki_kernels.sched_plan import max_group_blocks, meta_columns
 
@@ -139,6 +140,8 @@ class AttentionSchedule:
         (the row holds positions pos0 .. pos0 + b'_p - 1 of that sequence; positions >= K_i are
         zero padding). Overlay rows are the key rows (partial geometry) that are not whole rows
         of cached context: a sequence's partly filled last context row and its new tokens.
+    kv_layout: the cache layout the main-cache row ids are for (``contract.KV_LAYOUTS``:
+        "fused" (2, N, Hkv, B, d), "block_kv" vLLM's (N, B, Hkv, d) key / value caches).
     """
 
     num_kv_heads: int
@@ -157,6 +160,7 @@ class AttentionSchedule:
     overlay_seq: np.ndarray = field(repr=False)
     overlay_pos0: np.ndarray = field(repr=False)
     classes: tuple = ()
+    kv_layout: str = FUSED
 
     @property
     def keys_per_tile(self) -> int:
@@ -169,7 +173,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                   alibi: bool = False, row_init: bool = False, query_itemsize: int = 4,
                   cache_itemsize: int = 4, kernel_itemsize: int = 2,
                   group_blocks_cap: int | None = None,
-                  partial_tile_size: int | str | None = None) -> AttentionSchedule:
+                  partial_tile_size: int | str | None = None,
+                  kv_layout: str = FUSED) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -189,6 +194,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         partial_tile_size: LTp, keys per partial-phase tile before block-size tiling: a power of
             two in [512, LT], None (LT: one geometry for both phases) or "auto" (the size whose
             partial items cost least, ``host.schedule_items.choose_partial_tile``).
+        kv_layout: "fused" or "block_kv": the cache layout of the main-cache row ids in the
+            ``kv`` metadata columns (``contract.main_cache_row``; docs/layouts.md §16.1, §18).
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -201,12 +208,15 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         check_power_of_two("partial_tile_size", partial_tile_size, lo=MIN_TILE_SIZE, hi=LT)
     if sliding_window is not None:
         sliding_window = check_int("sliding_window", sliding_window, min_value=1)
+    if kv_layout not in KV_LAYOUTS:
+        fail("kv_layout", f"be one of {KV_LAYOUTS}", repr(kv_layout))
     return build_schedule(q, c, block_tables, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           head_size=head_size, block_size=B, num_blocks=num_blocks,
                           large_tile_size=LT, sliding_window=sliding_window, alibi=alibi,
                           row_init=row_init, query_itemsize=query_itemsize,
                           cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
-                          group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size)
+                          group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size,
+                          kv_layout=kv_layout)
 
 
 def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, num_heads: int,
@@ -214,7 +224,8 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                    large_tile_size: int, sliding_window: int | None, alibi: bool, row_init: bool,
                    query_itemsize: int, cache_itemsize: int, kernel_itemsize: int,
                    group_blocks_cap: int | None,
-                   partial_tile_size: int | str | None) -> AttentionSchedule:
+                   partial_tile_size: int | str | None,
+                   kv_layout: str = FUSED) -> AttentionSchedule:
     """:func:`make_schedule` on arguments it has validated (``q`` / ``c`` int64 (S,) length
     vectors, ``block_size`` / ``large_tile_size`` / ``partial_tile_size`` / ``sliding_window``
     checked); what ``host.plan_paged_attention`` calls after its own single validation."""
@@ -274,7 +285,7 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                         geo={False: full_geo, True: part_geo}, sliding_window=sliding_window,
                         ov_off=ov_off, block_tables=block_tables, num_blocks=num_blocks,
                         ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1),
-                        alibi=alibi, row_init=row_init, seqs=seqs)
+                        alibi=alibi, row_init=row_init, seqs=seqs, kv_layout=kv_layout)
         for kind, seqs, rows, blocks, qb in specs)
     return AttentionSchedule(
         num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT,
@@ -283,12 +294,12 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
         partial_tiled_block_size=part_geo.bp, partial_loads=part_geo.nL,
         query_lens=readonly(q.astype(np.int64)),
         context_lens=readonly(c.astype(np.int64)), overlay_seq=readonly(overlay_seq),
-        overlay_pos0=readonly(overlay_pos0), classes=classes)
+        overlay_pos0=readonly(overlay_pos0), classes=classes, kv_layout=kv_layout)
 
 
 def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_window, ov_off,
                     block_tables, num_blocks, ov_sentinel, ov_rows_per_head, alibi, row_init,
-                    seqs):
+                    seqs, kv_layout):
     """The two phases of one class (``qb``: ``host.schedule_items.q_blocks``); see :class:`PhaseArrays` for
     the columns. ``geo[masked]``: the tile geometry of the full (False) and partial (True)
     phase."""
@@ -306,7 +317,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         T, bp, L, nL, W = g.T, g.bp, g.L, g.nL, g.W
         n_main = c // bp                              # this geometry's rows read from the cache
         n_rows = -(-keys // bp)
-        main_sentinel = 2 * num_blocks * Hkv * T      # beyond the flat view's first axis
+        main_sentinel = cache_row_count(kv_layout, num_blocks, Hkv, T)   # past every view row
         n_real = len(items_list)
         n_items = bucket(n_real)
         kop = decode_layout(rows, blocks)
@@ -348,7 +359,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
             blk[main] = block_tables[i, j[main] // T]  # may have no column at all)
             sub = (j % T)
             for h in range(Hkv):
-                rows_main = (blk.astype(np.int64) * Hkv + h) * T + sub
+                rows_main = main_cache_row(kv_layout, blk.astype(np.int64), sub, h, Hkv, T)
                 mi[h, :, t, kv_col:kv_col + nL] = np.where(main, rows_main, main_sentinel).T
                 if masked:
                     ovr = h * ov_rows_per_head + ov_off[i] + (j - n_main[i])

@@ -13,11 +13,13 @@ Layouts: docs/layouts.md ("Scheduled kernel").
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 
-from dataclasses import dataclass, field
-
 from host._arrays import readonly
+from host.block_kv import cached_tokens, is_block_kv, kv_dims
 from host.schedule import AttentionSchedule, ClassSchedule
 from nki_kernels.contract import (M_FLOOR, Q_INIT_COLUMNS, Q_INIT_L, Q_INIT_NEG_M, Q_INIT_SLOPE,
                                   Q_INIT_SLOPE_POS)
@@ -26,22 +28,24 @@ __all__ = ["build_overlay", "pack_queries", "unpack_output", "kernel_inputs", "r
            "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args"]
 
 
-def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarray,
+def build_overlay(sched: AttentionSchedule, kv_cache: Any, key: np.ndarray,
                   value: np.ndarray, block_tables: np.ndarray, *, dtype=None,
                   kv_scale: tuple | None = None) -> np.ndarray:
     """``(2, Hkv * R_ov, b'_p * d)``: overlay row ``h * R_ov + r`` holds key row r of ``sched``
     (b'_p consecutive positions of one sequence, the partial phase's rows) for KV head h: cached positions are copied from
-    ``kv_cache``, new-token positions from ``key`` / ``value``, positions past the sequence end
-    are 0. At least one (zero) row per head.
+    ``kv_cache`` (a fused (2, N, Hkv, B, d) cache or a block-KV (key_cache, value_cache) pair,
+    ``host.block_kv.cached_tokens``), new-token positions from ``key`` / ``value``, positions
+    past the sequence end are 0. At least one (zero) row per head.
 
     ``dtype``: the overlay dtype (default the cache dtype). ``kv_scale``: for an fp8 cache,
     ``(k_scale, v_scale)`` (Hkv,) -- cached values are dequantized (times the scale) and every
     value is then divided by the scale, i.e. the overlay holds K / k_scale and V / v_scale like
     the cache does, in ``dtype`` (the host multiplies the scales back into q and the output)."""
-    _, _, Hkv, B, d = kv_cache.shape
+    _, B, Hkv, d = kv_dims(kv_cache)
     bp = sched.partial_tiled_block_size
     R = sched.overlay_seq.shape[0]
-    dt = kv_cache.dtype if dtype is None else np.dtype(dtype)
+    dt = (kv_cache[0] if is_block_kv(kv_cache) else kv_cache).dtype if dtype is None \
+        else np.dtype(dtype)
     out = np.zeros((2, Hkv, max(R, 1), bp, d), dtype=dt)
     if R:
         seq = sched.overlay_seq[:, None]
@@ -53,8 +57,8 @@ def build_overlay(sched: AttentionSchedule, kv_cache: np.ndarray, key: np.ndarra
         new = (pos >= c) & (pos < keys)
         cs = np.nonzero(cached)
         blk = block_tables[seq[cs[0], 0], (pos // B)[cs]]                   # cached positions only
-        src = kv_cache[:, blk, :, (pos % B)[cs], :]                         # (n, 2, Hkv, d)
-        out[:, :, cs[0], cs[1], :] = np.moveaxis(src, 0, 2).astype(dt)
+        src = cached_tokens(kv_cache, blk, (pos % B)[cs])                   # (2, n, Hkv, d)
+        out[:, :, cs[0], cs[1], :] = np.moveaxis(src, 1, 2).astype(dt)
         ns = np.nonzero(new)
         tok = (tok_off + pos - c)[ns]
         kn = key[tok].astype(np.float32).transpose(1, 0, 2)                  # (Hkv, n, d)
@@ -199,7 +203,7 @@ def launch_args(launch: ClassLaunch, query_t: np.ndarray, kv_cache: np.ndarray,
     (device tensors; None for other classes)."""
     cls = launch.cls
     args = (query_t, launch.q_init, kv_cache, overlay, cls.partial.meta_i, cls.partial.meta_f,
-            cls.full.meta_i, cls.full.meta_f, cls.rows, cls.blocks)
+            cls.full.meta_i, cls.full.meta_f, cls.blocks)
     if not cls.decode_layout:
         return args, {}
     Hkv = kv_cache.shape[2]

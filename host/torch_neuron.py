@@ -106,8 +106,12 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                          softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                          gqa_packing=None, attention_kernel=None, sliding_window=None,
                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                         v_scale=None, api=None):
+                         v_scale=None, api=None, value_cache=None):
     require_toolchain("paged_attention")
+    if value_cache is not None:
+        raise NotImplementedError("the XLA device path reads a fused (2, N, Hkv, B, d) kv_cache "
+                                  "only; vLLM's block-KV pair (kv_cache=key_cache, value_cache=) "
+                                  "needs CPU tensors")
     if k_scale is not None or v_scale is not None:
         raise NotImplementedError("the XLA device path reads float32 / bfloat16 / float16 caches "
                                   "only; fp8 caches (k_scale / v_scale) need CPU tensors")

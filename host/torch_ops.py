@@ -28,7 +28,9 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
                     gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
                     logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
                     k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head),
-                    api=None ("legacy" | "nki": the NKI API of the launch))
+                    api=None ("legacy" | "nki": the NKI API of the launch),
+                    value_cache=None (vLLM's block-KV layout: kv_cache is then the key cache
+                    (N,B,Hkv,d) and value_cache the value cache (N,B,Hkv,d), read in place))
                     -> (T,H,d)                                     [pure]
     reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,),
                       k_scale=None, v_scale=None)                   [mutates kv_cache]
@@ -89,14 +91,19 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                     attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
                     logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
                     sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
-                    v_scale: Optional[Tensor] = None, api: Optional[str] = None) -> Tensor:
+                    v_scale: Optional[Tensor] = None, api: Optional[str] = None,
+                    value_cache: Optional[Tensor] = None) -> Tensor:
     """CPU: ``host.run_paged_attention`` with the step's plan (``host.plan_cache``: the layers
-    of a step share one plan); module docstring for shapes. Returns a new (T, H, d) tensor."""
+    of a step share one plan); module docstring for shapes. Returns a new (T, H, d) tensor.
+    With ``value_cache`` the cache is the block-KV pair ``(kv_cache, value_cache)``."""
     from host.attention import run_paged_attention
 
     check_devices("paged_attention", query=query, key=key, value=value, kv_cache=kv_cache,
                   block_tables=block_tables, query_lens=query_lens, context_lens=context_lens,
-                  alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+                  alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                  value_cache=value_cache)
+    if value_cache is not None:
+        kv_cache = (kv_cache, value_cache)
     extra = host_options(kernel=attention_kernel, sliding_window=sliding_window,
                          logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes, sinks=sinks,
                          k_scale=k_scale, v_scale=v_scale)
@@ -115,14 +122,18 @@ def step_plan(query, key, value, kv_cache, block_tables, query_lens, context_len
     ``host.paged_attention``'s. Tensor checks happen here, before planning, with the messages
     of ``host.paged_attention``."""
     from host.attention import check_attention_tensors
+    from host.block_kv import is_block_kv, kv_dims
     from host.plan_cache import cached_plan
+    from nki_kernels.contract import BLOCK_KV, FUSED
 
     q, _, _, cache = check_attention_tensors(query, key, value, kv_cache)
     T, H, d = q.shape
-    _, N, Hkv, B, _ = cache.shape
+    N, B, Hkv, _ = kv_dims(cache)
+    block_kv = is_block_kv(cache)
     plan = cached_plan(block_tables, query_lens, context_lens, num_heads=H, num_kv_heads=Hkv,
                        head_size=d, block_size=B, num_blocks=N, dtype=q.dtype,
-                       kv_cache_dtype=cache.dtype, **options)
+                       kv_cache_dtype=(cache[0] if block_kv else cache).dtype,
+                       kv_layout=BLOCK_KV if block_kv else FUSED, **options)
     if plan.num_tokens != T:
         from host.validation import fail
 
@@ -152,10 +163,11 @@ def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens,
                           softmax_scale=None, mixed_precision=True, large_tile_size=2048,
                           gqa_packing=None, attention_kernel=None, sliding_window=None,
                           logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
-                          v_scale=None, api=None):
+                          v_scale=None, api=None, value_cache=None):
     check_devices("paged_attention", query=query, key=key, value=value, kv_cache=kv_cache,
                   block_tables=block_tables, query_lens=query_lens, context_lens=context_lens,
-                  alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+                  alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+                  value_cache=value_cache)
     torch._check(query.dim() == 3, lambda: f"query must be (T, H, d); got {tuple(query.shape)}")
     return query.new_empty(query.shape)
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_GROUP_BLOCKS, MAX_HEAD_SIZE_SCHEDULED,
-                                  MIN_BLOCK_SIZE, PARTITIONS as P, Q_INIT_COLUMNS, STEP_KEYS,
-                                  MetaLayout, TileGeometry, channel_slices, decode_layout,
-                                  meta_layout)
+from nki_kernels.contract import (BLOCK_KV, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_GROUP_BLOCKS,
+                                  MAX_HEAD_SIZE_SCHEDULED, MIN_BLOCK_SIZE, PARTITIONS as P,
+                                  Q_INIT_COLUMNS, STEP_KEYS, MetaLayout, TileGeometry,
+                                  cache_row_count, channel_slices, decode_layout, meta_layout)
 from nki_kernels.ops import dtype_name, itemsize
 from nki_kernels.sbuf_plan import SbufBudgetWarning
 from nki_kernels.sched_checks import (check_item_inputs, check_phase_metadata,
@@ -52,6 +52,10 @@ class SchedOptions:
         meets (no sliding window): masks then test only the upper bound (cheaper). The host
         sets it to ``sliding_window is not None``; the steps read the same flag
         (``sched_core.StepConfig.windowed``).
+    kv_layout: the cache layout (``contract.KV_LAYOUTS``): "fused", one ``kv_cache``
+        (2, N, Hkv, B, d); "block_kv", vLLM's key cache (N, B, Hkv, d) as ``kv_cache`` and its
+        value cache as ``value_cache`` (read in place; only the gathers' access patterns and
+        the metadata's row ids differ, docs/layouts.md §18).
     """
 
     softmax_scale: float | None = None
@@ -62,13 +66,34 @@ class SchedOptions:
     alibi: bool = False
     row_init: bool = False
     windowed: bool = True
+    kv_layout: str = "fused"
+
+
+@dataclass(frozen=True)
+class CacheRows:
+    """A phase's cache as gather tables (docs/layouts.md §16.1, §18): K from ``tables[0]`` at
+    ``leads[0]``, V from ``tables[1]`` at ``leads[1]``; a row id names b' tokens of one KV head,
+    token s of head h at columns ``h*head_col + s*step`` (``tokens`` pieces per gather: 1 when
+    the b' tokens are contiguous). Fused: one view (2, N*Hkv*T, b'*d), leads (0,), (1,),
+    head_col 0, one piece. Block-KV: the key and the value cache as (N*T, b'*Hkv*d) each, no
+    leads, step Hkv*d, head_col d (b' pieces of d elements, one when Hkv = 1)."""
+
+    tables: tuple
+    leads: tuple
+    step: int
+    head_col: int
+    tokens: int
+
+    @property
+    def dtype(self):
+        return self.tables[0].dtype
 
 
 @dataclass(frozen=True)
 class Phase:
     """One phase of a launch: ``masked`` (partial items) or not (full items), its tile
-    geometry, item count, metadata columns, layout, keys per step and flat cache view
-    ``(2, N*Hkv*T, b'*d)``."""
+    geometry, item count, metadata columns, layout, keys per step and cache rows
+    (:class:`CacheRows`)."""
 
     masked: bool
     geo: TileGeometry
@@ -76,7 +101,7 @@ class Phase:
     meta: MetaLayout
     keys_on_partitions: bool
     step_keys: int
-    kv_flat: Any
+    kv: CacheRows
 
 
 @dataclass(frozen=True)
@@ -170,28 +195,68 @@ class Chunk:
     init: Any = None
 
 
-def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts) -> SchedConfig:
-    """Validate every input and return the static configuration."""
+def cache_dims(kv_cache, value_cache, opts) -> tuple:
+    """``(N, B, Hkv, d)`` of the cache in the layout ``opts.kv_layout`` names, checked: fused
+    ``kv_cache`` (2, N, Hkv, B, d) and no ``value_cache``; block-KV ``kv_cache`` the key cache
+    (N, B, Hkv, d) and ``value_cache`` the value cache of the same shape and dtype."""
     ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
     ck(isinstance(opts, SchedOptions), "options", "be a SchedOptions", type(opts).__name__)
-    ck(kv_cache.shape[0] == 2, "kv_cache.shape", "be (2, num_blocks, Hkv, block_size, d)",
-       tuple(kv_cache.shape))
-    _, N, Hkv, B, d = kv_cache.shape
+    ck(opts.kv_layout in KV_LAYOUTS, "kv_layout", f"be one of {KV_LAYOUTS}", opts.kv_layout)
+    shape = tuple(kv_cache.shape)
+    if opts.kv_layout == BLOCK_KV:
+        ck(len(shape) == 4, "kv_cache.shape",
+           "be the key cache (num_blocks, block_size, Hkv, d) with kv_layout='block_kv'", shape)
+        ck(value_cache is not None and tuple(value_cache.shape) == shape
+           and dtype_name(value_cache.dtype) == dtype_name(kv_cache.dtype), "value_cache",
+           f"be the value cache, shape {shape} and dtype {dtype_name(kv_cache.dtype)} of the key "
+           "cache (kv_layout='block_kv')",
+           None if value_cache is None else (tuple(value_cache.shape),
+                                             dtype_name(value_cache.dtype)))
+        N, B, Hkv, d = shape
+        return N, B, Hkv, d
+    ck(value_cache is None, "value_cache", "be None with kv_layout='fused' (K and V are "
+       "kv_cache[0] and kv_cache[1])", "an array")
+    ck(len(shape) == 5 and shape[0] == 2, "kv_cache.shape",
+       "be (2, num_blocks, Hkv, block_size, d)", shape)
+    _, N, Hkv, B, d = shape
+    return N, B, Hkv, d
+
+
+def cache_rows(kv_cache, value_cache, geo: TileGeometry, opts, dims) -> CacheRows:
+    """The :class:`CacheRows` of a phase of geometry ``geo`` (views only, no data movement)."""
+    N, _, Hkv, d = dims
+    bp = geo.bp
+    if opts.kv_layout == BLOCK_KV:
+        shape = (cache_row_count(BLOCK_KV, N, Hkv, geo.T), bp * Hkv * d)
+        return CacheRows(tables=(kv_cache.reshape(shape), value_cache.reshape(shape)),
+                         leads=((), ()), step=Hkv * d, head_col=d, tokens=1 if Hkv == 1 else bp)
+    flat = kv_cache.reshape((2, geo.flat_rows(N, Hkv), bp * d))
+    return CacheRows(tables=(flat, flat), leads=((0,), (1,)), step=d, head_col=0, tokens=1)
+
+
+def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts, value_cache=None) -> SchedConfig:
+    """Validate every input and return the static configuration."""
+    ck = lambda cond, arg, constraint, got: kernel_check(cond, KERNEL, arg, constraint, got)  # noqa: E731
+    dims = cache_dims(kv_cache, value_cache, opts)
+    N, B, Hkv, d = dims
     query_t, q_init, overlay = ins.query_t, ins.q_init, ins.overlay
     q_dt, cache_dt = dtype_name(query_t.dtype), dtype_name(kv_cache.dtype)
-    ck(1 <= d <= MAX_D, "kv_cache.shape[4] (head size d)", f"be in [1, {MAX_D}]", d)
+    block_kv = opts.kv_layout == BLOCK_KV
+    d_arg, b_arg = (("kv_cache.shape[3] (head size d)", "kv_cache.shape[1] (block_size)")
+                    if block_kv else ("kv_cache.shape[4] (head size d)",
+                                      "kv_cache.shape[3] (block_size)"))
+    ck(1 <= d <= MAX_D, d_arg, f"be in [1, {MAX_D}]", d)
     ck(q_dt in _FLOAT, "query_t.dtype", f"be one of {_FLOAT}", q_dt)
     fp8 = cache_dt in _FP8
+    kernel_unsupported(not (fp8 and block_kv), KERNEL, f"a {cache_dt} block-KV cache",
+                       "use the fused (2, N, Hkv, B, d) layout for fp8 caches")
     kernel_unsupported(fp8 or cache_dt == q_dt, KERNEL,
                        f"a kv_cache of dtype {cache_dt} with {q_dt} queries",
                        f"use the query dtype or an fp8 cache ({_FP8})")
-    ck(isinstance(rows, int) and 1 <= rows <= P, "rows", f"be an int in [1, {P}]", rows)
-    ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
-       tuple(query_t.shape))
+    ck(1 <= rows <= P, "query_t.shape[1] (rows per Q block)", f"be in [1, {P}]", rows)
     ck(isinstance(blocks, int) and 1 <= blocks <= MAX_GROUP_BLOCKS, "blocks",
        f"be an int in [1, {MAX_GROUP_BLOCKS}]", blocks)
-    ck(MIN_BLOCK_SIZE <= B <= MAX_BLOCK_SIZE and (B & (B - 1)) == 0,
-       "kv_cache.shape[3] (block_size)",
+    ck(MIN_BLOCK_SIZE <= B <= MAX_BLOCK_SIZE and (B & (B - 1)) == 0, b_arg,
        f"be a power of two in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]", B)
     g_full, g_part = tile_geometries(KERNEL, B, opts.LARGE_TILE_SZ, opts.PARTIAL_TILE_SZ)
     ck(len(overlay.shape) == 3 and overlay.shape[0] == 2 and overlay.shape[2] == g_part.bp * d
@@ -234,14 +299,14 @@ def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts) -> SchedConfig:
     step_keys = decode_step_keys(rows) if decode else STEP_KEYS
     full, partial = (Phase(masked=masked, geo=geo, items=n, meta=layouts[masked],
                            keys_on_partitions=decode, step_keys=min(geo.W, step_keys),
-                           kv_flat=kv_cache.reshape((2, geo.flat_rows(N, Hkv), geo.bp * d)))
+                           kv=cache_rows(kv_cache, value_cache, geo, opts, dims))
                      for masked, geo, n in ((False, g_full, items_f), (True, g_part, items_p)))
     # fp8 rows straight into TensorE when the other operand is 16-bit (float32 matmul operands
     # must both be float32: an fp8 cache with a float32 kernel dtype is converted on chip)
     cfg = SchedConfig(d=d, nd=channel_slices(d), kd=kd, fp8_direct=fp8 and itemsize(kd) == 2,
                       scale=scale, rows=rows, blocks=blocks, opts=opts, decode=decode,
                       full=full, partial=partial)
-    check_sbuf(ops, cfg, kv_cache, query_t)
+    check_sbuf(ops, cfg, kv_cache, query_t, B)
     return cfg
 
 
@@ -263,19 +328,19 @@ def _check_decode_inputs(ins, decode, row_init, Hkv, d, rows, items, q_dt):
     check_item_inputs(KERNEL, need)
 
 
-def check_sbuf(ops, cfg, kv_cache, query_t):
+def check_sbuf(ops, cfg, kv_cache, query_t, block_size):
     """Warn (``SbufBudgetWarning``, as the dense kernel) when the estimated working set
     (``nki_kernels.sched_plan``) exceeds the target's usable SBUF: the kernel still runs (the
     compiler spills) but the message names the fix."""
     gen = "gen2" if ops.nc_gen() == "gen2" else "gen3"
     LT, rows, blocks = cfg.opts.LARGE_TILE_SZ, cfg.rows, cfg.blocks
     c_size, k_size, q_size = itemsize(kv_cache.dtype), itemsize(cfg.kd), itemsize(query_t.dtype)
-    fits = max_group_blocks(nc_gen=gen, block_size=kv_cache.shape[3], large_tile=LT,
+    fits = max_group_blocks(nc_gen=gen, block_size=block_size, large_tile=LT,
                             head_size=cfg.d, rows=rows, keys_on_partitions=cfg.decode,
                             query_itemsize=q_size, cache_itemsize=c_size, kernel_itemsize=k_size)
     if blocks <= fits:
         return
-    need = (fixed_bytes(block_size=kv_cache.shape[3], large_tile=LT, head_size=cfg.d,
+    need = (fixed_bytes(block_size=block_size, large_tile=LT, head_size=cfg.d,
                         keys_on_partitions=cfg.decode, rows=rows, cache_itemsize=c_size,
                         kernel_itemsize=k_size)
             + blocks * block_bytes(head_size=cfg.d, rows=rows, query_itemsize=q_size,

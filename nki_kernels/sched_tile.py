@@ -5,13 +5,15 @@ Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it fir
 the kernel's ``scheduled_attention.SchedConfig`` (``d``, ``nd``, ``kd`` the kernel dtype,
 ``fp8_direct``), ``phase`` the phase's ``scheduled_attention.Phase`` (``geo`` its
 ``contract.TileGeometry``: ``bp`` tokens per row, ``nL`` 128-row loads per tile, ``W`` keys per
-tile; ``kv_flat`` the cache viewed as rows of ``bp`` tokens: ``(2, N*Hkv*T, bp*d)``); ``mi`` the
-metadata chunk (int32; item columns from ``ci``: ``kv[l]`` then, masked, ``ov[l]``;
-docs/layouts.md §16.4).
+tile; ``kv`` its ``sched_config.CacheRows``: the cache as gather tables whose row ids name
+``bp`` tokens of one KV head, in either cache layout); ``mi`` the metadata chunk (int32; item
+columns from ``ci``: ``kv[l]`` then, masked, ``ov[l]``; docs/layouts.md §16.4); ``head`` the KV
+head (a block-KV row holds every head: the head is a column offset).
 
 Tile layout: row p of load l at columns ``[l*bp*d, (l+1)*bp*d)``, token s of that row at
 ``l*bp*d + s*d``; K^T column ``l*128*bp + s*128 + p`` is that key (tile-local index
-``(l*128 + p)*bp + s``).
+``(l*128 + p)*bp + s``). The same in both cache layouts (a block-KV gather moves the row's
+``bp`` tokens as ``bp`` pieces of ``d`` elements, ``Hkv*d`` apart in HBM).
 """
 
 from __future__ import annotations
@@ -27,11 +29,19 @@ def keys_by_dma(ops, cfg, phase) -> bool:
     transposes: a trace-time feature of the API and target (``ops.has_gather_transpose``:
     NeuronCore-v3+, current API), for a cache in the kernel dtype and d <= 128."""
     return (cfg.nd == 1 and not cfg.fp8_direct
-            and dtype_name(phase.kv_flat.dtype) == dtype_name(cfg.kd)
-            and ops.has_gather_transpose(phase.kv_flat.dtype, cfg.d))
+            and dtype_name(phase.kv.dtype) == dtype_name(cfg.kd)
+            and ops.has_gather_transpose(phase.kv.dtype, cfg.d))
 
 
-def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
+def _gather_cache(ops, phase, kv, dst, mi, col, head):
+    """Cache rows ``mi[:, col]`` of K (``kv`` = 0) or V (1), KV head ``head``, into ``dst``
+    ``(128, bp*d)`` (out-of-bounds rows skipped)."""
+    src = phase.kv
+    ops.gather(dst, src.tables[kv], mi, col, lead=src.leads[kv], col0=head * src.head_col,
+               tokens=src.tokens, step=src.step)
+
+
+def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     """K and V rows of the item's tile (the phase's geometry), ``(128, nL * b' * d)`` each, and
     the overlay rows when they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
     With :func:`keys_by_dma` ``k_rows`` is the tile's K^T ``(d, W)`` instead (column order of
@@ -55,8 +65,8 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
     masked, geo, kd = phase.masked, phase.geo, cfg.kd
     nL = geo.nL
     rw = geo.bp * cfg.d
-    kv_flat = phase.kv_flat
-    cdt = kv_flat.dtype
+    src = phase.kv
+    cdt = src.dtype
     direct = cfg.fp8_direct
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
@@ -64,9 +74,10 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
         # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
         v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
         for l in ops.static_range(nL):
-            ops.gather_transpose(k_t, kv_flat, mi, ci + l, tokens=geo.bp, width=cfg.d,
-                                 lead=(0,), col0=l * P * geo.bp)
-            ops.gather(v_rows[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + l, lead=(1,))
+            ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
+                                 lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
+                                 src_col0=head * src.head_col)
+            _gather_cache(ops, phase, 1, v_rows[:, ops.ds(l * rw, rw)], mi, ci + l, head)
             if masked:
                 ops.gather_transpose(k_t, overlay, mi, ci + nL + l, tokens=geo.bp,
                                      width=cfg.d, lead=(0,), col0=l * P * geo.bp)
@@ -82,8 +93,8 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, kv_tiles=None):
         k_rows, v_rows = kv_tiles
     same = dtype_name(overlay.dtype) == dtype_name(cdt)
     for l in ops.static_range(nL):
-        ops.gather(k_rows[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + l, lead=(0,))
-        ops.gather(v_rows[:, ops.ds(l * rw, rw)], kv_flat, mi, ci + l, lead=(1,))
+        _gather_cache(ops, phase, 0, k_rows[:, ops.ds(l * rw, rw)], mi, ci + l, head)
+        _gather_cache(ops, phase, 1, v_rows[:, ops.ds(l * rw, rw)], mi, ci + l, head)
         if masked and (same or direct):
             _gather_overlay(ops, k_ov if direct else k_rows, v_ov if direct else v_rows, overlay,
                             mi, ci + nL + l, l * rw, rw)

@@ -47,7 +47,8 @@ from nki_kernels.contract import (M_FLOOR, PARTITIONS as P, Q_INIT_COLUMNS, Q_IN
                                   STATE_EXTRA_COLUMNS, chunk_size)
 from nki_kernels.ops import KernelFamily
 from nki_kernels.sched_config import (KERNEL, MAX_D, Chunk, Constants, GroupTiles,  # noqa: F401
-                                      Inputs, Phase, SchedConfig, SchedOptions, configure)
+                                      Inputs, Phase, SchedConfig, SchedOptions, cache_dims,
+                                      configure)
 from nki_kernels.sched_core import KVTile, key_index_tile
 from nki_kernels.sched_decode import decode_constants, key_index_columns
 from nki_kernels.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
@@ -57,8 +58,9 @@ from nki_kernels.tile_ops import identity_tile
 
 def _build(ops):
     def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
-                                  meta_ff, rows, blocks, options=SchedOptions(), q_full=None,
-                                  q_part=None, i_full=None, i_part=None, bounds_p=None):
+                                  meta_ff, blocks, options=SchedOptions(), q_full=None,
+                                  q_part=None, i_full=None, i_part=None, bounds_p=None,
+                                  value_cache=None):
         """Scheduled paged attention of one class of Q blocks.
 
         Args:
@@ -70,14 +72,17 @@ def _build(ops):
                 attention sink), the ALiBi slope and slope * query position. Read only with
                 ``row_init`` by query-rows classes (gathered per group start).
             kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
-                (float8_e4m3 / float8_e5m2; scales are folded in by the host).
+                (float8_e4m3 / float8_e5m2; scales are folded in by the host). With
+                ``options.kv_layout == "block_kv"``: vLLM's key cache (N, B, Hkv, d) in the
+                query dtype, read in place (docs/layouts.md §18).
             overlay: (2, Hkv * R_ov, b'_p * d): key rows that are not whole cached-context rows
                 (a sequence's partly filled last context row and its new tokens); row
                 ``h * R_ov + r``. The kv_cache dtype, or for an fp8 cache the kernel dtype.
             meta_pi, meta_pf: partial-phase metadata, (Hkv, 128, Ip * ki) int32 and
                 (128, Ip * kf) float32 (``host.schedule.PhaseArrays``; Ip items, may be 0).
             meta_fi, meta_ff: full-phase metadata, (Hkv, 128, If * ki') int32, (128, If * kf').
-            rows, blocks: query rows per Q block (1..128) and Q blocks per group (static ints).
+            blocks: Q blocks per group (a static int; the rows per Q block, 1..128, are
+                ``query_t.shape[1]``).
             options: :class:`SchedOptions`.
             q_full, q_part: decode-layout classes (``contract.decode_layout``) only, else None
                 (not read): the Q^T of every item of the full / partial phase, (Hkv * d,
@@ -90,6 +95,8 @@ def _build(ops):
             bounds_p: decode-layout classes only, else None (not read): (1, Ip * 2 * rows)
                 float32, item t's mask bounds (``c_q`` then ``r_q``; row q sees tile-local key t
                 iff ``|t - c_q| < r_q``) on ONE partition, broadcast in-kernel.
+            value_cache: ``kv_layout == "block_kv"``: vLLM's value cache (N, B, Hkv, d), the
+                key cache's shape and dtype, read in place; otherwise None.
 
         Returns:
             (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of
@@ -101,20 +108,18 @@ def _build(ops):
             NotImplementedError: a cache dtype that is neither the query's nor fp8, or a
                 toolchain without out-of-bounds DMA skipping.
         """
-        kernel_check(len(kv_cache.shape) == 5, KERNEL, "kv_cache.shape",
-                     "be (2, num_blocks, Hkv, block_size, d)", tuple(kv_cache.shape))
-        Hkv, d = kv_cache.shape[2], kv_cache.shape[4]
+        _, _, Hkv, d = cache_dims(kv_cache, value_cache, options)
         kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0,
                      KERNEL, "query_t.shape", f"be (Hkv*nblk*d, rows) with Hkv*d = {Hkv * d}",
                      tuple(query_t.shape))
-        nblk = query_t.shape[0] // (Hkv * d)
+        nblk, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1]
         out = ops.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
         state = ops.ndarray((max(nblk * rows, 1), d + STATE_EXTRA_COLUMNS), dtype=ops.float32,
                             buffer=ops.PRIVATE_HBM)
         ins = Inputs(query_t=query_t, q_items=(q_full, q_part), i_items=(i_full, i_part),
                      bounds_p=bounds_p, q_init=q_init, overlay=overlay,
                      meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf), out=out, state=state)
-        cfg = configure(ops, ins, kv_cache, rows, blocks, options)
+        cfg = configure(ops, ins, kv_cache, rows, blocks, options, value_cache)
         scheduled_body(ops, cfg, ins, Hkv)
         return out
 
@@ -192,7 +197,7 @@ def _constants(ops, cfg):
                                   cfg.kd)
     eye = None
     if cfg.fp8_direct:      # identity matmuls transpose fp8 K rows (and the overlay rows)
-        eye = (identity_tile(ops, P, cfg.full.kv_flat.dtype), identity_tile(ops, P, cfg.kd))
+        eye = (identity_tile(ops, P, cfg.full.kv.dtype), identity_tile(ops, P, cfg.kd))
     return Constants(kidx=tuple(kidx), consts=consts, eye=eye)
 
 
@@ -210,8 +215,7 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
         # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
         rw_all = phase.geo.nL * phase.geo.bp * d
         k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else (P, rw_all)    # K^T / K
-        kv_tiles = (ops.zeros(k_shape, phase.kv_flat.dtype),
-                    ops.zeros((P, rw_all), phase.kv_flat.dtype))
+        kv_tiles = (ops.zeros(k_shape, phase.kv.dtype), ops.zeros((P, rw_all), phase.kv.dtype))
     for ch in ops.sequential_range(phase.items // chunk):
         mi = ops.sbuf((P, chunk * ki), ops.int32)
         ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])
@@ -231,10 +235,10 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
         data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init,
                      resets=ops.flags(mf, m.reset, kf, chunk))
         for it in ops.sequential_range(chunk):
-            _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles)
+            _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head)
 
 
-def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles):
+def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
     """Item ``it`` of the chunk: load / reset / carry the group state, gather Q and KV, fold the
     tile, store."""
     m, masked = phase.meta, phase.masked
@@ -266,7 +270,8 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles):
     if masked:
         load_state(ops, st, mi, ci + m.st, ins.state, rows=rows, blocks=blocks, d=d)
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
-    k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, kv_tiles)
+    k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, head,
+                                           kv_tiles)
     k_t = transpose_keys(ops, cfg, phase, k_rows, k_ov, const.eye)
     # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
     # keys on partitions, as many keys as fit one PSUM bank of scores).

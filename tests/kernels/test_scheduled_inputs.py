@@ -57,7 +57,7 @@ def test_only_decode_layout_classes_get_the_optional_inputs(variants, names, bat
     kinds = set()
     for launch, args, inputs in _launches(b, plan):
         kinds.add(launch.cls.decode_layout)
-        assert len(args) == 10 and all(a is not None for a in args)
+        assert len(args) == 9 and all(a is not None for a in args)
         assert sorted(inputs) == (sorted(names) if launch.cls.decode_layout else [])
         assert all(isinstance(a, np.ndarray) for a in inputs.values())
         if not launch.cls.decode_layout:
