@@ -22,14 +22,16 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, is_torch_tensor, to_numpy
+from host.cache.block_kv import check_pair, is_block_kv, kv_dims
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
-from host.gqa_packing import pack_kv, pack_query, unpack_output
+from host.dense.gqa_packing import pack_kv, pack_query, unpack_output
 from host.launch import BACKENDS, check_api, launch_kernel
-from host.scheduled import build_overlay, launch_args, pack_queries
-from host.scheduled import unpack_output as unpack_class_output
+from host.scheduled.scheduled import build_overlay, launch_args, pack_queries
+from host.scheduled.scheduled import unpack_output as unpack_class_output
 from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
                             layer_launches, plan_paged_attention)
 from host.validation import check_float_array, check_integer_array, check_ndim, check_shape, fail
+from nki_kernels.contract import BLOCK_KV, FUSED
 
 __all__ = ["paged_attention", "run_paged_attention", "flash_attn_varlen_nkifunc",
            "check_attention_tensors", "BACKENDS", "GQA_PACKING", "KERNELS"]
@@ -54,7 +56,10 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         query: (T, H, d) float32/bfloat16/float16; sequences contiguous and in order.
         key, value: (T, Hkv, d), the new tokens' K/V, same dtype as query.
         kv_cache: (2, N, Hkv, B, d), same dtype, or an fp8 cache (float8_e4m3fn / float8_e5m2,
-            scheduled kernel, with k_scale / v_scale); [0] = K, [1] = V (not modified).
+            scheduled kernel, with k_scale / v_scale); [0] = K, [1] = V (not modified). Or
+            vLLM's block-KV layout (scheduled kernel, query dtype): a ``(key_cache,
+            value_cache)`` pair of C-contiguous (N, B, Hkv, d) caches, read in place without a
+            copy (docs/layouts.md §18).
         block_tables: (S, max_blocks) integer; row i's first ceil(context_lens[i] / B) entries
             are sequence i's context blocks (ids in [0, N)); later entries are ignored.
         query_lens: (S,) integers >= 1 summing to T.  context_lens: (S,) integers >= 0.
@@ -72,8 +77,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
             split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
             else the platform's (``nki_kernels._nki.Api.lnc``).
-        kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
-            schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
+        kernel: "scheduled" (default) runs ``nki_kernels.scheduled.scheduled_attention`` through a host
+            schedule (``host.scheduled.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
             query rows. "dense" runs the vLLM-interface kernel ``flash_paged_attention`` (every
             128-row query tile against every context tile, a dense host-built mask).
@@ -85,9 +90,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             (per tensor or per KV head).
         gqa_packing: "auto" | True | False (dense kernel only; the scheduled kernel always packs
             the heads of a KV head as rows). True runs the dense kernel with each KV head's G query
-            heads packed as extra query rows (``host.gqa_packing``, docs/layouts.md §11): fewer
+            heads packed as extra query rows (``host.dense.gqa_packing``, docs/layouts.md §11): fewer
             Q-tile passes for decode-heavy batches. "auto" packs when
-            ``host.gqa_packing.choose_gqa_packing`` says it does less work (never when G == 1,
+            ``host.dense.gqa_packing.choose_gqa_packing`` says it does less work (never when G == 1,
             where packing is a no-op).
 
     Returns:
@@ -100,10 +105,13 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     was_torch = is_torch_tensor(query)
     q, k, v, cache = check_attention_tensors(query, key, value, kv_cache)
     T, H, d = q.shape
-    _, N, Hkv, B, _ = cache.shape
+    N, B, Hkv, _ = kv_dims(cache)
+    block_kv = is_block_kv(cache)
     plan = plan_paged_attention(block_tables, query_lens, context_lens, num_heads=H,
                                 num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
-                                dtype=q.dtype, kv_cache_dtype=cache.dtype,
+                                dtype=q.dtype,
+                                kv_cache_dtype=(cache[0] if block_kv else cache).dtype,
+                                kv_layout=BLOCK_KV if block_kv else FUSED,
                                 softmax_scale=softmax_scale, mixed_precision=mixed_precision,
                                 large_tile_size=large_tile_size, partial_tile_size=partial_tile_size,
                                 backend=backend, gqa_packing=gqa_packing, kernel=kernel,
@@ -118,11 +126,15 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
 def check_attention_tensors(query: Any, key: Any, value: Any, kv_cache: Any) -> tuple:
     """``host.paged_attention``'s tensor checks: ``(query, key, value, kv_cache)`` as NumPy,
     query (T, H, d) float32/bfloat16/float16, key / value (T, Hkv, d) and a (2, N, Hkv, B, d)
-    cache in query's dtype (or fp8). ValueError naming the tensor otherwise."""
+    cache in query's dtype (or fp8), or a block-KV ``(key_cache, value_cache)`` pair of
+    (N, B, Hkv, d) caches in query's dtype (returned as a tuple of arrays sharing the callers'
+    memory). ValueError naming the tensor otherwise."""
     q_np, _ = to_numpy(query, "query")
     q = check_float_array("query", q_np, ndim=3)
     k = check_float_array("key", key, ndim=3)
     v = check_float_array("value", value, ndim=3)
+    if is_block_kv(kv_cache):
+        return (q, k, v) + (_check_pair_tensors(q, k, v, kv_cache),)
     cache_np, _ = to_numpy(kv_cache, "kv_cache")
     fp8_cache = is_fp8_cache_dtype(cache_np.dtype)
     cache = cache_np if fp8_cache else check_float_array("kv_cache", cache_np, ndim=5)
@@ -139,6 +151,43 @@ def check_attention_tensors(query: Any, key: Any, value: Any, kv_cache: Any) -> 
     return q, k, v, cache
 
 
+def _check_pair_tensors(q, k, v, kv_cache) -> tuple:
+    """The block-KV pair against query / key / value (``check_attention_tensors``)."""
+    kc, vc = check_pair("kv_cache", kv_cache)
+    T, H, d = q.shape
+    _check_dtype("query", q)
+    for name, arr in (("key", k), ("value", v), ("kv_cache[0] (key_cache)", kc)):
+        if arr.dtype != q.dtype:
+            fail(f"{name}.dtype", f"equal query.dtype ({q.dtype.name})", arr.dtype.name)
+    if kc.shape[3] != d:
+        fail("kv_cache[0] (key_cache)", f"have shape (num_blocks, block_size, Hkv, d) with d = "
+             f"query.shape[2] = {d}", f"shape {kc.shape}")
+    Hkv = kc.shape[2]
+    check_shape("key", k, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
+    check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
+    return kc, vc
+
+
+def _layer_cache(plan: AttentionPlan, kv_cache: Any) -> Any:
+    """``kv_cache`` of one layer checked against the plan's layout, geometry and dtype."""
+    if plan.kv_layout == BLOCK_KV:
+        if not is_block_kv(kv_cache):
+            fail("kv_cache", "be a (key_cache, value_cache) pair of (N, B, Hkv, d) caches: the "
+                 "plan was built with kv_layout='block_kv'", type(kv_cache).__name__)
+        pair = check_pair("kv_cache", kv_cache)
+        shape = (plan.num_blocks, plan.block_size, plan.num_kv_heads, plan.head_size)
+        return tuple(_fit(f"kv_cache[{i}] ({n})", c, shape, plan.kv_cache_dtype,
+                          "(num_blocks, block_size, Hkv, d) of the plan")
+                     for i, (n, c) in enumerate(zip(("key_cache", "value_cache"), pair)))
+    if is_block_kv(kv_cache):
+        fail("kv_cache", "be one (2, N, Hkv, B, d) array: the plan was built with "
+             "kv_layout='fused' (plan with kv_layout='block_kv' for a (key_cache, value_cache) "
+             "pair)", "a (key_cache, value_cache) pair")
+    return _fit("kv_cache", to_numpy(kv_cache, "kv_cache")[0],
+                (2, plan.num_blocks, plan.num_kv_heads, plan.block_size, plan.head_size),
+                plan.kv_cache_dtype, "(2, num_blocks, Hkv, block_size, d) of the plan")
+
+
 def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, kv_cache: Any, *,
                         alibi_slopes: Any = None, sinks: Any = None, k_scale: Any = None,
                         v_scale: Any = None, api: str | None = None) -> Any:
@@ -147,7 +196,9 @@ def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, k
     Args:
         plan: from ``host.plan_paged_attention`` (never modified; may be shared by threads).
         query (T, H, d), key / value (T, Hkv, d) in ``plan.dtype``; kv_cache (2, N, Hkv, B, d)
-            in ``plan.kv_cache_dtype`` (not modified): T, H, Hkv, d, N, B those of the plan.
+            in ``plan.kv_cache_dtype`` (not modified): T, H, Hkv, d, N, B those of the plan;
+            with ``plan.kv_layout == "block_kv"`` a (key_cache, value_cache) pair of
+            C-contiguous (N, B, Hkv, d) caches instead (read in place, no copy).
         alibi_slopes, sinks, k_scale, v_scale: this layer's values of the variants the plan was
             built with (default: the plan's); given only for variants the plan has.
         api: the NKI API of this layer's launches ("legacy" | "nki"; None: the plan's). The
@@ -166,9 +217,7 @@ def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, k
     kv_shape = (plan.num_tokens, plan.num_kv_heads, plan.head_size)
     k = _fit("key", to_numpy(key, "key")[0], kv_shape, plan.dtype, "(T, Hkv, d) of the plan")
     v = _fit("value", to_numpy(value, "value")[0], kv_shape, plan.dtype, "(T, Hkv, d) of the plan")
-    cache = _fit("kv_cache", to_numpy(kv_cache, "kv_cache")[0],
-                 (2, plan.num_blocks, plan.num_kv_heads, plan.block_size, plan.head_size),
-                 plan.kv_cache_dtype, "(2, num_blocks, Hkv, block_size, d) of the plan")
+    cache = _layer_cache(plan, kv_cache)
     layer = dict(alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     if api is not None:
         plan = dataclasses.replace(plan, api=check_api(api, kernel=plan.kernel,
@@ -196,20 +245,24 @@ def _fit(name: str, arr: np.ndarray, shape: tuple, dtype: str, what: str) -> np.
 
 def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     """The scheduled kernel on one layer: overlay and packed Q^T per class, launch, scatter."""
-    from nki_kernels.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
 
     variants, launches = layer_launches(plan, **layer)
     Hkv = plan.num_kv_heads
-    cache = kernel_cache_view(np.ascontiguousarray(kv_cache))
+    kwargs = dict(plan.kernel_kwargs)
+    if plan.kv_layout == BLOCK_KV:          # the callers' arrays, in place (docs/layouts.md §18)
+        cache, kv_arg = kv_cache, kv_cache[0]
+        kwargs["value_cache"] = kv_cache[1]
+    else:
+        cache = kv_arg = kernel_cache_view(np.ascontiguousarray(kv_cache))
     fp8 = variants is not None and variants.is_fp8
     scales = (variants.k_scale, variants.v_scale) if fp8 else None
     overlay = build_overlay(plan.schedule, cache, key, value, plan.block_tables,
                             dtype=plan.kernel_dtype if fp8 else None, kv_scale=scales)
     result = np.zeros((plan.num_tokens, plan.num_heads, plan.head_size), dtype=query.dtype)
-    kwargs = dict(plan.kernel_kwargs)
     for launch in launches:
         qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
-        args, inputs = launch_args(launch, qt, cache, overlay)
+        args, inputs = launch_args(launch, qt, kv_arg, overlay)
         out = launch_kernel(scheduled_paged_attention, args, {**kwargs, **inputs},
                             grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc)
         unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
@@ -219,7 +272,7 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
 def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
     """The dense kernel on one layer: (GQA-packed) Q/K/V zero-padded to Qpad and transposed to
     the kernel layouts (docs/layouts.md), launch on grid [1, Hkv], unpad (and unpack)."""
-    from nki_kernels.flash_paged_attention import flash_paged_attention
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
     dense, Hkv, H = plan.dense, plan.num_kv_heads, plan.num_heads
     q, k, v = query, key, value
@@ -255,7 +308,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         block_table: (num_active_blocks,) integer ids (converted to int32), a multiple of
             LARGE_TILE_SZ // B entries (zero allowed: no context).
         attn_mask: (Qpad, num_active_blocks*B + Qpad) bool, or integer 0/1 (vLLM documents int32),
-            context part already reordered (``host.masks.reorder_context_mask``).
+            context part already reordered (``host.dense.masks.reorder_context_mask``).
         n_kv_head, head_size: optional; must match kv_cache.shape[2] / kv_cache.shape[4].
         LARGE_TILE_SZ, mixed_precision: as the kernel. softmax_scale is 1/sqrt(head_size).
         backend: as :func:`paged_attention` (keyword-only extension).
@@ -268,6 +321,11 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
     Raises:
         ValueError / NotImplementedError: from the checks here and in the kernel.
     """
+    if is_block_kv(kv_cache):
+        raise NotImplementedError(
+            "flash_attn_varlen_nkifunc (the dense vLLM-interface kernel) reads a fused "
+            "(2, N, Hkv, B, d) kv_cache only; for a (key_cache, value_cache) pair of (N, B, Hkv, "
+            "d) caches use host.paged_attention / host.run_paged_attention (scheduled kernel)")
     q_np, was_torch = to_numpy(query, "query")
     q = check_float_array("query", q_np, ndim=4)
     k = check_float_array("key", key, ndim=4)
@@ -295,7 +353,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         if m_np.size and not np.isin(m_np, (0, 1)).all():
             fail("attn_mask", "hold only 0 and 1 when integer", "other values")
         m_np = m_np.astype(bool)
-    from nki_kernels.flash_paged_attention import flash_paged_attention
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
             np.ascontiguousarray(cache), bt.astype(np.int32), np.ascontiguousarray(m_np))

@@ -3,7 +3,7 @@
 A serving step runs the same batch (lengths, block tables) through every layer of a model; only
 the layer's tensors (query, new K/V, its cache) differ. Everything that depends on the batch
 alone is built here once, validated once, and frozen: the schedule of the scheduled kernel
-(``host.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
+(``host.scheduled.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
 values, mask bounds), or, for the dense kernel, the active block table and the dense mask (GQA
 packing decided). ``host.run_paged_attention(plan, query, key, value, kv_cache)`` then builds
 only the per-layer tensors (``host/attention.py``). Plans are immutable (frozen dataclasses,
@@ -30,23 +30,24 @@ from typing import Any, Mapping
 import numpy as np
 
 from host._arrays import readonly, to_numpy
-from host.block_tables import active_table_of, check_block_tables
+from host.dense.block_tables import active_table_of, check_block_tables
 from host.fp8 import is_fp8_cache_dtype
-from host.gqa_packing import choose_gqa_packing, packed_attention_mask
+from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
 from host.launch import check_api, check_backend
-from host.masks import build_attention_mask
-from host.plan import PagedAttentionPlan, make_plan
-from host.schedule import AttentionSchedule, build_schedule
-from host.scheduled import class_launch, row_init
+from host.dense.masks import build_attention_mask
+from host.dense.plan import PagedAttentionPlan, make_plan
+from host.scheduled.schedule import AttentionSchedule, build_schedule
+from host.scheduled.scheduled import class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
-from nki_kernels.contract import (MAX_BLOCK_SIZE, MAX_HEAD_SIZE_DENSE, MAX_HEAD_SIZE_SCHEDULED,
-                                  MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE)
+from nki_kernels.contract import (BLOCK_KV, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_HEAD_SIZE_DENSE,
+                                  MAX_HEAD_SIZE_SCHEDULED, MAX_TILE_SIZE, MIN_BLOCK_SIZE,
+                                  MIN_TILE_SIZE)
 
 __all__ = ["AttentionPlan", "DenseInputs", "plan_paged_attention", "class_launches", "KERNELS",
-           "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "check_attention_options",
-           "layer_launches"]
+           "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "KV_LAYOUTS",
+           "check_attention_options", "check_kv_layout", "layer_launches"]
 
 KERNELS = ("scheduled", "dense")
 GQA_PACKING = ("auto", True, False)
@@ -77,7 +78,9 @@ class AttentionPlan:
     """The frozen plan of one step (module docstring); built by :func:`plan_paged_attention`.
 
     Geometry: num_heads H, num_kv_heads Hkv, head_size d, block_size B, num_blocks N, dtype
-    (query / key / value dtype name), kv_cache_dtype (cache dtype name), num_tokens T,
+    (query / key / value dtype name), kv_cache_dtype (cache dtype name), kv_layout ("fused":
+    one (2, N, Hkv, B, d) cache; "block_kv": vLLM's (key_cache, value_cache) pair of
+    (N, B, Hkv, d) caches, docs/layouts.md §18), num_tokens T,
     query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend, api
     (None = resolved per launch by ``nki_kernels._nki.resolve_api``; "legacy" | "nki"), lnc
     (physical cores per launch, None = ``Api.lnc``'s choice per launch),
@@ -111,6 +114,7 @@ class AttentionPlan:
     launches: tuple = field(default=(), repr=False)
     block_tables: np.ndarray | None = field(default=None, repr=False)
     dense: DenseInputs | None = field(default=None, repr=False)
+    kv_layout: str = FUSED
 
     @property
     def num_seqs(self) -> int:
@@ -152,6 +156,29 @@ def check_attention_options(*, kernel: Any, num_heads: int, num_kv_heads: int, h
                                   "kernel='dense' only")
 
 
+def check_kv_layout(kv_layout: Any, *, kernel: str, fp8: bool) -> str:
+    """``kv_layout`` if it is one of :data:`KV_LAYOUTS` and the kernel reads it.
+
+    Raises:
+        ValueError: not one of the layouts (named).
+        NotImplementedError: "block_kv" with the dense kernel (vLLM's legacy interface reads
+            the fused cache only) or with an fp8 cache (the cache ops write fp8 to the fused
+            layout only).
+    """
+    if not isinstance(kv_layout, str) or kv_layout not in KV_LAYOUTS:
+        fail("kv_layout", f"be one of {KV_LAYOUTS}", repr(kv_layout))
+    if kv_layout == BLOCK_KV and kernel == "dense":
+        raise NotImplementedError(
+            "paged_attention: the dense kernel (vLLM's legacy interface) reads a fused "
+            "(2, N, Hkv, B, d) kv_cache only; use kernel='scheduled' (the default) for a "
+            "(key_cache, value_cache) pair, or pass the fused cache")
+    if kv_layout == BLOCK_KV and fp8:
+        raise NotImplementedError(
+            "paged_attention: an fp8 block-KV (key_cache, value_cache) pair is not supported; "
+            "use the fused (2, N, Hkv, B, d) layout for fp8 caches")
+    return kv_layout
+
+
 def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, *, num_heads: int,
                          num_kv_heads: int, head_size: int, block_size: int, dtype: Any,
                          num_blocks: int, kv_cache_dtype: Any = None,
@@ -159,7 +186,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                          large_tile_size: int = 2048, partial_tile_size: Any = "auto",
                          backend: str = "auto", gqa_packing: Any = "auto",
                          kernel: str = "scheduled", api: str | None = None,
-                         lnc: int | None = None, **variant_options: Any) -> AttentionPlan:
+                         lnc: int | None = None, kv_layout: str = FUSED,
+                         **variant_options: Any) -> AttentionPlan:
     """Validate a step's batch and options once and build its frozen :class:`AttentionPlan`.
 
     Args:
@@ -168,14 +196,17 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         query_lens: (S,) integers >= 1 (new tokens).  context_lens: (S,) integers >= 0.
         num_heads, num_kv_heads, head_size: H, Hkv (H % Hkv == 0), d (1..512 scheduled,
             1..128 dense).
-        block_size, num_blocks: the cache's B (power of two <= 256) and N (its shape[1] and
-            shape[3]: every layer's cache run with this plan must have them).
+        block_size, num_blocks: the cache's B (power of two <= 256) and N (every layer's cache
+            run with this plan must have them).
         dtype: the query / key / value dtype (float32, bfloat16, float16).
         kv_cache_dtype: the cache dtype (default ``dtype``; float8_e4m3fn / float8_e5m2 with
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
         gqa_packing, kernel, api, lnc (scheduled kernel: physical cores per launch, 1 or 2;
         None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels._nki.Api.lnc``),
+        kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
+            "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
+            (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),
         and the variant options sliding_window, logits_soft_cap,
         alibi_slopes, sinks, k_scale, v_scale: as ``host.paged_attention``. The values of
         alibi_slopes, sinks, k_scale and v_scale are the plan's defaults; a layer may give its
@@ -185,7 +216,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         ValueError: any bad argument, named (before anything is built).
         NotImplementedError: valid but unsupported combinations (variants or fp8 with the dense
             kernel, gqa_packing=False with the scheduled kernel, partial_tile_size with dense,
-            api="nki" with the legacy-only dense kernel).
+            api="nki" with the legacy-only dense kernel, kv_layout="block_kv" with the dense
+            kernel or an fp8 cache).
         RuntimeError: an ``api`` the installed toolchain cannot run (``host.launch.check_api``).
     """
     unknown = sorted(set(variant_options) - set(_VARIANT_OPTIONS))
@@ -204,6 +236,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     check_attention_options(kernel=kernel, num_heads=H, num_kv_heads=Hkv, head_size=d,
                             num_blocks=N, mixed_precision=mixed_precision, backend=backend,
                             gqa_packing=gqa_packing)
+    kv_layout = check_kv_layout(kv_layout, kernel=kernel, fp8=is_fp8_cache_dtype(cdt))
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
     api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
     if kernel == "scheduled":
@@ -243,7 +276,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     common = dict(num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
                   dtype=dt.name, kv_cache_dtype=cdt.name, num_tokens=int(q.sum()), query_lens=q,
                   context_lens=c, softmax_scale=scale, mixed_precision=bool(mixed_precision),
-                  large_tile_size=LT, backend=backend, api=api, lnc=lnc,
+                  large_tile_size=LT, backend=backend, api=api, lnc=lnc, kv_layout=kv_layout,
                   variants=None if variants.is_default else variants)
     if kernel == "dense":
         return _dense_plan(bt, q, c, common, gqa_packing)
@@ -272,14 +305,16 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
                            row_init=with_row_init, query_itemsize=itemsize,
                            cache_itemsize=np.dtype(common["kv_cache_dtype"]).itemsize,
                            kernel_itemsize=2 if common["mixed_precision"] else itemsize,
-                           group_blocks_cap=None, partial_tile_size=partial_tile_size)
-    from nki_kernels.sched_config import SchedOptions
+                           group_blocks_cap=None, partial_tile_size=partial_tile_size,
+                           kv_layout=common["kv_layout"])
+    from nki_kernels.scheduled.sched_config import SchedOptions
 
     kwargs = MappingProxyType(dict(options=SchedOptions(
         softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
         LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
         logits_soft_cap=v.logits_soft_cap if v is not None else None,
-        alibi=alibi is not None, row_init=with_row_init, windowed=sliding_window is not None)))
+        alibi=alibi is not None, row_init=with_row_init, windowed=sliding_window is not None,
+        kv_layout=common["kv_layout"])))
     launches = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
     return AttentionPlan(kernel="scheduled", kernel_kwargs=kwargs, schedule=sched,
                          launches=launches, block_tables=readonly(bt.copy()), **common)
@@ -287,7 +322,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
 
 def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: int, *,
                    sinks=None, alibi_slopes=None) -> tuple:
-    """One ``host.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
+    """One ``host.scheduled.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
     from ``sinks`` / ``alibi_slopes``, validated (H,) float32 or None)."""
     with_row_init = sinks is not None or alibi_slopes is not None
     return tuple(class_launch(cls, row_init(cls, num_heads, num_kv_heads, sinks=sinks,

@@ -11,6 +11,7 @@ Contents:
     limits                 block size, tile sizes, head sizes, Q rows / blocks, FP32_EXACT_INT
     budgets                STATE_BUDGET_BYTES, BLOCK_TABLE_BUDGET_BYTES, SBUF_USABLE
     tile geometry          :class:`TileGeometry`, :func:`tile_geometry`
+    KV cache layouts       KV_LAYOUTS, :func:`cache_row_count`, :func:`main_cache_row`
     decode class / layout  DECODE_MAX_ROWS, :func:`decode_layout`
     metadata chunks        MAX_CHUNK, :func:`chunk_size`
     metadata columns       :class:`MetaLayout`, :func:`meta_layout` (scheduled and MLA kernels)
@@ -28,7 +29,7 @@ __all__ = [
     "BLOCK_TABLE_BUDGET_BYTES", "SBUF_USABLE", "TileGeometry", "tile_geometry", "DECODE_MAX_ROWS",
     "decode_layout", "MAX_CHUNK", "chunk_size", "MetaLayout", "meta_layout", "Q_INIT_COLUMNS",
     "Q_INIT_NEG_M", "Q_INIT_L", "Q_INIT_SLOPE", "Q_INIT_SLOPE_POS", "STATE_EXTRA_COLUMNS",
-    "channel_slices",
+    "channel_slices", "KV_LAYOUTS", "FUSED", "BLOCK_KV", "cache_row_count", "main_cache_row",
 ]
 
 # ---- hardware tiles ---------------------------------------------------------------------------
@@ -107,6 +108,34 @@ def tile_geometry(block_size: int, tile_size: int) -> TileGeometry:
     return TileGeometry(block_size, tile_size, M, T, block_size // T, L, L // PARTITIONS)
 
 
+# ---- KV cache layouts (docs/layouts.md §16.1, §18) ----------------------------------------------
+# "fused": one (2, N, Hkv, B, d) cache ([0] = K, [1] = V), gathered through the view
+#     (2, N*Hkv*T, b'*d): row (blk*Hkv + h)*T + t = b' contiguous tokens of one (block, head).
+# "block_kv": vLLM's (N, B, Hkv, d) key cache and value cache, each gathered through the view
+#     (N*T, b'*Hkv*d): row blk*T + t = b' tokens of every head; head h's token s of the row at
+#     columns [s*Hkv*d + h*d, +d) (the row id does not depend on the head).
+FUSED, BLOCK_KV = "fused", "block_kv"
+KV_LAYOUTS = (FUSED, BLOCK_KV)
+
+
+def cache_row_count(kv_layout: str, num_blocks: int, num_kv_heads: int, tiling_factor: int) -> int:
+    """Rows of one gather view of the cache (above): ``2*N*Hkv*T`` fused (both halves: the
+    sentinel row id must lie past the V half too), ``N*T`` block-KV (K and V views separate).
+    Every id ``>=`` this is out of bounds (skipped) whichever view or half it indexes."""
+    if kv_layout == BLOCK_KV:
+        return num_blocks * tiling_factor
+    return 2 * num_blocks * num_kv_heads * tiling_factor
+
+
+def main_cache_row(kv_layout: str, block, sub, head, num_kv_heads: int, tiling_factor: int):
+    """Row id of sub-block ``sub`` of cache block ``block`` for KV head ``head`` in the gather
+    view of ``kv_layout`` (ints or integer arrays, broadcast): ``(block*Hkv + head)*T + sub``
+    fused, ``block*T + sub`` block-KV (the head is a column offset there)."""
+    if kv_layout == BLOCK_KV:
+        return block * tiling_factor + sub          # the same row for every head
+    return (block * num_kv_heads + head) * tiling_factor + sub
+
+
 def channel_slices(head_size: int) -> int:
     """nd = ceil(d / 128): <= 128-channel slices of a head (one SBUF tile each)."""
     return -(-head_size // PARTITIONS)
@@ -150,7 +179,7 @@ STATE_EXTRA_COLUMNS = 2
 @dataclass(frozen=True)
 class MetaLayout:
     """Metadata columns per item of one phase of a schedule-driven kernel
-    (``host.schedule.PhaseArrays``; docs/layouts.md §16.4).
+    (``host.scheduled.schedule.PhaseArrays``; docs/layouts.md §16.4).
 
     int32 columns (``ki`` per item), per partition p:
         ``kv + l``            l < loads: main-cache row of load l (flat view) or out of bounds

@@ -9,9 +9,10 @@ line per run (measured on this machine; not a device figure):
   ``micro-numpy`` is the same arithmetic done directly in NumPy (the floor no simulator can
   beat: the rest of ``micro`` is simulator overhead).
 * ``flash``: ``host.paged_attention`` (backend="sim") with the dense flash paged-attention
-  kernel (``kernel="dense"``, no GQA packing) and the scheduled kernel, each on trn1 and trn2:
-  4 sequences (one 128-token prefill chunk, three decodes), 1024 context tokens each, H=8,
-  Hkv=2, d=128, block size 32, bf16, LARGE_TILE_SZ=1024.
+  kernel (``kernel="dense"``, no GQA packing) and the scheduled kernel, each on trn1 and trn2
+  through the legacy API (``api="legacy"``), and the scheduled kernel on trn2 through the current
+  ``nki`` API (``api="nki"``): 4 sequences (one 128-token prefill chunk, three decodes), 1024
+  context tokens each, H=8, Hkv=2, d=128, block size 32, bf16, LARGE_TILE_SZ=1024.
 
 Instructions are counted from the trace (every engine instruction and every DMA).
 
@@ -135,12 +136,15 @@ def flash_rows(repeat):
     from host.attention import paged_attention
     args = flash_inputs()
     rows = []
-    for kernel, opts in (("dense", {"gqa_packing": False}), ("scheduled", {})):
-        for target in ("trn1", "trn2"):
-            def run():
-                with nki_sim.use_target(target):
-                    paged_attention(*args, large_tile_size=1024, backend="sim", kernel=kernel, **opts)
-            rows += _rows("flash", run, repeat, kernel=kernel, target=target)
+    runs = [(kernel, target, "legacy", opts) for kernel, opts in
+            (("dense", {"gqa_packing": False}), ("scheduled", {})) for target in ("trn1", "trn2")]
+    runs.append(("scheduled", "trn2", "nki", {}))
+    for kernel, target, api, opts in runs:
+        def run():
+            with nki_sim.use_target(target):
+                paged_attention(*args, large_tile_size=1024, backend="sim", kernel=kernel, api=api,
+                                **opts)
+        rows += _rows("flash", run, repeat, kernel=kernel, target=target, api=api)
     return rows
 
 
@@ -169,8 +173,8 @@ def main(argv=None) -> int:
     print(f"nki_sim simulation speed (wall and CPU time of one process, {machine}, {os.cpu_count()} "
           f"cpus, load average {load[0]}, numpy {np.__version__}):")
     for r in rows:
-        what = " ".join(str(r[k]) for k in ("workload", "kernel", "target") if k in r)
-        print(f"  {what:22} {'traced' if r['traced'] else 'untraced':8}  {r['instructions']:>6} "
+        what = " ".join(str(r[k]) for k in ("workload", "kernel", "target", "api") if k in r)
+        print(f"  {what:29} {'traced' if r['traced'] else 'untraced':8}  {r['instructions']:>6} "
               f"instructions  {r['seconds']:>7.3f} s  {r['us_per_instruction']:>6.1f} us/instruction"
               f"  (CPU {r['cpu_us_per_instruction']:>6.1f})")
     write_json(args, __file__, rows, machine=machine, numpy=np.__version__, cpus=os.cpu_count(),

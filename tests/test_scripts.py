@@ -1,7 +1,7 @@
 """scripts/: the shared --quick / --json / --plot conventions (nki_pa_cli.script_args), each
 script's argument validation, and the quick mode of the scripts whose quick run takes about a
 second (bench_gqa_packing's takes several: validation only; bench_cache_write's quick run is in
-tests/kernels/test_cache_ops_bench.py; bench_paged_attention has its own tests)."""
+tests/kernels/cache/test_cache_ops_bench.py; bench_paged_attention has its own tests)."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,7 @@ import pytest
 from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
-       "bench_sim_speed", "bench_variants", "time_flash_sim")
+       "bench_kv_layout", "bench_sim_speed", "bench_variants", "time_flash_sim")
 
 
 @pytest.fixture
@@ -46,7 +46,8 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_variants", ["--markdown", "no-such-folder/page"]),
     ("bench_variants", ["--api", "nki"]), ("bench_variants", ["--api", "nki", "--targets", "trn1"]),
     ("bench_mla", ["--api", "nki"]), ("bench_paged_attention", ["--api", "nki"]),
-    ("bench_block_copy", ["--api", "current"]), ("bench_cache_write", ["--api", "current"])])
+    ("bench_block_copy", ["--api", "current"]), ("bench_cache_write", ["--api", "current"]),
+    ("bench_kv_layout", ["--api", "nki"]), ("bench_kv_layout", ["--targets", "trn3"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -54,7 +55,8 @@ def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     assert capsys.readouterr().out == ""          # nothing ran, nothing printed
 
 
-@pytest.mark.parametrize("name", ["bench_variants", "bench_mla", "bench_paged_attention"])
+@pytest.mark.parametrize("name", ["bench_variants", "bench_mla", "bench_paged_attention",
+                                  "bench_kv_layout"])
 def test_api_nki_on_trn1_is_an_argparse_error_naming_what_to_pass(name, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", "--api", "nki", "--targets", "trn1", "trn2"])

@@ -35,12 +35,13 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      matmul (accumulate=) transpose; flags(src, col0, stride, n): 0/1 float
                      columns as predicates (``.column(i, rows)``; current API: converted once); engines by name ("scalar", "vector",
                      "gpsimd"), ALU ops and activation functions by name ("add", "exp", ...)
-    DMA              load(dst, src) direct; gather(dst, table, idx, idx_col, lead=, col0=) and
-                     scatter(table, idx, idx_col, src, lead=, col0=): row p moves table row
-                     ``idx[p, idx_col]`` (an int32 SBUF column), out-of-bounds rows skipped;
-                     gather_transpose(dst, table, idx, idx_col, tokens=, width=, lead=, col0=):
-                     128 gathered rows of ``tokens`` x ``width`` transposed into ``dst``
-                     (current API, v3+: one indirect dma_transpose; legacy: none)
+    DMA              load(dst, src) direct; gather(dst, table, idx, idx_col, lead=, col0=,
+                     tokens=, step=) and scatter(table, idx, idx_col, src, lead=, col0=): row p
+                     moves table row ``idx[p, idx_col]`` (an int32 SBUF column; gather: as
+                     ``tokens`` pieces ``step`` elements apart), out-of-bounds rows skipped;
+                     gather_transpose(dst, table, idx, idx_col, tokens=, width=, lead=, col0=,
+                     step=, src_col0=): 128 gathered rows of ``tokens`` x ``width`` transposed
+                     into ``dst`` (current API, v3+: one indirect dma_transpose; legacy: none)
 
 Porting a kernel onto the layer (what the scheduled family did; the cache and MLA kernels next):
 

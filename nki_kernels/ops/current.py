@@ -332,18 +332,28 @@ def _flat(table, lead):
     return table.reshape((int(np.prod(shape[:-1])), F)), lead_rows * R * F, F
 
 
-def _rows(table, idx, idx_col, parts, n, lead, col0):
+def _rows(table, idx, idx_col, parts, n, lead, col0, tokens=1, step=0):
     """``table`` (``(*lead_dims, R, F)`` HBM) as an indirect view of ``parts`` rows of ``n``
-    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``."""
+    elements: row p = flat row ``lead * R + idx[p, idx_col]``, columns ``[col0, col0 + n)``
+    (``tokens > 1``: ``tokens`` pieces of ``n / tokens`` elements, ``step`` apart)."""
     flat, base, F = _flat(table, lead)
-    return flat.ap([[F, parts], [1, n]], offset=base + col0,
+    pattern = [[F, parts], [1, n]] if tokens == 1 else [[F, parts], [step, tokens],
+                                                         [1, n // tokens]]
+    return flat.ap(pattern, offset=base + col0,
                    vector_offset=idx[0:parts, idx_col:idx_col + 1], indirect_dim=0)
 
 
-def gather(dst, table, idx, idx_col, *, lead=(), col0=0):
+def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0):
     """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
-    rows whose index is out of bounds are skipped (``dst`` keeps them)."""
-    src = _rows(table, idx, idx_col, dst.shape[0], dst.shape[1], lead, col0)
+    rows whose index is out of bounds are skipped (``dst`` keeps them). ``tokens > 1``: the row's
+    ``tokens`` pieces of ``w = n / tokens`` elements lie ``step`` apart,
+    ``dst[p, s*w + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect DMA:
+    a 3-D access pattern on both sides)."""
+    P, n = dst.shape
+    src = _rows(table, idx, idx_col, P, n, lead, col0, tokens, step)
+    if tokens > 1:
+        w = n // tokens
+        dst = dst.ap([[dst.strides[0], P], [w, tokens], [1, w]], offset=dst.offset)
     nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
 
@@ -361,17 +371,18 @@ def has_gather_transpose(dtype, width):
     return nc_gen() != "gen2" and itemsize(dtype) == 2 and 1 <= width <= 128
 
 
-def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
-    """``dst[c, col0 + s*P + p] = table[*lead, idx[p, idx_col], s*width + c]`` for the P = 128
-    gathered rows p, ``s < tokens``, ``c < width`` (``dst`` (width, ...) SBUF, ``table``
-    ``(*lead_dims, R, >= tokens*width)`` HBM): one indirect ``dma_transpose`` (4-D src
-    ``(P, 1, tokens, width)``, axes (3, 1, 2, 0), swdge), out-of-bounds rows skipped (their
-    columns keep ``dst``'s values)."""
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0, step=None,
+                     src_col0=0):
+    """``dst[c, col0 + s*P + p] = table[*lead, idx[p, idx_col], src_col0 + s*step + c]`` for the
+    P = 128 gathered rows p, ``s < tokens``, ``c < width`` (``step`` default ``width``: the row's
+    tokens contiguous; ``dst`` (width, ...) SBUF, ``table`` ``(*lead_dims, R, F)`` HBM): one
+    indirect ``dma_transpose`` (4-D src ``(P, 1, tokens, width)``, axes (3, 1, 2, 0), swdge),
+    out-of-bounds rows skipped (their columns keep ``dst``'s values)."""
     flat, base, F = _flat(table, lead)
     parts = 128
     ids = bitcast(idx, nl.uint32)[0:parts, idx_col:idx_col + 1]
-    src = flat.ap([[F, parts], [1, 1], [width, tokens], [1, width]], offset=base,
-                  vector_offset=ids, indirect_dim=0)
+    src = flat.ap([[F, parts], [1, 1], [width if step is None else step, tokens], [1, width]],
+                  offset=base + src_col0, vector_offset=ids, indirect_dim=0)
     out = dst.ap([[dst.strides[0], width], [1, 1], [parts, tokens], [1, parts]],
                  offset=dst.offset + col0)
     nisa.dma_transpose(dst=out, src=src, axes=(3, 1, 2, 0), dge_mode=nisa.dge_mode.swdge,

@@ -258,9 +258,20 @@ def load(dst, src):
     dst[...] = nl.load(src)
 
 
-def gather(dst, table, idx, idx_col, *, lead=(), col0=0):
+def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0):
     """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
-    rows whose index is out of bounds are skipped (``dst`` keeps them)."""
+    rows whose index is out of bounds are skipped (``dst`` keeps them). ``tokens > 1``: the row's
+    ``tokens`` pieces of ``w = n / tokens`` elements lie ``step`` apart,
+    ``dst[p, s*w + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect DMA;
+    an ``nl.arange`` expression over (partition, piece, element))."""
+    if tokens > 1:
+        w = dst.shape[1] // tokens
+        i_p = nl.arange(dst.shape[0])[:, None, None]
+        i_s = nl.arange(tokens)[None, :, None]
+        i_e = nl.arange(w)[None, None, :]
+        src = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_s * step + i_e)]
+        nisa.dma_copy(dst=dst[i_p, i_s * w + i_e], src=src, oob_mode=nisa.oob_mode.skip)
+        return
     i_p = nl.arange(dst.shape[0])[:, None]
     i_f = nl.arange(dst.shape[1])[None, :]
     src = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_f if col0 else i_f)]
@@ -281,7 +292,8 @@ def has_gather_transpose(dtype, width):
     return False
 
 
-def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0):
+def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0, step=None,
+                     src_col0=0):
     raise NotImplementedError("the legacy NKI API has no indirect DMA transpose; check "
                               "has_gather_transpose() and use PE transposes")
 

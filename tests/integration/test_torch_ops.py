@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import host.torch_ops as ops  # noqa: E402
-from host import paged_attention_ref, torch_neuron  # noqa: E402
+import host.serving.torch_ops as ops  # noqa: E402
+from host import paged_attention_ref  # noqa: E402
+from host.serving import torch_neuron  # noqa: E402
 from nki_kernels import _nki  # noqa: E402
 
 pytestmark = pytest.mark.simulation
@@ -275,11 +276,11 @@ def simulated_device(monkeypatch):
 
 
 def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
-    from nki_kernels.block_copy import copy_cache_blocks
-    from nki_kernels.flash_paged_attention import flash_paged_attention
-    from nki_kernels.kv_cache_update import kv_cache_update
+    from nki_kernels.cache.block_copy import copy_cache_blocks
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
+    from nki_kernels.cache.kv_cache_update import kv_cache_update
 
-    from nki_kernels.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
 
     b = make_batch(8)
     out = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512)

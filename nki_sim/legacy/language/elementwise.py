@@ -80,19 +80,30 @@ def binary(name, x, y, *, dtype=None, mask=None, op=None, engine=None, operator=
 def lowering(name, a, b):
     """(instruction, its operands in instruction order, event attrs) of ``nl.<name>(x, y)``:
     two tiles of the same elements per partition are a VectorE ``tensor_tensor`` (attr ``nl``); a
-    tile with a
-    Python scalar or a ``[P, 1]`` column (broadcast along the free axis) is a ``tensor_scalar``
-    whose engine the compiler picks, its data operand first (as ``nisa.tensor_tensor`` /
-    ``nisa.tensor_scalar`` and the current API's ``nl`` ops record them)."""
-    fa, fb = _free(a), _free(b)
-    if a.is_scalar or b.is_scalar or (fa != fb and 1 in (fa, fb) and a.shape[0] == b.shape[0]):
-        data, opnd = (b, a) if (a.is_scalar or (not b.is_scalar and fa == 1)) else (a, b)
-        return "tensor_scalar", (data, opnd), {"ops": (name,), "engine_unspecified": True}
-    return "tensor_tensor", (a, b), tensor_tensor_attrs(name, (a, b), nl=True) if state.traces else None
+    tile with a Python scalar or a ``[P, 1]`` column (broadcast along the free axis) is a
+    ``tensor_scalar`` whose engine the compiler picks, its data operand first (as
+    ``nisa.tensor_tensor`` / ``nisa.tensor_scalar`` and the current API's ``nl`` ops record them)."""
+    if a.t is not None and b.t is not None:
+        if a.shape == b.shape:
+            return "tensor_tensor", (a, b), _tt_attrs(name, a, b)
+        fa, fb = _free(a.shape), _free(b.shape)
+        if fa == fb or 1 not in (fa, fb) or not a.shape or not b.shape or a.shape[0] != b.shape[0]:
+            return "tensor_tensor", (a, b), _tt_attrs(name, a, b)
+        data, opnd = (b, a) if fa == 1 else (a, b)
+    else:
+        data, opnd = (b, a) if a.t is None else (a, b)
+    return "tensor_scalar", (data, opnd), {"ops": (name,), "engine_unspecified": True}
 
 
-def _free(o):
-    return 0 if o.is_scalar else (int(np.prod(o.shape[1:])) if len(o.shape) > 1 else 1)
+def _tt_attrs(name, a, b):
+    return tensor_tensor_attrs(name, (a, b), nl=True) if state.traces else None
+
+
+def _free(shape):
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n
 
 
 def _make_binary(opname, doc):
