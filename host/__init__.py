@@ -9,8 +9,8 @@ A serving step plans once and runs per layer: ``plan_paged_attention`` (a frozen
 ``paged_attention`` is the two in one call (``plan_mla_attention`` / ``run_mla_attention`` for
 MLA). Pure-NumPy planning names (and the paged ``KVCacheManager``) are imported eagerly; the launch
 wrappers (which import the kernels and, without ``neuronx-cc``, the ``nki_sim`` simulator) load
-on first use. With the optional extras: ``host.torch_ops`` (torch custom ops ``nki_pa::*``),
-``host.hf_backend`` and ``host.generation`` (``host.generate``, ``host.PagedGenerator``: a
+on first use. With the optional extras: ``host.serving.torch_ops`` (torch custom ops ``nki_pa::*``),
+``host.serving.hf_backend`` and ``host.serving.generation`` (``host.generate``, ``host.PagedGenerator``: a
 transformers attention backend and continuous-batching generation); see docs/integration.md.
 Every layout these functions produce or consume is specified in ``docs/layouts.md``.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 
-from host.block_tables import (
+from host.dense.block_tables import (
     active_block_table,
     from_partition_first,
     inverse_transform_block_tables,
@@ -29,8 +29,8 @@ from host.block_tables import (
     transform_block_tables,
     transform_block_tables_all_heads,
 )
-from host.kv_manager import KVCacheManager, OutOfBlocksError
-from host.masks import (
+from host.serving.kv_manager import KVCacheManager, OutOfBlocksError
+from host.dense.masks import (
     active_mask,
     build_attention_mask,
     context_mask,
@@ -41,12 +41,12 @@ from host.masks import (
     query_seq_ids,
     reorder_context_mask,
 )
-from host.mla import MLAPlan, check_mla_inputs
-from host.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_size
-from host.mla_reference import mla_paged_attention_ref
-from host.plan import PagedAttentionPlan, make_plan
+from host.mla.mla import MLAPlan, check_mla_inputs
+from host.cache.mla_layout import allocate_mla_cache, gather_mla_entries, mla_entry_size
+from host.mla.mla_reference import mla_paged_attention_ref
+from host.dense.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
-from host.schedule import AttentionSchedule, make_schedule
+from host.scheduled.schedule import AttentionSchedule, make_schedule
 from host.step_plan import AttentionPlan, plan_paged_attention
 from host.variants import AttentionVariants, alibi_slopes, make_variants
 
@@ -55,20 +55,20 @@ _LAZY = {
     "paged_attention": "host.attention",
     "run_paged_attention": "host.attention",
     "flash_attn_varlen_nkifunc": "host.attention",
-    "reshape_and_cache": "host.cache_ops",
-    "copy_blocks": "host.cache_ops",
-    "swap_blocks": "host.cache_ops",
-    "allocate_kv_caches": "host.cache_ops",
-    "concat_and_cache_mla": "host.mla_cache",
-    "mla_paged_attention": "host.mla_attention",
-    "plan_mla_attention": "host.mla_attention",
-    "run_mla_attention": "host.mla_attention",
+    "reshape_and_cache": "host.cache.cache_ops",
+    "copy_blocks": "host.cache.cache_ops",
+    "swap_blocks": "host.cache.cache_ops",
+    "allocate_kv_caches": "host.cache.cache_ops",
+    "concat_and_cache_mla": "host.cache.mla_cache",
+    "mla_paged_attention": "host.mla.mla_attention",
+    "plan_mla_attention": "host.mla.mla_attention",
+    "run_mla_attention": "host.mla.mla_attention",
 }
 # name -> submodule that needs the optional torch (+ transformers) extras; kept out of __all__
 # so that ``from host import *`` works without them.
 _LAZY_OPTIONAL = {
-    "generate": "host.generation",
-    "PagedGenerator": "host.generation",
+    "generate": "host.serving.generation",
+    "PagedGenerator": "host.serving.generation",
 }
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from host._arrays import from_numpy_like, is_torch_tensor, to_numpy
-from host.block_kv import check_pair, is_block_kv, kv_dims
+from host.cache.block_kv import check_pair, is_block_kv, kv_dims
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
-from host.gqa_packing import pack_kv, pack_query, unpack_output
+from host.dense.gqa_packing import pack_kv, pack_query, unpack_output
 from host.launch import BACKENDS, check_api, launch_kernel
-from host.scheduled import build_overlay, launch_args, pack_queries
-from host.scheduled import unpack_output as unpack_class_output
+from host.scheduled.scheduled import build_overlay, launch_args, pack_queries
+from host.scheduled.scheduled import unpack_output as unpack_class_output
 from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
                             layer_launches, plan_paged_attention)
 from host.validation import check_float_array, check_integer_array, check_ndim, check_shape, fail
@@ -72,13 +72,13 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         backend: "auto" | "sim" | "neuron" (``host.launch``).
         api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
             current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
-            ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only (api="nki" raises
+            ``nki_kernels.toolchain.resolve_api``. The dense kernel is legacy-only (api="nki" raises
             NotImplementedError).
         lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
             split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
-            else the platform's (``nki_kernels._nki.Api.lnc``).
-        kernel: "scheduled" (default) runs ``nki_kernels.scheduled_attention`` through a host
-            schedule (``host.schedule``): only (query block, KV tile) pairs of the same sequence,
+            else the platform's (``nki_kernels.toolchain.Api.lnc``).
+        kernel: "scheduled" (default) runs ``nki_kernels.scheduled.scheduled_attention`` through a host
+            schedule (``host.scheduled.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
             query rows. "dense" runs the vLLM-interface kernel ``flash_paged_attention`` (every
             128-row query tile against every context tile, a dense host-built mask).
@@ -90,9 +90,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             (per tensor or per KV head).
         gqa_packing: "auto" | True | False (dense kernel only; the scheduled kernel always packs
             the heads of a KV head as rows). True runs the dense kernel with each KV head's G query
-            heads packed as extra query rows (``host.gqa_packing``, docs/layouts.md §11): fewer
+            heads packed as extra query rows (``host.dense.gqa_packing``, docs/layouts.md §11): fewer
             Q-tile passes for decode-heavy batches. "auto" packs when
-            ``host.gqa_packing.choose_gqa_packing`` says it does less work (never when G == 1,
+            ``host.dense.gqa_packing.choose_gqa_packing`` says it does less work (never when G == 1,
             where packing is a no-op).
 
     Returns:
@@ -245,7 +245,7 @@ def _fit(name: str, arr: np.ndarray, shape: tuple, dtype: str, what: str) -> np.
 
 def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     """The scheduled kernel on one layer: overlay and packed Q^T per class, launch, scatter."""
-    from nki_kernels.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
 
     variants, launches = layer_launches(plan, **layer)
     Hkv = plan.num_kv_heads
@@ -272,7 +272,7 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
 def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
     """The dense kernel on one layer: (GQA-packed) Q/K/V zero-padded to Qpad and transposed to
     the kernel layouts (docs/layouts.md), launch on grid [1, Hkv], unpad (and unpack)."""
-    from nki_kernels.flash_paged_attention import flash_paged_attention
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
     dense, Hkv, H = plan.dense, plan.num_kv_heads, plan.num_heads
     q, k, v = query, key, value
@@ -308,7 +308,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         block_table: (num_active_blocks,) integer ids (converted to int32), a multiple of
             LARGE_TILE_SZ // B entries (zero allowed: no context).
         attn_mask: (Qpad, num_active_blocks*B + Qpad) bool, or integer 0/1 (vLLM documents int32),
-            context part already reordered (``host.masks.reorder_context_mask``).
+            context part already reordered (``host.dense.masks.reorder_context_mask``).
         n_kv_head, head_size: optional; must match kv_cache.shape[2] / kv_cache.shape[4].
         LARGE_TILE_SZ, mixed_precision: as the kernel. softmax_scale is 1/sqrt(head_size).
         backend: as :func:`paged_attention` (keyword-only extension).
@@ -353,7 +353,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         if m_np.size and not np.isin(m_np, (0, 1)).all():
             fail("attn_mask", "hold only 0 and 1 when integer", "other values")
         m_np = m_np.astype(bool)
-    from nki_kernels.flash_paged_attention import flash_paged_attention
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
             np.ascontiguousarray(cache), bt.astype(np.int32), np.ascontiguousarray(m_np))

@@ -1,7 +1,7 @@
 """Independent float64 reference for paged attention over a flat batch.
 
-Written straight from the definition and sharing NO code with host/plan.py, host/masks.py or
-host/block_tables.py (only the argument checks in host/validation.py): a mask or block-table bug
+Written straight from the definition and sharing NO code with host/dense/plan.py, host/dense/masks.py or
+host/dense/block_tables.py (only the argument checks in host/validation.py): a mask or block-table bug
 in the kernel-input builders therefore cannot pass both the kernel and this reference.
 
 For each sequence i (tokens contiguous and in order in ``query``/``key``/``value``):

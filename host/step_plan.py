@@ -3,7 +3,7 @@
 A serving step runs the same batch (lengths, block tables) through every layer of a model; only
 the layer's tensors (query, new K/V, its cache) differ. Everything that depends on the batch
 alone is built here once, validated once, and frozen: the schedule of the scheduled kernel
-(``host.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
+(``host.scheduled.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
 values, mask bounds), or, for the dense kernel, the active block table and the dense mask (GQA
 packing decided). ``host.run_paged_attention(plan, query, key, value, kv_cache)`` then builds
 only the per-layer tensors (``host/attention.py``). Plans are immutable (frozen dataclasses,
@@ -30,14 +30,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from host._arrays import readonly, to_numpy
-from host.block_tables import active_table_of, check_block_tables
+from host.dense.block_tables import active_table_of, check_block_tables
 from host.fp8 import is_fp8_cache_dtype
-from host.gqa_packing import choose_gqa_packing, packed_attention_mask
+from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
 from host.launch import check_api, check_backend
-from host.masks import build_attention_mask
-from host.plan import PagedAttentionPlan, make_plan
-from host.schedule import AttentionSchedule, build_schedule
-from host.scheduled import class_launch, row_init
+from host.dense.masks import build_attention_mask
+from host.dense.plan import PagedAttentionPlan, make_plan
+from host.scheduled.schedule import AttentionSchedule, build_schedule
+from host.scheduled.scheduled import class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
@@ -82,7 +82,7 @@ class AttentionPlan:
     one (2, N, Hkv, B, d) cache; "block_kv": vLLM's (key_cache, value_cache) pair of
     (N, B, Hkv, d) caches, docs/layouts.md §18), num_tokens T,
     query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend, api
-    (None = resolved per launch by ``nki_kernels._nki.resolve_api``; "legacy" | "nki"), lnc
+    (None = resolved per launch by ``nki_kernels.toolchain.resolve_api``; "legacy" | "nki"), lnc
     (physical cores per launch, None = ``Api.lnc``'s choice per launch),
     softmax_scale (resolved), mixed_precision, large_tile_size, variants (validated
     ``host.variants.AttentionVariants``), kernel_kwargs (keyword arguments of every launch,
@@ -203,7 +203,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
         gqa_packing, kernel, api, lnc (scheduled kernel: physical cores per launch, 1 or 2;
-        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels._nki.Api.lnc``),
+        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``),
         kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
             "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
             (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),
@@ -240,9 +240,9 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
     api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
     if kernel == "scheduled":
-        from nki_kernels import _nki
+        from nki_kernels import toolchain
 
-        _nki.resolve_api(api).lnc(lnc, Hkv)      # a bad lnc / combination fails before any work
+        toolchain.resolve_api(api).lnc(lnc, Hkv)      # a bad lnc / combination fails before any work
     elif lnc not in (None, 1):
         raise NotImplementedError("paged_attention: the dense kernel runs on one core; leave lnc "
                                   "None (or 1) with kernel='dense'")
@@ -307,7 +307,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
                            kernel_itemsize=2 if common["mixed_precision"] else itemsize,
                            group_blocks_cap=None, partial_tile_size=partial_tile_size,
                            kv_layout=common["kv_layout"])
-    from nki_kernels.sched_config import SchedOptions
+    from nki_kernels.scheduled.sched_config import SchedOptions
 
     kwargs = MappingProxyType(dict(options=SchedOptions(
         softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
@@ -322,7 +322,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
 
 def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: int, *,
                    sinks=None, alibi_slopes=None) -> tuple:
-    """One ``host.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
+    """One ``host.scheduled.scheduled.ClassLaunch`` per class of ``schedule`` (per-row initial values
     from ``sinks`` / ``alibi_slopes``, validated (H,) float32 or None)."""
     with_row_init = sinks is not None or alibi_slopes is not None
     return tuple(class_launch(cls, row_init(cls, num_heads, num_kv_heads, sinks=sinks,

@@ -179,7 +179,7 @@ STATE_EXTRA_COLUMNS = 2
 @dataclass(frozen=True)
 class MetaLayout:
     """Metadata columns per item of one phase of a schedule-driven kernel
-    (``host.schedule.PhaseArrays``; docs/layouts.md §16.4).
+    (``host.scheduled.schedule.PhaseArrays``; docs/layouts.md §16.4).
 
     int32 columns (``ki`` per item), per partition p:
         ``kv + l``            l < loads: main-cache row of load l (flat view) or out of bounds

@@ -1,7 +1,7 @@
 """How the cache-op kernels spread R independent rows over 128-partition DMAs.
 
-Pure Python arithmetic shared by :mod:`nki_kernels.kv_cache_update` and
-:mod:`nki_kernels.block_copy` (no NKI calls; it runs at trace time on plain ints), plus two
+Pure Python arithmetic shared by :mod:`nki_kernels.cache.kv_cache_update` and
+:mod:`nki_kernels.cache.block_copy` (no NKI calls; it runs at trace time on plain ints), plus two
 trace-time checks (cache dtype, toolchain support for indirect-DMA skipping).
 
 Every row of a cache op carries its own destination (and source) index, so the order in

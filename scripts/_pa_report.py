@@ -216,7 +216,7 @@ def markdown(doc: dict, with_breakdown: bool = False) -> str:
     if bt:
         parts += ["## Block size sensitivity (MODELED us)", "", bt, "",
                   "With LARGE_TILE_SZ = 2048 the scheduled kernel gathers key rows of b' = 16 "
-                  "tokens for every block size from 16 to 128 (`host.schedule.item_geometry`), "
+                  "tokens for every block size from 16 to 128 (`host.scheduled.schedule.item_geometry`), "
                   "so its trace barely depends on B.", ""]
     parts += ["## All rows", "", full_table(rows), "",
               "## Skipped", "", skipped_text(doc.get("skipped", [])), ""]

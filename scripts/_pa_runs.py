@@ -13,7 +13,7 @@ Used by scripts/bench_paged_attention.py. Kernels:
 "Mask bytes" are the bytes of the runtime mask input the host builds for one launch set:
 dense / per_block: the (Qpad, context_kv_len + Qpad) bool mask; scheduled: the float32
 arrays of every class and phase (``PhaseArrays.meta_f``: reset flags and the per-row bounds
-c, r of masked items; ``PhaseArrays.bounds``: the decode layout's bounds; ``host.schedule``),
+c, r of masked items; ``PhaseArrays.bounds``: the decode layout's bounds; ``host.scheduled.schedule``),
 taken from the schedules the host really built for the launches (:func:`captured_schedules`). The scheduled kernel's int32 gather/row indices
 (``meta_i``) are reported separately as ``index_bytes`` (dense: the int32 active block table).
 
@@ -40,9 +40,9 @@ def kernel_inputs(batch: dict, large_tile_size: int = LARGE_TILE):
     """The dense kernels' positional inputs (query, key, value, kv_cache, block_tables, mask),
     built with the host API as ``host.attention.paged_attention(kernel="dense",
     gqa_packing=False)`` does, plus T (real tokens)."""
-    from host.block_tables import active_block_table
-    from host.masks import build_attention_mask
-    from host.plan import make_plan
+    from host.dense.block_tables import active_block_table
+    from host.dense.masks import build_attention_mask
+    from host.dense.plan import make_plan
 
     q, k, v, cache = batch["query"], batch["key"], batch["value"], batch["kv_cache"]
     T, h, d = q.shape
@@ -99,8 +99,8 @@ def scheduled_metadata(schedules) -> dict:
 
 def dense_metadata(batch: dict, large_tile_size: int = LARGE_TILE, packing=None) -> dict:
     """Mask / block-table sizes of the dense kernel (packing None: as ``gqa_packing="auto"``)."""
-    from host.gqa_packing import choose_gqa_packing
-    from host.plan import make_plan
+    from host.dense.gqa_packing import choose_gqa_packing
+    from host.dense.plan import make_plan
     H, hkv = batch["query"].shape[1], batch["kv_cache"].shape[2]
     B = batch["kv_cache"].shape[3]
     ql, cl = batch["query_lens"], batch["context_lens"]
@@ -124,7 +124,7 @@ def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
     if kernel == "per_block":
-        from nki_kernels._nki import nki
+        from nki_kernels.toolchain import nki
         from nki_kernels.baselines.per_block_paged_attention import per_block_paged_attention
         args, T = kernel_inputs(batch, large_tile_size)
         meta = dense_metadata(batch, large_tile_size, packing=False)

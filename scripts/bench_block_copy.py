@@ -14,7 +14,7 @@ indirect gather and one indirect scatter per batch of <= 128 rows:
               split at 128 rows                                      -> 2 * L * 2 * g * ceil(rows/128)
 * coalesced per layer: the coalesced kernel launched once per layer (rows of one layer only;
               L launches -- launch overhead is not modeled)
-* coalesced:  ``host.copy_blocks`` -> ``nki_kernels.block_copy.copy_cache_blocks``: ONE launch, any 128
+* coalesced:  ``host.copy_blocks`` -> ``nki_kernels.cache.block_copy.copy_cache_blocks``: ONE launch, any 128
               rows of any layer / kv / group per DMA, indices of all tiles in one load
                                                                      -> 2 * ceil(L * 2 * n * n_sub / 128)
 
@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import nki_sim  # noqa: E402
 from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
                                     parse_args, write_json)
-from host.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_len,  # noqa: E402
+from host.cache.cache_ops import (allocate_kv_caches, block_copy_row_pairs, block_row_len,  # noqa: E402
                             copy_blocks)
 from nki_kernels.baselines.block_copy_batched import copy_rows_batched  # noqa: E402
 

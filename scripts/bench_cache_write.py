@@ -4,11 +4,11 @@
 For each workload (T new tokens, Hkv heads, head size d, block size B, bf16 cache, a fraction of
 padding slots = -1) this runs, on the nki_sim simulator with tracing:
 
-* ``nki (128 rows/DMA)``: ``host.reshape_and_cache`` -> ``nki_kernels.kv_cache_update``: any 128
+* ``nki (128 rows/DMA)``: ``host.reshape_and_cache`` -> ``nki_kernels.cache.kv_cache_update``: any 128
   (token, head) rows per indirect store, K / V / index loads chunked; on each NKI API of
   ``--api`` (one kernel source; the current API is modeled on trn2 only);
 * ``nki, vLLM block-KV``: the same call on vLLM's layout, a (key_cache, value_cache) pair of
-  (N, B, Hkv, d) caches (``host/block_kv.py``): one row of Hkv * d elements per token, so one
+  (N, B, Hkv, d) caches (``host/cache/block_kv.py``): one row of Hkv * d elements per token, so one
   DMA descriptor per token and K / V instead of Hkv;
 * ``per-token DMA``: ``nki_kernels.baselines.kv_write_per_token``: per token one index, K and V
   load and two indirect stores of Hkv rows;
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import nki_sim  # noqa: E402
 from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
                                     parse_args, write_json)
-from host.cache_ops import cache_write_row_index, reshape_and_cache  # noqa: E402
+from host.cache.cache_ops import cache_write_row_index, reshape_and_cache  # noqa: E402
 from nki_kernels.baselines.kv_write_per_token import kv_write_per_token  # noqa: E402
 
 try:  # the cost model is a separate part of the project; report counts only without it

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""MODELED benchmark: GQA query packing (host/gqa_packing.py) vs the unpacked launch.
+"""MODELED benchmark: GQA query packing (host/dense/gqa_packing.py) vs the unpacked launch.
 
 For each workload and target (trn1, trn2), host.paged_attention(kernel="dense") runs on nki_sim
 under tracing with gqa_packing=False and True (packing is an option of the dense kernel; the
@@ -7,7 +7,7 @@ scheduled kernel always packs the heads of a KV head as rows); nki_sim.cost.esti
 Nothing is measured on hardware: every time printed here is MODELED (docs/cost-model.md).
 Also reported: TensorE / VectorE / ScalarE instruction counts, DMA instructions and bytes, the
 max |error| against the float64 reference (host.paged_attention_ref), what the "auto" rule
-(host.gqa_packing.choose_gqa_packing) picks, and its work model (128x128 score blocks per KV
+(host.dense.gqa_packing.choose_gqa_packing) picks, and its work model (128x128 score blocks per KV
 head, unpacked / packed).
 
     python scripts/bench_gqa_packing.py [--quick] [--json out.json]
@@ -107,7 +107,7 @@ def run(w: Workload, target: str, packed: bool, args, ref) -> dict:
 
 
 def bench(workloads) -> list[dict]:
-    from host.gqa_packing import choose_gqa_packing, gqa_packing_work
+    from host.dense.gqa_packing import choose_gqa_packing, gqa_packing_work
     from host.reference import paged_attention_ref
 
     rows = []
@@ -146,7 +146,7 @@ def table(rows) -> str:
 
 def sweep(quick: bool, target: str = "trn2") -> list[dict]:
     """Decode-like batches (S sequences x q tokens, contexts 256 or 2048) for the rule's calibration."""
-    from host.gqa_packing import choose_gqa_packing, gqa_packing_work
+    from host.dense.gqa_packing import choose_gqa_packing, gqa_packing_work
     from host.reference import paged_attention_ref
 
     S = 4

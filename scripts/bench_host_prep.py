@@ -30,9 +30,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from nki_pa_cli.script_args import add_common_args, parse_args, write_json  # noqa: E402
-from host.block_tables import active_block_table, transform_block_tables_all_heads  # noqa: E402
-from host.masks import (build_attention_mask, context_row_ranges, query_seq_ids)  # noqa: E402
-from host.plan import make_plan  # noqa: E402
+from host.dense.block_tables import active_block_table, transform_block_tables_all_heads  # noqa: E402
+from host.dense.masks import (build_attention_mask, context_row_ranges, query_seq_ids)  # noqa: E402
+from host.dense.plan import make_plan  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> tuple[float, object]:

@@ -46,7 +46,7 @@ TARGETS = ("trn1", "trn2")
 BLOCK = 32                     # block size of every workload; 16 / 128 in the sensitivity rows
 SENSITIVITY = {"workload": "decode_32", "blocks": (16, 128), "target": "trn2"}
 # The dense kernels do O(Q tiles x context tiles) work: they run where the host's own count of
-# 128x128 score blocks per KV head (host.gqa_packing.gqa_packing_work) is at most this budget
+# 128x128 score blocks per KV head (host.dense.gqa_packing.gqa_packing_work) is at most this budget
 # (about 3 simulator minutes per target); larger workloads are listed as skipped with the count.
 DENSE_BLOCK_BUDGET = {"dense": 16000, "per_block": 6000}
 QUICK_BLOCK_BUDGET = {"dense": 1000, "per_block": 0}
@@ -71,7 +71,7 @@ def expand_lnc(jobs, lncs, api: str):
 
 def score_blocks(w, kernel: str) -> int:
     """128x128 score blocks per KV head of the dense kernels (per_block never packs)."""
-    from host.gqa_packing import choose_gqa_packing, gqa_packing_work
+    from host.dense.gqa_packing import choose_gqa_packing, gqa_packing_work
     unpacked, packed = gqa_packing_work(w.query_lens, H, HKV, context_lens=w.context_lens)
     if kernel == "per_block":
         return unpacked

@@ -146,7 +146,7 @@ def run(w: Workload, target: str, S: int, H: int, Hkv: int, api: str = "auto") -
     from nki_sim.cost import estimate
     from host.attention import paged_attention
     from host.reference import paged_attention_ref
-    from host.schedule import item_geometry, make_schedule
+    from host.scheduled.schedule import item_geometry, make_schedule
 
     args, opts, itemsize = make_inputs(w, S, H, Hkv)
     with nki_sim.use_target(target), nki_sim.tracing() as trace:

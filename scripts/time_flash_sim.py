@@ -76,11 +76,11 @@ def compare_p_transpose(workload: str) -> list[dict]:
     """MODELED trn2 cost of the two P-transpose paths (same inputs, same results)."""
     import nki_sim
     from nki_sim.cost import estimate
-    from host.block_tables import active_block_table
-    from host.masks import build_attention_mask
-    from host.plan import make_plan
-    from nki_kernels._nki import nki, nl
-    from nki_kernels.flash_paged_attention import flash_paged_attention_body, output_shape
+    from host.dense.block_tables import active_block_table
+    from host.dense.masks import build_attention_mask
+    from host.dense.plan import make_plan
+    from nki_kernels.toolchain import nki, nl
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 
     def kernel_for(mode):
         @nki.jit

@@ -1,7 +1,7 @@
 """scripts/: the shared --quick / --json / --plot conventions (nki_pa_cli.script_args), each
 script's argument validation, and the quick mode of the scripts whose quick run takes about a
 second (bench_gqa_packing's takes several: validation only; bench_cache_write's quick run is in
-tests/kernels/test_cache_ops_bench.py; bench_paged_attention has its own tests)."""
+tests/kernels/cache/test_cache_ops_bench.py; bench_paged_attention has its own tests)."""
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,7 @@
 """Benchmark-only baseline: block copy with one gather + one scatter DMA per caller-defined BATCH.
 
 ``scripts/bench_block_copy.py`` uses it to model the uncoalesced strategies on the same row view
-and row pairs as :func:`nki_kernels.block_copy.copy_cache_blocks`:
+and row pairs as :func:`nki_kernels.cache.block_copy.copy_cache_blocks`:
 
 * per-block: one batch per (layer, block) -- that block's K and V rows;
 * per-group: one batch per (layer, group) -- the rows of a contiguous run of blocks.
@@ -18,7 +18,7 @@ Args (HBM):
 """
 
 from nki_kernels._assert import kernel_check
-from nki_kernels._nki import nki, nl, nt
+from nki_kernels.toolchain import nki, nl, nt
 
 
 

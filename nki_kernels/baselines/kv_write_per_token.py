@@ -1,6 +1,6 @@
 """Benchmark-only baseline: the KV-cache write with one DMA (per kind) per TOKEN.
 
-Same inputs and result as :func:`nki_kernels.kv_cache_update.kv_cache_update`, but each token's
+Same inputs and result as :func:`nki_kernels.cache.kv_cache_update.kv_cache_update`, but each token's
 Hkv (token, head) rows travel in their own DMAs: per token one index load, one K load, one V load
 and two indirect stores of Hkv rows each -- 5 * T DMA instructions (2 * T indirect) instead of
 about 2 * ceil(T * Hkv / 128) indirect ones. Negative slots are skipped the same way
@@ -10,12 +10,12 @@ Legacy API only (a benchmark baseline, not a product kernel).
 Args (HBM):
     key, value: (T, Hkv, d), the cache dtype.
     kv_cache: (2, N, Hkv, B, d), mutable; viewed as (2, N*Hkv*B, d) rows in the kernel.
-    row_index: (T, Hkv, 1) int32, destination row of (token, head) (``host.cache_ops.cache_write_row_index``
+    row_index: (T, Hkv, 1) int32, destination row of (token, head) (``host.cache.cache_ops.cache_write_row_index``
         reshaped to (T, Hkv, 1)).
 """
 
 from nki_kernels._assert import kernel_check
-from nki_kernels._nki import nki, nisa, nl, nt
+from nki_kernels.toolchain import nki, nisa, nl, nt
 from nki_kernels.ops import legacy as legacy_ops
 from nki_kernels.row_tiles import require_oob_skip
 

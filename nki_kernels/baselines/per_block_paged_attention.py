@@ -6,11 +6,11 @@ Device code (legacy NKI), launched like the product kernel on the grid ``[1, Hkv
 What it models: the KV-cache load of the kernel before vLLM PR #13245 ("Vectorize KV cache load
 in FlashPagedAttention to maximize DMA bandwidth"), where every context block was fetched by its
 own DMA whose source address came from the block table in SBUF. Everything else is the product
-kernel (``nki_kernels.flash_paged_attention``) unchanged: only the KV-tile loader is swapped.
+kernel (``nki_kernels.dense.flash_paged_attention``) unchanged: only the KV-tile loader is swapped.
 
 Design (kept deliberately favourable to the baseline, so the benchmark isolates one effect):
     The product loader gathers 128 rows of ``b'*d`` contiguous cache elements per indirect DMA
-    (``nki_kernels.kv_load.load_kv_tile``). Row ``q = m*T + t`` of a large tile is sub-block t of
+    (``nki_kernels.dense.kv_load.load_kv_tile``). Row ``q = m*T + t`` of a large tile is sub-block t of
     the tile's block m (T = tiling factor, b' = block_size // T). This baseline issues ONE
     indirect DMA per block and per K/V, gathering that block's T rows (T partitions of
     ``b'*d*itemsize`` bytes, i.e. the whole block) into the same partitions of the same SBUF
@@ -21,7 +21,7 @@ Design (kept deliberately favourable to the baseline, so the benchmark isolates 
     partitions of ``d`` elements (256 B descriptors for bf16, d = 128) and transposed K block by
     block; that variant needs a different SBUF layout and is not reproduced here.
 
-Dimensions: as in ``nki_kernels.kv_load`` (d, LT, B, M, T, b', nL).
+Dimensions: as in ``nki_kernels.dense.kv_load`` (d, LT, B, M, T, b', nL).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import numpy as np
 
 import functools
 
-from nki_kernels._nki import nki, nisa, nl
+from nki_kernels.toolchain import nki, nisa, nl
 from nki_kernels.constants import B_P_SIZE, tile_geometry
-from nki_kernels.flash_paged_attention import flash_paged_attention_body, output_shape
+from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 from nki_kernels.tile_ops import pe_transpose_blocks
 
 
@@ -62,7 +62,7 @@ def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, h
     """Drop-in replacement of ``load_kv_tile`` issuing one DMA per (block, K or V).
 
     Args:
-        kv_flat: HBM ``(2, N*Hkv*T, b'*d)`` (``nki_kernels.kv_load.flat_kv_view``).
+        kv_flat: HBM ``(2, N*Hkv*T, b'*d)`` (``nki_kernels.dense.kv_load.flat_kv_view``).
         block_rows: SBUF int32 ``(128, nL, n_tiles)`` from ``load_block_tables``; partitions
             ``[m*T, (m+1)*T)`` of load l hold the T rows of block ``l*(128//T) + m``.
         tile_idx: large-tile index j.
@@ -107,7 +107,7 @@ def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, h
             k_rows = nisa.tensor_copy(k_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
             v_tile[:, nl.ds(l * row_w, row_w)] = nisa.tensor_copy(
                 v_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
-        # the product loader's K transposes, call for call (nki_kernels/kv_load.py)
+        # the product loader's K transposes, call for call (nki_kernels/dense/kv_load.py)
         pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
                             evac_engine=nisa.scalar_engine)
     return k_tile, v_tile

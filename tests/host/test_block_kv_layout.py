@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host.block_kv import block_kv_from_fused, cached_tokens, fused_from_block_kv
-from host.schedule import make_schedule
-from host.scheduled import build_overlay
+from host.cache.block_kv import block_kv_from_fused, cached_tokens, fused_from_block_kv
+from host.scheduled.schedule import make_schedule
+from host.scheduled.scheduled import build_overlay
 from nki_kernels.contract import cache_row_count, main_cache_row
 
 P = 128

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-import host.block_tables as hb
-import host.plan as hp
-import host.schedule as hs
-import host.schedule_items as hi
-import host.scheduled as hsd
+import host.dense.block_tables as hb
+import host.dense.plan as hp
+import host.scheduled.schedule as hs
+import host.scheduled.schedule_items as hi
+import host.scheduled.scheduled as hsd
 from nki_kernels import contract
 
 

@@ -4,15 +4,15 @@ import doctest
 
 import pytest
 
-import host.block_tables
-import host.masks
-import host.plan
+import host.dense.block_tables
+import host.dense.masks
+import host.dense.plan
 import host.reference
 import host.step_plan
 import host.variants
 
 
-@pytest.mark.parametrize("module", [host.plan, host.block_tables, host.masks, host.reference,
+@pytest.mark.parametrize("module", [host.dense.plan, host.dense.block_tables, host.dense.masks, host.reference,
                                     host.variants, host.step_plan],
                          ids=lambda m: m.__name__)
 def test_doctests(module):

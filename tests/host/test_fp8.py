@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from host.cache_ops import cache_write_row_index
+from host.cache.cache_ops import cache_write_row_index
 from host.fp8 import (SATURATION, as_cache_dtype, cache_write_row_scales, kernel_cache_dtype,
                       kernel_cache_view)
 

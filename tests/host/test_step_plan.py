@@ -1,6 +1,6 @@
 """host.plan_paged_attention / host.run_paged_attention: one validated, frozen plan per step,
 per-layer runs bit-identical to the one-shot call, mismatches named, plans shared by threads;
-host.scheduled_index gathers equal to the NumPy builders they replace on devices."""
+host.scheduled.scheduled_index gathers equal to the NumPy builders they replace on devices."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import host
-from host.schedule import make_schedule
-from host.scheduled import build_overlay, pack_queries, unpack_output
-from host.scheduled_index import output_index, overlay_index, query_index
+from host.scheduled.schedule import make_schedule
+from host.scheduled.scheduled import build_overlay, pack_queries, unpack_output
+from host.scheduled.scheduled_index import output_index, overlay_index, query_index
 
 H, HKV, D, B, N = 4, 2, 16, 8, 12
 QLENS, CLENS = [3, 1, 1], [10, 0, 17]
@@ -60,8 +60,8 @@ def test_plan_is_frozen_and_read_only():
 def test_the_window_flag_has_one_kernel_side_name():
     # the host's sliding_window (int or None) becomes ONE kernel flag, ``windowed``, from the
     # launch options down to the online-softmax steps
-    from nki_kernels.sched_config import SchedOptions
-    from nki_kernels.sched_core import StepConfig
+    from nki_kernels.scheduled.sched_config import SchedOptions
+    from nki_kernels.scheduled.sched_core import StepConfig
 
     *_, bt = _batch()
     for window, want in ((None, False), (4, True)):
@@ -209,9 +209,9 @@ def test_api_option_is_validated_once_and_named():
 @pytest.mark.simulation
 def test_run_on_the_current_api_matches_the_legacy_run_bit_for_bit():
     import nki_sim
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
 
-    if not _nki.simulator_has_current():
+    if not toolchain.simulator_has_current():
         pytest.skip("this nki_sim has no current front end")
     q, k, v, cache, bt = _batch(7)
     plan = _plan(bt, mixed_precision=False)

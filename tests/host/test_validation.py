@@ -125,7 +125,7 @@ def test_float_lists_are_rejected_naming_the_argument_and_values(values):
 
 def test_float_lens_rejected_alike_by_every_entry_point():
     from host import make_plan, paged_attention_ref
-    from host.gqa_packing import choose_gqa_packing
+    from host.dense.gqa_packing import choose_gqa_packing
 
     q = np.zeros((3, 2, 4), np.float32)
     kv = np.zeros((3, 1, 4), np.float32)
@@ -151,7 +151,7 @@ SIZES = dict(num_layers=2, num_blocks=4, num_kv_heads=1, block_size=8, head_size
     ("num_kv_heads", 1.0, "be an integer; got 1.0"), ("block_size", True, "be an integer; got True"),
     ("head_size", np.float32(16), "be an integer"), ("num_blocks", "4", "be an integer; got '4'")])
 def test_allocate_kv_caches_rejects_bad_sizes(arg, bad, fragment):
-    from host.cache_ops import allocate_kv_caches
+    from host.cache.cache_ops import allocate_kv_caches
 
     with pytest.raises(ValueError, match=f"^{arg} must ") as ei:
         allocate_kv_caches(**{**SIZES, arg: bad})
@@ -160,14 +160,14 @@ def test_allocate_kv_caches_rejects_bad_sizes(arg, bad, fragment):
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint16, bool, np.float64, np.complex64, "nope"])
 def test_allocate_kv_caches_rejects_non_cache_dtypes(dtype):
-    from host.cache_ops import allocate_kv_caches
+    from host.cache.cache_ops import allocate_kv_caches
 
     with pytest.raises(ValueError, match="^dtype must (be|have dtype in) "):
         allocate_kv_caches(**SIZES, dtype=dtype)
 
 
 def test_allocate_kv_caches_other_fp8_formats_are_not_implemented():
-    from host.cache_ops import allocate_kv_caches
+    from host.cache.cache_ops import allocate_kv_caches
 
     with pytest.raises(NotImplementedError, match="float8_e4m3 KV cache is not supported"):
         allocate_kv_caches(**SIZES, dtype=ml_dtypes.float8_e4m3)
@@ -176,7 +176,7 @@ def test_allocate_kv_caches_other_fp8_formats_are_not_implemented():
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, "float16",
                                    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
 def test_allocate_kv_caches_accepts_cache_dtypes_and_numpy_ints(dtype):
-    from host.cache_ops import allocate_kv_caches
+    from host.cache.cache_ops import allocate_kv_caches
 
     layers = allocate_kv_caches(np.int64(3), np.int32(4), 1, 8, 16, dtype=dtype)
     assert len(layers) == 3 and layers[0].shape == (2, 4, 1, 8, 16)

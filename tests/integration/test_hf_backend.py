@@ -1,5 +1,5 @@
-"""transformers models on the ``nki_paged`` attention backend (host.hf_backend) driven by the
-continuous-batching generator (host.generation), against the same weights with transformers'
+"""transformers models on the ``nki_paged`` attention backend (host.serving.hf_backend) driven by the
+continuous-batching generator (host.serving.generation), against the same weights with transformers'
 eager attention.
 
 Tiny random models (2 layers, 4 query / 2 KV heads, head size 16, vocabulary 128, seeded).
@@ -26,8 +26,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import host.hf_backend as hf  # noqa: E402
-from host.generation import PagedGenerator, generate  # noqa: E402
+import host.serving.hf_backend as hf  # noqa: E402
+from host.serving.generation import PagedGenerator, generate  # noqa: E402
 
 pytestmark = pytest.mark.simulation
 
@@ -212,16 +212,16 @@ def _one_sequence_batch(T=6, ctx=4):
 def test_variant_options_reach_the_host_and_an_inert_window_is_dropped(monkeypatch):
     import functools
 
-    import host.torch_ops
+    import host.serving.torch_ops
 
-    seen, real = [], host.torch_ops.step_plan
+    seen, real = [], host.serving.torch_ops.step_plan
 
     @functools.wraps(real)
     def spy(*a, **kw):
         seen.append({k: kw.get(k) for k in ("sliding_window", "logits_soft_cap", "sinks")})
         return real(*a, **kw)
 
-    monkeypatch.setattr(host.torch_ops, "step_plan", spy)
+    monkeypatch.setattr(host.serving.torch_ops, "step_plan", spy)
     meta, q, k, v = _one_sequence_batch()
     assert meta.max_seq_len == 10
     plain, _ = hf.paged_attention_forward(_Layer(), q, k, v, None, nki_paged=meta)
@@ -268,7 +268,7 @@ def test_fp8_cache_is_written_and_read_with_its_scales(tol):
 
 def test_backend_rejects_what_it_cannot_honour():
     meta, q, k, v = _one_sequence_batch()
-    with pytest.raises(ValueError, match="nki_paged must be a host.hf_backend.PagedBatch"):
+    with pytest.raises(ValueError, match="nki_paged must be a host.serving.hf_backend.PagedBatch"):
         hf.paged_attention_forward(_Layer(), q, k, v, None)
     with pytest.raises(NotImplementedError, match="dropout"):
         hf.paged_attention_forward(_Layer(), q, k, v, None, dropout=0.1, nki_paged=meta)

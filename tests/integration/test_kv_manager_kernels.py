@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from host import allocate_kv_caches, paged_attention, reshape_and_cache
-from host.kv_manager import KVCacheManager
+from host.serving.kv_manager import KVCacheManager
 
 pytestmark = pytest.mark.simulation
 
@@ -80,7 +80,7 @@ def test_forked_sequences_diverge_through_copy_on_write(rng, tol):
 
 def test_copy_on_write_of_an_mla_cache(rng):
     """The same copy-on-write on a stack of MLA latent caches (L, N, B, E)."""
-    from host.mla_layout import allocate_mla_cache
+    from host.cache.mla_layout import allocate_mla_cache
 
     caches = np.stack([allocate_mla_cache(6, 4, kv_lora_rank=8, qk_rope_head_dim=4,
                                           dtype=np.float32) for _ in range(2)])

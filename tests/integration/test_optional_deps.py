@@ -28,18 +28,18 @@ mgr = KVCacheManager(4, 2)
 mgr.add_sequence(0)
 assert mgr.append_slots(0, 3).tolist() == [0, 1, 2]
 try:
-    import host.torch_ops
+    import host.serving.torch_ops
 except ImportError as e:
     assert "pip install -e '.[torch]'" in str(e), e
 else:
-    raise AssertionError("host.torch_ops imported without torch")
+    raise AssertionError("host.serving.torch_ops imported without torch")
 try:
     host.generate
 except ImportError:
     pass
 else:
     raise AssertionError("host.generate resolved without torch")
-for mod in ("host.hf_backend", "host.generation"):
+for mod in ("host.serving.hf_backend", "host.serving.generation"):
     try:
         __import__(mod)
     except ImportError:

@@ -11,8 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import host.attention as attention  # noqa: E402
-import host.torch_ops  # noqa: E402,F401  (registers the ops)
-from host import paged_attention_ref, torch_neuron  # noqa: E402
+import host.serving.torch_ops  # noqa: E402,F401  (registers the ops)
+from host import paged_attention_ref  # noqa: E402
+from host.serving import torch_neuron  # noqa: E402
 
 pytestmark = pytest.mark.simulation
 H, HKV, D, B, N = 4, 2, 16, 8, 12

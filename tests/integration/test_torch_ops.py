@@ -10,9 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import host.torch_ops as ops  # noqa: E402
-from host import paged_attention_ref, torch_neuron  # noqa: E402
-from nki_kernels import _nki  # noqa: E402
+import host.serving.torch_ops as ops  # noqa: E402
+from host import paged_attention_ref  # noqa: E402
+from host.serving import torch_neuron  # noqa: E402
+from nki_kernels import toolchain  # noqa: E402
 
 pytestmark = pytest.mark.simulation
 
@@ -232,10 +233,10 @@ def test_toolchain_selection(monkeypatch):
     present.add("torch_neuronx")
     assert torch_neuron.toolchain_status() == (False, "torch_xla not importable")
     present.add("torch_xla")
-    monkeypatch.setattr(_nki, "SIMULATED", True)
+    monkeypatch.setattr(toolchain, "SIMULATED", True)
     ok, why = torch_neuron.toolchain_status()
     assert not ok and "nki_sim" in why
-    monkeypatch.setattr(_nki, "SIMULATED", False)
+    monkeypatch.setattr(toolchain, "SIMULATED", False)
     assert torch_neuron.toolchain_status()[0]
 
 
@@ -263,10 +264,10 @@ def simulated_device(monkeypatch):
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
         kw = {k: x.numpy() if isinstance(x, torch.Tensor) else x for k, x in kw.items()}
         if isinstance(kernel, KernelFamily):          # the API choice of the real path
-            out = _nki.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
+            out = toolchain.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
                                                device=False)
         else:
-            out = _nki.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
+            out = toolchain.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
         return torch.from_numpy(np.ascontiguousarray(out))
 
     monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))
@@ -275,11 +276,11 @@ def simulated_device(monkeypatch):
 
 
 def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
-    from nki_kernels.block_copy import copy_cache_blocks
-    from nki_kernels.flash_paged_attention import flash_paged_attention
-    from nki_kernels.kv_cache_update import kv_cache_update
+    from nki_kernels.cache.block_copy import copy_cache_blocks
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
+    from nki_kernels.cache.kv_cache_update import kv_cache_update
 
-    from nki_kernels.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
 
     b = make_batch(8)
     out = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512)

@@ -43,9 +43,9 @@ def test_dense_kernel_padding_pointing_at_block_0_cannot_poison_the_batch(poison
 
 # ----------------------------------------------------------------------------- KV cache manager
 def test_a_failing_copy_on_write_leaves_the_manager_unchanged(monkeypatch):
-    import host.cache_ops
+    import host.cache.cache_ops
 
-    caches = host.cache_ops.allocate_kv_caches(2, 6, 1, 4, 8, np.float32)
+    caches = host.cache.cache_ops.allocate_kv_caches(2, 6, 1, 4, 8, np.float32)
     mgr = KVCacheManager(6, 4, kv_caches=caches)
     mgr.add_sequence("a")
     mgr.append_slots("a", 6)                     # blocks [0, 1], the last one partial
@@ -55,7 +55,7 @@ def test_a_failing_copy_on_write_leaves_the_manager_unchanged(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(host.cache_ops, "copy_blocks", broken)
+    monkeypatch.setattr(host.cache.cache_ops, "copy_blocks", broken)
     with pytest.raises(RuntimeError, match="device lost"):
         mgr.append_slots("b", 1)                 # copy-on-write of block 1 fails
     assert (mgr.block_table("b").tolist(), mgr.free_blocks(), mgr.refcount(1),
@@ -88,7 +88,7 @@ def _torch_batch(torch):
 
 def test_torch_ops_reject_a_meta_cache_next_to_cpu_tensors():
     torch = pytest.importorskip("torch")
-    import host.torch_ops  # noqa: F401
+    import host.serving.torch_ops  # noqa: F401
 
     q, kv, cache, bt, ql, cl = _torch_batch(torch)
     meta = torch.empty_like(cache, device="meta")
@@ -107,7 +107,7 @@ def test_torch_ops_reject_a_meta_cache_next_to_cpu_tensors():
 # ----------------------------------------------------------------------------- generation
 def _tiny_llama(torch):
     transformers = pytest.importorskip("transformers")
-    import host.hf_backend as hf
+    import host.serving.hf_backend as hf
 
     hf.register()
     torch.manual_seed(0)
@@ -119,7 +119,7 @@ def _tiny_llama(torch):
 
 def test_generate_rejects_token_ids_outside_the_vocabulary():
     torch = pytest.importorskip("torch")
-    from host.generation import PagedGenerator
+    from host.serving.generation import PagedGenerator
 
     gen = PagedGenerator(_tiny_llama(torch), num_blocks=8, block_size=4)
     for bad in (64, -1):
@@ -132,8 +132,8 @@ def test_generation_defaults_to_the_precision_that_matches_eager():
     import inspect
 
     pytest.importorskip("torch")
-    from host.generation import PagedGenerator
-    from host.hf_backend import PagedBatch
+    from host.serving.generation import PagedGenerator
+    from host.serving.hf_backend import PagedBatch
 
     assert inspect.signature(PagedGenerator).parameters["mixed_precision"].default is False
     assert PagedBatch.__dataclass_fields__["mixed_precision"].default is False

@@ -116,9 +116,9 @@ def _check_one(batch, ref, kernel, mixed_precision, large_tile_size, softmax_sca
 def kernel_inputs(batch: Batch, *, large_tile_size, pad_blocks_to=None, pad_queries_to=None):
     """``(plan, (query, key, value, kv_cache, block_tables, mask))`` in the kernel layouts, built
     with the host helpers as host.paged_attention does (optionally with padded buckets)."""
-    from host.block_tables import active_block_table
-    from host.masks import build_attention_mask
-    from host.plan import make_plan
+    from host.dense.block_tables import active_block_table
+    from host.dense.masks import build_attention_mask
+    from host.dense.plan import make_plan
 
     plan = make_plan(batch.query_lens, batch.context_lens, block_size=batch.kv_cache.shape[3],
                      large_tile_size=large_tile_size, pad_blocks_to=pad_blocks_to,
@@ -172,9 +172,9 @@ def on_api(monkeypatch):
     ``api`` ("legacy" | "nki", through ``NKI_PA_API``) for ``target``; returns the target
     context to enter."""
     import nki_sim
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
 
     def set_(api, target="trn2"):
-        monkeypatch.setenv(_nki.API_ENV, api)
+        monkeypatch.setenv(toolchain.API_ENV, api)
         return nki_sim.use_target(target)
     return set_

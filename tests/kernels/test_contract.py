@@ -73,11 +73,11 @@ def test_the_checker_finds_a_second_definition(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("module, name", [
     ("nki_kernels.constants", "M_FLOOR"), ("nki_kernels.constants", "NEG_MASK"),
-    ("nki_kernels.sched_plan", "SBUF_USABLE"), ("nki_kernels.sbuf_plan", "SBUF_USABLE"),
-    ("nki_kernels.mla_sbuf", "SBUF_USABLE"), ("nki_kernels.sched_checks", "tile_geometry"),
-    ("nki_kernels.sched_plan", "meta_layout"), ("nki_kernels.sched_plan", "decode_layout"),
-    ("nki_kernels.scheduled_attention", "chunk_size"),
-    ("nki_kernels.sched_config", "meta_layout"),
+    ("nki_kernels.scheduled.sched_plan", "SBUF_USABLE"), ("nki_kernels.sbuf_plan", "SBUF_USABLE"),
+    ("nki_kernels.mla.mla_sbuf", "SBUF_USABLE"), ("nki_kernels.scheduled.sched_checks", "tile_geometry"),
+    ("nki_kernels.scheduled.sched_plan", "meta_layout"), ("nki_kernels.scheduled.sched_plan", "decode_layout"),
+    ("nki_kernels.scheduled.scheduled_attention", "chunk_size"),
+    ("nki_kernels.scheduled.sched_config", "meta_layout"),
 ])
 def test_kernel_modules_read_the_contract_objects(module, name):
     assert getattr(importlib.import_module(module), name) is getattr(contract, name)
@@ -85,9 +85,8 @@ def test_kernel_modules_read_the_contract_objects(module, name):
 
 def test_host_and_kernel_read_the_same_objects():
     # both sides' schedule-building code reaches the contract's SBUF table and layout function
-    import host.schedule as hs
-    from nki_kernels import sched_plan
-
+    import host.scheduled.schedule as hs
+    from nki_kernels.scheduled import sched_plan
     assert hs.max_group_blocks is sched_plan.max_group_blocks
     assert sched_plan.SBUF_USABLE is contract.SBUF_USABLE
     assert hs.meta_columns is sched_plan.meta_columns

@@ -12,7 +12,7 @@ import pytest
 
 import nki_sim
 from host.attention import paged_attention
-from host.cache_ops import reshape_and_cache
+from host.cache.cache_ops import reshape_and_cache
 
 pytestmark = pytest.mark.simulation
 

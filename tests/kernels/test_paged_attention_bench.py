@@ -124,7 +124,7 @@ def test_tiny_batches_match_the_reference_and_rows_are_consistent(tiny_rows, tol
 
 
 def test_mask_bytes_are_the_host_arrays(tiny_rows, load_script):
-    from host.schedule import make_schedule
+    from host.scheduled.schedule import make_schedule
     rows = {(w.name, k): row for w, _, k, _, _, row in tiny_rows}
     # dense: 3 tokens (6 packed rows) -> Qpad 128; 29 blocks of 16 -> one 2048-token tile
     assert rows[("tiny_decode", "dense")]["mask_bytes"] == 128 * (2048 + 128)

@@ -53,7 +53,7 @@ def test_reshape_that_needs_a_copy_is_rejected(rng, sim_only):
 
 
 def test_deprecation_warnings_of_project_modules_are_errors():
-    for module in ("nki_sim.tensor", "nki_kernels.flash_core", "host.attention"):
+    for module in ("nki_sim.tensor", "nki_kernels.dense.flash_core", "host.attention"):
         with pytest.raises(DeprecationWarning):
             warnings.warn_explicit("planted", DeprecationWarning, "x.py", 1, module=module)
 

@@ -102,7 +102,7 @@ def _flash_job(target, args):
 
 def _cache_job(seed):
     """reshape_and_cache on a private cache (5 tokens, 2 KV heads, d=8, 6 blocks of 4)."""
-    from host.cache_ops import reshape_and_cache
+    from host.cache.cache_ops import reshape_and_cache
 
     def job():
         rng = np.random.default_rng(seed)

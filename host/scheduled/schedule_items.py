@@ -1,0 +1,115 @@
+"""Which work a batch needs (``host.scheduled.schedule``, docs/layouts.md §16.2-16.3): tile geometries
+(``nki_kernels.contract.TileGeometry``), Q blocks and groups, FULL / PARTIAL items with exact
+pruning, and the ``"auto"`` partial tile
+size. Plain NumPy / Python on lengths; ``host.scheduled.schedule`` turns the items into kernel metadata.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
+
+__all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
+           "choose_partial_tile"]
+
+# The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
+# partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
+# model (MODELED): every value from 3072 to at least 6144 makes "auto" pick the fastest size on
+# each workload of scripts/bench_paged_attention.py and scripts/bench_variants.py (2048 missed
+# the 4 x 512-token mixed batch, 1024 also the sliding window).
+ITEM_OVERHEAD_KEYS = 4096
+
+
+def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:
+    """``(T, b', L, nL)`` of ``nki_kernels.contract.tile_geometry`` (both powers of two): T rows
+    per block, b' = B // T tokens per row, L = max(LT // B, 128) rows per tile, nL = L // 128
+    loads."""
+    g = tile_geometry(block_size, large_tile_size)
+    return g.T, g.bp, g.L, g.nL
+
+
+def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
+    """``"auto"`` partial tile size: the power of two in [512, LT] whose partial items cost the
+    least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (the
+    per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
+    Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
+    turn one item into several where a large tile is visible in whole (a window's lower edge)."""
+    fg = tile_geometry(B, LT)
+    best = None
+    ltp = MIN_TILE_SIZE
+    while ltp <= LT:
+        pg = tile_geometry(B, ltp)
+        cost = 0
+        for _, _, _, _, qb in specs:
+            _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, sliding_window=sliding_window)
+            nblk = [len(qb["groups"][g][1]) for g, _ in part]
+            cost += sum(nblk) * pg.W + len(part) * ITEM_OVERHEAD_KEYS
+        if best is None or cost < best[0]:
+            best = (cost, ltp)
+        ltp *= 2
+    return best[1]
+
+
+def q_blocks(seqs, rows, blocks, *, q, c, G, tok_off) -> dict:
+    """Step 1 of a class: its Q blocks (query rows of one sequence, ``rows`` per block) and
+    groups of up to ``blocks`` of them. Returns nblk, row_token / row_head (nblk*rows,),
+    row_pos / row_real (nblk, rows) and groups [(seq, [block ids])]."""
+    blk_seq = []
+    for i in seqs:
+        blk_seq += [i] * (-(-int(q[i]) * G // rows))
+    nblk = len(blk_seq)
+    blk_seq = np.array(blk_seq, np.int64)
+    blk_row0 = np.concatenate([np.arange(-(-int(q[i]) * G // rows)) * rows for i in seqs]
+                              ).astype(np.int64)
+    row_token = np.full(nblk * rows, -1, np.int64)
+    row_head = np.full(nblk * rows, -1, np.int64)
+    row_pos = np.zeros((nblk, rows), np.int64)       # absolute query position of each row
+    row_real = np.zeros((nblk, rows), bool)
+    for b in range(nblk):
+        i = blk_seq[b]
+        r = blk_row0[b] + np.arange(rows)
+        real = r < q[i] * G
+        row_real[b] = real
+        row_pos[b] = c[i] + r // G
+        row_token[b * rows:(b + 1) * rows] = np.where(real, tok_off[i] + r // G, -1)
+        row_head[b * rows:(b + 1) * rows] = np.where(real, r % G, -1)
+    groups = []                                       # (seq, [block ids])
+    b = 0
+    while b < nblk:
+        e = b
+        while e < nblk and e - b < blocks and blk_seq[e] == blk_seq[b]:
+            e += 1
+        groups.append((int(blk_seq[b]), list(range(b, e))))
+        b = e
+    return dict(nblk=nblk, row_token=row_token, row_head=row_head, row_pos=row_pos,
+                row_real=row_real, groups=groups)
+
+
+def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, sliding_window):
+    """Step 2 of a class: ``(full_items, part_items, group_lo)``. A large tile (``fg``) is FULL
+    when every real row of the group sees all of it and all its rows are cached; otherwise its
+    partial tiles (``pg``) that some row sees are PARTIAL items. Items are (group index, tile
+    index of the phase's geometry); group_lo[g] = first key position any row of group g sees."""
+    part_items, full_items = [], []
+    group_lo = {}
+    per_tile = fg.W // pg.W                           # partial tiles per large tile
+    for gi, (i, blist) in enumerate(qb["groups"]):
+        pos = qb["row_pos"][blist][qb["row_real"][blist]]
+        lo_min = 0 if sliding_window is None else max(0, int(pos.min()) - sliding_window + 1)
+        group_lo[gi] = lo_min
+        lo_max = 0 if sliding_window is None else max(0, int(pos.max()) - sliding_window + 1)
+        hi_min, hi_max = int(pos.min()) + 1, int(pos.max()) + 1
+        end = int(keys[i])
+        for k in range(-(-end // fg.W)):
+            t0, t1 = k * fg.W, min((k + 1) * fg.W, end)
+            if t1 <= lo_min or t0 >= hi_max:
+                continue                              # no row of the group sees this tile
+            if (k + 1) * fg.W <= c[i] - c[i] % fg.bp and lo_max <= t0 and hi_min >= (k + 1) * fg.W:
+                full_items.append((gi, k))
+                continue
+            for kp in range(k * per_tile, (k + 1) * per_tile):
+                u0, u1 = kp * pg.W, min((kp + 1) * pg.W, end)
+                if u0 < u1 and u1 > lo_min and u0 < hi_max:
+                    part_items.append((gi, kp))
+    return full_items, part_items, group_lo

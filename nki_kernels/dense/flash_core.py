@@ -1,0 +1,150 @@
+"""Online-softmax (flash attention) update of one 128-row Q tile against one KV tile.
+
+Device code (legacy NKI).
+
+Dimensions:
+    P = 128  query rows per Q tile (partitions)       d   head size (<= 128)
+    W        KV tile width (keys), a multiple of 128  F = 512 score columns per PSUM bank
+
+State per (Q tile, query head) "slot" s, kept in SBUF across KV tiles (all rows on partitions):
+    nm_buf[:, s]          NEGATED running row max -m of the masked, scaled scores (fp32); kept
+                          negated because -m is the bias of every exp()
+    l_buf[:, s]           running row sum of exp(score - m) (fp32; plain sum, not log-sum-exp)
+    o_buf[:, s*d:(s+1)*d] running un-normalised output sum_k exp(score_k - m) v_k (acc dtype)
+Initial state (set by the caller): nm = -M_FLOOR, l = 0, o = 0. Final output: o / max(l, L_FLOOR).
+See ``nki_kernels.constants`` for why masked scores use NEG_MASK with m starting at M_FLOOR:
+masked keys contribute exactly 0, an all-masked tile changes nothing, and a row masked
+everywhere ends with o = l = 0 (output exactly 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels.toolchain import nl, nisa
+from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK, STEP_KEYS
+from nki_kernels.tile_ops import pe_transpose_blocks
+
+
+def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
+                         k_start, width, kernel_dtype, use_dma_transpose):
+    """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
+
+    Args:
+        q_tile: SBUF ``(d, 128)`` kernel_dtype, already multiplied by the softmax scale
+            (column r = query row r of the Q tile).
+        k_tile: SBUF ``(d, >= k_start + width)`` kernel_dtype; column c = key c.
+        v_tile: SBUF ``(128, ...)`` kernel_dtype; columns ``[(c//128)*d, (c//128+1)*d)`` at
+            partition ``c % 128`` hold the value of key c (the layout of ``load_kv_tile``).
+        mask_tile: SBUF ``(128, >= width)`` bool (a tile or a column slice of one);
+            ``mask_tile[r, c]`` = row r may see key k_start + c.
+        o_buf, nm_buf, l_buf: SBUF state tiles (module docstring), updated in place.
+        slot: state slot index (int or affine loop expression).
+        k_start: first key (Python int, multiple of 128).
+        width: W (Python int, multiple of 128, <= STEP_KEYS: bounds the per-step SBUF tiles).
+        kernel_dtype: matmul-input / probability dtype (bf16 in mixed precision).
+        use_dma_transpose: transpose P with ``nisa.dma_transpose`` (gen3, 2-byte dtypes) instead
+            of TensorE transposes through PSUM (gen2, or 4-byte dtypes).
+
+    Pseudocode:
+        S[:, c] = where(mask, q^T k_c, NEG_MASK)          per 512-column PSUM chunk (fp32)
+        nm_new = -max(m, rowmax(S)) = min(nm, -rowmax(S)); alpha = exp(nm_new - nm)
+        Pr = exp(S + nm_new) (kernel_dtype), rs = rowsum(exp(S + nm_new)) (fp32)  [ScalarE, fused]
+        l = alpha*l + rs;  nm = nm_new
+        P^T in 128x128 blocks (DMA or PE transpose)
+        o = alpha*o + sum_k P^T_k^T V_k                   (PSUM accumulation over 128-key chunks)
+    """
+    P = B_P_SIZE
+    d = q_tile.shape[0]
+    assert width % P == 0 and width <= STEP_KEYS, f"internal: step width {width}"
+    acc_dtype = o_buf.dtype
+
+    # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul, then the row
+    # max. (nl.where + tensor_reduce on both generations, as vLLM: nisa.select_reduce would fuse
+    # them on gen3 but only exists from SDK 2.26 and is reported wrong on trn1.)
+    scores = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
+    n_full, tail = divmod(width, B_F_SIZE)
+    for c in nl.affine_range(n_full):
+        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
+    if tail:
+        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+    m_tile = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
+
+    # Step 2: running max (kept negated: nm = -m feeds the exp biases directly) and the
+    # rescale factor alpha = exp(m_prev - m_new) = exp(nm_new - nm_prev).
+    nm_prev = nm_buf[:, nl.ds(slot, 1)]
+    nm_new = nisa.tensor_scalar(m_tile, np.multiply, -1.0, op1=np.minimum, operand1=nm_prev,
+                                dtype=nl.float32)
+    alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
+
+    # Step 3: P = exp(S + nm_new) and its row sums in one ScalarE pass.
+    row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    probs = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
+    probs[...] = nisa.activation_reduce(np.exp, scores, bias=nm_new, scale=1.0, reduce_op=np.add,
+                                        reduce_res=row_sum, dtype=kernel_dtype)
+
+    # Step 4: P^T (keys on partitions), 128x128 blocks.
+    n_k = width // P
+    probs_t = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
+    if use_dma_transpose:
+        for k in nl.affine_range(n_k):
+            probs_t[:, nl.ds(k * P, P)] = nisa.dma_transpose(probs[:, nl.ds(k * P, P)])
+    else:
+        pe_transpose_blocks(probs_t, 0, probs, 0, P, n_k, evac_engine=nisa.scalar_engine)
+
+    # Step 5: P V over 128-key chunks, accumulated in one PSUM tile (documented "+=" idiom).
+    v_col = (k_start // P) * d
+    pv = nl.zeros((P, d), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(n_k):
+        pv += nisa.nc_matmul(probs_t[:, nl.ds(k * P, P)], v_tile[:, nl.ds(v_col + k * d, d)])
+
+    # l = alpha * l + rowsum;  nm = nm_new;  o = alpha * o + P V.
+    l_buf[:, nl.ds(slot, 1)] = nisa.tensor_scalar(l_buf[:, nl.ds(slot, 1)], np.multiply, alpha,
+                                                  op1=np.add, operand1=row_sum, dtype=nl.float32)
+    nm_buf[:, nl.ds(slot, 1)] = nl.copy(nm_new, dtype=nl.float32)
+    o_view = o_buf[:, nl.ds(slot * d, d)]
+    o_buf[:, nl.ds(slot * d, d)] = nl.add(nl.multiply(o_view, alpha, dtype=acc_dtype), pv,
+                                          dtype=acc_dtype)
+
+
+def visible_values(v_tile, mask_tile, ones, *, head_size, kernel_dtype):
+    """``v_tile`` with the value rows of keys that NO row of the Q tile may see set to 0.
+
+    A masked key's probability is exactly 0, but 0 * NaN (or Inf) in the P V matmul is NaN: a
+    cache slot no query may see (a block tail past a sequence's context, padding entries of the
+    block table pointing at block 0, another batch's data) must not reach the output. The
+    per-key visibility count ``mask^T 1`` comes from TensorE (one 128-key chunk per matmul,
+    keys on partitions like the V chunks) and a select (never a multiply) zeroes the unseen
+    rows. A key some row of the tile may see keeps its value, so a sequence's OWN visible NaN
+    still reaches the other rows of the same 128-row Q tile (0 * NaN); other tiles, and every
+    row of a tile that does not see it, stay clean.
+
+    Args:
+        v_tile: SBUF ``(128, W//128 * d)`` kernel_dtype (the ``load_kv_tile`` layout).
+        mask_tile: SBUF ``(128, W)`` bool, ``mask_tile[r, c]`` = row r may see key c.
+        ones: SBUF ``(128, 1)`` kernel_dtype of ones (allocated once by the caller).
+        head_size: d.  kernel_dtype: dtype of v_tile and the result.
+
+    Returns:
+        SBUF ``(128, W//128 * d)`` kernel_dtype.
+    """
+    P = B_P_SIZE
+    d = head_size
+    n_k = mask_tile.shape[1] // P
+    mask_k = nisa.tensor_copy(mask_tile, dtype=kernel_dtype, engine=nisa.gpsimd_engine)   # idle engine
+    seen = nl.ndarray((P, n_k), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(n_k):
+        seen[:, nl.ds(k, 1)] = nisa.nc_matmul(mask_k[:, nl.ds(k * P, P)], ones)
+    v_out = nl.ndarray((P, n_k * d), dtype=kernel_dtype, buffer=nl.sbuf)
+    for k in nl.affine_range(n_k):
+        v_out[:, nl.ds(k * d, d)] = nl.where(seen[:, nl.ds(k, 1)], v_tile[:, nl.ds(k * d, d)], 0.0,
+                                             dtype=kernel_dtype)
+    return v_out
+
+
+def _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
+    """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
+    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
+    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k_start + c0, cw)])
+    scores[:, nl.ds(c0, cw)] = nl.where(mask_tile[:, nl.ds(c0, cw)], s_psum, NEG_MASK,
+                                        dtype=nl.float32)

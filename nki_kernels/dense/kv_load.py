@@ -1,0 +1,98 @@
+"""The vectorized KV-tile load: one indirect DMA per 128 gathered rows, for K and for V.
+
+Device code (legacy NKI). This is the function a per-block baseline replaces: anything that
+returns the same ``(k_tile, v_tile)`` layout for a large tile can be swapped in.
+
+Dimensions:
+    d      head size (<= 128)                  LT   LARGE_TILE_SZ (tokens per large tile)
+    B      block_size                          M    LT // B blocks per tile
+    T      128 // M if M < 128 else 1          b'   B // T tokens per gathered row
+    nL     max(M, 128) // 128 indirect loads per tile (per K and per V)
+
+Token order ("permuted order", docs/layouts.md): partition p of load l gathers row
+``q = l*128 + p`` = tokens ``[q*b', (q+1)*b')`` of the tile, i.e. sub-block ``q % T`` of the
+tile's block ``q // T``. Column ``c = l*128*b' + s*128 + p`` of ``k_tile`` (and V chunk
+``c // 128`` at partition ``c % 128``) therefore holds tile-local token
+``tau(c) = l*128*b' + p*b' + s`` (s < b'). The host's ``reorder_context_mask`` puts mask
+column c on the same token; for b' == 1 the order is the natural one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels.toolchain import nisa, nl
+from nki_kernels.constants import B_P_SIZE
+from nki_kernels.tile_ops import pe_transpose_blocks
+
+
+def flat_kv_view(kv_cache, *, tiling_factor):
+    """HBM view ``(2, N*Hkv*T, b'*d)`` of ``kv_cache (2, N, Hkv, B, d)``: one row = b' tokens
+    of one (block, head, sub-block); row id ``(blk*Hkv + head)*T + t`` (no data movement)."""
+    _, N, Hkv, B, d = kv_cache.shape
+    T = tiling_factor
+    return kv_cache.reshape((2, N * Hkv * T, (B // T) * d))
+
+
+def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, kernel_dtype):
+    """Gather the K and V of large tile ``tile_idx`` for one KV head.
+
+    Args:
+        kv_flat: HBM ``(2, N*Hkv*T, b'*d)`` (see :func:`flat_kv_view`), cache dtype.
+        block_rows: SBUF int32 ``(128, nL, n_tiles)`` from
+            ``nki_kernels.dense.block_tables.load_block_tables`` (rows of ``kv_flat``).
+        tile_idx: large-tile index j (int or loop variable).
+        tiled_block_size: b'.  head_size: d.
+        kernel_dtype: dtype of the returned tiles (bf16 in mixed precision).
+
+    Returns:
+        ``(k_tile, v_tile)`` SBUF tiles in ``kernel_dtype``:
+        ``k_tile (d, LT)``: column c holds the key of tile-local token tau(c) (module docstring);
+        ``v_tile (128, LT//128 * d)``: columns ``[k*d, (k+1)*d)`` at partition p hold the value of
+        the token of K column ``k*128 + p`` -- chunk k is the V operand for P^T chunk k.
+
+    DMA shape (what the trace test asserts): nL indirect loads for K and nL for V, each
+    gathering 128 rows of ``b'*d`` contiguous cache elements (128 descriptors of
+    ``b'*d*itemsize`` bytes).
+
+    Pseudocode:
+        for l < nL:
+            X = gather kv_flat[0, block_rows[:, l, j], :]           (128, b'*d)  [cast to kernel dtype]
+            V[:, l*b'*d : (l+1)*b'*d] = gather kv_flat[1, block_rows[:, l, j], :]  [cast]
+            for s < b': K[:, l*128*b' + s*128 : +128] = X[:, s*d:(s+1)*d].T   (PE transposes)
+    """
+    bp, d = tiled_block_size, head_size
+    n_loads = block_rows.shape[1]
+    row_w = bp * d
+    k_tile = nl.ndarray((d, n_loads * B_P_SIZE * bp), dtype=kernel_dtype, buffer=nl.sbuf)
+    v_tile = nl.ndarray((B_P_SIZE, n_loads * row_w), dtype=kernel_dtype, buffer=nl.sbuf)
+    i_p = nl.arange(B_P_SIZE)[:, None]
+    i_f = nl.arange(row_w)[None, :]
+    for l in nl.affine_range(n_loads):
+        if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
+            v_tile[i_p, l * row_w + i_f] = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
+        else:
+            v_tile[:, nl.ds(l * row_w, row_w)] = _gather_cast(kv_flat, 1, block_rows, l, tile_idx,
+                                                              kernel_dtype)
+        k_rows = _gather_cast(kv_flat, 0, block_rows, l, tile_idx, kernel_dtype)
+        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
+                            evac_engine=nisa.scalar_engine)
+    return k_tile, v_tile
+
+
+def _gather_cast(kv_flat, kv, block_rows, l, tile_idx, kernel_dtype):
+    """Indirect gather of load ``l`` (128 rows of b'*d) of K (kv=0) or V (kv=1) in the cache
+    dtype -- no dtype conversion inside an indirect DMA, as AWS's kernels do -- then converted
+    on chip (on ScalarE) if the kernel dtype differs (the cache-dtype staging tile dies on return)."""
+    i_p = nl.arange(B_P_SIZE)[:, None]
+    i_f = nl.arange(kv_flat.shape[2])[None, :]
+    if kv == 0:                 # (separate statements: K and V gathers stay apart in traces)
+        rows = nl.load(kv_flat[0, block_rows[i_p, l, tile_idx], i_f])
+    else:
+        rows = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
+    if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
+        return rows
+    # SBUF -> SBUF float conversion on ScalarE (less loaded than VectorE; GpSimd would compete
+    # with the software-DGE descriptor generation of the next gather, and on trn1 it would also
+    # stall VectorE's SBUF access).
+    return nisa.tensor_copy(rows, dtype=kernel_dtype, engine=nisa.scalar_engine)

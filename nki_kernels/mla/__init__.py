@@ -1,0 +1,1 @@
+"""The MLA paged-attention kernel (built on the scheduled family's steps): driver, configuration and SBUF budget."""

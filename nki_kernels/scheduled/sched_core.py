@@ -1,0 +1,279 @@
+"""Online-softmax step of the scheduled kernel: one Q block against <= 2048 keys of a KV tile.
+
+Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first). Query rows are on partitions (``rows`` <= 128: a decode block packs
+the G query heads x new tokens of ONE sequence; a prefill block is 128 rows), keys on the free
+axis. Compared with ``nki_kernels.dense.flash_core`` this step reads the scores straight from PSUM
+when no mask is needed, builds a mask from two fp32 numbers per row when one is, supports head
+sizes up to 512 (QK^T accumulated over 128-channel slices in PSUM) and an optional logit
+soft-cap, and keeps the state of a block as ``d + 2`` fp32 columns of one SBUF tile.
+
+State columns of a block (``st[:, col0 : col0 + d + 2]``, fp32): o (d, un-normalised output),
+-m (negated running max), l (running sum of exp(s - m)). Masked scores become
+NEG_MASK / mult (mult = soft-cap or 1) so that exp(mult * NEG - m) is exactly 0 for every row
+(``nki_kernels.constants``: m starts at M_FLOOR > NEG_MASK).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nki_kernels.contract import NEG_MASK, PARTITIONS, PSUM_BANK_F32
+from nki_kernels.tile_ops import transpose_blocks
+
+P = PARTITIONS
+# Keys of one key block of a masked NeuronCore-v3 step (range_select works per 128-key block).
+RANGE_BLOCK = PARTITIONS
+# Masks are built against key index k + 1/2 so that integer indices never sit on a bound.
+HALF = 0.5
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """Static configuration of the online-softmax steps of one kernel phase.
+
+    d: value head size (columns of o; the key head size is that of the q / k slices).
+    kernel_dtype: matmul-input / probability dtype.  soft_cap: None or c > 0.
+    v_stride: columns between V chunks (None: d; e.g. an MLA entry size when K and V are the
+        same gathered rows).
+    windowed: False promises that every row's visible range starts at or before each tile (no
+        sliding window): masks then test the upper bound only (``SchedOptions.windowed``, the
+        same flag; the host sets it from ``sliding_window``).
+    tiled_block_size: b' of the tile's rows (lets masked query-rows steps use range_select on
+        NeuronCore-v3); None: never.
+    p_evac: engine name(s) of the P^T PSUM -> SBUF copies (``tile_ops.transpose_blocks``).
+    side_engine: "vector" puts the keys-on-partitions step's |x| (window mask) on VectorE
+        (``ops.absolute``); None: the op layer's default (ScalarE on the current API). A kernel
+        whose ScalarE is the busier engine (MLA) passes "vector".
+    copy_engine: engine name of the keys-on-partitions step's small copies (its PV PSUM -> SBUF
+        copy and the running-max state copy); None: the compiler's choice. A kernel whose K^T
+        arrives by DMA transpose leaves ScalarE idle, so it passes "scalar" to offload VectorE.
+    """
+
+    d: int
+    kernel_dtype: Any
+    soft_cap: float | None = None
+    v_stride: int | None = None
+    windowed: bool = True
+    tiled_block_size: int | None = None
+    p_evac: Any = None
+    copy_engine: str | None = None
+    side_engine: str | None = None
+
+
+@dataclass(frozen=True)
+class KVTile:
+    """One KV tile on chip: ``k_t`` nd SBUF tiles ``(dk, W)`` (K^T, column order of
+    :func:`key_index_tile`); ``v_rows`` SBUF ``(128, ...)`` with V chunk u (keys ``u*128 + p``
+    in column order) at columns ``[u*v_stride, u*v_stride + d)``; ``v_overlay`` None or a second
+    V tile of ``v_rows``' layout added into every PV product; ``kidx`` the key-index tile of
+    masked / ALiBi steps (:func:`key_index_tile` or ``sched_decode.key_index_columns``) or None."""
+
+    k_t: Any
+    v_rows: Any
+    v_overlay: Any = None
+    kidx: Any = None
+
+
+def key_index_tile(ops, rows, loads, tiled_block_size):
+    """SBUF fp32 ``(rows, W)``, W = loads*128*b': column ``c = l*128*b' + s*128 + p`` holds the
+    tile-local key index ``(l*128 + p)*b' + s`` of the key it carries (same on every row)."""
+    bp = tiled_block_size
+    W = loads * P * bp
+    kidx = ops.sbuf((rows, W), ops.float32)
+    for l in ops.static_range(loads):
+        for s in ops.static_range(bp):
+            ops.iota(kidx[:, ops.ds(l * P * bp + s * P, P)], step=bp, offset=l * P * bp + s)
+    return kidx
+
+
+def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, width, bounds=None,
+               alibi=None):
+    """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
+
+    Args:
+        q_slices: nd SBUF tiles ``(dk, rows)`` kernel_dtype: Q^T of the block, pre-scaled by the
+            softmax scale (channel slice k holds channels [128k, 128k + dk)).
+        tile: the :class:`KVTile`.
+        st: SBUF ``(rows, ...)`` fp32 state tile; this block's columns start at ``col0``.
+        k0, width: first key column and width (multiples of 512, width <= 2048).
+        bounds: None (no mask) or ``(c, r)``, two ``(rows, 1)`` fp32 tiles: row i sees tile-local
+            key t iff ``|t - c_i| < r_i``.
+        alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
+            ``slope * t + off`` added (t = tile-local key index from ``tile.kidx``), before the
+            soft-cap.
+    On NeuronCore-v3 (``ops.has_range_select()``) with ``cfg.tiled_block_size``, a masked step
+    selects and takes the row max in ONE VectorE pass per 128-key block (``range_select``: in
+    each block the keys a row sees are an interval of p) instead of a distance pass, a select
+    pass and a max pass.
+
+    Pseudocode:
+        S = q^T k  (PSUM, 512 columns per chunk; summed over channel slices)
+        S = S + slope * kidx + off                                    (ALiBi only)
+        U = tanh(S / cap) if soft_cap else S;  mult = cap or 1        (score = mult * U)
+        U = where(|kidx - c| < r, U, NEG_MASK / mult)                 (masked steps only;
+                                                                       not windowed: kidx < c + r + 1/2;
+                                                                       v3: range_select, fp32.min)
+        -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
+        P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused]
+        l = alpha * l + rs;  o = alpha * o + P V  (P^T by PE transposes, PV accumulated in PSUM)
+    """
+    f32, d, kidx = ops.float32, cfg.d, tile.kidx
+    rows = q_slices[0].shape[1]
+    nd = len(q_slices)
+    n_c = width // PSUM_BANK_F32
+    mult = float(cfg.soft_cap) if cfg.soft_cap is not None else 1.0
+    # Step 1: scores per 512-column chunk in PSUM (fp32).
+    src = []
+    for c in ops.static_range(n_c):
+        ps = ops.psum((rows, PSUM_BANK_F32), f32)
+        for k in ops.static_range(nd):      # the first slice starts the PSUM accumulation
+            ops.matmul(ps, q_slices[k],
+                       tile.k_t[k][:, ops.ds(k0 + c * PSUM_BANK_F32, PSUM_BANK_F32)],
+                       accumulate=k > 0)
+        src.append(ps)
+    # Step 2: optional ALiBi bias (ScalarE + VectorE pass), soft-cap (one ScalarE pass) and mask
+    # (ScalarE |t - c| + 2 VectorE passes).
+    if alibi is not None:
+        bias = ops.sbuf((rows, width), f32)
+        ops.activation(bias, "copy", kidx[:, ops.ds(k0, width)], scale=alibi[0], bias=alibi[1])
+        biased = []
+        for c in range(n_c):
+            b_c = ops.sbuf((rows, PSUM_BANK_F32), f32)
+            ops.tensor_tensor(b_c, src[c], bias[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "add")
+            biased.append(b_c)
+        src = biased
+    n_k = width // P
+    ranged = (bounds is not None and cfg.tiled_block_size is not None and ops.has_range_select())
+    mx = None
+    if ranged:
+        src, mx = _range_masked(ops, src, bounds, kidx, k0, n_k, rows, cfg.tiled_block_size,
+                                cfg.soft_cap)
+    elif cfg.soft_cap is not None or bounds is not None:
+        seen = None
+        if bounds is not None and not cfg.windowed:
+            # every row's range starts at or before the tile (no window): t < hi = c + r + 1/2,
+            # i.e. relu(c + r - t) > 0 for integer t -- one ScalarE pass, a float predicate
+            top = ops.sbuf((rows, 1), f32)
+            ops.tensor_tensor(top, bounds[0], bounds[1], "add")
+            seen = ops.sbuf((rows, width), f32)
+            ops.activation(seen, "relu", kidx[:, ops.ds(k0, width)], bias=top, scale=-1.0)
+        elif bounds is not None:
+            neg_c = ops.sbuf((rows, 1), f32)
+            ops.tensor_scalar(neg_c, bounds[0], "multiply", -1.0)
+            dist = ops.sbuf((rows, width), f32)
+            ops.activation(dist, "abs", kidx[:, ops.ds(k0, width)], bias=neg_c, scale=1.0)
+            seen = ops.sbuf((rows, width), ops.PRED)
+            ops.tensor_tensor(seen, dist, bounds[1], "less")
+        vals = []
+        for c in ops.static_range(n_c):
+            u = src[c]
+            if cfg.soft_cap is not None:
+                capped = ops.sbuf((rows, PSUM_BANK_F32), f32)
+                ops.activation(capped, "tanh", u, scale=1.0 / mult)
+                u = capped
+            if seen is not None:
+                sel = ops.sbuf((rows, PSUM_BANK_F32), f32)
+                ops.where(sel, seen[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], u,
+                          NEG_MASK / mult)
+                u = sel
+            vals.append(u)
+        src = vals
+    # Step 3: running max (kept negated) and the rescale factor.
+    if mx is None:
+        mx = ops.sbuf((rows, n_c), f32)
+        for c in ops.static_range(n_c):
+            ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
+    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult)
+    # Step 4: probabilities and their row sums in one ScalarE pass per chunk.
+    probs = ops.sbuf((rows, width), cfg.kernel_dtype)
+    rs = ops.sbuf((rows, n_c), f32)
+    for c in ops.static_range(n_c):
+        ops.activation(probs[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "exp", src[c],
+                       bias=nm_new, scale=mult, row_sum=rs[:, ops.ds(c, 1)])
+    row_sum = ops.sbuf((rows, 1), f32)
+    ops.tensor_reduce(row_sum, "add", rs, axis=(1,), keepdims=True)
+    # Step 5: P^T (keys on partitions; 128-key chunk u at columns [u*rows, (u+1)*rows)), then
+    # P V accumulated over the chunks in one PSUM tile.
+    probs_t = ops.sbuf((P, n_k * rows), cfg.kernel_dtype)
+    transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac=cfg.p_evac)
+    pv = ops.psum((rows, d), f32)
+    u0 = k0 // P
+    vs = d if cfg.v_stride is None else cfg.v_stride
+    v_tiles = (tile.v_rows,) if tile.v_overlay is None else (tile.v_rows, tile.v_overlay)
+    for u in ops.static_range(n_k):     # the first product starts the PSUM accumulation
+        for i, vt in enumerate(v_tiles):
+            ops.matmul(pv, probs_t[:, ops.ds(u * rows, rows)], vt[:, ops.ds((u0 + u) * vs, d)],
+                       accumulate=u > 0 or i > 0)
+    # Step 6: state update.
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
+
+
+def _range_masked(ops, src, bounds, kidx, k0, n_k, rows, bp, soft_cap):
+    """NeuronCore-v3 masked step: per 128-key block i of the step (K^T columns
+    ``[k0 + 128i, +128)``, keys ``kidx0_i + p*b'``, p < 128), row q sees p iff
+    ``lo_q <= kidx0_i + p*b' < hi_q``, i.e. ``(lo_q - kidx0_i)/b' <= p < (hi_q - kidx0_i)/b'``
+    (exact in fp32: integers and a power-of-two divisor): one range select keeps those scores
+    (fp32.min elsewhere) and reduces the block's row max. Returns the masked scores, one SBUF
+    tile per 512-key chunk, and the (rows, n_k) block maxima."""
+    f32 = ops.float32
+    mult = float(soft_cap) if soft_cap is not None else 1.0
+    kb = ops.free_view(kidx, ((RANGE_BLOCK, n_k),), col0=k0)     # key index at p = 0 of block i
+    lo = ops.sbuf((rows, 1), f32)
+    ops.tensor_scalar(lo, bounds[0], "subtract", bounds[1], op1="add", operand1=HALF)  # c - r + 1/2
+    hi = ops.sbuf((rows, 1), f32)
+    ops.tensor_scalar(hi, bounds[0], "add", bounds[1], op1="add", operand1=HALF)       # c + r + 1/2
+    b0 = ops.sbuf((rows, n_k), f32)
+    ops.tensor_scalar(b0, kb, "subtract", lo, reverse0=True, op1="multiply", operand1=1.0 / bp)
+    b1 = ops.sbuf((rows, n_k), f32)
+    ops.tensor_scalar(b1, kb, "subtract", hi, reverse0=True, op1="multiply", operand1=1.0 / bp)
+    per = PSUM_BANK_F32 // RANGE_BLOCK
+    mx = ops.sbuf((rows, n_k), f32)
+    vals = []
+    for c in ops.static_range(len(src)):
+        u = src[c]
+        if soft_cap is not None:
+            capped = ops.sbuf((rows, PSUM_BANK_F32), f32)
+            ops.activation(capped, "tanh", u, scale=1.0 / mult)
+            u = capped
+        out = ops.sbuf((rows, PSUM_BANK_F32), f32)
+        for i4 in ops.static_range(per):
+            i = c * per + i4
+            ops.range_select_max(out[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)],
+                                 u[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)],
+                                 b0[:, ops.ds(i, 1)], b1[:, ops.ds(i, 1)], mx[:, ops.ds(i, 1)])
+        vals.append(out)
+    return vals, mx
+
+
+def new_max(ops, st, col, partial_max, mult):
+    """The running max after a step: ``partial_max`` (rows, n) fp32 holds row maxima of the
+    step's (score / mult) values; returns ``(nm_prev, nm_new, alpha)``, (rows, 1) fp32: the
+    state's -m (column ``col`` of ``st``), ``-m' = min(-m, -mult * max)`` and ``alpha =
+    exp(m - m')``."""
+    rows = partial_max.shape[0]
+    m_tile = ops.sbuf((rows, 1), ops.float32)
+    ops.tensor_reduce(m_tile, "max", partial_max, axis=(1,), keepdims=True)
+    nm_prev = st[:, ops.ds(col, 1)]
+    nm_new = ops.sbuf((rows, 1), ops.float32)
+    ops.tensor_scalar(nm_new, m_tile, "multiply", -mult, op1="minimum", operand1=nm_prev)
+    return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
+
+
+def rescale_factor(ops, nm_prev, nm_new):
+    """``alpha = exp(m - m') = exp(-(-m) + (-m'))``, (rows, 1) fp32."""
+    alpha = ops.sbuf((nm_prev.shape[0], 1), ops.float32)
+    ops.activation(alpha, "exp", nm_prev, bias=nm_new, scale=-1.0)
+    return alpha
+
+
+def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None):
+    """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
+    columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions); the -m copy on
+    ``copy_engine`` (None: the compiler's choice)."""
+    l_col = st[:, ops.ds(col0 + d + 1, 1)]
+    ops.tensor_scalar(st[:, ops.ds(col0 + d + 1, 1)], l_col, "multiply", alpha, op1="add",
+                      operand1=row_sum)
+    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=copy_engine)
+    o_view = st[:, ops.ds(col0, d)]
+    ops.scale_add(st[:, ops.ds(col0, d)], o_view, alpha, pv)

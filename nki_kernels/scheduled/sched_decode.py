@@ -1,0 +1,236 @@
+"""Decode step of the scheduled kernel: keys on partitions, queries on the free axis (K Q^T).
+
+Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first). For a decode-class Q block (``rows`` <= 64 query rows: the G query
+heads x new tokens of ONE sequence) the Q-rows step (``nki_kernels.scheduled.sched_core.flash_step``)
+pays every VectorE / ScalarE pass per KEY (the free axis is the key axis, and the rows are
+few). Here the scores are computed transposed, ``S^T = K Q^T`` (128 keys on partitions, the
+block's rows on the free axis), so the row max, the mask, the exponentials and the
+probabilities cost per (128-key chunk x row) column: ``W/128 * rows`` elements instead of W
+per pass, and P needs no transpose before the PV matmul. Only the K^T copy (PSUM -> SBUF after
+the PE transposes, shared with the Q-rows path) still costs one pass per key.
+
+Layout of a step over keys ``[k0, k0 + width)`` of the tile (width/128 = nch chunks):
+    S^T      (128, nch*rows) fp32: column ``u*rows + q`` holds the scores of key chunk u
+             (keys in K^T column order, partition p = column ``k0 + u*128 + p``) for row q
+    kidx_t   (128, nch_all) fp32: tile-local key index of partition p of chunk u (static)
+    bounds   c, r: (128, rows) fp32 each, the same on every partition; row q sees key t iff
+             ``|t - c_q| < r_q`` (masked steps only)
+State (rows on partitions, as ``flash_step``): ``st[:, col0 : col0 + d + 2]`` = o, -m, l.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nki_kernels.contract import NEG_MASK, PARTITIONS
+from nki_kernels.scheduled.sched_core import KVTile, StepConfig, new_max, rescale_factor, update_state
+
+P = PARTITIONS
+# Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
+SMALL_ROWS = 32
+
+
+@dataclass(frozen=True)
+class DecodeConstants:
+    """Static tiles of :func:`decode_step`, built once per kernel (:func:`decode_constants`):
+    ``ones_k`` (128, 1) kernel dtype; ``ones_f`` (1, 128) fp32; for blocks of at most SMALL_ROWS
+    rows ``ones_r`` (rows, 128) fp32 and ``eye_rep`` (rows, width/128 * rows) ``ops.FLAG`` whose
+    column ``u*rows + q`` is 1 on partition q (the identity repeated per key chunk); for larger
+    blocks ``ones_1`` (1, 128) bf16 (the others None)."""
+
+    ones_k: Any
+    ones_f: Any
+    ones_r: Any = None
+    eye_rep: Any = None
+    ones_1: Any = None
+
+
+def key_index_columns(ops, loads, tiled_block_size):
+    """SBUF fp32 ``(128, nL*b')``: column ``u = l*b' + s``, partition p holds the tile-local key
+    index ``(l*128 + p)*b' + s`` of the key that K^T column ``u*128 + p`` carries."""
+    bp = tiled_block_size
+    kidx = ops.sbuf((P, loads * bp), ops.float32)
+    for l in ops.static_range(loads):
+        for s in ops.static_range(bp):
+            ops.iota(kidx[:, ops.ds(l * bp + s, 1)], step=0, offset=l * P * bp + s,
+                     partition_step=bp)
+    return kidx
+
+
+def decode_constants(ops, rows, width, kernel_dtype):
+    """The :class:`DecodeConstants` of blocks of ``rows`` rows and steps of ``width`` keys."""
+    nch = width // P
+    ones_k = ops.sbuf((P, 1), kernel_dtype)
+    ops.memset(ones_k, 1.0)
+    ones_f = ops.sbuf((1, P), ops.float32)
+    ops.memset(ones_f, 1.0)
+    if rows > SMALL_ROWS:
+        ones_1 = ops.sbuf((1, P), ops.bfloat16)
+        ops.memset(ones_1, 1.0)
+        return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_1=ones_1)
+    ones_r = ops.sbuf((rows, P), ops.float32)
+    ops.memset(ones_r, 1.0)
+    diff = ops.sbuf((rows, rows), ops.float32)
+    ops.iota(diff, step=1, partition_step=-1)                             # c - q
+    eye = ops.sbuf((rows, rows), ops.FLAG)
+    ops.tensor_tensor(eye, diff, 0.0, "equal")
+    eye_rep = ops.sbuf((rows, nch * rows), ops.FLAG)
+    for u in ops.static_range(nch):
+        ops.copy(eye_rep[:, ops.ds(u * rows, rows)], eye)
+    return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_r=ones_r, eye_rep=eye_rep)
+
+
+def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, width, consts,
+                bounds=None, alibi=None):
+    """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
+
+    Args:
+        cfg: the phase's ``sched_core.StepConfig`` (``windowed``, ``tiled_block_size`` and
+            ``p_evac`` do not apply: masks here cost per (chunk x row) column).
+        q_slices: nd SBUF tiles ``(dk, rows)`` kernel dtype: the block's Q^T, pre-scaled.
+        tile: the ``sched_core.KVTile`` (``kidx``: :func:`key_index_columns`, masked steps and
+            ALiBi).
+        st: SBUF fp32 state tile (rows on partitions); this block's columns start at ``col0``.
+        k0, width: first key column and width (multiples of 128, width * rows / 128 <= 512: one
+            PSUM bank of scores). rows <= 128.
+        consts: :class:`DecodeConstants`.
+        bounds: None (no mask) or ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring).
+        alibi: None or ``(slope, off)``, two ``(128, rows)`` fp32 tiles (row q's values in column
+            q of every partition): scores get ``slope_q * t + off_q`` added (t = tile-local key
+            index), before the soft-cap.
+
+    Pseudocode:
+        S^T[:, u*rows:(u+1)*rows] = K_u Q^T            (stationary K^T chunk, moving Q^T)
+        S^T += slope_q * kidx + off_q                  (ALiBi; (128, nch, rows) views)
+        U = tanh(S^T / cap) if soft_cap else S^T;  mult = cap or 1
+        U = where(|kidx - c_q| < r_q, U, NEG / mult)   (masked steps; (128, nch, rows) views)
+        mx = max over chunks (one reduce over a (128, rows, nch) view), then over partitions
+             (one PE transpose and a free-axis max)
+        -m' = min(-m, -mult * mx);  alpha = exp(m - m')
+        NM = ones^T (eye_rep * -m')                    (-m'[q] on every partition and chunk)
+        P^T = exp(mult * U + NM)                       (unmasked: NM accumulated into S^T's PSUM)
+        l = alpha * l + sum_u P^T_u^T 1;  o = alpha * o + (sum_u V_u^T P^T_u)^T   (PSUM
+        accumulation; d > 128: o = alpha * o + sum_u P^T_u^T V_u)
+    """
+    f32, d, kd = ops.float32, cfg.d, cfg.kernel_dtype
+    rows = q_slices[0].shape[1]
+    nd = len(q_slices)
+    nch = width // P
+    ncol = nch * rows
+    mult = float(cfg.soft_cap) if cfg.soft_cap is not None else 1.0
+    vs = d if cfg.v_stride is None else cfg.v_stride
+    c0 = k0 // P
+    grid = ((rows, nch), (1, rows))             # (128, nch, rows) view of a (128, ncol) tile
+    # Step 1: S^T in one PSUM tile (ncol <= 512 fp32 columns).
+    ps = ops.psum((P, ncol), f32)
+    for u in ops.static_range(nch):
+        for k in ops.static_range(nd):
+            ops.matmul(ps[:, ops.ds(u * rows, rows)], tile.k_t[k][:, ops.ds(k0 + u * P, P)],
+                       q_slices[k], accumulate=k > 0)
+    # Step 2: ALiBi bias, soft-cap and mask on the way out of PSUM (few columns: cheap).
+    src = ps
+    kk = None
+    if alibi is not None or bounds is not None:
+        kk2 = ops.sbuf((P, nch), f32)
+        ops.copy(kk2, tile.kidx[:, ops.ds(c0, nch)])
+        kk = ops.free_view(kk2, ((1, nch), (0, rows)))          # key index per chunk, all rows
+    if alibi is not None:
+        prod = ops.sbuf((P, ncol), f32)
+        ops.tensor_tensor(ops.free_view(prod, grid), kk,
+                          ops.free_view(alibi[0], ((0, nch), (1, rows))), "multiply")
+        bias = ops.sbuf((P, ncol), f32)
+        ops.tensor_tensor(ops.free_view(bias, grid), ops.free_view(prod, grid),
+                          ops.free_view(alibi[1], ((0, nch), (1, rows))), "add")
+        biased = ops.sbuf((P, ncol), f32)
+        ops.tensor_tensor(biased, ps, bias, "add")
+        src = biased
+    if cfg.soft_cap is not None:
+        capped = ops.sbuf((P, ncol), f32)
+        ops.activation(capped, "tanh", src, scale=1.0 / mult)
+        src = capped
+    if bounds is not None:
+        diff = ops.sbuf((P, ncol), f32)
+        ops.tensor_tensor(ops.free_view(diff, grid), kk,
+                          ops.free_view(bounds[0], ((0, nch), (1, rows))), "subtract")
+        dist = ops.sbuf((P, ncol), f32)
+        ops.absolute(ops.free_view(dist, grid), ops.free_view(diff, grid), engine=cfg.side_engine)
+        seen = ops.sbuf((P, ncol), ops.PRED)
+        ops.tensor_tensor(ops.free_view(seen, grid), ops.free_view(dist, grid),
+                          ops.free_view(bounds[1], ((0, nch), (1, rows))), "less")
+        masked = ops.sbuf((P, ncol), f32)
+        ops.where(masked, seen, src, NEG_MASK / mult)
+        src = masked
+    # Step 3: row max over chunks (a (128, rows, nch) view), then over partitions.
+    red = ops.sbuf((P, rows), f32)
+    ops.tensor_reduce(red, "max", ops.free_view(src, ((1, rows), (rows, nch))), axis=(2,))
+    red_t = ops.psum((rows, P), f32)
+    ops.transpose(red_t, red)
+    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, red_t, mult)
+    # Step 4: P^T = exp(mult * U - m'), -m' on every partition by ones matmuls: small blocks
+    # multiply a repeated identity by -m' (one fp32 matmul); 128-row blocks transpose -m' to a
+    # row, split it into two bf16 parts (hi + lo, exact in the fp32 PSUM sum) and add both per
+    # chunk; -m' becomes hi + lo everywhere, so the shift stays consistent with alpha.
+    fused = bounds is None and cfg.soft_cap is None and alibi is None
+    nm_bc = ps if fused else ops.psum((P, ncol), f32)
+    if consts.eye_rep is not None:
+        # a select, not a product: a NaN row stays in its own columns (NaN * 0 would not)
+        nm_diag = ops.sbuf((rows, ncol), f32)
+        ops.where(nm_diag, consts.eye_rep[:, ops.ds(0, ncol)], nm_new, 0.0)
+        ops.matmul(nm_bc, consts.ones_r, nm_diag, accumulate=fused)
+    else:
+        nm_row = ops.psum((1, rows), f32)
+        ops.transpose(nm_row, nm_new)
+        hi = ops.sbuf((1, rows), ops.bfloat16)
+        ops.copy(hi, nm_row)
+        lo = ops.sbuf((1, rows), ops.bfloat16)
+        ops.tensor_tensor(lo, nm_row, hi, "subtract")
+        nm_sum = ops.sbuf((1, rows), f32)
+        ops.tensor_tensor(nm_sum, hi, lo, "add")                       # (1, rows): -m' used
+        nm_col = ops.psum((rows, 1), f32)
+        ops.transpose(nm_col, nm_sum)
+        nm_new = ops.sbuf((rows, 1), f32)
+        ops.copy(nm_new, nm_col)
+        alpha = rescale_factor(ops, nm_prev, nm_new)
+        for u in ops.static_range(nch):
+            cols = nm_bc[:, ops.ds(u * rows, rows)]
+            ops.matmul(cols, consts.ones_1, hi, accumulate=fused)
+            ops.matmul(cols, consts.ones_1, lo, accumulate=True)
+    probs_t = ops.sbuf((P, ncol), kd)
+    if fused:
+        ops.activation(probs_t, "exp", ps)
+    else:
+        z = ops.sbuf((P, ncol), f32)
+        if mult != 1.0:
+            scaled = ops.sbuf((P, ncol), f32)
+            ops.tensor_tensor(scaled, src, mult, "multiply")
+            ops.tensor_tensor(z, scaled, nm_bc, "add")
+        else:
+            ops.tensor_tensor(z, src, nm_bc, "add")
+        ops.activation(probs_t, "exp", z)
+    # Step 5: row sums and PV, accumulated over the chunks in PSUM. With d <= 128, PV is taken
+    # as (P V)^T = V^T P^T (V stationary, the few rows moving: half the TensorE cycles of P
+    # stationary, d moving) and transposed back once per step.
+    rs = ops.psum((rows, 1), f32)
+    pv_t = d <= P
+    acc = ops.psum((d, rows) if pv_t else (rows, d), f32)
+    v_tiles = (tile.v_rows,) if tile.v_overlay is None else (tile.v_rows, tile.v_overlay)
+    for u in ops.static_range(nch):
+        p_u = probs_t[:, ops.ds(u * rows, rows)]
+        ops.matmul(rs, p_u, consts.ones_k, accumulate=u > 0)
+        for i, vt in enumerate(v_tiles):
+            v_u = vt[:, ops.ds((c0 + u) * vs, d)]
+            if pv_t:
+                ops.matmul(acc, v_u, p_u, accumulate=u > 0 or i > 0)
+            else:
+                ops.matmul(acc, p_u, v_u, accumulate=u > 0 or i > 0)
+    if pv_t:
+        pv_sb = ops.sbuf((d, rows), f32)
+        ops.copy(pv_sb, acc, engine=cfg.copy_engine)
+        pv = ops.psum((rows, d), f32)
+        ops.transpose(pv, pv_sb)
+    else:
+        pv = acc
+    # Step 6: state update.
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=pv,
+                 copy_engine=cfg.copy_engine)

@@ -1,0 +1,176 @@
+"""Per-item pieces shared by the kernels that run ``host.scheduled.schedule`` items
+(``nki_kernels.scheduled.scheduled_attention``, ``nki_kernels.mla.mla_attention``): the group's Q^T (gathered
+per group, or preloaded per metadata chunk in the decode layout), its carried state, the fold of
+one KV tile into every Q block's online-softmax state, and the state / output stores.
+
+Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first). Metadata columns (``mi`` int32, ``mf`` fp32, one SBUF chunk of items;
+``host.scheduled.schedule.PhaseArrays``): ``q_col + j*nd + k`` the Q^T row of channel 128k + p of block j
+(query-rows classes only), ``st_col + j`` / ``out_col + j`` the state / output row of query row p
+of block j, fp32 column ``cf`` the reset flag followed by the mask bounds (masked items). Row
+indices out of bounds skip the DMA (``oob_mode.skip``). The phases run full first (state to the
+HBM scratch after a group's last full item), masked last (state loaded at a group's first masked
+item, output after its last). The state of block j is ``st[:, j*(d+2) : (j+1)*(d+2)]``
+(``nki_kernels.scheduled.sched_core``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE_EXTRA_COLUMNS,
+                                  STEP_KEYS, channel_slices)
+from nki_kernels.scheduled.sched_core import KVTile, StepConfig, flash_step
+from nki_kernels.scheduled.sched_decode import decode_step
+
+# P^T copy engines of 128-row blocks (query-rows steps) when the caller does not choose: on
+# NeuronCore-v2 all on ScalarE (VectorE, the slower engine there, carries the row max and the
+# mask select); on v3, two of every three on ScalarE and one on VectorE (range_select makes the
+# masked max one VectorE pass, so VectorE has room for a third of the copies).
+P_EVAC_GEN2 = "scalar"
+P_EVAC_GEN3 = ("scalar", "scalar", "vector")
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    """Static configuration of :func:`fold_tile` for one phase: ``step`` the steps'
+    ``sched_core.StepConfig``; ``rows`` rows per Q block; ``blocks`` Q blocks per group;
+    ``width`` keys per tile; ``step_keys`` keys per step; ``masked`` the phase builds masks;
+    ``keys_on_partitions`` decode layout (``sched_decode``) instead of query rows
+    (``sched_core``)."""
+
+    step: StepConfig
+    rows: int
+    blocks: int
+    width: int
+    step_keys: int
+    masked: bool
+    keys_on_partitions: bool
+
+
+def decode_step_keys(rows):
+    """Keys per keys-on-partitions step: S^T (128, keys/128 * rows) fits one 2 KiB PSUM bank."""
+    keys = P
+    while (2 * keys // P) * rows <= PSUM_BANK_F32 and 2 * keys <= STEP_KEYS:
+        keys *= 2
+    return keys
+
+
+def chunk_queries(ops, q_all, row0, head_size, col0, ncols, *, scale, kernel_dtype):
+    """Decode layout: the Q^T of a metadata chunk's items, ``q_all`` rows ``[row0, row0 + d)``
+    and columns ``[col0, col0 + ncols)`` (``host.scheduled.scheduled.item_queries``), one load per
+    <= 128-channel slice, scaled into ``kernel_dtype``; returns the nd slices."""
+    out = []
+    for k in ops.static_range(channel_slices(head_size)):
+        dk = min(P, head_size - k * P)
+        q_ld = ops.sbuf((dk, ncols), q_all.dtype)
+        ops.load(q_ld, q_all[ops.ds(row0 + k * P, dk), ops.ds(col0, ncols)])
+        q_sc = ops.sbuf((dk, ncols), kernel_dtype)
+        ops.tensor_scalar(q_sc, q_ld, "multiply", scale)
+        out.append(q_sc)
+    return out
+
+
+def load_q_slices(ops, q_raw, query_t, mi, q_col, *, rows, blocks, scale, kernel_dtype):
+    """Query-rows classes: gather the group's Q^T into the persistent raw slices ``q_raw`` (nd
+    SBUF tiles ``(dk, blocks*rows)``; rows whose index is out of bounds -- a group that does not
+    start at this item -- keep their values) and return them scaled into ``kernel_dtype``."""
+    nd = len(q_raw)
+    scaled = []
+    for k in ops.static_range(nd):
+        for j in ops.static_range(blocks):
+            ops.gather(q_raw[k][:, ops.ds(j * rows, rows)], query_t, mi, q_col + j * nd + k)
+        q_sc = ops.sbuf(q_raw[k].shape, kernel_dtype)
+        ops.tensor_scalar(q_sc, q_raw[k], "multiply", scale)
+        scaled.append(q_sc)
+    return scaled
+
+
+def load_state(ops, st, mi, st_col, state, *, rows, blocks, d):
+    """Masked items: every block's state rows from ``state`` (rows of d + 2 fp32 left by the
+    full phase; skipped unless the group starts here and had full items)."""
+    sw = d + STATE_EXTRA_COLUMNS
+    for j in ops.static_range(blocks):
+        ops.gather(st[:, ops.ds(j * sw, sw)], state, mi, st_col + j)
+
+
+def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts=None,
+              chunk_bounds=None, it=0, alibi_of=None):
+    """Fold the tile's ``fc.width`` keys into every block's state, ``fc.step_keys`` per step.
+
+    Keys on partitions (decode layout): ``sched_decode.decode_step`` with ``consts``
+    (``decode_constants``); a masked item's bounds are its ``2 * rows`` columns of the chunk's
+    one-partition ``chunk_bounds`` (c_q then r_q; item ``it`` of the chunk), broadcast to every
+    partition by a ones matmul. Otherwise ``sched_core.flash_step`` per block, block j's bounds in
+    fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``. ``alibi_of(j)``: None or a function
+    giving block j's ``(slope, off)`` ``(rows, 1)`` tiles (in the decode layout broadcast along
+    the free axis first). P^T copies of 128-row blocks default to P_EVAC_GEN2 / P_EVAC_GEN3 when
+    ``fc.step.p_evac`` is None.
+    """
+    rows, blocks, d = fc.rows, fc.blocks, fc.step.d
+    sw = d + STATE_EXTRA_COLUMNS
+    n_steps = fc.width // fc.step_keys
+    if fc.keys_on_partitions:
+        for j in ops.static_range(blocks):
+            bounds = None
+            if fc.masked:            # the item's bounds broadcast to every partition
+                b_ps = ops.psum((P, 2 * rows), ops.float32)
+                ops.matmul(b_ps, consts.ones_f, chunk_bounds[0:1, ops.ds(it * 2 * rows, 2 * rows)])
+                b_sb = ops.sbuf((P, 2 * rows), ops.float32)
+                ops.copy(b_sb, b_ps, engine=fc.step.copy_engine)
+                bounds = (b_sb[:, ops.ds(0, rows)], b_sb[:, ops.ds(rows, rows)])
+            alibi = None
+            if alibi_of is not None:       # (slope, off) of every row on every key partition
+                alibi = _rows_to_free_axis(ops, alibi_of(j), rows, consts)
+            for s0 in ops.static_range(n_steps):
+                decode_step(ops, fc.step, [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile,
+                            st, j * sw, k0=s0 * fc.step_keys, width=fc.step_keys, consts=consts,
+                            bounds=bounds, alibi=alibi)
+        return
+    step = fc.step
+    if step.p_evac is None and rows == P:
+        step = dataclasses.replace(step, p_evac=P_EVAC_GEN3 if ops.nc_gen() == "gen3"
+                                   else P_EVAC_GEN2)
+    for j in ops.static_range(blocks):
+        bounds = None
+        if fc.masked:
+            bounds = (mf[0:rows, ops.ds(cf + 1 + 2 * j, 1)], mf[0:rows, ops.ds(cf + 2 + 2 * j, 1)])
+        alibi = alibi_of(j) if alibi_of is not None else None
+        for s0 in ops.static_range(n_steps):
+            flash_step(ops, step, [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile, st,
+                       j * sw, k0=s0 * fc.step_keys, width=fc.step_keys, bounds=bounds,
+                       alibi=alibi)
+
+
+def _rows_to_free_axis(ops, cols, rows, consts):
+    """Decode layout: per-row ``(rows, 1)`` fp32 columns (rows on partitions) -> ``(128, rows)``
+    fp32 tiles holding row q's value in column q of every partition (PE transposes into one
+    one-partition row, then a ones matmul broadcasts it; all fp32, exact)."""
+    n = len(cols)
+    row_ps = ops.psum((1, n * rows), ops.float32)
+    for i, col in enumerate(cols):
+        ops.transpose(row_ps[:, ops.ds(i * rows, rows)], col)
+    row = ops.sbuf((1, n * rows), ops.float32)
+    ops.copy(row, row_ps)
+    bc_ps = ops.psum((P, n * rows), ops.float32)
+    ops.matmul(bc_ps, consts.ones_f, row)
+    bc = ops.sbuf((P, n * rows), ops.float32)
+    ops.copy(bc, bc_ps)
+    return tuple(bc[:, ops.ds(i * rows, rows)] for i in range(n))
+
+
+def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked, engine=None):
+    """Full items: every block's state rows to ``state`` (rows of d + 2 fp32, state columns
+    ``col + j``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
+    L_FLOOR)`` of every block to ``out`` (output columns ``col + j``; skipped unless the group
+    ends here; the division on ``engine``: ``ops.divide``)."""
+    sw = d + STATE_EXTRA_COLUMNS
+    for j in ops.static_range(blocks):
+        if not masked:
+            ops.scatter(state, mi, col + j, st[:, ops.ds(j * sw, sw)])
+            continue
+        l_safe = ops.sbuf((rows, 1), ops.float32)
+        ops.tensor_tensor(l_safe, st[:, ops.ds(j * sw + d + 1, 1)], L_FLOOR, "maximum")
+        o_tile = ops.sbuf((rows, d), out.dtype)
+        ops.divide(o_tile, st[:, ops.ds(j * sw, d)], l_safe, engine=engine)
+        ops.scatter(out, mi, col + j, o_tile)

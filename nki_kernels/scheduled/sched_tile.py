@@ -1,0 +1,163 @@
+"""The KV tile of one scheduled-kernel item (``nki_kernels.scheduled.scheduled_attention``): its K / V
+row gathers (cache rows and, for partial items, overlay rows) and its K^T.
+
+Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first). ``cfg`` is
+the kernel's ``scheduled_attention.SchedConfig`` (``d``, ``nd``, ``kd`` the kernel dtype,
+``fp8_direct``), ``phase`` the phase's ``scheduled_attention.Phase`` (``geo`` its
+``contract.TileGeometry``: ``bp`` tokens per row, ``nL`` 128-row loads per tile, ``W`` keys per
+tile; ``kv`` its ``sched_config.CacheRows``: the cache as gather tables whose row ids name
+``bp`` tokens of one KV head, in either cache layout); ``mi`` the metadata chunk (int32; item
+columns from ``ci``: ``kv[l]`` then, masked, ``ov[l]``; docs/layouts.md §16.4); ``head`` the KV
+head (a block-KV row holds every head: the head is a column offset).
+
+Tile layout: row p of load l at columns ``[l*bp*d, (l+1)*bp*d)``, token s of that row at
+``l*bp*d + s*d``; K^T column ``l*128*bp + s*128 + p`` is that key (tile-local index
+``(l*128 + p)*bp + s``). The same in both cache layouts (a block-KV gather moves the row's
+``bp`` tokens as ``bp`` pieces of ``d`` elements, ``Hkv*d`` apart in HBM).
+"""
+
+from __future__ import annotations
+
+from nki_kernels.contract import PARTITIONS as P
+from nki_kernels.ops import dtype_name, itemsize
+from nki_kernels.tile_ops import fill_zero, pe_matmul_transpose_blocks, transpose_blocks
+
+
+def keys_by_dma(ops, cfg, phase) -> bool:
+    """Whether the item's K^T comes straight from indirect DMA transposes (one per 128-row
+    load, cache rows then overlay rows: :func:`gather_kv`) instead of gathered K rows and PE
+    transposes: a trace-time feature of the API and target (``ops.has_gather_transpose``:
+    NeuronCore-v3+, current API), for a cache in the kernel dtype and d <= 128."""
+    return (cfg.nd == 1 and not cfg.fp8_direct
+            and dtype_name(phase.kv.dtype) == dtype_name(cfg.kd)
+            and ops.has_gather_transpose(phase.kv.dtype, cfg.d))
+
+
+def _gather_cache(ops, phase, kv, dst, mi, col, head):
+    """Cache rows ``mi[:, col]`` of K (``kv`` = 0) or V (1), KV head ``head``, into ``dst``
+    ``(128, bp*d)`` (out-of-bounds rows skipped)."""
+    src = phase.kv
+    ops.gather(dst, src.tables[kv], mi, col, lead=src.leads[kv], col0=head * src.head_col,
+               tokens=src.tokens, step=src.step)
+
+
+def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
+    """K and V rows of the item's tile (the phase's geometry), ``(128, nL * b' * d)`` each, and
+    the overlay rows when they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
+    With :func:`keys_by_dma` ``k_rows`` is the tile's K^T ``(d, W)`` instead (column order of
+    :func:`transpose_keys`; masked items: zeroed first; full items: ``kv_tiles[0]``), written
+    by one indirect DMA transpose per load and per overlay load.
+
+    Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
+    zeroed tile (masked items: rows no DMA writes must be exact zeros) or ``kv_tiles``, the
+    phase's persistent tiles (full items write every row). A 16-bit cache (or any cache of the
+    kernel dtype) is used as gathered and the overlay rows land in the same tile (``k_ov = v_ov
+    = None``).
+
+    fp8 caches with a 16-bit kernel dtype (``cfg.fp8_direct``): the fp8 rows are TensorE
+    operands as they are (K through identity matmuls, V in the PV matmul), so no engine converts
+    them; the overlay rows (kernel dtype: new tokens are not quantized) go to zeroed tiles of
+    their own, ``k_ov`` / ``v_ov``, that TensorE adds in (each tile is zero where the other
+    holds a row). Other dtype pairs (an fp8 cache with float32 kernel dtype: TensorE takes
+    float32 only with float32) are converted on ScalarE and the overlay rows gathered into the
+    converted tile.
+    """
+    masked, geo, kd = phase.masked, phase.geo, cfg.kd
+    nL = geo.nL
+    rw = geo.bp * cfg.d
+    src = phase.kv
+    cdt = src.dtype
+    direct = cfg.fp8_direct
+    k_ov = v_ov = None
+    if keys_by_dma(ops, cfg, phase):
+        k_t = _zeroed(ops, (cfg.d, geo.W), kd, "gpsimd") if masked else kv_tiles[0]
+        # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
+        v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
+        for l in ops.static_range(nL):
+            ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
+                                 lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
+                                 src_col0=head * src.head_col)
+            _gather_cache(ops, phase, 1, v_rows[:, ops.ds(l * rw, rw)], mi, ci + l, head)
+            if masked:
+                ops.gather_transpose(k_t, overlay, mi, ci + nL + l, tokens=geo.bp,
+                                     width=cfg.d, lead=(0,), col0=l * P * geo.bp)
+                ops.gather(v_rows[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l, lead=(1,))
+        return k_t, v_rows, None, None
+    if masked:
+        k_rows = _zeroed(ops, (P, nL * rw), cdt, "gpsimd")
+        v_rows = _zeroed(ops, (P, nL * rw), cdt, "vector")
+        if direct:
+            k_ov = _zeroed(ops, (P, nL * rw), kd, "gpsimd")
+            v_ov = _zeroed(ops, (P, nL * rw), kd, "vector")
+    else:
+        k_rows, v_rows = kv_tiles
+    same = dtype_name(overlay.dtype) == dtype_name(cdt)
+    for l in ops.static_range(nL):
+        _gather_cache(ops, phase, 0, k_rows[:, ops.ds(l * rw, rw)], mi, ci + l, head)
+        _gather_cache(ops, phase, 1, v_rows[:, ops.ds(l * rw, rw)], mi, ci + l, head)
+        if masked and (same or direct):
+            _gather_overlay(ops, k_ov if direct else k_rows, v_ov if direct else v_rows, overlay,
+                            mi, ci + nL + l, l * rw, rw)
+    if not direct and dtype_name(cdt) != dtype_name(kd):
+        k_conv = ops.sbuf((P, nL * rw), kd)
+        ops.copy(k_conv, k_rows, engine="scalar")
+        v_conv = ops.sbuf((P, nL * rw), kd)
+        ops.copy(v_conv, v_rows, engine="scalar")
+        k_rows, v_rows = k_conv, v_conv
+        if masked and not same:      # overlay rows in the kernel dtype (fp8 cache)
+            for l in ops.static_range(nL):
+                _gather_overlay(ops, k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
+    return k_rows, v_rows, k_ov, v_ov
+
+
+def _zeroed(ops, shape, dtype, engine):
+    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1-byte (fp8) tile with
+    an even free size is zeroed as its 16-bit view (all-zero bits either way): half the elements
+    to write."""
+    if itemsize(dtype) == 1 and shape[1] % 2 == 0:
+        t = ops.sbuf((shape[0], shape[1] // 2), ops.bfloat16)
+        fill_zero(ops, t, engine)
+        return ops.bitcast(t, dtype)
+    t = ops.sbuf(shape, dtype)
+    fill_zero(ops, t, engine)
+    return t
+
+
+def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
+    """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
+    channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
+    the kernel-dtype rows, or identity matmuls of the fp8 rows (``eye``: the identities of the
+    cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given. With
+    :func:`keys_by_dma` ``k_rows`` already is K^T."""
+    if keys_by_dma(ops, cfg, phase):
+        return [k_rows]
+    geo = phase.geo
+    d, nd, bp, nL, kd = cfg.d, cfg.nd, geo.bp, geo.nL, cfg.kd
+    rw = bp * d
+    fp8 = eye is not None and dtype_name(k_rows.dtype) != dtype_name(kd)
+    k_t = []
+    for k in ops.static_range(nd):
+        dk = min(P, d - k * P)
+        kt = ops.sbuf((dk, geo.W), kd)
+        for l in ops.static_range(nL):
+            # one 128-key block per (load, token s): nd == 1 reads b' adjacent d-wide blocks
+            col, width, nblk = ((l * rw, d, bp) if nd == 1 else (l * rw + k * P, dk, 1))
+            for s in ops.static_range(1 if nd == 1 else bp):
+                c0 = col + s * d
+                if fp8:
+                    parts = [(k_rows, c0, eye[0])]
+                    if k_ov is not None:
+                        parts.append((k_ov, c0, eye[1]))
+                    pe_matmul_transpose_blocks(ops, kt, l * P * bp + s * P, parts, width, nblk,
+                                               evac="scalar")
+                else:
+                    transpose_blocks(ops, kt, l * P * bp + s * P, k_rows, c0, width, nblk,
+                                     evac="scalar")
+        k_t.append(kt)
+    return k_t
+
+
+def _gather_overlay(ops, k_rows, v_rows, overlay, mi, col, c0, rw):
+    """Overlay rows of one load into columns ``[c0, c0 + rw)`` (rows not listed are skipped)."""
+    ops.gather(k_rows[:, ops.ds(c0, rw)], overlay, mi, col, lead=(0,))
+    ops.gather(v_rows[:, ops.ds(c0, rw)], overlay, mi, col, lead=(1,))

@@ -1,0 +1,294 @@
+"""Scheduled (block-sparse) flash paged attention: work proportional to what the batch needs.
+
+One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): on the legacy API one
+program per KV head (grid ``[1, Hkv]``), on the current API one launch looping over the KV heads
+(``ops.kv_heads``). ``scheduled_paged_attention.for_api(api)`` is the jitted kernel of an API;
+``scheduled_paged_attention[1, Hkv]`` the legacy launch. The host (``host/scheduled/schedule.py``, layouts in ``docs/layouts.md``
+"Scheduled kernel") turns a batch into *items*: (Q group, KV tile) pairs of the same sequence,
+in two static phases:
+
+* **partial** items (masked): tiles a row of the group sees only in part (the causal diagonal,
+  a sequence's last key rows, sliding-window edges). The mask is built in-kernel from two fp32
+  numbers per query row (``|t - c| < r`` over the tile-local key index t), so mask traffic is
+  O(query rows), never O(queries x context). The KV tile is zeroed before the gathers, so key
+  rows no DMA writes are exact zeros.
+* **full** items (no mask work at all): every real row of the group sees every key of the tile
+  and every key row comes from the cache.
+
+Each phase is ONE sequential loop (``ops.sequential_range``) over its items (static counts, padded to a geometric
+bucket by the host); everything that varies at run time is data: gather rows, Q rows, state /
+output rows and a reset flag. A DMA whose row index is out of bounds is skipped
+(``oob_mode.skip``), which is how padding items, padding rows and unchanged Q / state move no
+bytes: the online-softmax state of the current Q group and its scaled Q stay in SBUF from one
+item to the next and are (re)initialised when the reset flag says a new group starts. The
+partial phase runs first and leaves each group's state in a private HBM scratch (rows of
+``d + 2`` fp32: o, -m, l) when the group also has full items; the full phase starts the group
+from that state and writes the output. Nothing else goes through HBM.
+
+Each phase has its own tile geometry: full items tiles of ``LARGE_TILE_SZ`` keys, partial items
+tiles of ``PARTIAL_TILE_SZ`` keys (the host cuts a large tile that is not full into partial
+tiles and schedules only those some row sees), each read through its own flat view of the cache.
+
+An fp8 cache with a 16-bit kernel dtype is never converted on chip: K^T comes from identity
+matmuls of the fp8 rows (fp32 PSUM, evacuated into the kernel dtype by the copy every K^T pays)
+and V is the PV matmul's fp8 operand; the 16-bit overlay rows of a partial item sit in tiles of
+their own that TensorE adds in.
+
+Dimensions (static, from the shapes): Hkv KV heads; d head size (1..512, nd = ceil(d/128)
+slices of <= 128 channels); rows query rows per Q block (<= 128); blocks Q blocks per group;
+nblk Q blocks of this launch; B block size; per phase T, b', nL from its tile size and B
+(``nki_kernels.contract.tile_geometry``); W = nL * 128 * b' keys per item.
+"""
+
+from __future__ import annotations
+
+from nki_kernels._assert import kernel_check, kernel_unsupported
+from nki_kernels.contract import (M_FLOOR, PARTITIONS as P, Q_INIT_COLUMNS, Q_INIT_SLOPE,
+                                  STATE_EXTRA_COLUMNS, chunk_size)
+from nki_kernels.ops import KernelFamily
+from nki_kernels.scheduled.sched_config import (KERNEL, MAX_D, Chunk, Constants, GroupTiles,  # noqa: F401
+                                      Inputs, Phase, SchedConfig, SchedOptions, cache_dims,
+                                      configure)
+from nki_kernels.scheduled.sched_core import KVTile, key_index_tile
+from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
+from nki_kernels.scheduled.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
+from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys
+from nki_kernels.tile_ops import identity_tile
+
+
+def _build(ops):
+    def scheduled_paged_attention(query_t, q_init, kv_cache, overlay, meta_pi, meta_pf, meta_fi,
+                                  meta_ff, blocks, options=SchedOptions(), q_full=None,
+                                  q_part=None, i_full=None, i_part=None, bounds_p=None,
+                                  value_cache=None):
+        """Scheduled paged attention of one class of Q blocks.
+
+        Args:
+            query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
+                holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T
+                blocks), gathered when a group starts (query-rows classes).
+            q_init: (Hkv * nblk * rows, 4) float32, per query row (``contract.Q_INIT_*``):
+                initial -m and l of the online softmax (-M_FLOOR, 0 normally; -sink, 1 with an
+                attention sink), the ALiBi slope and slope * query position. Read only with
+                ``row_init`` by query-rows classes (gathered per group start).
+            kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
+                (float8_e4m3 / float8_e5m2; scales are folded in by the host). With
+                ``options.kv_layout == "block_kv"``: vLLM's key cache (N, B, Hkv, d) in the
+                query dtype, read in place (docs/layouts.md §18).
+            overlay: (2, Hkv * R_ov, b'_p * d): key rows that are not whole cached-context rows
+                (a sequence's partly filled last context row and its new tokens); row
+                ``h * R_ov + r``. The kv_cache dtype, or for an fp8 cache the kernel dtype.
+            meta_pi, meta_pf: partial-phase metadata, (Hkv, 128, Ip * ki) int32 and
+                (128, Ip * kf) float32 (``host.scheduled.schedule.PhaseArrays``; Ip items, may be 0).
+            meta_fi, meta_ff: full-phase metadata, (Hkv, 128, If * ki') int32, (128, If * kf').
+            blocks: Q blocks per group (a static int; the rows per Q block, 1..128, are
+                ``query_t.shape[1]``).
+            options: :class:`SchedOptions`.
+            q_full, q_part: decode-layout classes (``contract.decode_layout``) only, else None
+                (not read): the Q^T of every item of the full / partial phase, (Hkv * d,
+                items * rows) in query_t's dtype, column ``t*rows + r`` = row r of item t's block
+                for KV head ``row // d``; preloaded with each chunk's metadata.
+            i_full, i_part: decode-layout classes with ``options.row_init`` only, else None (not
+                read): the ``q_init`` rows of every item of the full / partial phase, (Hkv * rows,
+                items * 4) float32, row ``h*rows + p``, columns ``[t*4, t*4 + 4)`` for query row
+                p of item t (``host.scheduled.scheduled.item_row_init``).
+            bounds_p: decode-layout classes only, else None (not read): (1, Ip * 2 * rows)
+                float32, item t's mask bounds (``c_q`` then ``r_q``; row q sees tile-local key t
+                iff ``|t - c_q| < r_q``) on ONE partition, broadcast in-kernel.
+            value_cache: ``kv_layout == "block_kv"``: vLLM's value cache (N, B, Hkv, d), the
+                key cache's shape and dtype, read in place; otherwise None.
+
+        Returns:
+            (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of
+            query row r of Q block b of KV head h (rows no item stores are left unwritten; the
+            host never reads them).
+
+        Raises:
+            ValueError: a bad input (named), including an input the class needs left None.
+            NotImplementedError: a cache dtype that is neither the query's nor fp8, or a
+                toolchain without out-of-bounds DMA skipping.
+        """
+        _, _, Hkv, d = cache_dims(kv_cache, value_cache, options)
+        kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0,
+                     KERNEL, "query_t.shape", f"be (Hkv*nblk*d, rows) with Hkv*d = {Hkv * d}",
+                     tuple(query_t.shape))
+        nblk, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1]
+        out = ops.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
+        state = ops.ndarray((max(nblk * rows, 1), d + STATE_EXTRA_COLUMNS), dtype=ops.float32,
+                            buffer=ops.PRIVATE_HBM)
+        ins = Inputs(query_t=query_t, q_items=(q_full, q_part), i_items=(i_full, i_part),
+                     bounds_p=bounds_p, q_init=q_init, overlay=overlay,
+                     meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf), out=out, state=state)
+        cfg = configure(ops, ins, kv_cache, rows, blocks, options, value_cache)
+        scheduled_body(ops, cfg, ins, Hkv)
+        return out
+
+    return scheduled_paged_attention
+
+
+scheduled_paged_attention = KernelFamily(_build, KERNEL)
+
+
+def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
+    """Body of :func:`scheduled_paged_attention` for the KV heads of this program.
+
+    Pseudocode (per KV head h; full phase first, then the partial phase):
+        for item t in sequential_range(items):            # chunks of metadata preloaded
+            Q^T <- query_t rows q[t]; [row_init] init <- q_init rows ini[t]
+                                                          (keys on partitions: item t's
+                                                          preloaded i_full / i_part columns)
+                                                          (skipped unless a group starts here)
+            if reset[t]: st = init for every row          (select, NaN-safe)
+            [partial] st <- state rows st[t]  (skipped unless the group starts here and had
+                                               full items)
+            K, V <- kv rows kv[t] (+ overlay rows ov[t], partial phase; tile zeroed first)
+            K^T by PE transposes (per 128-channel slice)
+            for each block j, each <= 2048-key step: flash_step(Q^T_j, K^T, V, st_j [, mask])
+            [full] state rows st[t] <- st     (skipped unless this is the group's last full item)
+            [partial] out rows out[t] <- o / max(l, L_FLOOR)  (skipped unless the group ends)
+    """
+    kernel_unsupported(ops.has_oob_skip(), KERNEL,
+                       "this NKI toolchain (nki.isa has no oob_mode: indirect-DMA out-of-bounds "
+                       "skipping needs neuronx-cc from Neuron SDK 2.23)",
+                       "upgrade to Neuron SDK >= 2.23")
+    const = None
+    for head in ops.kv_heads(num_kv_heads):
+        tiles = _group_tiles(ops, cfg, ins.query_t.dtype)
+        if const is None:         # once per kernel, after the first head's tiles
+            const = _constants(ops, cfg)
+        for phase in (cfg.full, cfg.partial):
+            if phase.items:
+                _run_phase(ops, cfg, ins, phase, head, tiles, const)
+
+
+def _group_tiles(ops, cfg, q_dtype):
+    d, rows, blocks = cfg.d, cfg.rows, cfg.blocks
+    sw = d + STATE_EXTRA_COLUMNS
+    f32 = ops.float32
+    st = ops.sbuf((rows, blocks * sw), f32)
+    init = ops.sbuf((rows, blocks * sw), f32)
+    al = ops.sbuf((rows, blocks * 2), f32)
+    for j in ops.parallel_range(blocks):
+        ops.memset(init[:, ops.ds(j * sw, d)], 0.0)
+        ops.memset(init[:, ops.ds(j * sw + d, 1)], -M_FLOOR)
+        ops.memset(init[:, ops.ds(j * sw + d + 1, 1)], 0.0)
+    ops.memset(al, 0.0)
+    ops.copy(st, init)
+    q_raw = []
+    for k in ops.static_range(cfg.nd):
+        dk = min(P, d - k * P)
+        qr = ops.sbuf((dk, blocks * rows), q_dtype)
+        ops.memset(qr, 0.0)
+        q_raw.append(qr)
+    return GroupTiles(st=st, init=init, al=al, q_raw=tuple(q_raw))
+
+
+def _constants(ops, cfg):
+    kidx = []
+    for phase in (cfg.full, cfg.partial):
+        k = None
+        if phase.items > 0 and (phase.masked or cfg.opts.alibi):
+            k = (key_index_columns(ops, phase.geo.nL, phase.geo.bp) if phase.keys_on_partitions
+                 else key_index_tile(ops, cfg.rows, phase.geo.nL, phase.geo.bp))
+        kidx.append(k)
+    consts = None
+    if cfg.full.keys_on_partitions:
+        consts = decode_constants(ops, cfg.rows, max(cfg.full.step_keys, cfg.partial.step_keys),
+                                  cfg.kd)
+    eye = None
+    if cfg.fp8_direct:      # identity matmuls transpose fp8 K rows (and the overlay rows)
+        eye = (identity_tile(ops, P, cfg.full.kv.dtype), identity_tile(ops, P, cfg.kd))
+    return Constants(kidx=tuple(kidx), consts=consts, eye=eye)
+
+
+def _run_phase(ops, cfg, ins, phase, head, tiles, const):
+    """The phase's item loop for KV head ``head``, one metadata chunk at a time."""
+    masked, m, rows, d = phase.masked, phase.meta, cfg.rows, cfg.d
+    ki, kf = m.ki, m.kf
+    which = 1 if masked else 0
+    mi_all, mf_all = ins.meta_i[which], ins.meta_f[which]
+    q_all, i_all = ins.q_items[which], ins.i_items[which]
+    chunk = chunk_size(phase.items)
+    kv_tiles = None
+    if not masked:
+        # Full items write every row; padding items (all DMAs skipped) then read the last
+        # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
+        rw_all = phase.geo.nL * phase.geo.bp * d
+        k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else (P, rw_all)    # K^T / K
+        kv_tiles = (ops.zeros(k_shape, phase.kv.dtype), ops.zeros((P, rw_all), phase.kv.dtype))
+    for ch in ops.sequential_range(phase.items // chunk):
+        mi = ops.sbuf((P, chunk * ki), ops.int32)
+        ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])
+        mf = ops.sbuf((P, chunk * kf), ops.float32)
+        ops.load(mf, mf_all[:, ops.ds(ch * chunk * kf, chunk * kf)])
+        q = bounds = init = None
+        if cfg.decode and masked:      # the chunk's bounds, one partition
+            bounds = ops.sbuf((1, chunk * 2 * rows), ops.float32)
+            ops.load(bounds, ins.bounds_p[0:1, ops.ds(ch * chunk * 2 * rows, chunk * 2 * rows)])
+        if cfg.decode:       # the chunk's Q^T, scaled once into the kernel dtype
+            q = chunk_queries(ops, q_all, head * d, d, ch * chunk * rows, chunk * rows,
+                              scale=cfg.scale, kernel_dtype=cfg.kd)
+        if cfg.decode and cfg.opts.row_init:      # the chunk's row init values (rows, chunk * 4)
+            init = ops.sbuf((rows, chunk * Q_INIT_COLUMNS), ops.float32)
+            ops.load(init, i_all[ops.ds(head * rows, rows),
+                                 ops.ds(ch * chunk * Q_INIT_COLUMNS, chunk * Q_INIT_COLUMNS)])
+        data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init,
+                     resets=ops.flags(mf, m.reset, kf, chunk))
+        for it in ops.sequential_range(chunk):
+            _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head)
+
+
+def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
+    """Item ``it`` of the chunk: load / reset / carry the group state, gather Q and KV, fold the
+    tile, store."""
+    m, masked = phase.meta, phase.masked
+    ci, cf = it * m.ki, it * m.kf
+    d, rows, blocks = cfg.d, cfg.rows, cfg.blocks
+    st, init, al = tiles.st, tiles.init, tiles.al
+    mi, mf = data.mi, data.mf
+    sw = d + STATE_EXTRA_COLUMNS
+    # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
+    # keep the group's values), then every row's state is reset (a select: stale NaN cannot leak).
+    if cfg.opts.row_init and cfg.decode:    # one block; this item's values, preloaded
+        ops.copy(init[:, ops.ds(d, 2)], data.init[:, ops.ds(it * Q_INIT_COLUMNS, 2)])
+        if cfg.opts.alibi:
+            ops.copy(al[:, ops.ds(0, 2)],
+                     data.init[:, ops.ds(it * Q_INIT_COLUMNS + Q_INIT_SLOPE, 2)])
+    elif cfg.opts.row_init:
+        for j in ops.static_range(blocks):
+            ops.gather(init[:, ops.ds(j * sw + d, 2)], ins.q_init, mi, ci + m.ini + j)
+            if cfg.opts.alibi:
+                ops.gather(al[:, ops.ds(j * 2, 2)], ins.q_init, mi, ci + m.ini + j,
+                           col0=Q_INIT_SLOPE)
+    ops.where(st, data.resets.column(it, rows), init, st)
+    if cfg.decode:       # decode layout: one block, Q^T preloaded per chunk
+        qs = [q[:, ops.ds(it * rows, rows)] for q in data.q]
+    else:
+        qs = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, rows=rows, blocks=blocks,
+                           scale=cfg.scale, kernel_dtype=cfg.kd)
+    # Step 2 (partial phase): the group's state left by the full phase.
+    if masked:
+        load_state(ops, st, mi, ci + m.st, ins.state, rows=rows, blocks=blocks, d=d)
+    # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
+    k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, head,
+                                           kv_tiles)
+    k_t = transpose_keys(ops, cfg, phase, k_rows, k_ov, const.eye)
+    # Step 4: fold the tile into every block's state, step by step (<= 2048 keys per step; with
+    # keys on partitions, as many keys as fit one PSUM bank of scores).
+
+    def alibi_of(j):
+        # bias = slope * (k0 + t) - slope * qpos  ->  scale slope, offset slope*k0 - slope*qpos
+        slope = al[:, ops.ds(j * 2, 1)]
+        off = ops.sbuf((rows, 1), ops.float32)
+        ops.tensor_scalar(off, slope, "multiply", mf[0:rows, ops.ds(cf + m.k0, 1)],
+                          op1="subtract", operand1=al[:, ops.ds(j * 2 + 1, 1)])
+        return slope, off
+
+    tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)])
+    fold_tile(ops, cfg.fold_config(phase, keys_by_dma(ops, cfg, phase)), qs, tile, st, mf, cf, consts=const.consts,
+              chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
+    # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
+    # phase the output.
+    store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
+                 blocks=blocks, d=d, masked=masked)
+

@@ -1,0 +1,707 @@
+"""host/scheduled/schedule.py against docs/layouts.md §16, read back through the documented layouts only.
+
+``run_symbolically`` below is a model of one class launch written from §16 (not from the
+schedule code): it decodes every metadata column of every item (row ids -> (sequence, key
+row), Q / state / output ids -> Q block and row, bounds -> visible tile-local keys), follows the
+documented dataflow (reset, Q load at a group's first item, state store / load between the
+phases, output store) and counts, per output row, how often each key position was folded into
+what that row finally stores. The tests compare those counts with the definition of attention
+visibility (same sequence, key position <= query position, sliding window): every visible
+(query row, key) pair exactly once, nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from host.scheduled.schedule import (DECODE_MAX_ROWS, AttentionSchedule, bucket, item_geometry,
+                           make_schedule, meta_columns)
+from nki_kernels.constants import tile_geometry
+from nki_kernels.scheduled.sched_plan import max_group_blocks
+
+P = 128
+
+
+# ------------------------------------------------------------------------- definitions (§1, §16)
+def geometry(B, LT):
+    """(Tf, b', L, nL, W) from the §1 formulas."""
+    M = LT // B
+    Tf = P // M if M < P else 1
+    L = M * Tf
+    return Tf, B // Tf, L, L // P, L * (B // Tf)
+
+
+def block_tables_for(context_lens, B, seed, *, extra=2, pad=-1):
+    """(S, max_blocks + extra) distinct block ids (a seeded permutation), unused entries ``pad``;
+    returns (table, N) with two spare blocks in the cache."""
+    nb = [-(-int(c) // B) for c in context_lens]
+    N = sum(nb) + 2
+    perm = np.random.default_rng(seed).permutation(N)
+    bt = np.full((len(nb), max(nb) + extra), pad, np.int64)
+    off = 0
+    for i, n in enumerate(nb):
+        bt[i, :n] = perm[off:off + n]
+        off += n
+    return bt, N
+
+
+def visible(x, window):
+    """[lo, hi): key positions a query at position x sees."""
+    return (0 if window is None else max(0, x - window + 1)), x + 1
+
+
+def expected_rows(q, G, seqs, rows):
+    """(row_token, row_head) of a class from §16.2: each sequence's q_i*G rows (token a = r // G,
+    head g = r % G) cut into blocks of ``rows``, sequence after sequence, -1 for padding."""
+    tok_off = np.concatenate(([0], np.cumsum(q)[:-1]))
+    tok, head = [], []
+    for i in seqs:
+        R = int(q[i]) * G
+        r = np.arange(-(-R // rows) * rows)
+        tok.append(np.where(r < R, tok_off[i] + r // G, -1))
+        head.append(np.where(r < R, r % G, -1))
+    return np.concatenate(tok), np.concatenate(head)
+
+
+# ------------------------------------------------------------------------- symbolic run (§16.4)
+@dataclass
+class Item:
+    phase: str
+    real: bool
+    reset: bool
+    seq: int              # sequence of the gathered key rows (-1: none)
+    tile: int             # k (-1: none)
+    blocks: tuple         # Q blocks of the current group, slot by slot (None = empty slot)
+    q: tuple              # slots whose Q^T is loaded here (keys on partitions: item_block)
+    st: tuple             # slots whose state rows are stored (full) / loaded (partial) here
+    out: tuple            # slots whose output rows are stored here
+    main: int             # gathered main rows
+    ov: int               # gathered overlay rows
+    pairs: int            # visible (real query row, key) pairs folded
+
+
+def columns(cls, *, nL, d, masked, alibi, row_init):
+    """(ki, kf, offsets) of §16.4: kv, ov, q, st, out, ini column starts."""
+    blocks, nd = cls.blocks, -(-d // P)
+    kop = cls.decode_layout
+    kv0, ov0 = 0, nL
+    q0 = 2 * nL if masked else nL
+    st0 = q0 + (0 if kop else blocks * nd)
+    out0 = st0 + blocks
+    ini0 = out0 + (blocks if masked else 0)
+    ki = ini0 + (blocks if row_init and not kop else 0)     # kop: row init values preloaded
+    kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)   # kop: bounds apart
+    assert (ki, kf) == meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
+                                    alibi=alibi, row_init=row_init, rows=cls.rows)
+    return ki, kf, dict(kv=kv0, ov=ov0, q=q0, st=st0, out=out0, ini=ini0)
+
+
+def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, alibi=False,
+                     row_init=False, LTp=None):
+    """Decode one class launch for KV head ``head``; returns (items, counts, writes): counts[b]
+    (rows, max K) = times each key position reached the stored output of query row p of Q block
+    b; writes[b] (rows,) = output stores per row. The full phase's tiles are those of LT, the
+    partial phase's (and the overlay rows) those of LTp (default LT)."""
+    LTp = LT if LTp is None else LTp
+    G, nd = H // Hkv, -(-d // P)
+    K = c + q
+    bp = geometry(B, LTp)[1]                           # overlay rows: partial geometry (§16.1)
+    m_main, n_rows = c // bp, -(-K // bp)
+    ov_map = [(i, j) for i in range(len(q)) for j in range(m_main[i], n_rows[i])]    # §16.1
+    R_ov = max(len(ov_map), 1)
+    owner_seq, owner_jb = np.full(N, -1), np.full(N, -1)       # used block -> (sequence, entry)
+    for i in range(len(q)):
+        nb = -(-int(c[i]) // B)
+        owner_seq[bt[i, :nb]], owner_jb[bt[i, :nb]] = i, np.arange(nb)
+    ov_seq = np.array([i for i, _ in ov_map] or [-1])
+    ov_row = np.array([j for _, j in ov_map] or [-1])
+    rows, blocks, nblk = cls.rows, cls.blocks, cls.num_blocks
+    kop = cls.decode_layout
+    assert kop == (rows <= 64 and blocks == 1)
+    seq_of_row = np.full(nblk * rows, -1)
+    tok_off = np.concatenate(([0], np.cumsum(q)[:-1]))
+    real_rows = cls.row_token >= 0
+    seq_of_row[real_rows] = np.searchsorted(tok_off, cls.row_token[real_rows], side="right") - 1
+    pos_of_row = np.where(real_rows, c[np.maximum(seq_of_row, 0)] + cls.row_token
+                          - tok_off[np.maximum(seq_of_row, 0)], -1)
+    Kmax = int(K.max())
+    counts = np.zeros((nblk, rows, Kmax), np.int64)
+    writes = np.zeros((nblk, rows), np.int64)
+    saved = {}                                         # state scratch rows: b -> (rows, Kmax)
+    items = []
+    for phase, arr in (("full", cls.full), ("partial", cls.partial)):   # full phase first
+        masked = phase == "partial"
+        Tf, bp, L, nL, W = geometry(B, LTp if masked else LT)
+        m_main = c // bp
+        tl_of = (np.arange(nL)[:, None, None] * P + np.arange(P)[None, :, None]) * bp \
+            + np.arange(bp)[None, None, :]             # tile-local key of (l, p, s)
+        ki, kf, col0 = columns(cls, nL=nL, d=d, masked=masked, alibi=alibi, row_init=row_init)
+        assert arr.masked == masked and arr.items == bucket(arr.real_items)
+        assert arr.meta_i.shape == (Hkv, P, arr.items * ki) and arr.meta_i.dtype == np.int32
+        assert arr.meta_f.shape == (P, arr.items * kf) and arr.meta_f.dtype == np.float32
+        assert arr.item_block.shape == (arr.items,)
+        mi = arr.meta_i[head].reshape(P, arr.items, ki).astype(np.int64)
+        mf = arr.meta_f.reshape(P, arr.items, kf).astype(np.float64)
+        if masked and kop:        # item t's c_q, r_q at t*2*rows + q, t*2*rows + rows + q
+            assert arr.bounds.shape == (1, arr.items * 2 * rows) and arr.bounds.dtype == np.float32
+            bnd = arr.bounds.reshape(arr.items, 2 * rows).astype(np.float64)
+        else:
+            assert arr.bounds is None
+        group, acc = [None] * blocks, [None] * blocks
+        for t in range(arr.items):
+            reset = mf[0, t, 0]
+            assert np.all(mf[:, t, 0] == reset) and reset in (0.0, 1.0)
+            if t >= arr.real_items:
+                assert arr.item_block[t] == -1
+            if reset:
+                group, acc = [None] * blocks, [None] * blocks
+            q_slots = []
+            if kop:      # the item's Q^T comes from item_block (preloaded per chunk)
+                b = int(arr.item_block[t])
+                if b >= 0:
+                    if reset:
+                        group[0], acc[0] = b, np.zeros((rows, Kmax), np.int64)
+                        q_slots.append(0)
+                    assert group[0] == b, "item_block changes inside a group"
+            else:        # Q^T ids: (h*nblk + b)*d + 128k + p, only at a group's first item
+                for jj in range(blocks):
+                    col = mi[:, t, col0["q"] + jj * nd:col0["q"] + (jj + 1) * nd]   # (128, nd)
+                    inb = col < Hkv * nblk * d
+                    if not inb.any():
+                        continue
+                    assert reset, "Q loaded in the middle of a group"
+                    hh, b = col // (nblk * d), (col // d) % nblk
+                    ch = col % d
+                    dk = np.minimum(P, d - np.arange(nd) * P)
+                    assert np.array_equal(inb, np.arange(P)[:, None] < dk[None, :])
+                    assert np.all(hh[inb] == head) and np.all(b[inb] == b[0, 0])
+                    assert np.array_equal(ch[inb], (np.arange(nd)[None, :] * P + np.arange(P)[:, None])[inb])
+                    group[jj] = int(b[0, 0])
+                    acc[jj] = np.zeros((rows, Kmax), np.int64)
+                    q_slots.append(jj)
+                if t < arr.real_items:
+                    assert arr.item_block[t] == group[0]
+            # q_init ids (row_init only, not kop): (h*nblk + b)*rows + p for every row, with the
+            # group start
+            for jj in range(blocks if row_init and not kop else 0):
+                col = mi[:, t, col0["ini"] + jj]
+                inb = col < Hkv * nblk * rows
+                if jj in q_slots:
+                    assert np.array_equal(inb, np.arange(P) < rows)
+                    assert np.array_equal(col[:rows], (head * nblk + group[jj]) * rows + np.arange(rows))
+                else:
+                    assert not inb.any(), "row init values loaded without the group's Q"
+            # state ids: b*rows + p (real rows of the slot's block), else >= nblk*rows; output
+            # ids (partial phase): (h*nblk + b)*rows + p, else >= Hkv*nblk*rows
+            st_slots, out_slots = [], []
+            kinds = (("st", col0["st"], nblk * rows),) + ((("out", col0["out"], Hkv * nblk * rows),)
+                                                          if masked else ())
+            for jj in range(blocks):
+                for kind, c0, lim in kinds:
+                    col = mi[:, t, c0 + jj]
+                    inb = col < lim
+                    if not inb.any():
+                        continue
+                    b = group[jj]
+                    assert b is not None, f"{kind} ids for an empty slot"
+                    base = (head * nblk + b) * rows if kind == "out" else b * rows
+                    pr = np.arange(P)
+                    want = (pr < rows) & np.concatenate([real_rows[b * rows:(b + 1) * rows],
+                                                         np.zeros(P - rows, bool)])
+                    assert np.array_equal(inb, want), (kind, phase, t)
+                    assert np.array_equal(col[inb], base + pr[inb])
+                    (st_slots if kind == "st" else out_slots).append(jj)
+            if masked:                                 # partial: state load right after the reset
+                for jj in st_slots:
+                    assert reset and group[jj] in saved, "state loaded that was never stored"
+                    acc[jj] = saved.pop(group[jj])
+            # KV rows of the tile: (seq, position) of every tile-local key index.
+            key_seq = np.full(W, -1)
+            key_pos = np.full(W, -1)
+            n_main = n_ov = 0
+            for l in range(nL):
+                ids = mi[:, t, col0["kv"] + l]
+                inb = ids < N * Hkv * Tf
+                assert np.all(inb | (ids >= 2 * N * Hkv * Tf)), "id inside the flat cache, off the K axis"
+                ov_inb = np.zeros(P, bool)
+                if masked:
+                    ov = mi[:, t, col0["ov"] + l]
+                    ov_inb = ov < Hkv * R_ov
+                    assert np.all(ov_inb | (ov >= 2 * Hkv * R_ov))
+                    assert not np.any(inb & ov_inb), "a partition gathered twice"
+                rid = ids[inb]                         # ((blk * Hkv + h) * Tf + t)
+                blk, hh, sub = rid // (Hkv * Tf), (rid // Tf) % Hkv, rid % Tf
+                assert np.all(hh == head) and np.all(owner_seq[blk] >= 0), "unreferenced block"
+                i, j = owner_seq[blk], owner_jb[blk] * Tf + sub
+                assert np.all(j < m_main[i]), "a main row that is not a whole row of cached context"
+                key_seq[tl_of[l, inb]] = i[:, None]
+                key_pos[tl_of[l, inb]] = j[:, None] * bp + np.arange(bp)[None, :]
+                n_main += int(inb.sum())
+                if masked:                             # overlay row h * R_ov + r
+                    rid = mi[ov_inb, t, col0["ov"] + l]
+                    assert np.all(rid // R_ov == head)
+                    i, j = ov_seq[rid % R_ov], ov_row[rid % R_ov]
+                    key_seq[tl_of[l, ov_inb]] = i[:, None]
+                    key_pos[tl_of[l, ov_inb]] = j[:, None] * bp + np.arange(bp)[None, :]
+                    n_ov += int(ov_inb.sum())
+            seqs = set(key_seq[key_seq >= 0].tolist())
+            assert len(seqs) <= 1, "an item gathers rows of two sequences"
+            iseq = seqs.pop() if seqs else -1
+            tiles = np.unique(key_pos[key_pos >= 0] // W)
+            assert tiles.size <= 1
+            tile = int(tiles[0]) if tiles.size else -1
+            if iseq >= 0:            # the rows sit at their own tile-local index (§16.3)
+                gathered = key_pos >= 0
+                assert np.array_equal(key_pos[gathered] - tile * W, np.arange(W)[gathered])
+            if not masked and t < arr.real_items:
+                assert n_main == nL * P, "a FULL item with a row that is not gathered"
+            if alibi and t < arr.real_items:           # first key position of the tile
+                assert np.all(mf[:, t, kf - 1] == tile * W)
+            # fold: every slot with a block, visible keys of its real rows.
+            pairs = 0
+            for jj in range(blocks):
+                b = group[jj]
+                if b is None:
+                    continue
+                tl = np.arange(W)[None, :]
+                if masked and kop:                     # row q's c, r: bounds row t, q / rows + q
+                    cc, rr = bnd[t, :rows][:, None], bnd[t, rows:][:, None]
+                    vis = np.abs(tl - cc) < rr
+                elif masked:                           # slot j's c, r on partition p = row p
+                    cc = mf[:rows, t, 1 + 2 * jj][:, None]
+                    rr = mf[:rows, t, 2 + 2 * jj][:, None]
+                    vis = np.abs(tl - cc) < rr
+                else:
+                    vis = np.ones((rows, W), bool)
+                vis &= real_rows[b * rows:(b + 1) * rows][:, None]
+                if not vis.any():
+                    continue
+                assert np.all(key_seq[np.nonzero(vis)[1]] >= 0), "a visible key no DMA wrote"
+                assert iseq == seq_of_row[b * rows], "keys of another sequence are visible"
+                assert np.all(key_pos[np.nonzero(vis)[1]] < K[iseq]), "zero padding is visible"
+                r_idx, w_idx = np.nonzero(vis)
+                np.add.at(acc[jj], (r_idx, key_pos[w_idx]), 1)
+                pairs += r_idx.size
+            if not masked:                             # full: state store after the fold
+                for jj in st_slots:
+                    assert group[jj] not in saved
+                    saved[group[jj]] = acc[jj].copy()
+            for jj in out_slots:
+                b = group[jj]
+                real = real_rows[b * rows:(b + 1) * rows]
+                counts[b][real] += acc[jj][real]
+                writes[b][real] += 1
+            items.append(Item(phase, t < arr.real_items, bool(reset), iseq, tile,
+                              tuple(group), tuple(q_slots), tuple(st_slots), tuple(out_slots),
+                              n_main, n_ov, pairs))
+    assert not saved, "state stored by the full phase and never loaded"
+    return items, counts, writes, (seq_of_row, pos_of_row)
+
+
+def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=False,
+                   row_init=False, LTp=None):
+    """Every head of every class: each visible (real query row, key) pair folded exactly once
+    into the stored output, nothing else; every real item folds something (exact pruning)."""
+    G = H // Hkv
+    covered = np.zeros(int(q.sum()) * G, np.int64)
+    all_items = []
+    for cls in sched.classes:
+        decode = cls.kind == "decode"
+        assert all((q[i] * G <= DECODE_MAX_ROWS) == decode for i in cls.seqs)
+        tok, hd = expected_rows(q, G, cls.seqs, cls.rows)
+        assert np.array_equal(cls.row_token, tok) and np.array_equal(cls.row_head, hd)
+        qoff = np.concatenate(([0], np.cumsum(q)))
+        seq = np.searchsorted(qoff, tok, side="right") - 1
+        pos = np.where(tok >= 0, c[np.maximum(seq, 0)] + tok - qoff[np.maximum(seq, 0)], -1)
+        assert np.array_equal(cls.row_pos, pos)                      # absolute query position
+        for head in range(Hkv):
+            items, counts, writes, (seq_of_row, pos_of_row) = run_symbolically(
+                cls, q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, head=head, window=window,
+                alibi=alibi, row_init=row_init, LTp=LTp)
+            flat = counts.reshape(-1, counts.shape[-1])
+            real = cls.row_token >= 0
+            assert np.array_equal(writes.reshape(-1), real.astype(np.int64)), "output rows stored != once"
+            for r in np.nonzero(real)[0]:
+                i = seq_of_row[r]
+                lo, hi = visible(int(pos_of_row[r]), window)
+                want = np.zeros(flat.shape[1], np.int64)
+                want[lo:hi] = 1
+                assert np.array_equal(flat[r], want), (cls.kind, head, r, i)
+            assert all(it.pairs > 0 for it in items if it.real), "an item nobody sees"
+            if head == 0:
+                all_items.append(items)
+                covered[cls.row_token[real] * G + cls.row_head[real]] += 1
+    assert np.all(covered == 1), "a query row in no class or in two"
+    return all_items
+
+
+def schedule(q, c, *, H, Hkv, d, B, LT, window=None, seed=0, pad=-1, alibi=False,
+             row_init=False, LTp=None):
+    """The schedule and the keywords of ``check_coverage``; ``LTp``: ``partial_tile_size``
+    (an int, "auto" -- the size the schedule picked is then checked -- or None)."""
+    q, c = np.asarray(q, np.int64), np.asarray(c, np.int64)
+    bt, N = block_tables_for(c, B, seed, pad=pad)
+    s = make_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B,
+                      num_blocks=N, large_tile_size=LT, sliding_window=window, alibi=alibi,
+                      row_init=row_init, partial_tile_size=LTp)
+    want = LT if LTp is None else LTp
+    if LTp == "auto":
+        want = s.partial_tile_size
+        assert want in [512 << k for k in range(5)] and want <= LT
+    assert s.partial_tile_size == want
+    assert (s.partial_tiling_factor, s.partial_tiled_block_size, s.partial_loads) == \
+        geometry(B, want)[:2] + (geometry(B, want)[3],)
+    return s, dict(q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, window=window,
+                   alibi=alibi, row_init=row_init, LTp=want)
+
+
+def summary(items):
+    """(phase, seq, tile, reset, Q slots, state slots, output slots) of the real items."""
+    return [(it.phase[0], it.seq, it.tile, int(it.reset), it.q, it.st, it.out)
+            for it in items if it.real]
+
+
+# ------------------------------------------------------------------------- geometry
+@pytest.mark.parametrize("B", [1, 2, 4, 8, 16, 32, 64, 128, 256])
+@pytest.mark.parametrize("LT", [512, 1024, 2048, 4096, 8192])
+def test_item_geometry_is_the_section_1_table(B, LT):
+    Tf, bp, L, nL, W = geometry(B, LT)
+    assert item_geometry(B, LT) == (Tf, bp, L, nL)
+    assert tile_geometry(B, LT)[1:] == (Tf, bp, L, nL)
+    assert W == LT and B == Tf * bp and L % P == 0
+
+
+# ------------------------------------------------------------------------- hand-built batches
+def test_two_classes_hand_built():
+    # B=16, LT=512: Tf=4, b'=4, L=128 rows, nL=1, W=512 keys per tile. H=4, Hkv=2: G=2.
+    #   seq0 q=1   c=1000 R=2   decode  K=1001 rows 0..249 main, 250 overlay; tiles 0 (FULL), 1
+    #   seq1 q=3   c=509  R=6   decode  K=512  rows 0..126 main, 127 overlay; tile 0 (PARTIAL)
+    #   seq2 q=40  c=0    R=80  prefill K=40   overlay rows 0..9; tile 0
+    #   seq3 q=32  c=64   R=64  decode (the boundary) K=96 rows 0..15 main, 16..23 overlay
+    #   seq4 q=150 c=600  R=300 prefill, 3 Q blocks; K=750 rows 0..149 main; tiles 0 (FULL), 1
+    s, kw = schedule([1, 3, 40, 32, 150], [1000, 509, 0, 64, 600], H=4, Hkv=2, d=8, B=16, LT=512)
+    dec, pre = s.classes
+    assert (dec.kind, dec.rows, dec.blocks, dec.num_blocks, dec.seqs.tolist()) == \
+        ("decode", 64, 1, 3, [0, 1, 3])                    # rows: power of two >= max R = 64
+    assert (pre.kind, pre.rows, pre.blocks, pre.num_blocks, pre.seqs.tolist()) == \
+        ("prefill", 128, 3, 4, [2, 4])                     # blocks = max ceil(R / 128) = 3 (fits)
+    assert (dec.partial.real_items, dec.partial.items, dec.full.real_items) == (3, 3, 1)
+    assert (pre.partial.real_items, pre.full.real_items) == (2, 1)
+    items = check_coverage(s, **kw)
+    assert dec.decode_layout and not pre.decode_layout     # decode: rows <= 64
+    assert summary(items[0]) == [
+        # full phase first: seq0's first tile (stores its state for the partial phase)
+        ("f", 0, 0, 1, (0,), (0,), ()),
+        # partial phase: seq0's last tile (loads that state, stores the output), seq1, seq3
+        ("p", 0, 1, 1, (0,), (0,), (0,)),
+        ("p", 1, 0, 1, (0,), (), (0,)),
+        ("p", 3, 0, 1, (0,), (), (0,)),
+    ]
+    assert summary(items[1]) == [
+        ("f", 4, 0, 1, (0, 1, 2), (0, 1, 2), ()),
+        ("p", 2, 0, 1, (0,), (), (0,)),                    # one block in a 3-slot group
+        ("p", 4, 1, 1, (0, 1, 2), (0, 1, 2), (0, 1, 2)),
+    ]
+    assert [it.blocks for it in items[1] if it.real] == [(1, 2, 3), (0, None, None), (1, 2, 3)]
+    gathered = [(it.main, it.ov) for it in items[0] if it.real]
+    assert gathered == [(128, 0), (122, 1), (127, 1), (16, 8)]    # rows 0..127; 128..249 + 250
+
+
+def test_bounds_columns_hand_computed():
+    # decode class (keys on partitions): meta_f is the reset column only; item t's c_q, r_q
+    # are columns t*2*rows + q and t*2*rows + rows + q of the one-partition bounds array
+    s, _ = schedule([1, 3], [1000, 509], H=4, Hkv=2, d=8, B=16, LT=512)
+    (dec,) = s.classes
+    assert dec.rows == 8 and dec.decode_layout and dec.partial.items == 2
+    assert dec.partial.meta_f.shape == (P, 2) and dec.full.meta_f.shape == (P, dec.full.items)
+    assert dec.partial.bounds.shape == (1, 2 * 2 * 8) and dec.partial.bounds.dtype == np.float32
+    assert dec.full.bounds is None
+    mf = dec.partial.meta_f.reshape(P, 2, 1)
+    c = dec.partial.bounds[0].reshape(2, 16)[:, :8]
+    r = dec.partial.bounds[0].reshape(2, 16)[:, 8:]
+    # item 0 = seq0 tile 1 (keys 512..1023): rows 0, 1 at position 1000 -> lo' = -512,
+    # hi' = 489: c = (lo' + hi' - 1) / 2 = -12, r = (hi' - lo') / 2 = 500.5; padding rows c=-0.5, r=0
+    assert c[0].tolist() == [-12.0] * 2 + [-0.5] * 6
+    assert r[0].tolist() == [500.5] * 2 + [0.0] * 6
+    # item 1 = seq1 tile 0: positions 509, 509, 510, 510, 511, 511 -> lo' = 0, hi' = x + 1
+    assert c[1].tolist() == [254.5, 254.5, 255.0, 255.0, 255.5, 255.5, -0.5, -0.5]
+    assert r[1].tolist() == [255.0, 255.0, 255.5, 255.5, 256.0, 256.0, 0.0, 0.0]
+    assert np.all(mf[:, :, 0] == 1.0)                            # both items start a group
+    # |t - c| < r  <=>  lo' <= t < hi' for every integer t (the inverse: lo' = c - r + 1/2)
+    t = np.arange(-600, 600)
+    for cc, rr in zip(c[:2].ravel(), r[:2].ravel()):
+        lo, hi = cc - rr + 0.5, cc + rr + 0.5
+        assert np.array_equal(np.abs(t - cc) < rr, (t >= lo) & (t < hi))
+    # prefill class (query rows on partitions): slot j's c, r in columns 1 + 2j, 2 + 2j,
+    # partition p = row p. q=70, c=0, G=1: row p at position p -> lo' = 0, hi' = p + 1
+    s, _ = schedule([70], [0], H=1, Hkv=1, d=8, B=16, LT=512)
+    (pre,) = s.classes
+    assert (pre.rows, pre.blocks, pre.decode_layout) == (128, 1, False)
+    assert pre.partial.bounds is None and pre.full.bounds is None
+    mf = pre.partial.meta_f.reshape(P, pre.partial.items, 3)
+    p = np.arange(P)
+    assert mf[:, 0, 1].tolist() == np.where(p < 70, p / 2, -0.5).tolist()
+    assert mf[:, 0, 2].tolist() == np.where(p < 70, (p + 1) / 2, 0.0).tolist()
+
+
+def test_main_row_ids_hand_computed():
+    # B=256, LT=2048: Tf=16, b'=16; Hkv=2, head 1 row id of key row j = (bt[j // 16]*2 + 1)*16 + j % 16
+    q, c = np.array([1]), np.array([300])                  # rows 0..17 main (288 keys), 18 overlay
+    bt = np.array([[5, 2, -1]])
+    s = make_schedule(q, c, bt, num_heads=2, num_kv_heads=2, head_size=4, block_size=256,
+                      num_blocks=6, large_tile_size=2048)
+    (cls,) = s.classes
+    mi = cls.partial.meta_i.reshape(2, P, cls.partial.items, -1)
+    main, ov = mi[1, :, 0, 0], mi[1, :, 0, 1]
+    assert main[:16].tolist() == [(5 * 2 + 1) * 16 + t for t in range(16)]
+    assert main[16:18].tolist() == [(2 * 2 + 1) * 16 + 0, (2 * 2 + 1) * 16 + 1]
+    assert np.all(main[18:] >= 2 * 6 * 2 * 16)                   # sentinel: 2 * N * Hkv * Tf
+    # overlay: R_ov = 1 row (positions 288..303: context 288..299, the new token 300, zeros)
+    assert s.overlay_seq.tolist() == [0] and s.overlay_pos0.tolist() == [288]
+    assert ov[18] == 1 * 1 + 0 and np.all(np.delete(ov, 18) >= 2 * 2 * 1)
+
+
+def test_long_prefill_splits_into_groups_and_prunes_causally():
+    # MQA G=8, q=1100, c=1024: 8800 rows = 69 Q blocks > 64 -> groups of blocks 0..63 (tokens
+    # 0..1023, positions 1024..2047) and 64..68 (positions 2048..2123). B=16, LT=512, W=512:
+    # K=2124 -> 531 rows (256 main), tiles 0..4. Group 0 never sees tile 4 (keys >= 2048).
+    s, kw = schedule([1100], [1024], H=8, Hkv=1, d=4, B=16, LT=512)
+    (cls,) = s.classes
+    assert (cls.kind, cls.blocks, cls.num_blocks) == ("prefill", 64, 69)
+    items = check_coverage(s, **kw)[0]
+    g0, g1 = tuple(range(64)), tuple(range(64, 69)) + (None,) * 59
+    got = [(it.phase[0], it.tile, it.blocks == g0, it.blocks == g1, int(it.reset), bool(it.st),
+            bool(it.out)) for it in items if it.real]
+    assert got == [
+        # full phase: tiles 0, 1 of each group; the state is stored after the group's last one
+        ("f", 0, True, False, 1, False, False), ("f", 1, True, False, 0, True, False),
+        ("f", 0, False, True, 1, False, False), ("f", 1, False, True, 0, True, False),
+        # partial phase: the state is loaded at the group's first item, the output stored last
+        ("p", 2, True, False, 1, True, False), ("p", 3, True, False, 0, False, True),
+        ("p", 2, False, True, 1, True, False), ("p", 3, False, True, 0, False, False),
+        ("p", 4, False, True, 0, False, True),
+    ]
+    assert (cls.partial.items, cls.full.items) == (5, 4)
+
+
+def test_prefill_groups_are_sized_to_trn1_sbuf():
+    # one sequence of 20 Q blocks (q=2560, G=1) at d=512, LT=512: fp32 queries and cache leave
+    # SBUF room for fewer than 20 blocks next to the tile, so the group splits; with 2-byte
+    # queries and cache all 20 fit. blocks = min(64, trn1's fit, the blocks the batch needs).
+    q, c = np.array([2560]), np.array([0])
+    bt, N = block_tables_for(c, 16, 0)
+    kw = dict(num_heads=1, num_kv_heads=1, head_size=512, block_size=16, num_blocks=N,
+              large_tile_size=512)
+    plan = dict(block_size=16, large_tile=512, head_size=512, rows=P, kernel_itemsize=2)
+    got = {}
+    for size in (4, 2):
+        (cls,) = make_schedule(q, c, bt, query_itemsize=size, cache_itemsize=size, **kw).classes
+        fit = max_group_blocks(nc_gen="gen2", query_itemsize=size, cache_itemsize=size, **plan)
+        assert fit <= max_group_blocks(nc_gen="gen3", query_itemsize=size, cache_itemsize=size,
+                                       **plan)                  # trn1 has the smaller SBUF
+        assert (cls.kind, cls.num_blocks) == ("prefill", 20)
+        assert cls.blocks == min(64, fit, 20)
+        starts = sorted(set(cls.partial.item_block[:cls.partial.real_items].tolist()))
+        assert starts == list(range(0, 20, cls.blocks))        # groups of `blocks` Q blocks
+        got[size] = cls.blocks
+    assert 1 <= got[4] < 20 == got[2]
+
+
+def test_sliding_window_prunes_tiles_hand_built():
+    # decode q=1, c=5000, window 1000: the query (position 5000) sees keys 4001..5000 = tiles
+    # 7 (keys 3584..4095, partly: PARTIAL), 8 (4096..4607, all cached, all seen: FULL),
+    # 9 (4608..5000, holds the overlay row: PARTIAL); tiles 0..6 are pruned.
+    s, kw = schedule([1], [5000], H=2, Hkv=1, d=8, B=16, LT=512, window=1000)
+    items = check_coverage(s, **kw)[0]
+    assert [(it.phase[0], it.tile) for it in items if it.real] == [("f", 8), ("p", 7), ("p", 9)]
+    s_nowin, kw = schedule([1], [5000], H=2, Hkv=1, d=8, B=16, LT=512)
+    items = check_coverage(s_nowin, **kw)[0]
+    assert [(it.phase[0], it.tile) for it in items if it.real] == \
+        [("f", k) for k in range(9)] + [("p", 9)]
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True, "8"])
+def test_sliding_window_must_be_a_positive_integer(window):
+    with pytest.raises(ValueError, match="sliding_window"):
+        schedule([1], [50], H=1, Hkv=1, d=8, B=16, LT=512, window=window)
+
+
+def test_window_edge_inside_a_tile_makes_it_partial():
+    # window 512 = W at position 5000: keys 4489..5000 -> tiles 8 (partly) and 9
+    s, kw = schedule([1], [5000], H=1, Hkv=1, d=8, B=16, LT=512, window=512)
+    items = check_coverage(s, **kw)[0]
+    assert [(it.phase[0], it.tile) for it in items if it.real] == [("p", 8), ("p", 9)]
+
+
+def test_every_group_has_a_partial_item():
+    # the tile of a group's last position holds a new token (an overlay row): never FULL, so
+    # the state a full phase loads was always stored by the partial phase.
+    s, kw = schedule([1, 1, 200], [4096, 511, 3000], H=2, Hkv=1, d=8, B=32, LT=1024)
+    for items in check_coverage(s, **kw):
+        groups_p = {it.blocks for it in items if it.real and it.phase == "partial"}
+        groups_f = {it.blocks for it in items if it.real and it.phase == "full"}
+        assert groups_f <= groups_p and groups_f
+
+
+# ------------------------------------------------------------------------- padding items
+def _padding_ids_all_out_of_bounds(s, kw):
+    B, d, Hkv, N = kw["B"], kw["d"], kw["Hkv"], kw["N"]
+    R_ov = len(s.overlay_seq)
+    nd = -(-d // P)
+    n_pad = 0
+    for cls in s.classes:
+        nblk, rows, blocks = cls.num_blocks, cls.rows, cls.blocks
+        for arr in (cls.partial, cls.full):
+            Tf, bp, L, nL, W = geometry(B, kw["LTp"] if arr.masked else kw["LT"])
+            ki, kf, col0 = columns(cls, nL=nL, d=d, masked=arr.masked, alibi=kw["alibi"],
+                                   row_init=kw["row_init"])
+            mi = arr.meta_i.reshape(Hkv, P, arr.items, ki)[:, :, arr.real_items:]
+            mf = arr.meta_f.reshape(P, arr.items, kf)[:, arr.real_items:]
+            n_pad += mi.shape[2]
+            # bounds: the row count of each tensor flattened to rows (both K/V halves)
+            limits = np.zeros(ki, np.int64)
+            limits[:nL] = 2 * N * Hkv * Tf
+            limits[nL:col0["q"]] = 2 * Hkv * R_ov                       # overlay (partial)
+            limits[col0["q"]:col0["st"]] = Hkv * nblk * d                # Q^T (query-rows path)
+            limits[col0["st"]:col0["st"] + blocks] = nblk * rows         # state scratch
+            limits[col0["st"] + blocks:] = Hkv * nblk * rows             # output, q_init
+            assert np.all(mi >= limits[None, None, None, :])
+            assert np.all(arr.item_block[arr.real_items:] == -1)
+            assert np.all(mf[:, :, 0] == 1.0)                  # reset: a padding item is its own group
+            if arr.masked and cls.decode_layout:               # r <= 0: no key is seen
+                bnd = arr.bounds.reshape(arr.items, 2 * rows)[arr.real_items:]
+                assert np.all(bnd[:, rows:] <= 0)
+            elif arr.masked:
+                assert np.all(mf[:, :, 2:1 + 2 * blocks:2] <= 0)
+    return n_pad
+
+
+def test_padding_items_move_nothing():
+    # 9 decode sequences with 2 tiles each: 9 partial items -> bucket 10, 9 full items -> 10
+    s, kw = schedule([1] * 9, [700] * 9, H=4, Hkv=2, d=8, B=16, LT=512)
+    (cls,) = s.classes
+    assert (cls.partial.real_items, cls.partial.items, cls.full.real_items, cls.full.items) == \
+        (9, 10, 9, 10)
+    assert _padding_ids_all_out_of_bounds(s, kw) == 2
+    items = check_coverage(s, **kw)[0]
+    pads = [it for it in items if not it.real]
+    assert len(pads) == 2 and all(it.pairs == 0 and it.main == it.ov == 0 and not it.q
+                                  and not it.st and not it.out for it in pads)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(lens=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 3000)), min_size=1, max_size=12),
+       B=st.sampled_from([1, 4, 16, 64, 256]), LT=st.sampled_from([512, 2048, 8192]),
+       d=st.sampled_from([1, 64, 130, 300]), G=st.sampled_from([1, 4]), alibi=st.booleans(),
+       row_init=st.booleans(), ltp=st.sampled_from([None, 512, "auto"]))
+def test_padding_items_always_out_of_bounds(lens, B, LT, d, G, alibi, row_init, ltp):
+    q, c = zip(*lens)
+    s, kw = schedule(q, c, H=2 * G, Hkv=2, d=d, B=B, LT=LT, alibi=alibi, row_init=row_init,
+                     LTp=ltp)
+    _padding_ids_all_out_of_bounds(s, kw)
+
+
+# ------------------------------------------------------------------------- bucket()
+def test_bucket_properties():
+    ns = np.arange(0, 1 << 14)
+    b = np.array([bucket(int(n)) for n in ns])
+    assert b[:5].tolist() == [0, 1, 2, 3, 4]
+    assert np.all(b >= ns)
+    assert np.all(b[5:] - ns[5:] < ns[5:] / 4)                   # < 25 % padding
+    assert np.all(np.diff(b) >= 0)                               # monotone
+    assert all(bucket(int(v)) == v for v in np.unique(b))        # idempotent
+    for v in np.unique(b[5:]):                                   # m * 2**e, m in {4..7}
+        e = int(v).bit_length() - 3
+        assert v % (1 << e) == 0 and 4 <= v >> e <= 7
+    for k in range(3, 14):                                       # 4 sizes per octave
+        assert len({int(v) for v in b if (1 << k) <= v < (1 << (k + 1))}) == 4
+    assert [bucket(n) for n in (5, 9, 17, 33, 100, 1000)] == [5, 10, 20, 40, 112, 1024]
+
+
+# ------------------------------------------------------------------------- property
+LENS = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 1500)), min_size=1, max_size=5)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(lens=LENS, B=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256]),
+       LT=st.sampled_from([512, 1024, 2048, 4096, 8192]),
+       heads=st.sampled_from([(1, 1), (2, 1), (4, 2), (8, 1), (6, 2)]),
+       d=st.sampled_from([1, 8, 128, 160]),
+       window=st.one_of(st.none(), st.integers(1, 700)), alibi=st.booleans(),
+       row_init=st.booleans(), seed=st.integers(0, 1000),
+       ltp=st.sampled_from([None, 512, 1024, "auto"]))
+def test_items_cover_every_visible_pair_exactly_once(lens, B, LT, heads, d, window, alibi,
+                                                     row_init, seed, ltp):
+    q, c = zip(*lens)
+    ltp = None if isinstance(ltp, int) and ltp > LT else ltp
+    s, kw = schedule(q, c, H=heads[0], Hkv=heads[1], d=d, B=B, LT=LT, window=window, seed=seed,
+                     alibi=alibi, row_init=row_init, LTp=ltp)
+    assert isinstance(s, AttentionSchedule)
+    check_coverage(s, **kw)
+
+
+def test_coverage_check_can_fail():
+    # must-fail: the model above catches a wrong bound, a dropped output and a wrong row id
+    # (decode class, keys on partitions; partial phase, item 0); a missing row-init load below
+    s, kw = schedule([3, 1], [40, 700], H=2, Hkv=1, d=8, B=16, LT=512, row_init=True)
+    check_coverage(s, **kw)
+    cls = s.classes[0]
+    assert cls.decode_layout
+    ki, kf, col0 = columns(cls, nL=1, d=8, masked=True, alibi=False, row_init=True)
+
+    def tamper(fn):
+        arr = cls.partial
+        mi = arr.meta_i.copy().reshape(1, P, arr.items, ki)
+        mf = arr.meta_f.copy().reshape(P, arr.items, kf)
+        bnd = arr.bounds.copy().reshape(arr.items, 2 * cls.rows)
+        fn(mi, mf, bnd)
+        bad = dataclasses.replace(arr, meta_i=mi.reshape(arr.meta_i.shape),
+                                  meta_f=mf.reshape(arr.meta_f.shape),
+                                  bounds=bnd.reshape(arr.bounds.shape))
+        return dataclasses.replace(s, classes=(dataclasses.replace(cls, partial=bad),))
+
+    def widen_bound(mi, mf, bnd):
+        bnd[0, cls.rows] += 1.0                  # row 0's r: one key too many
+
+    def shift_bound(mi, mf, bnd):
+        bnd[0, 0] -= 1.0                         # row 0's c: the window one key to the left
+
+    def drop_out(mi, mf, bnd):
+        mi[:, :, 0, col0["out"]] = 10 ** 6       # output ids -> out of bounds
+
+    def wrong_row(mi, mf, bnd):
+        mi[:, 0, 0, 0] = mi[:, 1, 0, 0]          # partition 0 gathers partition 1's row
+
+    for fn in (widen_bound, shift_bound, drop_out, wrong_row):
+        with pytest.raises(AssertionError):
+            check_coverage(tamper(fn), **kw)
+
+
+def test_coverage_check_catches_a_missing_row_init_load():
+    # must-fail: a query-rows class (prefill) whose group start does not load its q_init rows
+    s, kw = schedule([200], [10], H=1, Hkv=1, d=8, B=16, LT=512, row_init=True)
+    check_coverage(s, **kw)
+    cls = s.classes[0]
+    assert not cls.decode_layout
+    ki, kf, col0 = columns(cls, nL=1, d=8, masked=True, alibi=False, row_init=True)
+    arr = cls.partial
+    mi = arr.meta_i.copy().reshape(1, P, arr.items, ki)
+    mi[:, :, 0, col0["ini"]] = 10 ** 6           # q_init ids -> out of bounds
+    bad = dataclasses.replace(arr, meta_i=mi.reshape(arr.meta_i.shape))
+    with pytest.raises(AssertionError):
+        check_coverage(dataclasses.replace(s, classes=(dataclasses.replace(cls, partial=bad),)),
+                       **kw)
+
+
+def test_overlay_row_map_is_sequence_major():
+    # §16.1: rows floor(c/b')..ceil(K/b')-1 of each sequence, in sequence order. B=8, LT=512:
+    # b'=4. seq0 K=11: rows 2 (positions 8..11: context 8, new 9, 10, zero 11); seq1 K=5: rows
+    # 0, 1; seq2 c=64 (whole rows) K=65: row 16 only; seq3 K=8+7: rows 2, 3
+    s, kw = schedule([2, 5, 1, 7], [9, 0, 64, 8], H=1, Hkv=1, d=4, B=8, LT=512)
+    assert s.overlay_seq.tolist() == [0, 1, 1, 2, 3, 3]
+    assert s.overlay_pos0.tolist() == [8, 0, 4, 64, 8, 12]
