@@ -72,11 +72,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         backend: "auto" | "sim" | "neuron" (``host.launch``).
         api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
             current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
-            ``nki_kernels._nki.resolve_api``. The dense kernel is legacy-only (api="nki" raises
+            ``nki_kernels.toolchain.resolve_api``. The dense kernel is legacy-only (api="nki" raises
             NotImplementedError).
         lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
             split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
-            else the platform's (``nki_kernels._nki.Api.lnc``).
+            else the platform's (``nki_kernels.toolchain.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled.scheduled_attention`` through a host
             schedule (``host.scheduled.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as

@@ -4,9 +4,9 @@ Backends (``backend=``): ``"sim"`` runs ``nki.simulate_kernel`` (the project's `
 the real toolchain's CPU simulator when neuronx-cc is installed); ``"neuron"`` runs the kernel
 on a Trainium device (requires the real ``neuronxcc.nki``; ``nki.jit`` with NumPy arguments is
 baremetal); ``"auto"`` is ``"neuron"`` when the real toolchain is active, else ``"sim"``.
-Which NKI package is active is decided once by ``nki_kernels._nki`` (env ``NKI_PA_BACKEND``).
+Which NKI package is active is decided once by ``nki_kernels.toolchain`` (env ``NKI_PA_BACKEND``).
 APIs (``api=``): kernels with one source for both NKI generations run on the legacy
-``neuronxcc.nki`` or the current ``nki`` as ``nki_kernels._nki.resolve_api`` decides (env
+``neuronxcc.nki`` or the current ``nki`` as ``nki_kernels.toolchain.resolve_api`` decides (env
 ``NKI_PA_API``); legacy-only kernels refuse ``api="nki"``.
 """
 
@@ -33,7 +33,7 @@ def check_backend(backend: Any) -> str:
 
 def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
     """The ``api=`` option of a launcher: None / "auto" (``NKI_PA_API`` or the automatic choice
-    of ``nki_kernels._nki.resolve_api``), "legacy" or "nki"; returned as None, "legacy" or "nki".
+    of ``nki_kernels.toolchain.resolve_api``), "legacy" or "nki"; returned as None, "legacy" or "nki".
     A kernel with one source for both APIs (``both_apis``) resolves it now, so a combination the
     installed toolchain cannot run fails before any work; a legacy-only kernel refuses "nki".
 
@@ -46,9 +46,9 @@ def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
         fail("api", f"be one of {APIS}", repr(api))
     api = None if api == "auto" else api
     if both_apis:
-        from nki_kernels import _nki
+        from nki_kernels import toolchain
 
-        _nki.resolve_api(api)
+        toolchain.resolve_api(api)
     elif api == "nki":
         raise NotImplementedError(f"the {kernel} kernel runs on the legacy NKI API only; use "
                                   "api='legacy' (or None), or a kernel that has both APIs")
@@ -59,32 +59,32 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                   backend: str, api: str | None = None, lnc: int | None = None) -> np.ndarray:
     """Run ``kernel`` over ``grid_heads`` KV heads on ``backend`` (already checked); returns its
     output as NumPy. A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
-    ``nki_kernels._nki.resolve_api(api)`` (legacy: grid ``[1, grid_heads]``; current: one launch
+    ``nki_kernels.toolchain.resolve_api(api)`` (legacy: grid ``[1, grid_heads]``; current: one launch
     that loops over the heads) on ``lnc`` physical cores (``Api.lnc``); a legacy-only kernel on
     grid ``[1, grid_heads]``.
 
     Raises:
         RuntimeError: ``backend="neuron"`` while the simulator is the active NKI package.
     """
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
     from nki_kernels.ops import KernelFamily
 
     if isinstance(kernel, KernelFamily):
-        chosen = _nki.resolve_api(api)
+        chosen = toolchain.resolve_api(api)
         device = backend == "neuron" or (backend == "auto" and not chosen.simulated)
         if device and chosen.simulated:
             raise RuntimeError(f"backend='neuron' needs the real Neuron toolchain (the {chosen.name!r} "
                                "NKI package) and a Trainium device, but nki_sim is active "
-                               f"(NKI_PA_BACKEND={_nki.BACKEND_REQUEST!r}); use backend='sim' or "
+                               f"(NKI_PA_BACKEND={toolchain.BACKEND_REQUEST!r}); use backend='sim' or "
                                "'auto'")
         return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
                                         device=device, lnc=lnc))
 
-    on_device = backend == "neuron" or (backend == "auto" and not _nki.SIMULATED)
+    on_device = backend == "neuron" or (backend == "auto" and not toolchain.SIMULATED)
     if on_device:
-        if _nki.SIMULATED:
+        if toolchain.SIMULATED:
             raise RuntimeError("backend='neuron' needs the real Neuron toolchain (neuronx-cc) and a "
                                "Trainium device, but nki_sim is active (NKI_PA_BACKEND="
-                               f"{_nki.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
+                               f"{toolchain.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
         return np.asarray(kernel[1, grid_heads](*args, **kwargs))
-    return np.asarray(_nki.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))
+    return np.asarray(toolchain.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))

@@ -82,7 +82,7 @@ class AttentionPlan:
     one (2, N, Hkv, B, d) cache; "block_kv": vLLM's (key_cache, value_cache) pair of
     (N, B, Hkv, d) caches, docs/layouts.md §18), num_tokens T,
     query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend, api
-    (None = resolved per launch by ``nki_kernels._nki.resolve_api``; "legacy" | "nki"), lnc
+    (None = resolved per launch by ``nki_kernels.toolchain.resolve_api``; "legacy" | "nki"), lnc
     (physical cores per launch, None = ``Api.lnc``'s choice per launch),
     softmax_scale (resolved), mixed_precision, large_tile_size, variants (validated
     ``host.variants.AttentionVariants``), kernel_kwargs (keyword arguments of every launch,
@@ -203,7 +203,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
         gqa_packing, kernel, api, lnc (scheduled kernel: physical cores per launch, 1 or 2;
-        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels._nki.Api.lnc``),
+        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``),
         kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
             "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
             (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),
@@ -240,9 +240,9 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
     api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
     if kernel == "scheduled":
-        from nki_kernels import _nki
+        from nki_kernels import toolchain
 
-        _nki.resolve_api(api).lnc(lnc, Hkv)      # a bad lnc / combination fails before any work
+        toolchain.resolve_api(api).lnc(lnc, Hkv)      # a bad lnc / combination fails before any work
     elif lnc not in (None, 1):
         raise NotImplementedError("paged_attention: the dense kernel runs on one core; leave lnc "
                                   "None (or 1) with kernel='dense'")

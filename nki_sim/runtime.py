@@ -81,7 +81,7 @@ def _returned_allocs(x, out):
     return out
 
 
-def _add_context_note(e: BaseException, ctx) -> None:
+def add_context_note(e: BaseException, ctx) -> None:
     """Record where in the kernel an error happened as ``e.nki_context`` (str(e) is unchanged)."""
     loc = None
     tb = e.__traceback__
@@ -176,7 +176,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
                 ctx.affine.clear()
                 ret = func(*bound.args, **bound.kwargs)
         except Exception as e:
-            _add_context_note(e, ctx)
+            add_context_note(e, ctx)
             raise
         finally:
             state.kernel = None

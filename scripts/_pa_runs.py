@@ -124,7 +124,7 @@ def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
     if kernel == "per_block":
-        from nki_kernels._nki import nki
+        from nki_kernels.toolchain import nki
         from nki_kernels.baselines.per_block_paged_attention import per_block_paged_attention
         args, T = kernel_inputs(batch, large_tile_size)
         meta = dense_metadata(batch, large_tile_size, packing=False)

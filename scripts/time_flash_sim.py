@@ -79,7 +79,7 @@ def compare_p_transpose(workload: str) -> list[dict]:
     from host.dense.block_tables import active_block_table
     from host.dense.masks import build_attention_mask
     from host.dense.plan import make_plan
-    from nki_kernels._nki import nki, nl
+    from nki_kernels.toolchain import nki, nl
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 
     def kernel_for(mode):

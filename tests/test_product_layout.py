@@ -101,3 +101,74 @@ def test_family_arrow_check_can_fail():
     assert not violations("host.dense.plan", "from host.validation import fail\n"
                                              "from nki_kernels import contract\n")
     assert not violations("host.mla.mla_attention", "from host.scheduled.scheduled import x\n")
+
+
+# ------------------------------------------------------------------ private names stay private
+PRODUCT_DIRS = ("host", "nki_kernels", "nki_sim", "nki_pa_cli", "scripts")
+
+
+def private_imports(module: str, source: str, is_package=lambda m: False) -> list[str]:
+    """Imports in ``module`` of a private name (``_x``, not dunder) that another module defines:
+    ``from m import _x`` (a function, class or constant; a private *module* of the importer's own
+    top-level package is fine), ``import a._x`` / ``from a import _x`` of another package's
+    private module. ``is_package(name)`` tells whether ``name`` is a module (not a function)."""
+    top = module.split(".")[0]
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:          # relative: resolve against the importing module's package
+                pkg = module.split(".")[:-node.level] if module.count(".") else [top]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            for a in node.names:
+                name = a.name
+                if not name.startswith("_") or name.startswith("__"):
+                    if any(p.startswith("_") and not p.startswith("__") for p in base.split(".")[1:]) \
+                            and base.split(".")[0] != top:
+                        bad.append(f"{module}: from {base} import {name}")
+                    continue
+                full = f"{base}.{name}"
+                if is_package(full):
+                    if full.split(".")[0] != top:
+                        bad.append(f"{module}: from {base} import {name} (private module)")
+                else:
+                    bad.append(f"{module}: from {base} import {name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] != top and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+                    bad.append(f"{module}: import {a.name}")
+    return bad
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    base = ROOT.joinpath(*parts)
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file() or \
+        (ROOT / "scripts" / f"{parts[-1]}.py").is_file()
+
+
+def _product_modules():
+    for d in PRODUCT_DIRS:
+        for p in sorted((ROOT / d).rglob("*.py")):
+            rel = p.relative_to(ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            if d == "scripts":          # scripts import each other as top-level modules
+                parts = ("scripts",) + rel.parts[1:]
+            yield ".".join(parts), p
+
+
+def test_no_private_name_is_imported_across_modules():
+    bad = [v for mod, p in _product_modules() for v in private_imports(mod, p.read_text(), _is_module)]
+    assert bad == [], bad
+
+
+def test_private_import_check_can_fail():
+    mod = lambda name: name in ("host._arrays", "nki_sim.engines._x")   # noqa: E731
+    # must fail: a private function of another module, another package's private module
+    assert private_imports("host.attention", "from host.launch import _run\n", mod)
+    assert private_imports("host.launch", "from nki_sim.engines import _x\n", mod)
+    assert private_imports("nki_sim.engines.dma", "from .events import _basic\n", mod)
+    # must pass: public names, the importer's own package's private module, aliases
+    assert not private_imports("host.attention", "from host import _arrays\n"
+                                                 "from host.launch import launch_kernel as _l\n", mod)

@@ -12,7 +12,7 @@ the bytes unchanged. The kernels see a float8_e4m3fn cache through its float8_e4
 (host/fp8.py, docs/attention-variants.md).
 
 ``api``: which NKI API runs the kernel -- "legacy" (``neuronxcc.nki``; trn1), "nki" (the current
-``nki``; trn2 / trn3) or None / "auto" (``nki_kernels._nki.resolve_api``: the installed toolchain,
+``nki``; trn2 / trn3) or None / "auto" (``nki_kernels.toolchain.resolve_api``: the installed toolchain,
 else the simulator target's API); a bad value is a ValueError before anything is written.
 
 All three update the destination cache IN PLACE and validate everything (shapes, dtypes, every
@@ -122,9 +122,9 @@ def _block_layout(name: str, cache: np.ndarray) -> np.ndarray:
 
 
 def resolve_kernel_api(api: Any) -> Any:
-    """``api`` resolved up front (``nki_kernels._nki.resolve_api``: a ValueError naming ``api`` and
+    """``api`` resolved up front (``nki_kernels.toolchain.resolve_api``: a ValueError naming ``api`` and
     the accepted values for a bad one); ``.kernel(family)`` is the family's jitted kernel."""
-    from nki_kernels._nki import resolve_api
+    from nki_kernels.toolchain import resolve_api
 
     return resolve_api(api)
 

@@ -150,7 +150,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         large_tile_size: keys per KV tile, a power of two in [512, 8192].
         backend: "auto" | "sim" | "neuron" (as :func:`host.paged_attention`).
         api: "legacy" | "nki" | None / "auto": the NKI API of the kernel
-            (``nki_kernels._nki.resolve_api``: the installed toolchain, else the simulator
+            (``nki_kernels.toolchain.resolve_api``: the installed toolchain, else the simulator
             target's API), validated with ``host.launch.check_api``.
 
     Returns:

@@ -7,7 +7,7 @@ inserts the kernel into the XLA graph as a custom call (legacy API, SDK 2.21-2.2
 spelling, removed in 2.24). With the current ``nki`` API (trn2 / trn3, torch-neuronx or
 TorchNeuron) a kernel is launched without an SPMD grid (``kernel[lnc]`` takes one number, the
 logical NeuronCore count, which defaults to the environment's) and returns its outputs.
-:func:`launch` does both; the API of a kernel with both is ``nki_kernels._nki.resolve_api``'s.
+:func:`launch` does both; the API of a kernel with both is ``nki_kernels.toolchain.resolve_api``'s.
 
 Kernel choice: the SAME as for CPU tensors. ``paged_attention`` runs the plan that
 ``host.plan_paged_attention`` makes for the batch (``attention_kernel`` as on the CPU: the
@@ -19,7 +19,7 @@ back on the device.
 
 Selection: ``host.serving.torch_ops`` registers the functions here as the ops' XLA kernels. Each call
 first checks :func:`toolchain_status`: torch-neuronx and torch-xla importable AND
-``nki_kernels._nki`` resolved to a real NKI package. If not, ``NotImplementedError`` says what
+``nki_kernels.toolchain`` resolved to a real NKI package. If not, ``NotImplementedError`` says what
 is missing; the call is never routed to the CPU or the simulator behind the caller's back. CPU
 tensors never reach this module.
 
@@ -58,11 +58,11 @@ def toolchain_status() -> tuple[bool, str]:
     missing = [m for m in REQUIRED_MODULES if _find_spec(m) is None]
     if missing:
         return False, f"{', '.join(missing)} not importable"
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
 
-    if _nki.SIMULATED:
+    if toolchain.SIMULATED:
         return False, ("neuronxcc.nki is the nki_sim simulator (neuronx-cc not installed, or "
-                       f"NKI_PA_BACKEND={_nki.BACKEND_REQUEST!r})")
+                       f"NKI_PA_BACKEND={toolchain.BACKEND_REQUEST!r})")
     return True, "torch-neuronx, torch-xla and neuronxcc.nki are importable"
 
 
@@ -81,15 +81,15 @@ def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | Non
     """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)
     and return its output. A legacy-only kernel runs as ``kernel[grid](...)`` (``grid`` None: no
     grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
-    ``nki_kernels._nki.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
+    ``nki_kernels.toolchain.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
     Hkv)``, current ``kernel(...)`` -- one launch at the logical NeuronCore count of the
     environment (``NEURON_LOGICAL_NC_CONFIG``), the kernel looping over its KV heads."""
     from nki_kernels.ops import KernelFamily
 
     if isinstance(kernel, KernelFamily):
-        from nki_kernels import _nki
+        from nki_kernels import toolchain
 
-        chosen = _nki.resolve_api(api)
+        chosen = toolchain.resolve_api(api)
         return chosen.launch(kernel, args, kwargs, num_kv_heads=grid[1], device=True)
     return (kernel[grid] if grid else kernel)(*args, **kwargs)
 

@@ -18,7 +18,7 @@ Args (HBM):
 """
 
 from nki_kernels._assert import kernel_check
-from nki_kernels._nki import nki, nl, nt
+from nki_kernels.toolchain import nki, nl, nt
 
 
 

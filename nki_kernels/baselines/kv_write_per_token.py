@@ -15,7 +15,7 @@ Args (HBM):
 """
 
 from nki_kernels._assert import kernel_check
-from nki_kernels._nki import nki, nisa, nl, nt
+from nki_kernels.toolchain import nki, nisa, nl, nt
 from nki_kernels.ops import legacy as legacy_ops
 from nki_kernels.row_tiles import require_oob_skip
 

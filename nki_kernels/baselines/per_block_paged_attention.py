@@ -30,7 +30,7 @@ import numpy as np
 
 import functools
 
-from nki_kernels._nki import nki, nisa, nl
+from nki_kernels.toolchain import nki, nisa, nl
 from nki_kernels.constants import B_P_SIZE, tile_geometry
 from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 from nki_kernels.tile_ops import pe_transpose_blocks

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels._nki import nl, nisa
+from nki_kernels.toolchain import nl, nisa
 from nki_kernels.constants import B_P_SIZE
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels._nki import nl, nisa
+from nki_kernels.toolchain import nl, nisa
 from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK, STEP_KEYS
 from nki_kernels.tile_ops import pe_transpose_blocks
 

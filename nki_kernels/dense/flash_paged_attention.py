@@ -1,6 +1,6 @@
 """Flash paged attention over a flat (continuous) batch, with vectorized KV-cache loads.
 
-Legacy-NKI kernel (``from nki_kernels._nki import nki, nl, nisa``), launched on the SPMD grid
+Legacy-NKI kernel (``from nki_kernels.toolchain import nki, nl, nisa``), launched on the SPMD grid
 ``[1, Hkv]``: one program per KV head. Interface of vLLM's ``flash_paged_attention`` after
 PR #13245 / #15911 (fused ``kv_cache``); host wrappers live in ``host/attention.py``.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels._nki import nki, nl, nisa
+from nki_kernels.toolchain import nki, nl, nisa
 from nki_kernels.dense.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,

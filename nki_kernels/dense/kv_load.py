@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels._nki import nisa, nl
+from nki_kernels.toolchain import nisa, nl
 from nki_kernels.constants import B_P_SIZE
 from nki_kernels.tile_ops import pe_transpose_blocks
 

@@ -9,7 +9,7 @@ and call its destination-passing ops. Both modules provide the same names; the l
 lowers each op to the call the kernels made before the layer existed (same instructions), the
 current one to the documented ``nisa.op(dst=..., ...)`` form (``.ap()`` / ``vector_offset``
 indirect DMAs, plain ``range`` loops, no ``mask=``, no SPMD grid). Only these two modules (and
-``nki_kernels._nki``, which chooses the API) name ``neuronxcc.nki`` or ``nki``.
+``nki_kernels.toolchain``, which chooses the API) name ``neuronxcc.nki`` or ``nki``.
 
 Interface (``ops`` below is either module; ``dst`` is always written, never returned):
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels._nki import load_current
+from nki_kernels.toolchain import load_current
 
 nki, nl, nisa = load_current()
 

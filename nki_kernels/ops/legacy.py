@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels._nki import nki, nl, nisa
+from nki_kernels.toolchain import nki, nl, nisa
 
 NAME = "legacy"
 
@@ -310,7 +310,7 @@ def engine_names(engine):
 
 # ---- cache kernels: row-tile views of HBM row tensors and in-place arguments -----------------
 # (added for the KV-cache write / block copy / MLA cache kernels; see the ops package docstring)
-from nki_kernels._nki import nt  # noqa: E402
+from nki_kernels.toolchain import nt  # noqa: E402
 
 MUTABLE = nt.mutable_tensor     # annotation of a kernel argument the kernel writes in place
 

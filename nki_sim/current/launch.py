@@ -146,8 +146,8 @@ def run(func, lnc, args, kwargs):
             try:
                 ret = func(*bound.args, **bound.kwargs)
             except Exception as e:
-                from ..runtime import _add_context_note
-                _add_context_note(e, ctx)
+                from ..runtime import add_context_note
+                add_context_note(e, ctx)
                 raise
             finally:
                 state.kernel = None

@@ -73,8 +73,8 @@ def run_cores(func, bound, ctx_args: dict, lnc: int):
             with version.use_nki_version(ver), single_threaded(), np.errstate(all="ignore"):
                 results[core] = func(*bound.args, **bound.kwargs)
         except BaseException as e:           # noqa: BLE001 (re-raised in the caller)
-            from ..runtime import _add_context_note
-            _add_context_note(e, ctx)
+            from ..runtime import add_context_note
+            add_context_note(e, ctx)
             errors[core] = e
             launch.barrier.abort()
         finally:

@@ -60,7 +60,7 @@ def strided(data: np.ndarray, offset: int, shape, strides) -> np.ndarray:
                       strides=tuple(s * isz for s in strides))
 
 
-def _oob(name, dim, lo, hi, n):
+def oob_error(name, dim, lo, hi, n):
     return E.AccessOutOfBoundError(
         f"Out-of-bound access for tensor `{name}` on dimension {dim}: index range [{lo}, {hi}] "
         f"exceed dimension size of {n}.")

@@ -16,7 +16,7 @@ import numpy as np
 from .. import errors as E
 from ..memory import Alloc
 from . import dtypes as T
-from .tensor import Indirect, TensorBase, _oob, contiguous_strides
+from .tensor import Indirect, TensorBase, oob_error, contiguous_strides
 
 
 def _norm_key(t, key):
@@ -50,10 +50,10 @@ def subscript(t, key):
                 raise ValueError("slice step cannot be zero")
             if (step is None or step > 0) and stop is not None and stop > n:
                 lo = 0 if start is None else (start if start >= 0 else start + n)
-                raise _oob(t.name, d, lo, stop - 1, n)
+                raise oob_error(t.name, d, lo, stop - 1, n)
             if start is not None and (start >= n > 0 or start < -n) and (step is None or step > 0) \
                     and not (stop is not None and stop <= start):
-                raise _oob(t.name, d, start, start, n)
+                raise oob_error(t.name, d, start, start, n)
             a, b, c = slice(start, stop, step).indices(n)
             cnt = len(range(a, b, c))
             off += a * s
@@ -75,7 +75,7 @@ def subscript(t, key):
         else:
             i = _int(k, f"index of dim {d}")
             if not -n <= i < n:
-                raise _oob(t.name, d, i, i, n)
+                raise oob_error(t.name, d, i, i, n)
             i %= n
             off += i * s
             if t.onchip:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import trace
 from ..access import Access, read, write
-from .events import _basic_runs, descriptors, free_size
+from .events import basic_runs, descriptors, free_size
 from ..state import state
 from ..tensor import Tensor
 from .common import note_psum_write
@@ -28,7 +28,7 @@ def _contiguous(acc) -> bool:
     """Whether the access's HBM elements, in (partition, free) order, are consecutive."""
     t = acc.t
     if acc.offs is None and t.idx is None:
-        P, run, n = _basic_runs(t)
+        P, run, n = basic_runs(t)
         _, es = t.elem_layout()
         F = run * n
         return n <= 1 and (P == 1 or es[0] == F)

@@ -89,7 +89,7 @@ def tensor_tensor_attrs(alu: str, inputs, nl: bool = False) -> dict:
     return attrs
 
 
-def _basic_runs(t):
+def basic_runs(t):
     """(partitions, run length, runs per partition) of a basic view."""
     _, es = t.elem_layout()
     shape = t.arr.shape
@@ -109,7 +109,7 @@ def descriptors(acc, itemsize: int) -> list:
     """Descriptor sizes (bytes) of one side of a transfer (runs of consecutive elements)."""
     t = acc.t
     if acc.offs is None and acc.valid is None and t.idx is None:
-        P, run, n = _basic_runs(t)
+        P, run, n = basic_runs(t)
         return [run * itemsize] * (P * n)
     offs = acc.offs if acc.offs is not None else t.flat_offsets()
     if offs.ndim == 0:

@@ -36,7 +36,7 @@ def load_module(path: Path, name: str):
     return mod
 
 
-def _rel_err(out, ref) -> float:
+def rel_err(out, ref) -> float:
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if out.shape != ref.shape:
@@ -55,7 +55,7 @@ def nkibench(spec: dict, fetch_ref: Callable[[str], Path]) -> Run:
         expected = ref.forward(*inputs)
         outs = ref.transform_nki_outputs(out, expected)
         exp = expected if isinstance(expected, tuple) else (expected,)
-        return max(_rel_err(o, e) for o, e in zip(outs, exp))
+        return max(rel_err(o, e) for o, e in zip(outs, exp))
     return Run(nki_inputs, check)
 
 
@@ -69,7 +69,7 @@ def matmul_tutorial(spec: dict, fetch_ref=None) -> Run:
 
     def check(out):
         ref = lhs_t[:, rows].astype(np.float64).T @ rhs.astype(np.float64)
-        return _rel_err(np.asarray(out)[rows], ref)
+        return rel_err(np.asarray(out)[rows], ref)
     return Run((lhs_t, rhs), check)
 
 
@@ -96,7 +96,7 @@ def mamba(spec: dict, fetch_ref=None) -> Run:
     a = -rng.uniform(0.5, 1.5, (ch, st)).astype(np.float32)
     b = rng.standard_normal((bsz, st, seq), dtype=np.float32)
     c = rng.standard_normal((bsz, st, seq), dtype=np.float32)
-    return Run((delta, u, a, b, c), lambda out: _rel_err(out, mamba_reference(delta, u, a, b, c)),
+    return Run((delta, u, a, b, c), lambda out: rel_err(out, mamba_reference(delta, u, a, b, c)),
                tolerance=1e-3)
 
 
@@ -113,7 +113,7 @@ def layernorm(spec: dict, fetch_ref=None) -> Run:
     gamma = rng.standard_normal(spec["cols"], dtype=np.float32)
     beta = rng.standard_normal(spec["cols"], dtype=np.float32)
     eps = 1e-5
-    return Run((x, eps, gamma, beta), lambda out: _rel_err(out, layernorm_reference(x, eps, gamma, beta)),
+    return Run((x, eps, gamma, beta), lambda out: rel_err(out, layernorm_reference(x, eps, gamma, beta)),
                tolerance=1e-3)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .builders import Run, _rel_err
+from .builders import Run, rel_err
 
 
 def _kernels():
@@ -45,4 +45,4 @@ def build(spec: dict) -> Run:
     if n < 1:
         raise ValueError(f"instructions must be >= 1; got {n}")
     x = np.random.default_rng(0).standard_normal((128, 1), dtype=np.float32)
-    return Run((x, n), lambda out: _rel_err(out, x))
+    return Run((x, n), lambda out: rel_err(out, x))

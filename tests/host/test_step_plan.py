@@ -209,9 +209,9 @@ def test_api_option_is_validated_once_and_named():
 @pytest.mark.simulation
 def test_run_on_the_current_api_matches_the_legacy_run_bit_for_bit():
     import nki_sim
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
 
-    if not _nki.simulator_has_current():
+    if not toolchain.simulator_has_current():
         pytest.skip("this nki_sim has no current front end")
     q, k, v, cache, bt = _batch(7)
     plan = _plan(bt, mixed_precision=False)

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import host.serving.torch_ops as ops  # noqa: E402
 from host import paged_attention_ref  # noqa: E402
 from host.serving import torch_neuron  # noqa: E402
-from nki_kernels import _nki  # noqa: E402
+from nki_kernels import toolchain  # noqa: E402
 
 pytestmark = pytest.mark.simulation
 
@@ -233,10 +233,10 @@ def test_toolchain_selection(monkeypatch):
     present.add("torch_neuronx")
     assert torch_neuron.toolchain_status() == (False, "torch_xla not importable")
     present.add("torch_xla")
-    monkeypatch.setattr(_nki, "SIMULATED", True)
+    monkeypatch.setattr(toolchain, "SIMULATED", True)
     ok, why = torch_neuron.toolchain_status()
     assert not ok and "nki_sim" in why
-    monkeypatch.setattr(_nki, "SIMULATED", False)
+    monkeypatch.setattr(toolchain, "SIMULATED", False)
     assert torch_neuron.toolchain_status()[0]
 
 
@@ -264,10 +264,10 @@ def simulated_device(monkeypatch):
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
         kw = {k: x.numpy() if isinstance(x, torch.Tensor) else x for k, x in kw.items()}
         if isinstance(kernel, KernelFamily):          # the API choice of the real path
-            out = _nki.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
+            out = toolchain.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
                                                device=False)
         else:
-            out = _nki.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
+            out = toolchain.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
         return torch.from_numpy(np.ascontiguousarray(out))
 
     monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))

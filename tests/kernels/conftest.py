@@ -172,9 +172,9 @@ def on_api(monkeypatch):
     ``api`` ("legacy" | "nki", through ``NKI_PA_API``) for ``target``; returns the target
     context to enter."""
     import nki_sim
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
 
     def set_(api, target="trn2"):
-        monkeypatch.setenv(_nki.API_ENV, api)
+        monkeypatch.setenv(toolchain.API_ENV, api)
         return nki_sim.use_target(target)
     return set_

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "nki_kernels"
-NKI_MODULES = {"ops/legacy.py", "ops/current.py", "_nki.py"}
+NKI_MODULES = {"ops/legacy.py", "ops/current.py", "toolchain.py"}
 LEGACY_ONLY = {"dense/flash_paged_attention.py", "dense/flash_core.py", "dense/kv_load.py",
                "dense/block_tables.py", "cache/kv_cache_update.py", "cache/block_copy.py",
                "cache/mla_cache_update.py", "mla/mla_attention.py", "row_tiles.py", "baselines/per_block_paged_attention.py",
@@ -44,7 +44,7 @@ def test_only_the_api_modules_name_an_nki_package():
         rel = _rel(p)
         for mod, _ in _imports(ast.parse(p.read_text())):
             names_nki = mod == "nki" or mod.startswith("nki.") or mod.startswith("neuronxcc")
-            via_nki = mod == "nki_kernels._nki" and rel not in NKI_MODULES | LEGACY_ONLY
+            via_nki = mod == "nki_kernels.toolchain" and rel not in NKI_MODULES | LEGACY_ONLY
             if (names_nki and rel not in NKI_MODULES) or via_nki:
                 bad.append(f"{rel}: {mod}")
     assert bad == []

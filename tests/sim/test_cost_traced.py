@@ -19,7 +19,7 @@ RTOL = 0.10
 
 
 def _kernel():
-    from nki_kernels._nki import nki, nl
+    from nki_kernels.toolchain import nki, nl
 
     @nki.jit
     def copy_through_sbuf(x):
@@ -59,7 +59,7 @@ def test_traced_128x128_load_is_16_parallel_2kib_reads(sim_only):
 
 def test_traced_strided_load_is_not_merged(sim_only):
     """Half the columns of each row: 128 separate 128 B runs, overhead-bound, no merging."""
-    from nki_kernels._nki import nki, nl
+    from nki_kernels.toolchain import nki, nl
 
     @nki.jit
     def half_columns(x):

@@ -76,7 +76,7 @@ def warn_accumulator_chain(api: str):
                   "instruction (reset_reduce) or use nl.sequential_range", RuntimeWarning, stacklevel=3)
 
 
-def _accumulators():
+def accumulators():
     k = state.kernel
     acc = k.accumulators
     if acc is None:
@@ -85,7 +85,7 @@ def _accumulators():
     return acc
 
 
-def _pvec(x, name, op, P, allow_scalar=True):
+def pvec(x, name, op, P, allow_scalar=True):
     """A per-partition operand: scalar or [P, 1] tile -> fp32 array broadcastable to (P, 1...)."""
     if x is None:
         return None, None
@@ -113,7 +113,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     P = data.shape[0]
     m = mask_array(mask, data.shape) if mask is not None else None
     a = operand(data, "data", _api, m)
-    b, bo = _pvec(bias, "bias", _api, P)
+    b, bo = pvec(bias, "bias", _api, P)
     if bo is not None and bo.is_scalar and tgt.nc_version == "gen2":
         raise E.NkiCompileError(
             f"nisa.{_api}: a scalar bias needs NeuronCore-v3; pass a [{P}, 1] tile "
@@ -130,7 +130,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     if isinstance(scale, Tensor) and scale.dtype != D.float32:
         raise E.NkiCompileError(f"nisa.{_api}: a scale tile must be float32; got {scale.dtype.name} "
                                 "(err_activation_scale_invalid_type)", code="err_activation_scale_invalid_type")
-    s, so = _pvec(scale, "scale", _api, P)
+    s, so = pvec(scale, "scale", _api, P)
     x = D.as_f32(a.v).reshape(P, -1)     # (P, free): (128,) ~ (128, 1)
     z = x * s
     if b is not None:
@@ -152,7 +152,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         cmd = _reduce_cmd(reduce_cmd)
         if reduce_res is not None and cmd == _reduce_cmd.idle:
             cmd = _reduce_cmd.reset_reduce
-        acc = _accumulators()["scalar"]
+        acc = accumulators()["scalar"]
         ov = out if m is None else np.where(m, out, 0 if rname == "add" else np.nan)
         ov = ov.reshape(P, -1)
         part = reduce_values(rname, ov.reshape(P, -1), 1)

@@ -14,14 +14,14 @@ from ...indexing import mask_array
 from ...target import get_target
 from ...tensor import Tensor
 from .constants import reduce_cmd as _reduce_cmd
-from .scalar_vector import _accumulators, _pvec, warn_accumulator_chain
+from .scalar_vector import accumulators, pvec, warn_accumulator_chain
 
 
 def _vector_reduce(cmd, reduce_res, out, P, api):
     cmd = _reduce_cmd(cmd)
     if reduce_res is not None and cmd == _reduce_cmd.idle:
         cmd = _reduce_cmd.reset_reduce
-    acc = _accumulators()["vector"]
+    acc = accumulators()["vector"]
     part = np.max(np.asarray(out, np.float32).reshape(P, -1), axis=1)
     if cmd == _reduce_cmd.reset:
         acc[:P] = -np.inf
@@ -56,7 +56,7 @@ def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
     m = mask_array(mask, dst.shape) if mask is not None else None
     p = operand(predicate, "predicate", "select_reduce", m)
     t = operand(on_true, "on_true", "select_reduce", m)
-    f, fo = _pvec(on_false, "on_false", "select_reduce", P)
+    f, fo = pvec(on_false, "on_false", "select_reduce", P)
     pv = np.asarray(p.v).reshape(dst.shape) != 0
     if reverse_pred:
         pv = ~pv
@@ -88,8 +88,8 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd
     F = free_size(on_true_tile.shape)
     m = mask_array(mask, on_true_tile.shape) if mask is not None else None
     x = operand(on_true_tile, "on_true_tile", "range_select", m)
-    b0, o0 = _pvec(bound0, "bound0", "range_select", P)
-    b1, o1 = _pvec(bound1, "bound1", "range_select", P)
+    b0, o0 = pvec(bound0, "bound0", "range_select", P)
+    b1, o1 = pvec(bound1, "bound1", "range_select", P)
     c0 = ALU[alu_name(comp_op0, "nisa.range_select comp_op0")][0]
     c1 = ALU[alu_name(comp_op1, "nisa.range_select comp_op1")][0]
     idx = (np.float32(range_start) + np.arange(F, dtype=np.float32))[None, :]
@@ -135,7 +135,7 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     m = mask_array(mask, data0.shape) if mask is not None else None
     a = operand(data0, "data0", "tensor_tensor_scan", m)
     b = operand(data1, "data1", "tensor_tensor_scan", m)
-    init, io = _pvec(initial, "initial", "tensor_tensor_scan", P)
+    init, io = pvec(initial, "initial", "tensor_tensor_scan", P)
     f0 = ALU[alu_name(op0, "nisa.tensor_tensor_scan op0")][0]
     f1 = ALU[alu_name(op1, "nisa.tensor_tensor_scan op1")][0]
     x0 = np.asarray(a.v, np.float32).reshape(P, -1)

@@ -288,7 +288,7 @@ def test_simulator_reads_the_e4m3_view_as_ieee_e4m3():
     """What a kernel sees when it loads an e4m3fn cache through its float8_e4m3 view: the 240
     shared patterns decode to the e4m3fn values, the 14 others to inf / NaN -- which is why the
     write saturates at 240."""
-    from nki_kernels._nki import nki, nl
+    from nki_kernels.toolchain import nki, nl
 
     @nki.jit
     def widen(x):

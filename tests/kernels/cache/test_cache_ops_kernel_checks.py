@@ -14,7 +14,7 @@ import pytest
 from host.cache.cache_ops import block_copy_row_pairs, cache_write_row_index
 from nki_kernels.baselines.block_copy_batched import copy_rows_batched
 from nki_kernels.cache.block_copy import copy_cache_blocks, swap_cache_blocks
-from nki_kernels._nki import nisa
+from nki_kernels.toolchain import nisa
 from nki_kernels.baselines.kv_write_per_token import kv_write_per_token
 from nki_kernels.cache.kv_cache_update import kv_cache_update
 from nki_kernels.row_tiles import plan_rows

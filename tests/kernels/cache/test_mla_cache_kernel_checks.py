@@ -12,7 +12,7 @@ import pytest
 
 import nki_sim
 from host.cache.mla_cache import mla_cache_write_row_index
-from nki_kernels._nki import nisa
+from nki_kernels.toolchain import nisa
 from nki_kernels.cache.mla_cache_update import mla_cache_update
 
 pytestmark = pytest.mark.simulation

@@ -35,7 +35,7 @@ def _bench():
 
 
 def _run(kernel, args, hkv, large_tile, target):
-    from nki_kernels._nki import nki
+    from nki_kernels.toolchain import nki
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         out = nki.simulate_kernel(kernel[1, hkv], *args, LARGE_TILE_SZ=large_tile)
     return np.asarray(out), trace

@@ -14,7 +14,7 @@ import pytest
 
 import nki_sim
 from host.attention import flash_attn_varlen_nkifunc
-from nki_kernels._nki import nki
+from nki_kernels.toolchain import nki
 from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
 pytestmark = pytest.mark.simulation
@@ -159,7 +159,7 @@ def test_large_logits_and_custom_scale(batch_factory, check_reference):
 @nki.jit
 def _pe_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
                          mixed_precision=True, LARGE_TILE_SZ=2048):
-    from nki_kernels._nki import nl
+    from nki_kernels.toolchain import nl
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 
     o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
@@ -187,7 +187,7 @@ def test_pe_transpose_path_on_trn2_matches_dma_path(batch_factory, build_kernel_
 @nki.jit
 def _dma_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
                           mixed_precision=True, LARGE_TILE_SZ=2048):
-    from nki_kernels._nki import nl
+    from nki_kernels.toolchain import nl
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 
     o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from host.attention import flash_attn_varlen_nkifunc, paged_attention
-from nki_kernels._nki import nki
+from nki_kernels.toolchain import nki
 from nki_kernels.dense.flash_paged_attention import _check_inputs, flash_paged_attention
 
 pytestmark = pytest.mark.simulation
@@ -149,9 +149,9 @@ def test_dense_kernel_rejects_variants_and_fp8_caches():
 
 
 def test_paged_attention_neuron_backend_needs_the_toolchain():
-    from nki_kernels import _nki
+    from nki_kernels import toolchain
 
-    if not _nki.SIMULATED:
+    if not toolchain.SIMULATED:
         pytest.skip("real neuronxcc active")
     with pytest.raises(RuntimeError, match="backend='neuron' needs the real Neuron toolchain"):
         paged_attention(**_host_args(backend="neuron"))

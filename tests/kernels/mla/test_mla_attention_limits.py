@@ -104,7 +104,7 @@ def _direct_inputs(max_group_blocks, dtype=np.float32):
 def simulate(api, args, inputs=None, **kw):
     """The MLA kernel of ``api`` called directly on the simulator with ``MLAOptions(**kw)``
     (writable argument copies: the current API updates array arguments in place)."""
-    from nki_kernels._nki import resolve_api
+    from nki_kernels.toolchain import resolve_api
     from nki_kernels.mla.mla_attention import MLAOptions, mla_paged_attention as kernel
 
     args = tuple(np.array(a) if isinstance(a, np.ndarray) else a for a in args)
@@ -175,7 +175,7 @@ def test_decode_layout_inputs_are_keywords_and_required(api):
 
 
 def test_kernel_options_must_be_mla_options():
-    from nki_kernels._nki import resolve_api
+    from nki_kernels.toolchain import resolve_api
     from nki_kernels.mla.mla_attention import mla_paged_attention as kernel
 
     args = tuple(np.array(a) for a in _direct_inputs(3)[:-2]) + (128, 3)

@@ -17,7 +17,7 @@ import nki_sim
 from host.reference import paged_attention_ref
 from host.scheduled.schedule import make_schedule
 from host.scheduled.scheduled import build_overlay, kernel_inputs, pack_queries, row_init, unpack_output
-from nki_kernels import _nki
+from nki_kernels import toolchain
 from nki_kernels.scheduled.scheduled_attention import SchedOptions, scheduled_paged_attention
 
 pytestmark = pytest.mark.simulation
@@ -53,7 +53,7 @@ def _launch(batch, s, overlay, classes, LT):
                                          row_init(cls, H, Hkv), batch.kv_cache, overlay)
             opts = SchedOptions(softmax_scale=1.0 / math.sqrt(d), mixed_precision=True,
                                 LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=s.partial_tile_size)
-            o = _nki.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args, options=opts,
+            o = toolchain.nki.simulate_kernel(scheduled_paged_attention[1, Hkv], *args, options=opts,
                                          **inputs)
             unpack_output(cls, np.asarray(o), out)
     return out, trace
@@ -279,5 +279,5 @@ def test_kernel_checks_the_partial_tile_size(ltp, match, batch_factory):
     args, inputs = kernel_inputs(cls, pack_queries(cls, batch.query, 2), row_init(cls, H, 2),
                                  batch.kv_cache, overlay)
     with pytest.raises(ValueError, match=match):
-        _nki.nki.simulate_kernel(scheduled_paged_attention[1, 2], *args, **inputs,
+        toolchain.nki.simulate_kernel(scheduled_paged_attention[1, 2], *args, **inputs,
                                  options=SchedOptions(LARGE_TILE_SZ=2048, PARTIAL_TILE_SZ=ltp))

@@ -13,7 +13,7 @@ import nki_sim
 from host.reference import paged_attention_ref
 from host.scheduled.scheduled import build_overlay, launch_args, pack_queries, unpack_output
 from host.step_plan import plan_paged_attention
-from nki_kernels._nki import resolve_api
+from nki_kernels.toolchain import resolve_api
 from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
 
 pytestmark = pytest.mark.simulation

@@ -13,7 +13,7 @@ import pytest
 import nki_sim
 from host.attention import paged_attention
 from host.reference import paged_attention_ref
-from nki_kernels import _nki
+from nki_kernels import toolchain
 
 pytestmark = [pytest.mark.simulation,
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
@@ -84,20 +84,20 @@ def test_two_core_launches_from_a_thread_pool_are_bit_identical(on_api, batch_fa
 
 
 def _api(name, target):
-    return _nki.Api(name, True, target)
+    return toolchain.Api(name, True, target)
 
 
 def test_the_platform_default_and_the_environment_choose_the_lnc(monkeypatch):
-    monkeypatch.delenv(_nki.LNC_ENV, raising=False)
+    monkeypatch.delenv(toolchain.LNC_ENV, raising=False)
     assert _api("nki", "trn2").lnc(None, 8) == 2          # trn2's default LNC=2
     assert _api("legacy", "trn1").lnc(None, 8) == 1
     assert _api("nki", "trn2").lnc(None, 3) == 1          # an odd Hkv cannot be split
     assert _api("legacy", "trn2").lnc(None, 8) == 2       # nl.nc places programs on cores
     assert _api("nki", "trn2").lnc(1, 8) == 1
-    monkeypatch.setenv(_nki.LNC_ENV, "1")
+    monkeypatch.setenv(toolchain.LNC_ENV, "1")
     assert _api("nki", "trn2").lnc(None, 8) == 1
     assert _api("nki", "trn2").lnc(2, 8) == 2             # the argument wins
-    monkeypatch.setenv(_nki.LNC_ENV, "4")
+    monkeypatch.setenv(toolchain.LNC_ENV, "4")
     with pytest.raises(ValueError, match="NEURON_LOGICAL_NC_CONFIG must be 1 or 2; got '4'"):
         _api("nki", "trn2").lnc(None, 8)
 
@@ -107,7 +107,7 @@ def test_the_platform_default_and_the_environment_choose_the_lnc(monkeypatch):
     ("nki", "trn2", 3, "cannot split a launch over 3 KV head"),
 ])
 def test_two_cores_where_they_cannot_run_is_refused(monkeypatch, name, target, hkv, match):
-    monkeypatch.delenv(_nki.LNC_ENV, raising=False)
+    monkeypatch.delenv(toolchain.LNC_ENV, raising=False)
     with pytest.raises(NotImplementedError, match=match):
         _api(name, target).lnc(2, hkv)
     with pytest.raises(ValueError, match="lnc must be 1 or 2; got 3"):
