@@ -194,6 +194,7 @@ def breakdown_text(bds: dict, markdown: bool = False) -> str:
 
 
 def skipped_text(skipped) -> str:
+    skipped = [s for s in skipped if s["targets"]]     # (a skip on no target says nothing)
     if not skipped:
         return "Nothing skipped."
     return "\n".join(f"* {s['workload']} / {s['kernel']} on {', '.join(s['targets'])}: "

@@ -11,7 +11,7 @@ hardware: every time printed here is MODELED (docs/cost-model.md).
 
 Workloads (S decode sequences, 1 new token each, equal contexts):
     plain 4K / plain 32K       no option, context 4096 / 32768
-    window 4K @ 32K            sliding_window=4096 at context 32768 (should cost about plain 4K)
+    window 4K @ 32K            sliding_window=4096 at context 32768 (sees what plain 4K sees)
     fp8 e4m3fn 4K / 32K        float8_e4m3fn cache with per-head k_scale / v_scale, bf16 queries
     fp8 e5m2 4K                the same with a float8_e5m2 cache
     soft-cap / sinks / ALiBi   one option each at context 4096 (overhead vs plain 4K)
@@ -287,8 +287,12 @@ on hardware.
   operands as they are (K^T by identity matmuls, V in the PV matmul); only a partial item's
   bf16 overlay rows take extra TensorE work (their own transposes and PV products). Where DMA is
   the busiest engine (trn1, long contexts) the saving shows almost in full; where the compute
-  engines are nearly as busy (trn2 at 4K) less of it does. fp8 rows of b' = 16 tokens are 2 KiB
-  descriptors (bf16: 4 KiB), a little less efficient per byte.
+  engines are nearly as busy (trn2 at 4K) less of it does. On trn2's current API a bf16 cache's
+  K^T comes by indirect DMA transpose (2-byte dtypes only), while an fp8 cache's K^T still takes
+  the identity matmuls and their PSUM copies, so there fp8 can cost more than bf16 at short
+  contexts.
+  fp8 rows of b' = 16 tokens are 2 KiB descriptors (bf16: 4 KiB), a little less efficient per
+  byte.
 * The batch shares one pool of physical cache blocks among its sequences (the kernel gathers by
   index; modeled costs do not depend on the aliasing). `--quick` uses fewer sequences and heads;
   modeled times scale with sequences x KV heads, the ratios do not.

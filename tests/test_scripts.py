@@ -185,3 +185,36 @@ def test_bench_variants_rows_per_target_and_api(load_script, monkeypatch):
     assert plain32 == {"legacy": 2.0, "nki": 2.0}
     text = m.findings(rows)
     assert "**trn2, legacy API**" in text and "**trn2, nki API**" in text
+
+
+def test_bench_api_parity_pairs_the_apis_of_each_benchmark(load_script, tmp_path, capsys):
+    m = load_script("bench_api_parity")
+    pa = {"command": "python scripts/bench_paged_attention.py --api both", "rows": [
+        dict(workload="d", block_size=32, kernel="scheduled", target=t, api=a, lnc=n, modeled_us=us)
+        for t, a, n, us in (("trn2", "nki", 1, 75.0), ("trn2-legacy", "legacy", 1, 100.0),
+                            ("trn2-lnc2", "nki", 2, 40.0), ("trn2-lnc2-legacy", "legacy", 2, 50.0),
+                            ("trn1", "legacy", 1, 90.0))] + [
+        dict(workload="d", block_size=32, kernel="dense", target="trn2", api="legacy", lnc=1,
+             modeled_us=300.0)]}
+    mla = {"script": "bench_mla.py", "rows": [
+        dict(workload="m", H=16, entry_size=576, target="trn2", api=a, modeled_us=us)
+        for a, us in (("legacy", 10.0), ("nki", 11.0))] + [
+        dict(workload="m", H=16, entry_size=640, target="trn2", api="nki", modeled_us=9.0)]}
+    files = []
+    for name, doc in (("pa", pa), ("mla", mla)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    md = tmp_path / "parity.txt"
+    assert m.main([*map(str, files), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "| paged attention (scheduled) | d, B=32 | 100.0 | 75.0 | 0.750 |" in text
+    assert "| paged attention (scheduled) | d, B=32, LNC 2 | 50.0 | 40.0 | 0.800 |" in text
+    assert "| MLA decode | m, H=16, entry 576 | 10.0 | 11.0 | 1.100 |" in text
+    assert "0.750 - 1.100; the current API is slower on 1 of them. (1 row(s) ran on one API" in text
+    assert "dense" not in text and "trn1" not in text
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"script": "bench_host_prep.py", "rows": []}))
+    with pytest.raises(SystemExit) as e:
+        m.main([str(bad)])
+    assert e.value.code == 2 and "not the JSON of a benchmark with an --api axis" in \
+        capsys.readouterr().err

@@ -277,7 +277,8 @@ def test_report_from_two_processes_merges_their_rows(tmp_path, tiny_rows, capsys
     assert bench.main(["--table-from", str(a), str(b), "--markdown", str(md)]) == 0
     text = md.read_text()
     assert "CPU time 3.0 min (2 single-threaded processes side by side, merged" in text
-    assert "wall time 1.5 min" in text and "`run a & run b`" in text
+    assert "wall time 1.5 min" in text and "`run a & run b, then python scripts/bench_paged_" \
+        f"attention.py --table-from {a} {b} --markdown {md}`" in text
     order = [(line.split("|")[1].strip(), line.split("|")[3].strip())
              for line in text.split("## All rows")[1].splitlines() if line.startswith("| tiny")]
     assert order == [("tiny_decode", "trn1"), ("tiny_decode", "trn2"),
@@ -286,3 +287,13 @@ def test_report_from_two_processes_merges_their_rows(tmp_path, tiny_rows, capsys
     with pytest.raises(SystemExit) as e:
         bench.main(["--table-from", str(a), str(b)])
     assert e.value.code == 2 and "has commit 'fffffff'" in capsys.readouterr().err
+
+
+def test_a_one_target_plan_skips_nothing_on_no_target(load_script):
+    """--targets trn1: the trn2-only workload is skipped once ('all'), not once per kernel too."""
+    bench = load_script("bench_paged_attention")
+    wls = bench.make_workloads(quick=False)
+    jobs, skipped = bench.sweep_plan(wls, ["trn1"], list(bench.KERNELS), quick=False)
+    assert all(s["targets"] for s in skipped)
+    assert [s["kernel"] for s in skipped if s["workload"] in bench.TRN2_ONLY] == ["all"]
+    assert not any(w.name in bench.TRN2_ONLY for w, *_ in jobs)
