@@ -12,6 +12,11 @@ the kernel does, wasted or not; it appears only as a labelled secondary column.
     python scripts/bench_paged_attention.py --quick
     python scripts/bench_paged_attention.py --json full.json --markdown docs/bench-scheduled.md \\
         --plot docs/bench-scheduled.png --breakdown
+    # the same sweep as two processes (one per target), then one report from both JSON files:
+    python scripts/bench_paged_attention.py --targets trn1 --breakdown --json trn1.json &
+    python scripts/bench_paged_attention.py --targets trn2 --breakdown --json trn2.json; wait
+    python scripts/bench_paged_attention.py --table-from trn1.json trn2.json --breakdown \\
+        --markdown docs/bench-scheduled.md --plot docs/bench-scheduled.png
 
 Kernels (scripts/_pa_runs.py): scheduled (host default), dense (GQA packing "auto"), per_block
 (the dense kernel with one DMA per cache block). H=32, Hkv=8, d=128, bf16 queries and cache,
@@ -150,6 +155,34 @@ def run_sweep(jobs, want_breakdown=(), progress=True):
     return rows, bds
 
 
+def merge_docs(docs: list, names: list) -> dict:
+    """One report document from the JSON documents of several processes of the same sweep
+    (e.g. one per --targets): rows in the order one process would have written them (workload,
+    then target; the block-size rows last), skipped / breakdowns joined, CPU seconds summed,
+    wall seconds the longest process's. The documents must agree on the commits, quick and the
+    head counts (ValueError naming the file that differs)."""
+    if len(docs) == 1:
+        return docs[0]
+    first = docs[0]
+    for name, d in zip(names[1:], docs[1:]):
+        for key in ("commit", "code_commit", "quick", "heads"):
+            if d.get(key) != first.get(key):
+                raise ValueError(f"--table-from: {name} has {key} {d.get(key)!r}, but {names[0]} "
+                                 f"has {first.get(key)!r}; merge runs of one sweep only")
+    rows = [r for d in docs for r in d["rows"]]
+    order = {}
+    for r in rows:
+        order.setdefault(r["workload"], len(order))
+    block = max(set(r["block_size"] for r in rows), key=[r["block_size"] for r in rows].count)
+    rows.sort(key=lambda r: (r["block_size"] != block, order[r["workload"]],
+                             r["target"].split("-")[0]))
+    return dict(first, rows=rows, skipped=[s for d in docs for s in d.get("skipped", [])],
+                breakdowns={k: v for d in docs for k, v in d.get("breakdowns", {}).items()},
+                wall_seconds=max(d.get("wall_seconds", 0) for d in docs),
+                cpu_seconds=sum(d.get("cpu_seconds", 0) for d in docs), processes=len(docs),
+                command=" & ".join(d.get("command", "") for d in docs))
+
+
 def require_matplotlib() -> None:
     """Fail BEFORE the sweep when --plot cannot be honoured."""
     try:
@@ -173,14 +206,19 @@ def main(argv=None) -> int:
                     help="physical cores per launch of the scheduled kernel on trn2")
     ap.add_argument("--workloads", nargs="+", metavar="NAME", help="subset of workload names")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--table-from", metavar="JSON", help="only render the report of a --json file")
+    ap.add_argument("--table-from", metavar="JSON", nargs="+",
+                    help="only render the report of --json file(s); several: the processes of one "
+                         "sweep (e.g. one per target), merged")
     a = ap.parse_args(argv)
     if not a.table_from:
         check_api_targets(ap, a.api, a.targets)
     if a.plot:
         require_matplotlib()
     if a.table_from:
-        doc = json.loads(Path(a.table_from).read_text())
+        try:
+            doc = merge_docs([json.loads(Path(f).read_text()) for f in a.table_from], a.table_from)
+        except ValueError as exc:
+            ap.error(str(exc))
     else:
         wls = make_workloads(a.quick)
         if a.workloads:

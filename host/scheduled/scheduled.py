@@ -81,12 +81,15 @@ def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int,
     tok, g = cls.row_token, cls.row_head
     real = tok >= 0
     heads = np.arange(num_kv_heads)[:, None] * G + np.where(real, g, 0)[None, :]
-    packed = query[np.where(real, tok, 0)[None, :], heads]        # (Hkv, n, d): one gather
+    # without scales the gather and the transpose move raw bytes (``item_queries``)
+    src = query if k_scale is not None else query.view(f"u{query.dtype.itemsize}")
+    packed = src[np.where(real, tok, 0)[None, :], heads]          # (Hkv, n, d): one gather
     packed[:, ~real] = 0
     if k_scale is not None:
         packed = (packed.astype(np.float32) * k_scale[:, None, None]).astype(query.dtype)
     packed = packed.reshape(num_kv_heads, cls.num_blocks, cls.rows, d).transpose(0, 1, 3, 2)
-    return np.ascontiguousarray(packed.reshape(num_kv_heads * cls.num_blocks * d, cls.rows))
+    out = np.ascontiguousarray(packed.reshape(num_kv_heads * cls.num_blocks * d, cls.rows))
+    return out.view(query.dtype)
 
 
 def row_init(cls: ClassSchedule, num_heads: int, num_kv_heads: int, *, sinks=None,
@@ -135,11 +138,14 @@ def item_queries(cls: ClassSchedule, query_t: np.ndarray, phase,
         return None
     rows, nblk = cls.rows, cls.num_blocks
     d = query_t.shape[0] // (num_kv_heads * nblk)
-    q4t = query_t.reshape(num_kv_heads, nblk, d, rows).transpose(0, 2, 1, 3)   # (Hkv, d, nblk, rows)
+    # the gather moves raw bytes (an unsigned view of the same width: NumPy's strided copies of
+    # ml_dtypes' bfloat16 / fp8 are per-element loops); zero bits are 0.0 in every float dtype
+    raw = query_t.view(f"u{query_t.dtype.itemsize}")
+    q4t = raw.reshape(num_kv_heads, nblk, d, rows).transpose(0, 2, 1, 3)   # (Hkv, d, nblk, rows)
     blk = phase.item_block
     sel = q4t[:, :, np.maximum(blk, 0)]          # one gather, already in the output order
     sel[:, :, blk < 0] = 0
-    return sel.reshape(num_kv_heads * d, blk.shape[0] * rows)
+    return sel.reshape(num_kv_heads * d, blk.shape[0] * rows).view(query_t.dtype)
 
 
 def item_row_init(cls: ClassSchedule, q_init: np.ndarray, phase, num_kv_heads: int) -> np.ndarray:

@@ -35,7 +35,7 @@ _ALU = {"add": nl.add, "subtract": nl.subtract, "multiply": nl.multiply, "maximu
         "minimum": nl.minimum, "max": nl.maximum, "less": nl.less, "equal": nl.equal,
         "greater": nl.greater}
 _ACT = {"exp": nl.exp, "tanh": nl.tanh, "abs": nl.abs, "relu": nl.relu, "copy": nl.copy}
-_FLOAT_NAMES = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2")
+_FLOAT_NAMES = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2", "float8_e4m3fn")
 
 
 def jit(fn):
@@ -158,7 +158,26 @@ def iota(dst, *, step, offset=0, partition_step=0):
 
 
 def copy(dst, src, engine=None):
+    """``dst = src`` (cast to ``dst``'s dtype). ``engine=None`` places it as the legacy API's
+    ``nl.copy`` is placed, off VectorE: between float tiles on ScalarE as
+    ``activation(op=nl.copy)`` (the documented ScalarE copy on every NeuronCore version; fp32
+    in between, exact for float data); an integer copy of one dtype between SBUF tiles on GpSimd
+    (``tensor_copy``, bit-exact; ScalarE's fp32 path would round 32-bit values above 2^24); any
+    other a VectorE ``tensor_copy`` (GpSimd has no PSUM access)."""
+    if engine is None:
+        if _is_float(src.dtype) and _is_float(dst.dtype):
+            nisa.activation(dst=dst, op=nl.copy, data=src)
+            return
+        if src.dtype == dst.dtype and src.buffer != nl.psum and dst.buffer != nl.psum:
+            nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.gpsimd)
+            return
     nisa.tensor_copy(dst=dst, src=src, **_engine_kw(engine))
+
+
+def _is_float(dtype):
+    from nki_kernels.ops import dtype_name
+
+    return dtype_name(dtype) in _FLOAT_NAMES
 
 
 def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):

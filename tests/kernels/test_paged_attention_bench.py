@@ -262,3 +262,27 @@ def test_rows_of_the_non_default_api_are_labelled(tiny_rows, load_script):
     dense = runs.make_row(w, 16, "trn2", "dense", trace, 0.0, {"mask_bytes": 0, "index_bytes": 0},
                           TINY, api="legacy")
     assert dense["target"] == "trn2"
+
+
+def test_report_from_two_processes_merges_their_rows(tmp_path, tiny_rows, capsys, load_script):
+    """--table-from a.json b.json: the processes of one sweep (split by target) give one report,
+    rows back in workload order; documents of different commits are refused (exit 2)."""
+    bench = load_script("bench_paged_attention")
+    rows = [r for *_, r in tiny_rows if r["kernel"] == "scheduled"]
+    trn1 = [dict(r, target="trn1") for r in rows]
+    a, b, md = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "report.txt"
+    a.write_text(json.dumps(_doc(trn1) | {"cpu_seconds": 60.0, "command": "run a"}))
+    b.write_text(json.dumps(_doc(rows) | {"cpu_seconds": 120.0, "wall_seconds": 90.0,
+                                          "command": "run b"}))
+    assert bench.main(["--table-from", str(a), str(b), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "CPU time 3.0 min (2 single-threaded processes side by side, merged" in text
+    assert "wall time 1.5 min" in text and "`run a & run b`" in text
+    order = [(line.split("|")[1].strip(), line.split("|")[3].strip())
+             for line in text.split("## All rows")[1].splitlines() if line.startswith("| tiny")]
+    assert order == [("tiny_decode", "trn1"), ("tiny_decode", "trn2"),
+                     ("tiny_mixed", "trn1"), ("tiny_mixed", "trn2")]
+    b.write_text(json.dumps(_doc(rows) | {"commit": "fffffff"}))
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--table-from", str(a), str(b)])
+    assert e.value.code == 2 and "has commit 'fffffff'" in capsys.readouterr().err

@@ -85,14 +85,30 @@ def test_matches_reference(case, batch_factory, check_reference):
         check_reference(batch, mixed_precision=case["mixed"], large_tile_size=LT)
 
 
+SWEEP_BLOCKS, SWEEP_TILES = [1, 4, 16, 32, 64, 128, 256], [512, 2048, 8192]
+
+
 def _sweep():
-    for B, LT, heads in itertools.product([1, 4, 16, 32, 64, 128, 256], [512, 2048, 8192], HEADS):
-        yield pytest.param(B, LT, heads, id=f"b{B}_t{LT}_{heads}")
+    """Every (block size, tile) pair in both compute modes; the head configuration rotates over
+    the pairs (offset by half a turn between the modes), so each head configuration meets every
+    tile size and both modes. (The pairwise matrix above covers the remaining combinations.)"""
+    keys = list(HEADS)
+    for i, (B, LT) in enumerate(itertools.product(SWEEP_BLOCKS, SWEEP_TILES)):
+        for mixed, shift, tag in ((True, 0, "mixed"), (False, len(keys) // 2, "fp32")):
+            heads = keys[(i + i // len(SWEEP_TILES) + shift) % len(keys)]
+            yield pytest.param(B, LT, heads, mixed, id=f"b{B}_t{LT}_{heads}_{tag}")
+
+
+def test_sweep_covers_every_pair_and_head_configuration():
+    cases = [p.values for p in _sweep()]
+    assert {(b, t, m) for b, t, _, m in cases} == set(
+        itertools.product(SWEEP_BLOCKS, SWEEP_TILES, [True, False]))
+    assert {(h, t) for _, t, h, _ in cases} == set(itertools.product(HEADS, SWEEP_TILES))
+    assert {(h, m) for _, _, h, m in cases} == set(itertools.product(HEADS, [True, False]))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block_size, tile, heads", list(_sweep()))
-@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "fp32"])
+@pytest.mark.parametrize("block_size, tile, heads, mixed", list(_sweep()))
 def test_sweep_matches_reference(block_size, tile, heads, mixed, batch_factory, check_reference):
     H, Hkv, d = HEADS[heads]
     q, c = _lens(block_size + tile, 2, 6, max_q=64, max_ctx=1200)
