@@ -154,8 +154,11 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
     if (fname == "add" and isinstance(other, Tensor) and other.fresh == "pe"
             and t.buffer == "psum"):
         _check_psum_acc_dtype(other, t, "matmul accumulate")
-        vals, _ = read(other, op="matmul accumulate")
-        write(t, vals, op="matmul accumulate", accumulate=True, exempt=True)
+        # a masked matmul accumulates only its unmasked (written) elements into PSUM
+        pm = other.pmask
+        m = pm if pm is not None and pm.shape == tuple(other.shape) == tuple(t.shape) else None
+        vals, _ = read(other, m, op="matmul accumulate")
+        write(t, vals, m, op="matmul accumulate", accumulate=True, exempt=True)
         other.fresh = False
         src = other
     else:

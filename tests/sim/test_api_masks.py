@@ -168,3 +168,78 @@ def test_mutable_input_returned_inside_a_tuple(rng):
     np.testing.assert_array_equal(out, -x)
     np.testing.assert_array_equal(acc_out, ref)
     np.testing.assert_array_equal(acc, ref)
+
+
+@nki.jit
+def masked_matmul_k(a_t, b, *, rows, cols, m_rows, m_cols):
+    """out[:m_rows, :m_cols] = (a_t.T @ b) over a stationary tile with only its first ``rows``
+    columns written and a moving tile with only its first ``cols`` columns written; the matmul
+    is masked to output rows < m_rows and columns < m_cols."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((m_rows, m_cols), dtype=nl.float32, buffer=nl.shared_hbm)
+    i_k = nl.arange(K)[:, None]
+    i_m = nl.arange(M)[None, :]
+    i_n = nl.arange(N)[None, :]
+    i_p = nl.arange(M)[:, None]
+    st = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    mv = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    st[i_k, i_m] = nl.load(a_t[i_k, i_m], mask=(i_m < rows))
+    mv[i_k, i_n] = nl.load(b[i_k, i_n], mask=(i_n < cols))
+    ps = nisa.nc_matmul(st[i_k, i_m], mv[i_k, i_n], mask=(i_p < m_rows) & (i_n < m_cols))
+    res = nl.copy(ps[0:m_rows, 0:m_cols], dtype=nl.float32)
+    nl.store(out, value=res)
+    return out
+
+
+def test_masked_nc_matmul_reads_only_the_operand_columns_its_outputs_use(rng, sim_only, rejects):
+    """A masked-off output row / column reads no stationary / moving column (NKI masking: the
+    predicate controls whether the instruction executes for an element): the never-written
+    operand columns beyond the mask are not read; one column more is an uninitialized read."""
+    import nki_sim.errors
+
+    a_t = rng.standard_normal((64, 128)).astype(np.float32)
+    b = rng.standard_normal((64, 512)).astype(np.float32)
+    ref = a_t.astype(np.float64).T @ b.astype(np.float64)
+    out = nki.simulate_kernel(masked_matmul_k, a_t, b, rows=100, cols=192, m_rows=100, m_cols=192)
+    np.testing.assert_allclose(out, ref[:100, :192], rtol=1e-4, atol=1e-4)
+    with rejects(nki_sim.errors.UninitializedReadError, match="nc_matmul"):
+        nki.simulate_kernel(masked_matmul_k, a_t, b, rows=100, cols=192, m_rows=100, m_cols=193)
+    with rejects(nki_sim.errors.UninitializedReadError, match="nc_matmul"):
+        nki.simulate_kernel(masked_matmul_k, a_t, b, rows=100, cols=192, m_rows=101, m_cols=192)
+
+
+@nki.jit
+def masked_matmul_acc_k(a_t, b, *, cols, m_cols, store_cols):
+    """psum[:, :m_cols] += a_t.T @ b over two K halves, the matmuls masked to columns < m_cols
+    (the moving tile has only its first ``cols`` columns written); store ``store_cols`` columns."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, store_cols), dtype=nl.float32, buffer=nl.shared_hbm)
+    i_k = nl.arange(K // 2)[:, None]
+    i_m = nl.arange(M)[None, :]
+    i_n = nl.arange(N)[None, :]
+    acc = nl.zeros((M, N), dtype=nl.float32, buffer=nl.psum)
+    for h in nl.affine_range(2):
+        st = nl.load(a_t[h * (K // 2) + i_k, i_m])
+        mv = nl.ndarray((K // 2, N), dtype=nl.float32, buffer=nl.sbuf)
+        mv[i_k, i_n] = nl.load(b[h * (K // 2) + i_k, i_n], mask=(i_n < cols))
+        acc[...] += nisa.nc_matmul(st, mv[i_k, i_n], mask=(i_n < m_cols))
+    res = nl.copy(acc[:, 0:store_cols], dtype=nl.float32)
+    nl.store(out, value=res)
+    return out
+
+
+def test_masked_nc_matmul_accumulates_only_its_unmasked_elements(rng, sim_only, rejects):
+    """psum += masked nc_matmul updates the unmasked elements only: the accumulator keeps its
+    zeros elsewhere; an unmasked column whose moving column was never written still fails."""
+    import nki_sim.errors
+
+    a_t = rng.standard_normal((128, 64)).astype(np.float32)
+    b = rng.standard_normal((128, 512)).astype(np.float32)
+    ref = a_t.astype(np.float64).T @ b.astype(np.float64)
+    out = nki.simulate_kernel(masked_matmul_acc_k, a_t, b, cols=192, m_cols=192, store_cols=256)
+    np.testing.assert_allclose(out[:, :192], ref[:, :192], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[:, 192:], 0.0)
+    with rejects(nki_sim.errors.UninitializedReadError, match="nc_matmul"):
+        nki.simulate_kernel(masked_matmul_acc_k, a_t, b, cols=192, m_cols=193, store_cols=256)

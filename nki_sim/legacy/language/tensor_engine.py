@@ -46,6 +46,16 @@ def _as2d(t: Tensor, op, pname):
     return (t.shape[0], math.prod(t.shape[1:]))
 
 
+def _operand_mask(m, axis, shape, shape2d):
+    """Elements of a matmul operand (``shape``, read as ``shape2d`` [K, F]) that the unmasked
+    outputs read: column f of the operand for every output along the other axis (``axis``
+    reduced away: 1 for the stationary's M rows, 0 for the moving's N columns); None = all."""
+    if m is None:
+        return None
+    cols = m.any(axis=axis)
+    return np.broadcast_to(cols[None, :], shape2d).reshape(tuple(shape))
+
+
 def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname="stationary",
                 mname="moving", fresh="pe", name=""):
     """out[M, N] = stationary[K, M].T @ moving[K, N] in fp32 (PSUM tile)."""
@@ -71,8 +81,9 @@ def matmul_core(op, stationary, moving, *, mask=None, out_dtype=D.float32, sname
             f"{stationary.dtype.name} and {moving.dtype.name}")
     out_shape = (s_shape[1], m_shape[1])
     m = mask_array(mask, out_shape) if mask is not None else None
-    a = operand(stationary, sname, op, None, require_sbuf=True)
-    b = operand(moving, mname, op, None, require_sbuf=True)
+    # a masked-off output row / column reads no stationary column / moving column (any K)
+    a = operand(stationary, sname, op, _operand_mask(m, 1, stationary.shape, s_shape), require_sbuf=True)
+    b = operand(moving, mname, op, _operand_mask(m, 0, moving.shape, m_shape), require_sbuf=True)
     _warn_int_precision(op, a)
     _warn_int_precision(op, b)
     sa = D.as_f32(a.v).reshape(s_shape)
