@@ -72,6 +72,9 @@ BLOCK_TABLE_BUDGET_BYTES = 64 * 1024
 # Usable SBUF: trn1 (gen2) 192 KiB minus the 16 KiB compiler reserve; trn2 (gen3)
 # nl.tile_size.total_available_sbuf_size.
 SBUF_USABLE = {"gen2": 180224, "gen3": 212984}
+# Cache-write kernels (reshape_and_cache, the MLA cache write): the largest row one partition
+# holds; the host splits block-KV token rows above it into (token, head) rows.
+CACHE_WRITE_MAX_ROW_BYTES = 16 * 1024
 
 
 # ---- tile geometry ----------------------------------------------------------------------------

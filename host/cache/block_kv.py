@@ -31,13 +31,14 @@ import numpy as np
 
 from host._arrays import is_torch_tensor, to_numpy
 from host.validation import check_float_array, check_slot_mapping, fail
+from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 
 __all__ = ["is_block_kv", "check_pair", "inplace_array", "kv_dims", "cached_tokens",
            "fused_from_block_kv", "block_kv_from_fused", "check_new_kv", "block_kv_row_index",
            "reshape_and_cache_blocks", "block_kv_layers"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
-MAX_ROW_BYTES = 16 * 1024           # the kernel's largest row (nki_kernels.cache.kv_cache_update)
+MAX_ROW_BYTES = CACHE_WRITE_MAX_ROW_BYTES     # the write kernel's largest row
 
 
 def is_block_kv(kv_cache: Any) -> bool:

@@ -78,6 +78,7 @@ value overflows to inf / NaN. Four compute instructions per tile; DMA counts as 
 row_scale load per chunk (and one for the tail tile).
 """
 
+from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.ops import KernelFamily
 from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows, require_oob_skip
@@ -90,7 +91,7 @@ KERNEL_BLOCKS = "kv_cache_update_blocks"
 # usable per partition (trn1 / trn2) leaves room for the compiler to double-buffer chunks.
 CHUNK_BUDGET_BYTES = 32 * 1024
 # Largest row (d * itemsize) we put in one partition; head sizes are <= 512 in practice.
-MAX_ROW_BYTES = 16 * 1024
+MAX_ROW_BYTES = CACHE_WRITE_MAX_ROW_BYTES
 
 
 def _fp8_saturation(ops, dtype):

@@ -45,6 +45,7 @@ Pseudocode:
     tail tile (rem tokens): the same with token 128 * n_tiles + p
 """
 
+from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.ops import KernelFamily, dtype_name
 from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows, require_oob_skip
@@ -54,7 +55,7 @@ KERNEL = "mla_cache_update"
 # Per-partition SBUF bytes for one chunk's entries + indices (as nki_kernels.cache.kv_cache_update).
 CHUNK_BUDGET_BYTES = 32 * 1024
 # Largest written entry part ((R + P) * itemsize) one partition holds.
-MAX_ROW_BYTES = 16 * 1024
+MAX_ROW_BYTES = CACHE_WRITE_MAX_ROW_BYTES
 
 
 def _build(ops):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import host.cache.block_kv as hbk
 import host.dense.block_tables as hb
 import host.dense.plan as hp
 import host.scheduled.schedule as hs
@@ -51,3 +52,10 @@ def test_schedule_metadata_follows_the_contract_layout():
             mf = phase.meta_f.reshape(128, phase.items, lay.kf)
             assert (mf[:, :phase.real_items, lay.reset] >= 0).all()
             assert mf[0, 0, lay.reset] == 1.0                     # a group starts at item 0
+
+
+def test_cache_write_row_limit_is_the_contracts_on_both_sides():
+    import nki_kernels.cache.kv_cache_update as kw
+    import nki_kernels.cache.mla_cache_update as mw
+    for value in (hbk.MAX_ROW_BYTES, kw.MAX_ROW_BYTES, mw.MAX_ROW_BYTES):
+        assert value is contract.CACHE_WRITE_MAX_ROW_BYTES
