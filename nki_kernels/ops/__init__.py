@@ -20,7 +20,8 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      kernel function itself (outputs must be created at its top level):
                      ndarray(shape, dtype=dt, buffer=SHARED_HBM | PRIVATE_HBM); views: ds(start, size) (a slice),
                      free_view(t, ((step, count), ...), col0) (strided / broadcast free dims;
-                     step 0 broadcasts), bitcast(t, dt)
+                     step 0 broadcasts), bitcast(t, dt), filled_as_words(shape, dt, fill) (a
+                     1- or 2-byte tile written through its float32 view)
     loops, programs  static_range / parallel_range / sequential_range (legacy: nl.static_range /
                      affine_range / sequential_range; current: range); kv_heads(Hkv): the
                      KV heads this program runs (legacy: its SPMD program; current: all of them

@@ -73,6 +73,15 @@ def bitcast(t, dtype):
     return t.view(dtype)
 
 
+def filled_as_words(shape, dtype, fill):
+    """A new SBUF tile ``shape`` of ``dtype`` (1 or 2 bytes; ``shape[1]`` a whole number of
+    32-bit words) written through its float32 view: ``fill(words)`` writes the (P, words) view.
+    The tile itself is returned (not a view), so it takes ``.ap`` access patterns as any tile."""
+    t = sbuf(shape, dtype)
+    fill(t.view(nl.float32))
+    return t
+
+
 def free_view(t, dims, col0=0):
     """View of a 2-D on-chip tile ``t`` (P, F): partitions kept, free dims ``dims`` =
     ``((step, count), ...)`` in elements from column ``col0``; step 0 broadcasts. An ``.ap``

@@ -64,6 +64,18 @@ def bitcast(t, dtype):
     return t.view(dtype)
 
 
+def filled_as_words(shape, dtype, fill):
+    """A new SBUF tile ``shape`` of ``dtype`` (1 or 2 bytes; ``shape[1]`` a whole number of
+    32-bit words) written through its float32 view: ``fill(words)`` writes the (P, words) view.
+    Here the float32 tile is allocated and filled first, then viewed as ``dtype`` (the legacy
+    front end views written tiles only)."""
+    from nki_kernels.ops import itemsize
+
+    words = sbuf((shape[0], shape[1] * itemsize(dtype) // 4), nl.float32)
+    fill(words)
+    return words.view(dtype)
+
+
 def free_view(t, dims, col0=0):
     """View of a 2-D on-chip tile ``t`` (P, F): partitions kept, free dims ``dims`` =
     ``((step, count), ...)`` from column ``col0``; a step-0 dim is a size-1 dim here (NumPy

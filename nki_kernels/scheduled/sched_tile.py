@@ -45,8 +45,9 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     """K and V rows of the item's tile (the phase's geometry), ``(128, nL * b' * d)`` each, and
     the overlay rows when they live in tiles of their own: ``(k_rows, v_rows, k_ov, v_ov)``.
     With :func:`keys_by_dma` ``k_rows`` is the tile's K^T ``(d, W)`` instead (column order of
-    :func:`transpose_keys`; masked items: zeroed first; full items: ``kv_tiles[0]``), written
-    by one indirect DMA transpose per load and per overlay load.
+    :func:`transpose_keys`; ``kv_tiles[0]``, the phase's persistent K^T tile: columns no DMA of
+    the item writes are only read by masked-away scores), written by one indirect DMA transpose
+    per load and per overlay load.
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
     zeroed tile (masked items: rows no DMA writes must be exact zeros) or ``kv_tiles``, the
@@ -70,7 +71,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     direct = cfg.fp8_direct
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
-        k_t = _zeroed(ops, (cfg.d, geo.W), kd, "gpsimd") if masked else kv_tiles[0]
+        k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
         # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
         v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
         for l in ops.static_range(nL):
@@ -111,13 +112,12 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
 
 
 def _zeroed(ops, shape, dtype, engine):
-    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1-byte (fp8) tile with
-    an even free size is zeroed as its 16-bit view (all-zero bits either way): half the elements
-    to write."""
-    if itemsize(dtype) == 1 and shape[1] % 2 == 0:
-        t = ops.sbuf((shape[0], shape[1] // 2), ops.bfloat16)
-        fill_zero(ops, t, engine)
-        return ops.bitcast(t, dtype)
+    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1- or 2-byte tile whose
+    free size fills whole 32-bit words is zeroed as its float32 view (``ops.filled_as_words``;
+    all-zero bits either way): a half (16-bit) or a quarter (fp8) of the elements to write."""
+    per_word = 4 // itemsize(dtype)
+    if per_word > 1 and shape[1] % per_word == 0:
+        return ops.filled_as_words(shape, dtype, lambda words: fill_zero(ops, words, engine))
     t = ops.sbuf(shape, dtype)
     fill_zero(ops, t, engine)
     return t

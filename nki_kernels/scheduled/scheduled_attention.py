@@ -216,6 +216,13 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
         rw_all = phase.geo.nL * phase.geo.bp * d
         k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else (P, rw_all)    # K^T / K
         kv_tiles = (ops.zeros(k_shape, phase.kv.dtype), ops.zeros((P, rw_all), phase.kv.dtype))
+    elif keys_by_dma(ops, cfg, phase):
+        # Masked items with K^T by DMA transpose: one K^T tile for the phase, zeroed once.
+        # Columns an item's DMAs skip keep an earlier item's keys (or NaN garbage), which
+        # only ever reach scores of keys no row sees: the mask SELECTS those away (the QK
+        # matmul contracts over channels, so a column never mixes into another key's score).
+        # V stays zeroed per item (P = 0 times a stale NaN would not be 0).
+        kv_tiles = (ops.zeros((d, phase.geo.W), cfg.kd), None)
     for ch in ops.sequential_range(phase.items // chunk):
         mi = ops.sbuf((P, chunk * ki), ops.int32)
         ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])
