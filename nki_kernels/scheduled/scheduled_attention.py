@@ -168,17 +168,18 @@ def _group_tiles(ops, cfg, q_dtype):
     st = ops.sbuf((rows, blocks * sw), f32)
     init = ops.sbuf((rows, blocks * sw), f32)
     al = ops.sbuf((rows, blocks * 2), f32)
-    for j in ops.parallel_range(blocks):
-        ops.memset(init[:, ops.ds(j * sw, d)], 0.0)
-        ops.memset(init[:, ops.ds(j * sw + d, 1)], -M_FLOOR)
-        ops.memset(init[:, ops.ds(j * sw + d + 1, 1)], 0.0)
-    ops.memset(al, 0.0)
-    ops.copy(st, init)
+    # every block's (o, -m, l) = (0, -M_FLOOR, 0): a whole-tile memset, then the -m column of
+    # each block, on GpSimd (idle here; VectorE / ScalarE carry the steps)
+    for t in (init, st):
+        ops.memset(t, 0.0, engine="gpsimd")
+        for j in ops.parallel_range(blocks):
+            ops.memset(t[:, ops.ds(j * sw + d, 1)], -M_FLOOR, engine="gpsimd")
+    ops.memset(al, 0.0, engine="gpsimd")
     q_raw = []
     for k in ops.static_range(cfg.nd):
         dk = min(P, d - k * P)
         qr = ops.sbuf((dk, blocks * rows), q_dtype)
-        ops.memset(qr, 0.0)
+        ops.memset(qr, 0.0, engine="gpsimd")
         q_raw.append(qr)
     return GroupTiles(st=st, init=init, al=al, q_raw=tuple(q_raw))
 
