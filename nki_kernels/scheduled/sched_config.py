@@ -174,11 +174,12 @@ class GroupTiles:
 class Constants:
     """Static tiles built once per kernel: key indices per phase (``kidx[masked]``: full, partial),
     the decode
-    constants, the identities of an fp8 cache."""
+    constants, the identities of an fp8 cache, the partial phase's additive-mask diagonal."""
 
     kidx: tuple
     consts: Any
     eye: Any
+    mask_eye: Any = None      # partial query-rows items: sched_core.mask_eye_tile, or None
 
 
 @dataclass(frozen=True)

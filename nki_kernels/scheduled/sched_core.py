@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS, PSUM_BANK_F32
-from nki_kernels.tile_ops import transpose_blocks
+from nki_kernels.ops import dtype_name
+from nki_kernels.tile_ops import identity_tile, transpose_blocks
 
 P = PARTITIONS
 # Keys of one key block of a masked NeuronCore-v3 step (range_select works per 128-key block).
@@ -67,12 +68,41 @@ class KVTile:
     :func:`key_index_tile`); ``v_rows`` SBUF ``(128, ...)`` with V chunk u (keys ``u*128 + p``
     in column order) at columns ``[u*v_stride, u*v_stride + d)``; ``v_overlay`` None or a second
     V tile of ``v_rows``' layout added into every PV product; ``kidx`` the key-index tile of
-    masked / ALiBi steps (:func:`key_index_tile` or ``sched_decode.key_index_columns``) or None."""
+    masked / ALiBi steps (:func:`key_index_tile` or ``sched_decode.key_index_columns``) or None;
+    ``mask_eye`` None or :func:`mask_eye_tile` (masked query-rows steps then add their mask to
+    the scores on TensorE, :func:`additive_mask_ok`)."""
 
     k_t: Any
     v_rows: Any
     v_overlay: Any = None
     kidx: Any = None
+    mask_eye: Any = None
+
+
+# The mask_eye diagonal: every masked key has a distance of at least 1/2 past its row's bounds
+# (bounds sit on half-integers), so its score moves by at most 2 * NEG_MASK * 1/2 = NEG_MASK.
+MASK_EYE_VALUE = 2.0 * NEG_MASK
+
+
+def additive_mask_ok(ops, cfg: "StepConfig") -> bool:
+    """Whether masked query-rows steps of ``cfg`` may add their mask to the scores in PSUM
+    (TensorE: :func:`mask_eye_tile` times the keys' distances past the row's bounds) instead of
+    a VectorE select: no soft-cap (the mask must follow the tanh), no range_select path (NeuronCore-v3
+    selects and reduces in one pass), and a kernel dtype with fp32's exponent range (bfloat16
+    or float32: the diagonal ``MASK_EYE_VALUE`` must be finite). The caller guarantees that every
+    key of the tile has a finite score (K rows no DMA writes are zeros)."""
+    return (cfg.soft_cap is None
+            and not (cfg.tiled_block_size is not None and ops.has_range_select())
+            and dtype_name(cfg.kernel_dtype) in ("bfloat16", "float32"))
+
+
+def mask_eye_tile(ops, rows, dtype):
+    """SBUF ``(rows, rows)`` in ``dtype``: ``MASK_EYE_VALUE`` on the diagonal, 0 elsewhere (the
+    stationary operand that adds ``MASK_EYE_VALUE * R`` onto a scores PSUM tile)."""
+    eye = identity_tile(ops, rows, ops.float32)
+    out = ops.sbuf((rows, rows), dtype)
+    ops.tensor_scalar(out, eye, "multiply", MASK_EYE_VALUE)
+    return out
 
 
 def key_index_tile(ops, rows, loads, tiled_block_size):
@@ -105,7 +135,11 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     On NeuronCore-v3 (``ops.has_range_select()``) with ``cfg.tiled_block_size``, a masked step
     selects and takes the row max in ONE VectorE pass per 128-key block (``range_select``: in
     each block the keys a row sees are an interval of p) instead of a distance pass, a select
-    pass and a max pass.
+    pass and a max pass. With ``tile.mask_eye`` (:func:`additive_mask_ok`) a masked step adds
+    ``MASK_EYE_VALUE * R`` to the scores on TensorE instead, ``R`` = the distance of each key
+    past the row's bounds (0 for a key the row sees, >= 1/2 otherwise; one ScalarE relu pass, two
+    with a window): a masked score is then <= NEG_MASK (+ the score), and the max is the plain
+    PSUM reduce.
 
     Pseudocode:
         S = q^T k  (PSUM, 512 columns per chunk; summed over channel slices)
@@ -132,6 +166,10 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                        tile.k_t[k][:, ops.ds(k0 + c * PSUM_BANK_F32, PSUM_BANK_F32)],
                        accumulate=k > 0)
         src.append(ps)
+    ranged = (bounds is not None and cfg.tiled_block_size is not None and ops.has_range_select())
+    if bounds is not None and not ranged and tile.mask_eye is not None and cfg.soft_cap is None:
+        _add_mask(ops, src, bounds, kidx, k0, width, rows, cfg.windowed, tile.mask_eye)
+        bounds = None           # the scores are masked already
     # Step 2: optional ALiBi bias (ScalarE + VectorE pass), soft-cap (one ScalarE pass) and mask
     # (ScalarE |t - c| + 2 VectorE passes).
     if alibi is not None:
@@ -144,7 +182,6 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
             biased.append(b_c)
         src = biased
     n_k = width // P
-    ranged = (bounds is not None and cfg.tiled_block_size is not None and ops.has_range_select())
     mx = None
     if ranged:
         src, mx = _range_masked(ops, src, bounds, kidx, k0, n_k, rows, cfg.tiled_block_size,
@@ -207,6 +244,31 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                        accumulate=u > 0 or i > 0)
     # Step 6: state update.
     update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
+
+
+def _add_mask(ops, src, bounds, kidx, k0, width, rows, windowed, mask_eye):
+    """Masked step with :func:`mask_eye_tile`: ``R = relu(kidx - (c + r))`` (no window) or
+    ``relu(|kidx - c| - r)`` on ScalarE in ``mask_eye``'s dtype (0 stays 0 and a distance
+    >= 1/2 stays >= 1/2 under any rounding), then per 512-key chunk one matmul adds ``mask_eye^T R`` =
+    ``MASK_EYE_VALUE * R`` onto the chunk's scores in PSUM (a visible key gets exactly +0)."""
+    f32 = ops.float32
+    far = ops.sbuf((rows, width), mask_eye.dtype)
+    keys = kidx[:, ops.ds(k0, width)]
+    if windowed:
+        neg_c = ops.sbuf((rows, 1), f32)
+        ops.tensor_scalar(neg_c, bounds[0], "multiply", -1.0)
+        neg_r = ops.sbuf((rows, 1), f32)
+        ops.tensor_scalar(neg_r, bounds[1], "multiply", -1.0)
+        dist = ops.sbuf((rows, width), f32)
+        ops.activation(dist, "abs", keys, bias=neg_c, scale=1.0)
+        ops.activation(far, "relu", dist, bias=neg_r, scale=1.0)
+    else:       # every row's range starts at or before the tile: only t >= c + r + 1/2 is masked
+        neg_top = ops.sbuf((rows, 1), f32)
+        ops.tensor_scalar(neg_top, bounds[0], "add", bounds[1], op1="multiply", operand1=-1.0)
+        ops.activation(far, "relu", keys, bias=neg_top, scale=1.0)
+    for c in ops.static_range(len(src)):
+        ops.matmul(src[c], mask_eye, far[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)],
+                   accumulate=True)
 
 
 def _range_masked(ops, src, bounds, kidx, k0, n_k, rows, bp, soft_cap):

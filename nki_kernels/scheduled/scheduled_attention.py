@@ -49,7 +49,8 @@ from nki_kernels.ops import KernelFamily
 from nki_kernels.scheduled.sched_config import (KERNEL, MAX_D, Chunk, Constants, GroupTiles,  # noqa: F401
                                       Inputs, Phase, SchedConfig, SchedOptions, cache_dims,
                                       configure)
-from nki_kernels.scheduled.sched_core import KVTile, key_index_tile
+from nki_kernels.scheduled.sched_core import (KVTile, additive_mask_ok, key_index_tile,
+                                              mask_eye_tile)
 from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
 from nki_kernels.scheduled.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
 from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys
@@ -199,7 +200,14 @@ def _constants(ops, cfg):
     eye = None
     if cfg.fp8_direct:      # identity matmuls transpose fp8 K rows (and the overlay rows)
         eye = (identity_tile(ops, P, cfg.full.kv.dtype), identity_tile(ops, P, cfg.kd))
-    return Constants(kidx=tuple(kidx), consts=consts, eye=eye)
+    mask_eye = None
+    part = cfg.partial
+    if (part.items > 0 and not part.keys_on_partitions and not keys_by_dma(ops, cfg, part)
+            and additive_mask_ok(ops, cfg.step_config(part))):
+        # masks added on TensorE: every key of a partial tile has a finite score (the K tile is
+        # zeroed before its gathers, sched_tile.gather_kv)
+        mask_eye = mask_eye_tile(ops, cfg.rows, cfg.kd)
+    return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye)
 
 
 def _run_phase(ops, cfg, ins, phase, head, tiles, const):
@@ -292,7 +300,8 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
                           op1="subtract", operand1=al[:, ops.ds(j * 2 + 1, 1)])
         return slope, off
 
-    tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)])
+    tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)],
+                  mask_eye=const.mask_eye if masked else None)
     fold_tile(ops, cfg.fold_config(phase, keys_by_dma(ops, cfg, phase)), qs, tile, st, mf, cf, consts=const.consts,
               chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial

@@ -266,6 +266,33 @@ def test_masked_prefill_steps_select_and_reduce_in_one_pass_on_trn2(target, batc
         assert n_sel == 0
 
 
+@pytest.mark.parametrize("variant", ["causal", "window", "softcap"])
+def test_masked_prefill_steps_add_the_mask_on_tensore_on_trn1(variant, batch_factory):
+    """NeuronCore-v2 masked query-rows steps with a bf16 kernel dtype and no soft-cap add their
+    mask to the scores on TensorE (sched_core.additive_mask_ok): one (128 x 128) x (128 x 512)
+    matmul per 512-key chunk, no VectorE select in the steps; causal and windowed masks match
+    the float64 reference. With a soft-cap the mask must follow the tanh: the steps select on
+    VectorE and issue no mask matmul (the other side)."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(3, [300, 1], [200, 700], H=4, Hkv=2, d=16, block_size=16, dtype=BF16)
+    kw = {"causal": {}, "window": dict(sliding_window=150),
+          "softcap": dict(logits_soft_cap=2.0)}[variant]
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              mixed_precision=True, large_tile_size=512, **kw)
+    ref = paged_attention_ref(*batch.args(), **kw)
+    assert np.abs(np.asarray(out, np.float32) - ref).max() < 3e-2
+    mask_mm = [e for e in trace.events if e.op == "nc_matmul"
+               and tuple(map(tuple, e.in_shapes)) == ((P, P), (P, 512))]
+    steps = [e for e in trace.events if e.engine == "vector" and e.op in ("where", "select")
+             and e.src_loc[0] == "legacy.py" and e.free_elems == 512]
+    if variant == "softcap":
+        assert not mask_mm and steps
+    else:
+        assert mask_mm and not steps
+
+
 @pytest.mark.parametrize("ltp, match", [(1000, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (4096, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (512, r"overlay.shape must be \(2, Hkv\*R_ov, b'_p\*d\)")])
