@@ -23,12 +23,26 @@ from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE
 from nki_kernels.scheduled.sched_core import KVTile, StepConfig, flash_step
 from nki_kernels.scheduled.sched_decode import decode_step
 
-# P^T copy engines of 128-row blocks (query-rows steps) when the caller does not choose: on
-# NeuronCore-v2 all on ScalarE (VectorE, the slower engine there, carries the row max and the
-# mask select); on v3, two of every three on ScalarE and one on VectorE (range_select makes the
-# masked max one VectorE pass, so VectorE has room for a third of the copies).
-P_EVAC_GEN2 = "scalar"
-P_EVAC_GEN3 = ("scalar", "scalar", "vector")
+# P^T copy engines of 128-row blocks (query-rows steps; four copies of 512 keys per 2048-key
+# step, cycled) when the caller does not choose, by NeuronCore generation and step kind: what
+# balances VectorE (the row max; the mask select where there is one) against ScalarE (the
+# exponentials; the mask distances) under the cost model (MODELED). On v2 full steps put one
+# copy in four on VectorE, masked steps whose mask TensorE adds (sched_core.additive_mask_ok)
+# every other one, masked steps that select on VectorE none; on v3 range_select and the max keep
+# VectorE the busier engine, so every copy is on ScalarE.
+P_EVAC_GEN2 = ("scalar", "scalar", "scalar", "vector")
+P_EVAC_GEN2_ADDITIVE = ("vector", "scalar")
+P_EVAC_GEN2_SELECT = "scalar"
+P_EVAC_GEN3 = "scalar"
+
+
+def default_p_evac(nc_gen, *, masked, additive):
+    """The P^T copy engines of a 128-row query-rows step (see ``P_EVAC_*``)."""
+    if nc_gen != "gen2":
+        return P_EVAC_GEN3
+    if not masked:
+        return P_EVAC_GEN2
+    return P_EVAC_GEN2_ADDITIVE if additive else P_EVAC_GEN2_SELECT
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     partition by a ones matmul. Otherwise ``sched_core.flash_step`` per block, block j's bounds in
     fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``. ``alibi_of(j)``: None or a function
     giving block j's ``(slope, off)`` ``(rows, 1)`` tiles (in the decode layout broadcast along
-    the free axis first). P^T copies of 128-row blocks default to P_EVAC_GEN2 / P_EVAC_GEN3 when
+    the free axis first). P^T copies of 128-row blocks default to :func:`default_p_evac` when
     ``fc.step.p_evac`` is None.
     """
     rows, blocks, d = fc.rows, fc.blocks, fc.step.d
@@ -129,8 +143,8 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
         return
     step = fc.step
     if step.p_evac is None and rows == P:
-        step = dataclasses.replace(step, p_evac=P_EVAC_GEN3 if ops.nc_gen() == "gen3"
-                                   else P_EVAC_GEN2)
+        step = dataclasses.replace(step, p_evac=default_p_evac(
+            ops.nc_gen(), masked=fc.masked, additive=tile.mask_eye is not None))
     for j in ops.static_range(blocks):
         bounds = None
         if fc.masked:
