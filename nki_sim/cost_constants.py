@@ -50,6 +50,13 @@ class HardwareConstants:
     dma_desc_overhead_ns: float = _c(
         "ns", ESTIMATE, "chosen = 256 B / bw_engine, so a 256 B descriptor runs at 50% and a"
         " 4 KiB one at 94% (guide: <256 B overhead-bound, >=4 KiB near peak)")
+    dma_small_descriptor_bytes: float = _c(
+        "B", DOC, "DMA bandwidth guide: >= 2 KiB of contiguous data per partition is the minimum"
+        " recommended (256 B - 2 KiB: 'improving but still below peak')")
+    dma_small_descriptor_efficiency: float = _c(
+        "x", FIT, "byte rate of a descriptor below dma_small_descriptor_bytes, as a fraction of"
+        " the engine bandwidth; trn1: AWS matmul tutorial tiled / hoist_load / block_free kernels"
+        " (256 B and 1 KiB rows, about 100 GB/s measured), one publication; trn2 assumed alike")
     dma_semaphore_bytes: int = _c(
         "B", DOC, "DMA overview: every engine writes a 4 B semaphore per transfer")
     dma_fixed_latency_ns: float = _c(
@@ -96,8 +103,10 @@ class HardwareConstants:
 
     def descriptor_efficiency(self, nbytes: float) -> float:
         """Fraction of the engine bandwidth reached by back-to-back descriptors of nbytes."""
-        t_data = nbytes / self.dma_engine_bw_bytes_per_ns
-        return t_data / (t_data + self.dma_desc_overhead_ns)
+        t_ideal = nbytes / self.dma_engine_bw_bytes_per_ns
+        slow = nbytes < self.dma_small_descriptor_bytes
+        t_data = t_ideal / self.dma_small_descriptor_efficiency if slow else t_ideal
+        return t_ideal / (t_data + self.dma_desc_overhead_ns)
 
 
 TRN1 = HardwareConstants(
@@ -106,7 +115,8 @@ TRN1 = HardwareConstants(
     transpose_fp32_factor=4.0, min_ii_cycles=64.0, activation_reduce_extra_cycles=64.0,
     reciprocal_factor=3.5, gpsimd_start_cycles=150.0, vector_perf_mode_factor=1.0,
     dma_engines=16, partitions_per_dma_engine=8, dma_engine_bw_bytes_per_ns=17.0,
-    dma_desc_overhead_ns=256 / 17.0, dma_semaphore_bytes=4, dma_fixed_latency_ns=1300.0,
+    dma_desc_overhead_ns=256 / 17.0, dma_small_descriptor_bytes=2048.0,
+    dma_small_descriptor_efficiency=0.45, dma_semaphore_bytes=4, dma_fixed_latency_ns=1300.0,
     dma_inflight=4.0, hwdge_ns_per_instruction=0.0, swdge_cores=8,
     swdge_cycles_per_descriptor=18.0, dma_transpose_efficiency_hbm=0.5,
     dma_transpose_efficiency_sbuf=0.5, hbm_bw_bytes_per_ns=410.0, overlap_inefficiency=0.1,

@@ -71,11 +71,16 @@ def _resolve(case: dict, mirror):
         fn, text = own_kernels.kernel(k["own"]), (HERE / "evidence" / "own_kernels.py").read_bytes()
         run = builder(spec)
     else:
-        path = sources.fetch(k["repo"], k["commit"], k["path"], mirror=mirror)
+        def fetch(p, commit=None):          # a file of the kernel's repository (its commit by default)
+            return sources.fetch(k["repo"], commit or k["commit"], p, mirror=mirror)
+        path = fetch(k["path"])
         text = path.read_bytes()
-        mod = builders.load_module(path, "evidence_" + hashlib.sha1(str(path).encode()).hexdigest()[:8])
-        fn = getattr(mod, k["function"])
-        run = builder(spec, lambda p: sources.fetch(k["repo"], k["commit"], p, mirror=mirror))
+        run = builder(spec, fetch)
+        if run.load_kernel is not None:     # built by the builder (e.g. a factory in a package)
+            fn = run.load_kernel(path, k["function"])
+        else:
+            mod = builders.load_module(path, "evidence_" + hashlib.sha1(str(path).encode()).hexdigest()[:8])
+            fn = getattr(mod, k["function"])
     # the dependency checker changes no event: a trace saved with it off is the same trace
     sim_key = {k: v for k, v in case.get("sim_config", {}).items() if k != "check_dependencies"}
     key = hashlib.sha1(text + json.dumps([TRACE_FORMAT, spec, case["target"], sim_key],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import math
 
+import ml_dtypes
 import numpy as np
 
 from ... import dtypes as D
@@ -116,7 +117,13 @@ class LoopReduce:
     """The result of ``nl.loop_reduce(x, op, loop_indices)``: assigned into its accumulator tile,
     ``acc[...] = nl.loop_reduce(x, op=np.add, loop_indices=[k])``, it updates
     ``acc = op(acc, x)`` (the documented equivalent ``nisa.tensor_tensor(data1=acc, data2=x,
-    op)``: the destination is also an input). Any other use is an error."""
+    op)``: the destination is also an input). Any other use is an error.
+
+    An accumulator region no earlier instruction wrote starts the reduction: its value is taken
+    as the identity of ``op``, so the first iteration stores ``x`` (NKIBench's compiler-generated
+    kernels reduce into never-initialised SBUF this way and match NumPy on trn1; nki_sim/README.md,
+    "Fidelity to AWS's legacy kernels", rule 7). A region only partly written is an
+    ``UninitializedReadError``."""
 
     __slots__ = ("x", "alu", "dtype", "mask")
     nki_loop_reduce = True
@@ -134,11 +141,56 @@ class LoopReduce:
         if not dst.onchip:
             raise E.MemorySpaceError(
                 f"nl.loop_reduce accumulates into an on-chip tile; {dst.name} is in {dst.buffer}")
+        m = mask_array(self.mask, dst.shape) if self.mask is not None else None
+        if _starts_reduction(dst, m):
+            # the first iteration: the accumulator holds op's identity (exempt like the update)
+            write(dst, np.asarray(_identity(self.alu, dst.dtype)), m, op="loop_reduce", exempt=True)
         res = binary(self.alu, dst, self.x, dtype=self.dtype, mask=self.mask, op="loop_reduce")
         vals, _ = read(res, res.pmask, op="loop_reduce")
         write(dst, vals, res.pmask, op="loop_reduce", exempt=True)
         res.fresh = False
         trace.note_write(dst.alloc.id, res.alloc.id)
+
+
+def _starts_reduction(dst: Tensor, mask) -> bool:
+    """Whether this ``nl.loop_reduce`` starts the reduction of ``dst``'s region: none of the
+    elements it reads (``mask``: the masked-in ones) was ever written. False when all were; a
+    mix is reported as an uninitialized read (``config.uninitialized`` decides how)."""
+    from ...access import uninitialized
+    from ...positions import Access
+    w = dst.alloc.written
+    if w is None:                       # the whole allocation is written
+        return False
+    wv = Access(dst, mask).gather(w)
+    if mask is not None:
+        wv = wv | ~mask                 # masked-out elements are not read
+        if not mask.any():
+            return False
+    if wv.all():
+        return False
+    if not (wv if mask is None else wv & mask).any():
+        return True
+    uninitialized(dst, wv, "nl.loop_reduce into a partly written accumulator (a never-written "
+                           "accumulator starts the reduction; a partly written one reads the "
+                           "unwritten elements)")
+    return False
+
+
+def _identity(alu: str, dtype) -> object:
+    """The identity of ``alu`` in ``dtype`` (for max / min: -/+inf, or the dtype's extreme value
+    where it has no infinity, e.g. integers and float8_e4m3fn)."""
+    if alu == "add":
+        return 0
+    if alu == "multiply":
+        return 1
+    sign = -1 if alu == "maximum" else 1
+    if D.is_int(dtype):
+        info = np.iinfo(dtype)
+        return info.min if sign < 0 else info.max
+    if np.isinf(np.float32(sign * np.inf).astype(dtype)):
+        return sign * np.inf
+    info = ml_dtypes.finfo(dtype)
+    return info.min if sign < 0 else info.max
 
 
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
