@@ -72,10 +72,8 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
         k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
-        v_rows = kv_tiles[1]
-        if masked:      # a copy of the phase's zero tile (kv_tiles[1])
-            v_rows = ops.sbuf((P, nL * rw), cdt)
-            ops.copy(v_rows, kv_tiles[1], engine="vector")
+        # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
+        v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=src.leads[0], col0=l * P * geo.bp, step=src.step,

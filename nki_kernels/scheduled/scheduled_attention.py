@@ -221,10 +221,8 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
         # Columns an item's DMAs skip keep an earlier item's keys (or NaN garbage), which
         # only ever reach scores of keys no row sees: the mask SELECTS those away (the QK
         # matmul contracts over channels, so a column never mixes into another key's score).
-        # V stays zeroed per item (P = 0 times a stale NaN would not be 0): copied from a zero
-        # tile of the phase (a 16-bit SBUF copy: VectorE's 4x mode on trn2).
-        rw_all = phase.geo.nL * phase.geo.bp * d
-        kv_tiles = (ops.zeros((d, phase.geo.W), cfg.kd), ops.zeros((P, rw_all), phase.kv.dtype))
+        # V stays zeroed per item (P = 0 times a stale NaN would not be 0).
+        kv_tiles = (ops.zeros((d, phase.geo.W), cfg.kd), None)
     for ch in ops.sequential_range(phase.items // chunk):
         mi = ops.sbuf((P, chunk * ki), ops.int32)
         ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])
