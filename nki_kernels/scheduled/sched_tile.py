@@ -76,7 +76,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     if keys_by_dma(ops, cfg, phase):
         k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
         # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
-        v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
+        v_rows = zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
@@ -88,11 +88,11 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
                 ops.gather(v_rows[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l, lead=(1,))
         return k_t, v_rows, None, None
     if masked:
-        k_rows = _zeroed(ops, (P, nL * rw), cdt, "gpsimd")
-        v_rows = _zeroed(ops, (P, nL * rw), cdt, "vector")
+        k_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
+        v_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
         if direct:
-            k_ov = _zeroed(ops, (P, nL * rw), kd, "gpsimd")
-            v_ov = _zeroed(ops, (P, nL * rw), kd, "vector")
+            k_ov = zeroed(ops, (P, nL * rw), kd, "gpsimd")
+            v_ov = zeroed(ops, (P, nL * rw), kd, "gpsimd")
     else:
         k_rows, v_rows = kv_tiles
     same = dtype_name(overlay.dtype) == dtype_name(cdt)
@@ -114,7 +114,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     return k_rows, v_rows, k_ov, v_ov
 
 
-def _zeroed(ops, shape, dtype, engine):
+def zeroed(ops, shape, dtype, engine):
     """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1- or 2-byte tile whose
     free size fills whole 32-bit words is zeroed as its float32 view (``ops.filled_as_words``;
     all-zero bits either way): a half (16-bit) or a quarter (fp8) of the elements to write."""
