@@ -25,7 +25,7 @@ def fill_zero(ops, dst, engine):
 
 
 def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac=None,
-                     src_stride=None):
+                     src_stride=None, bank_cols=PSUM_BANK_F32):
     """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.
 
     Dimensions:
@@ -43,15 +43,18 @@ def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac
             compiler's choice. Float data only on ScalarE (it copies through fp32). A tuple of
             names is cycled over the copies (copy u uses ``evac[u % len]``).
         src_stride: source columns between the starts of consecutive blocks (default block_w).
+        bank_cols: columns per partition of one PSUM bank in the transpose's PSUM dtype
+            (``ops.transpose_psum_dtype``): PSUM_BANK_F32 (fp32, the default) or twice that for
+            a 16-bit PSUM dtype (NeuronCore-v3), which halves the copies.
 
     Effect:
         ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*stride : +block_w].T`` for u < n_blocks.
-        Up to ``512 // Ps`` transposes share one PSUM tile (<= one 2 KiB bank per partition; the
-        dtype ``ops.transpose_psum_dtype``), evacuated by one copy: ceil(n_blocks / (512 // Ps))
-        copies.
+        Up to ``bank_cols // Ps`` transposes share one PSUM tile (<= one 2 KiB bank per partition;
+        the dtype ``ops.transpose_psum_dtype``), evacuated by one copy: ceil(n_blocks /
+        (bank_cols // Ps)) copies.
     """
     Ps = src.shape[0]
-    per_bank = max(1, PSUM_BANK_F32 // Ps)
+    per_bank = max(1, bank_cols // Ps)
     n_full, rem = divmod(n_blocks, per_bank)
     engines = evac if isinstance(evac, tuple) else (evac,)
     stride = block_w if src_stride is None else src_stride

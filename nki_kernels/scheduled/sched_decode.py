@@ -34,7 +34,7 @@ SMALL_ROWS = 32
 @dataclass(frozen=True)
 class DecodeConstants:
     """Static tiles of :func:`decode_step`, built once per kernel (:func:`decode_constants`):
-    ``ones_k`` (128, 1) kernel dtype; ``ones_f`` (1, 128) fp32; for blocks of at most SMALL_ROWS
+    ``ones_k`` (128, 2) kernel dtype (row sums into two PSUM columns at once); ``ones_f`` (1, 128) fp32; for blocks of at most SMALL_ROWS
     rows ``ones_r`` (rows, 128) fp32 and ``eye_rep`` (rows, width/128 * rows) ``ops.FLAG`` whose
     column ``u*rows + q`` is 1 on partition q (the identity repeated per key chunk); for larger
     blocks ``ones_1`` (1, 128) bf16 (the others None)."""
@@ -61,7 +61,7 @@ def key_index_columns(ops, loads, tiled_block_size):
 def decode_constants(ops, rows, width, kernel_dtype):
     """The :class:`DecodeConstants` of blocks of ``rows`` rows and steps of ``width`` keys."""
     nch = width // P
-    ones_k = ops.sbuf((P, 1), kernel_dtype)
+    ones_k = ops.sbuf((P, 2), kernel_dtype)
     ops.memset(ones_k, 1.0)
     ones_f = ops.sbuf((1, P), ops.float32)
     ops.memset(ones_f, 1.0)
@@ -86,8 +86,9 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
-        cfg: the phase's ``sched_core.StepConfig`` (``windowed``, ``tiled_block_size`` and
-            ``p_evac`` do not apply: masks here cost per (chunk x row) column).
+        cfg: the phase's ``sched_core.StepConfig`` (``tiled_block_size`` and ``p_evac`` do not
+            apply: masks here cost per (chunk x row) column; ``windowed`` is the caller's choice
+            of the ``bounds`` form).
         q_slices: nd SBUF tiles ``(dk, rows)`` kernel dtype: the block's Q^T, pre-scaled.
         tile: the ``sched_core.KVTile`` (``kidx``: :func:`key_index_columns`, masked steps and
             ALiBi).
@@ -95,7 +96,9 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         k0, width: first key column and width (multiples of 128, width * rows / 128 <= 512: one
             PSUM bank of scores). rows <= 128.
         consts: :class:`DecodeConstants`.
-        bounds: None (no mask) or ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring).
+        bounds: None (no mask), ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring),
+            or ``(top, None)``: one such tile holding ``c + r`` -- rows whose visible range
+            starts at or before the tile (``cfg.windowed`` False) see key t iff ``t < top_q``.
         alibi: None or ``(slope, off)``, two ``(128, rows)`` fp32 tiles (row q's values in column
             q of every partition): scores get ``slope_q * t + off_q`` added (t = tile-local key
             index), before the soft-cap.
@@ -104,7 +107,8 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         S^T[:, u*rows:(u+1)*rows] = K_u Q^T            (stationary K^T chunk, moving Q^T)
         S^T += slope_q * kidx + off_q                  (ALiBi; (128, nch, rows) views)
         U = tanh(S^T / cap) if soft_cap else S^T;  mult = cap or 1
-        U = where(|kidx - c_q| < r_q, U, NEG / mult)   (masked steps; (128, nch, rows) views)
+        U = where(|kidx - c_q| < r_q, U, NEG / mult)   (masked steps; (128, nch, rows) views;
+                                                        upper bound only: kidx < top_q)
         mx = max over chunks (one reduce over a (128, rows, nch) view), then over partitions
              (one PE transpose and a free-axis max)
         -m' = min(-m, -mult * mx);  alpha = exp(m - m')
@@ -132,9 +136,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     src = ps
     kk = None
     if alibi is not None or bounds is not None:
-        kk2 = ops.sbuf((P, nch), f32)
-        ops.copy(kk2, tile.kidx[:, ops.ds(c0, nch)])
-        kk = ops.free_view(kk2, ((1, nch), (0, rows)))          # key index per chunk, all rows
+        kk = ops.free_view(tile.kidx[:, ops.ds(c0, nch)], ((1, nch), (0, rows)))  # all rows
     if alibi is not None:
         prod = ops.sbuf((P, ncol), f32)
         ops.tensor_tensor(ops.free_view(prod, grid), kk,
@@ -149,7 +151,14 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         capped = ops.sbuf((P, ncol), f32)
         ops.activation(capped, "tanh", src, scale=1.0 / mult)
         src = capped
-    if bounds is not None:
+    if bounds is not None and bounds[1] is None:      # upper bound only: t < top
+        seen = ops.sbuf((P, ncol), ops.PRED)
+        ops.tensor_tensor(ops.free_view(seen, grid), kk,
+                          ops.free_view(bounds[0], ((0, nch), (1, rows))), "less")
+        masked = ops.sbuf((P, ncol), f32)
+        ops.where(masked, seen, src, NEG_MASK / mult)
+        src = masked
+    elif bounds is not None:
         diff = ops.sbuf((P, ncol), f32)
         ops.tensor_tensor(ops.free_view(diff, grid), kk,
                           ops.free_view(bounds[0], ((0, nch), (1, rows))), "subtract")
@@ -211,26 +220,31 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     # Step 5: row sums and PV, accumulated over the chunks in PSUM. With d <= 128, PV is taken
     # as (P V)^T = V^T P^T (V stationary, the few rows moving: half the TensorE cycles of P
     # stationary, d moving) and transposed back once per step.
-    rs = ops.psum((rows, 1), f32)
+    # With d <= 128 the row sums land beside PV's transpose, in columns d and d + 1 of one PSUM
+    # tile, so one pass rescales o and l together (state columns o, -m, l; -m is rewritten).
     pv_t = d <= P
+    ext = ops.psum((rows, d + 2), f32) if pv_t else None
+    rs = ext[:, ops.ds(d, 2)] if pv_t else ops.psum((rows, 1), f32)
+    ones = consts.ones_k if pv_t else consts.ones_k[:, ops.ds(0, 1)]
     acc = ops.psum((d, rows) if pv_t else (rows, d), f32)
     v_tiles = (tile.v_rows,) if tile.v_overlay is None else (tile.v_rows, tile.v_overlay)
     for u in ops.static_range(nch):
         p_u = probs_t[:, ops.ds(u * rows, rows)]
-        ops.matmul(rs, p_u, consts.ones_k, accumulate=u > 0)
+        ops.matmul(rs, p_u, ones, accumulate=u > 0)
         for i, vt in enumerate(v_tiles):
             v_u = vt[:, ops.ds((c0 + u) * vs, d)]
             if pv_t:
                 ops.matmul(acc, v_u, p_u, accumulate=u > 0 or i > 0)
             else:
                 ops.matmul(acc, p_u, v_u, accumulate=u > 0 or i > 0)
+    # Step 6: state update.
     if pv_t:
         pv_sb = ops.sbuf((d, rows), f32)
         ops.copy(pv_sb, acc, engine=cfg.copy_engine)
-        pv = ops.psum((rows, d), f32)
-        ops.transpose(pv, pv_sb)
-    else:
-        pv = acc
-    # Step 6: state update.
-    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=pv,
+        ops.transpose(ext[:, ops.ds(0, d)], pv_sb)
+        sw = d + 2
+        ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.copy_engine)
+        return
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc,
                  copy_engine=cfg.copy_engine)

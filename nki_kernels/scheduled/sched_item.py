@@ -115,8 +115,8 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     Keys on partitions (decode layout): ``sched_decode.decode_step`` with ``consts``
     (``decode_constants``); a masked item's bounds are its ``2 * rows`` columns of the chunk's
     one-partition ``chunk_bounds`` (c_q then r_q; item ``it`` of the chunk), broadcast to every
-    partition by a ones matmul. Otherwise ``sched_core.flash_step`` per block, block j's bounds in
-    fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``. ``alibi_of(j)``: None or a function
+    partition by a ones matmul (``fc.step.windowed`` False: c_q + r_q only, the upper bound).
+    Otherwise ``sched_core.flash_step`` per block, block j's bounds in fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``. ``alibi_of(j)``: None or a function
     giving block j's ``(slope, off)`` ``(rows, 1)`` tiles (in the decode layout broadcast along
     the free axis first). P^T copies of 128-row blocks default to :func:`default_p_evac` when
     ``fc.step.p_evac`` is None.
@@ -127,7 +127,18 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     if fc.keys_on_partitions:
         for j in ops.static_range(blocks):
             bounds = None
-            if fc.masked:            # the item's bounds broadcast to every partition
+            if fc.masked and not fc.step.windowed:
+                # every row's range starts at or before the tile: only c + r is needed, summed
+                # by the broadcast matmuls themselves (exact: fp32 integers and halves)
+                t_ps = ops.psum((P, rows), ops.float32)
+                for i in ops.static_range(2):
+                    ops.matmul(t_ps, consts.ones_f,
+                               chunk_bounds[0:1, ops.ds((it * 2 + i) * rows, rows)],
+                               accumulate=i > 0)
+                top = ops.sbuf((P, rows), ops.float32)
+                ops.copy(top, t_ps, engine=fc.step.copy_engine)
+                bounds = (top, None)
+            elif fc.masked:            # the item's bounds broadcast to every partition
                 b_ps = ops.psum((P, 2 * rows), ops.float32)
                 ops.matmul(b_ps, consts.ones_f, chunk_bounds[0:1, ops.ds(it * 2 * rows, 2 * rows)])
                 b_sb = ops.sbuf((P, 2 * rows), ops.float32)

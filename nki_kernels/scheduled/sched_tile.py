@@ -18,9 +18,12 @@ Tile layout: row p of load l at columns ``[l*bp*d, (l+1)*bp*d)``, token s of tha
 
 from __future__ import annotations
 
-from nki_kernels.contract import PARTITIONS as P
+from nki_kernels.contract import PARTITIONS as P, PSUM_BANK_F32
 from nki_kernels.ops import dtype_name, itemsize
 from nki_kernels.tile_ops import fill_zero, pe_matmul_transpose_blocks, transpose_blocks
+
+
+PSUM_BANK_BYTES = 4 * PSUM_BANK_F32      # one PSUM bank per partition
 
 
 def keys_by_dma(ops, cfg, phase) -> bool:
@@ -73,7 +76,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     if keys_by_dma(ops, cfg, phase):
         k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
         # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
-        v_rows = _zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
+        v_rows = zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
@@ -85,11 +88,11 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
                 ops.gather(v_rows[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l, lead=(1,))
         return k_t, v_rows, None, None
     if masked:
-        k_rows = _zeroed(ops, (P, nL * rw), cdt, "gpsimd")
-        v_rows = _zeroed(ops, (P, nL * rw), cdt, "vector")
+        k_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
+        v_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
         if direct:
-            k_ov = _zeroed(ops, (P, nL * rw), kd, "gpsimd")
-            v_ov = _zeroed(ops, (P, nL * rw), kd, "vector")
+            k_ov = zeroed(ops, (P, nL * rw), kd, "gpsimd")
+            v_ov = zeroed(ops, (P, nL * rw), kd, "gpsimd")
     else:
         k_rows, v_rows = kv_tiles
     same = dtype_name(overlay.dtype) == dtype_name(cdt)
@@ -111,7 +114,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     return k_rows, v_rows, k_ov, v_ov
 
 
-def _zeroed(ops, shape, dtype, engine):
+def zeroed(ops, shape, dtype, engine):
     """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1- or 2-byte tile whose
     free size fills whole 32-bit words is zeroed as its float32 view (``ops.filled_as_words``;
     all-zero bits either way): a half (16-bit) or a quarter (fp8) of the elements to write."""
@@ -135,6 +138,8 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     d, nd, bp, nL, kd = cfg.d, cfg.nd, geo.bp, geo.nL, cfg.kd
     rw = bp * d
     fp8 = eye is not None and dtype_name(k_rows.dtype) != dtype_name(kd)
+    # a 16-bit PSUM dtype (v3) fits twice the fp32 columns in a bank: half the K^T copies
+    bank_cols = PSUM_BANK_BYTES // itemsize(ops.transpose_psum_dtype(k_rows.dtype))
     k_t = []
     for k in ops.static_range(nd):
         dk = min(P, d - k * P)
@@ -152,7 +157,7 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
                                                evac="scalar")
                 else:
                     transpose_blocks(ops, kt, l * P * bp + s * P, k_rows, c0, width, nblk,
-                                     evac="scalar")
+                                     evac="scalar", bank_cols=bank_cols)
         k_t.append(kt)
     return k_t
 

@@ -53,7 +53,7 @@ from nki_kernels.scheduled.sched_core import (KVTile, additive_mask_ok, key_inde
                                               mask_eye_tile)
 from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
 from nki_kernels.scheduled.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
-from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys
+from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys, zeroed
 from nki_kernels.tile_ops import identity_tile
 
 
@@ -221,17 +221,19 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
     kv_tiles = None
     if not masked:
         # Full items write every row; padding items (all DMAs skipped) then read the last
-        # real item's rows: allocated (and zeroed) once so nothing is ever uninitialised.
+        # real item's rows: allocated (and zeroed, on GpSimd: VectorE is the busier engine of
+        # prefill and mixed batches) once so nothing is ever uninitialised.
         rw_all = phase.geo.nL * phase.geo.bp * d
         k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else (P, rw_all)    # K^T / K
-        kv_tiles = (ops.zeros(k_shape, phase.kv.dtype), ops.zeros((P, rw_all), phase.kv.dtype))
+        kv_tiles = (zeroed(ops, k_shape, phase.kv.dtype, "gpsimd"),
+                    zeroed(ops, (P, rw_all), phase.kv.dtype, "gpsimd"))
     elif keys_by_dma(ops, cfg, phase):
         # Masked items with K^T by DMA transpose: one K^T tile for the phase, zeroed once.
         # Columns an item's DMAs skip keep an earlier item's keys (or NaN garbage), which
         # only ever reach scores of keys no row sees: the mask SELECTS those away (the QK
         # matmul contracts over channels, so a column never mixes into another key's score).
         # V stays zeroed per item (P = 0 times a stale NaN would not be 0).
-        kv_tiles = (ops.zeros((d, phase.geo.W), cfg.kd), None)
+        kv_tiles = (zeroed(ops, (d, phase.geo.W), cfg.kd, "gpsimd"), None)
     for ch in ops.sequential_range(phase.items // chunk):
         mi = ops.sbuf((P, chunk * ki), ops.int32)
         ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])

@@ -88,6 +88,12 @@ def _fake_repo(tmp_path, kernel_name="read_sum_kernel", skip_last=False):
     return spec, fetch_ref, fetched
 
 
+def _package_modules() -> dict:
+    """The modules of the package name the builder borrows, by identity: whatever held the name
+    before the build (nothing, or another package of that name) must hold it afterwards."""
+    return {k: id(m) for k, m in sys.modules.items() if k.split(".")[0] == "kernels"}
+
+
 @pytest.mark.simulation
 @pytest.mark.parametrize("skip_last", [False, True])
 def test_builder_runs_a_factory_kernel_and_checks_it(tmp_path, skip_last):
@@ -95,9 +101,10 @@ def test_builder_runs_a_factory_kernel_and_checks_it(tmp_path, skip_last):
     nki_sim.install()
     spec, fetch_ref, fetched = _fake_repo(tmp_path, skip_last=skip_last)
     path_before = list(sys.path)
+    pkg_before = _package_modules()          # e.g. the test suite's own tests/kernels package
     run = builders.BUILDERS["pantheon"](spec, fetch_ref)
     kernel = run.load_kernel(tmp_path / "kern.py", "make")
-    assert sys.path == path_before and not {m for m in sys.modules if m.split(".")[0] == "kernels"}
+    assert sys.path == path_before and _package_modules() == pkg_before
     assert not [m for m in list(sys.modules.values())
                 if str(getattr(m, "__file__", "")).startswith(str(tmp_path))]
     assert fetched == [("tiling.py", "c" * 40)]
@@ -112,10 +119,11 @@ def test_builder_runs_a_factory_kernel_and_checks_it(tmp_path, skip_last):
 def test_builder_refuses_a_factory_returning_another_kernel(tmp_path):
     pytest.importorskip("nki_sim").install()
     spec, fetch_ref, _ = _fake_repo(tmp_path, kernel_name="other_kernel")
+    pkg_before = _package_modules()
     run = builders.BUILDERS["pantheon"](spec, fetch_ref)
     with pytest.raises(ValueError, match="must return kernel 'read_sum_kernel'; got 'other_kernel'"):
         run.load_kernel(tmp_path / "kern.py", "make")
-    assert not {m for m in sys.modules if m.split(".")[0] == "kernels"}
+    assert _package_modules() == pkg_before
 
 
 @pytest.mark.parametrize("work", ["broadcast_write", "copy"])
@@ -137,3 +145,18 @@ def test_unknown_workload_is_refused():
     with pytest.raises(ValueError, match="rows must be a multiple of 128; got 100"):
         builders.BUILDERS["pantheon"]({"workload": "read_sum", "rows": 100, "free": 8,
                                        "kernel_name": "k"}, lambda *a: None)
+
+
+@pytest.mark.simulation
+def test_builder_restores_another_package_of_the_same_name(tmp_path, monkeypatch):
+    """A `kernels` package already imported (the suite's own tests/kernels, say) is put back,
+    the same object, after the builder borrowed the name."""
+    import types
+    import nki_sim
+    nki_sim.install()
+    sentinel = types.ModuleType("kernels")
+    monkeypatch.setitem(sys.modules, "kernels", sentinel)
+    spec, fetch_ref, _ = _fake_repo(tmp_path)
+    run = builders.BUILDERS["pantheon"](spec, fetch_ref)
+    run.load_kernel(tmp_path / "kern.py", "make")
+    assert sys.modules["kernels"] is sentinel

@@ -138,3 +138,37 @@ def test_current_api_is_refused_on_trn1(on_api, batch_factory):
     b = batch_factory(19, [1], [30], H=2, Hkv=1, d=16, block_size=16)
     with on_api("nki", "trn1"), pytest.raises(NotImplementedError, match="trn2 / trn3 only"):
         paged_attention(*b.args(), backend="sim")
+
+
+@pytest.mark.parametrize("api, target", [("legacy", "trn1"), ("legacy", "trn2"), ("nki", "trn2")])
+def test_fp8_long_decode_with_the_full_phase_copies_on_vectore(api, target, on_api,
+                                                               batch_factory, tol):
+    # decodes over many 512-key full tiles per partial tile (sched_config.FULL_HEAVY): the
+    # full phase's decode copies run on VectorE; the outputs still match the reference of the
+    # dequantized cache, and the PV PSUM copies are VectorE tensor_copies there
+    import ml_dtypes
+
+    from nki_kernels.scheduled.sched_config import FULL_HEAVY
+
+    b = batch_factory(17, [1, 1], [3000, 2600], H=4, Hkv=2, d=64, block_size=16,
+                      dtype=ml_dtypes.bfloat16)
+    k_scale, v_scale = 0.5, 0.25
+    fp8 = np.stack([b.kv_cache[0].astype(np.float32) / k_scale,
+                    b.kv_cache[1].astype(np.float32) / v_scale]).astype(ml_dtypes.float8_e4m3fn)
+    deq = np.stack([fp8[0].astype(np.float32) * k_scale,
+                    fp8[1].astype(np.float32) * v_scale]).astype(b.kv_cache.dtype)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(b.query, b.key, b.value, fp8, b.block_tables, b.query_lens,
+                              b.context_lens, backend="sim", large_tile_size=512,
+                              k_scale=k_scale, v_scale=v_scale, lnc=1)
+    ref = paged_attention_ref(b.query, b.key, b.value, deq, b.block_tables, b.query_lens,
+                              b.context_lens)
+    atol, rtol = tol("mixed", b.query.dtype)
+    assert np.all(np.abs(out.astype(np.float64) - ref) <= atol + rtol * np.abs(ref))
+    # 5 full tiles per sequence and 1 partial: FULL_HEAVY holds. The (d, rows) fp32 PV PSUM
+    # copies: the full phase's on VectorE, the partial phase's left to ScalarE (pinned-engine
+    # tensor_copy vs the layer's default copy)
+    assert 5 >= FULL_HEAVY
+    pv = [e for e in trace.events if e.src_buffer == "psum" and e.out_shape == (64, 2)]
+    on_vector = [e for e in pv if e.engine == "vector" and not e.attr("engine_unspecified")]
+    assert len(on_vector) >= FULL_HEAVY * (len(pv) - len(on_vector)) > 0
