@@ -191,6 +191,7 @@ class Constants:
     consts: Any
     eye: Any
     mask_eye: Any = None      # partial query-rows items: sched_core.mask_eye_tile, or None
+    ones: Any = None          # query-rows classes: (128, 2) ones of the kernel dtype (row sums)
 
 
 @dataclass(frozen=True)

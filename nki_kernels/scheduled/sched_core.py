@@ -70,13 +70,16 @@ class KVTile:
     V tile of ``v_rows``' layout added into every PV product; ``kidx`` the key-index tile of
     masked / ALiBi steps (:func:`key_index_tile` or ``sched_decode.key_index_columns``) or None;
     ``mask_eye`` None or :func:`mask_eye_tile` (masked query-rows steps then add their mask to
-    the scores on TensorE, :func:`additive_mask_ok`)."""
+    the scores on TensorE, :func:`additive_mask_ok`); ``ones`` None or a ``(128, 2)`` tile of
+    ones in the kernel dtype (query-rows steps with d + 2 <= 512 then take the row sums on
+    TensorE, ``P 1`` beside ``P V``, instead of the exponentials' ScalarE accumulators)."""
 
     k_t: Any
     v_rows: Any
     v_overlay: Any = None
     kidx: Any = None
     mask_eye: Any = None
+    ones: Any = None
 
 
 # The mask_eye diagonal: every masked key has a distance of at least 1/2 past its row's bounds
@@ -149,7 +152,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                                                                        not windowed: kidx < c + r + 1/2;
                                                                        v3: range_select, fp32.min)
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
-        P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused]
+        P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused;
+                                                                       tile.ones: rs = P 1, TensorE]
         l = alpha * l + rs;  o = alpha * o + P V  (P^T by PE transposes, PV accumulated in PSUM)
     """
     f32, d, kidx = ops.float32, cfg.d, tile.kidx
@@ -222,27 +226,44 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         for c in ops.static_range(n_c):
             ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
     nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult)
-    # Step 4: probabilities and their row sums in one ScalarE pass per chunk.
+    # Step 4: probabilities (and, unless TensorE sums them, their row sums) in one ScalarE pass
+    # per chunk.
+    pe_sums = tile.ones is not None and d + 2 <= PSUM_BANK_F32
     probs = ops.sbuf((rows, width), cfg.kernel_dtype)
-    rs = ops.sbuf((rows, n_c), f32)
-    for c in ops.static_range(n_c):
-        ops.activation(probs[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "exp", src[c],
-                       bias=nm_new, scale=mult, row_sum=rs[:, ops.ds(c, 1)])
-    row_sum = ops.sbuf((rows, 1), f32)
-    ops.tensor_reduce(row_sum, "add", rs, axis=(1,), keepdims=True)
+    row_sum = None
+    if pe_sums:
+        for c in ops.static_range(n_c):
+            ops.activation(probs[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "exp", src[c],
+                           bias=nm_new, scale=mult)
+    else:
+        rs = ops.sbuf((rows, n_c), f32)
+        for c in ops.static_range(n_c):
+            ops.activation(probs[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "exp", src[c],
+                           bias=nm_new, scale=mult, row_sum=rs[:, ops.ds(c, 1)])
+        row_sum = ops.sbuf((rows, 1), f32)
+        ops.tensor_reduce(row_sum, "add", rs, axis=(1,), keepdims=True)
     # Step 5: P^T (keys on partitions; 128-key chunk u at columns [u*rows, (u+1)*rows)), then
-    # P V accumulated over the chunks in one PSUM tile.
+    # P V accumulated over the chunks in one PSUM tile (with pe_sums: P 1 beside it, columns
+    # d and d + 1, the row sums of the kernel-dtype probabilities that P V adds up).
     probs_t = ops.sbuf((P, n_k * rows), cfg.kernel_dtype)
     transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac=cfg.p_evac)
-    pv = ops.psum((rows, d), f32)
+    ext = ops.psum((rows, d + 2), f32) if pe_sums else None
+    pv = ext[:, ops.ds(0, d)] if pe_sums else ops.psum((rows, d), f32)
     u0 = k0 // P
     vs = d if cfg.v_stride is None else cfg.v_stride
     v_tiles = (tile.v_rows,) if tile.v_overlay is None else (tile.v_rows, tile.v_overlay)
     for u in ops.static_range(n_k):     # the first product starts the PSUM accumulation
+        p_u = probs_t[:, ops.ds(u * rows, rows)]
+        if pe_sums:
+            ops.matmul(ext[:, ops.ds(d, 2)], p_u, tile.ones, accumulate=u > 0)
         for i, vt in enumerate(v_tiles):
-            ops.matmul(pv, probs_t[:, ops.ds(u * rows, rows)], vt[:, ops.ds((u0 + u) * vs, d)],
-                       accumulate=u > 0 or i > 0)
-    # Step 6: state update.
+            ops.matmul(pv, p_u, vt[:, ops.ds((u0 + u) * vs, d)], accumulate=u > 0 or i > 0)
+    # Step 6: state update (pe_sums: o, -m, l in one pass; -m, which got a row sum, rewritten).
+    if pe_sums:
+        sw = d + 2
+        ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new)
+        return
     update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
 
 

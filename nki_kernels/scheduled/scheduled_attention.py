@@ -207,7 +207,11 @@ def _constants(ops, cfg):
         # masks added on TensorE: every key of a partial tile has a finite score (the K tile is
         # zeroed before its gathers, sched_tile.gather_kv)
         mask_eye = mask_eye_tile(ops, cfg.rows, cfg.kd)
-    return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye)
+    ones = None
+    if not cfg.full.keys_on_partitions:     # query-rows steps: row sums as P 1 on TensorE
+        ones = ops.sbuf((P, 2), cfg.kd)
+        ops.memset(ones, 1.0, engine="gpsimd")
+    return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones)
 
 
 def _run_phase(ops, cfg, ins, phase, head, tiles, const):
@@ -303,7 +307,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
         return slope, off
 
     tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)],
-                  mask_eye=const.mask_eye if masked else None)
+                  mask_eye=const.mask_eye if masked else None, ones=const.ones)
     fold_tile(ops, cfg.fold_config(phase, keys_by_dma(ops, cfg, phase)), qs, tile, st, mf, cf, consts=const.consts,
               chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial

@@ -293,6 +293,29 @@ def test_masked_prefill_steps_add_the_mask_on_tensore_on_trn1(variant, batch_fac
         assert mask_mm and not steps
 
 
+@pytest.mark.parametrize("d", [16, 512])
+def test_prefill_row_sums_come_from_tensore(d, batch_factory):
+    """128-row steps with d + 2 <= 512 take their row sums as P 1 on TensorE (a (128, 2) ones
+    operand beside P V) and exponentiate without the ScalarE accumulator; d = 512 leaves no room
+    in the P V bank, so those steps keep activation_reduce (the other side). Both match the
+    float64 reference."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(5, [40], [300], H=2, Hkv=1, d=d, block_size=16, dtype=BF16)
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              mixed_precision=True, large_tile_size=512)
+    ref = paged_attention_ref(*batch.args())
+    assert np.abs(np.asarray(out, np.float32) - ref).max() < 3e-2
+    sums = [e for e in trace.events if e.op == "nc_matmul"
+            and tuple(map(tuple, e.in_shapes)) == ((P, P), (P, 2))]
+    reduces = [e for e in trace.events if e.op == "activation_reduce" and e.free_elems == 512]
+    if d == 16:
+        assert sums and not reduces
+    else:
+        assert reduces and not sums
+
+
 @pytest.mark.parametrize("ltp, match", [(1000, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (4096, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (512, r"overlay.shape must be \(2, Hkv\*R_ov, b'_p\*d\)")])
