@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.scheduled.schedule_items import (ITEM_OVERHEAD_KEYS, choose_partial_tile, item_geometry, q_blocks,
-                                 schedule_items)
+from host.scheduled.schedule_items import (ITEM_OVERHEAD_KEYS, choose_groups_and_partial_tile,
+                                           choose_partial_tile, item_geometry, q_blocks,
+                                           schedule_items)
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
@@ -193,7 +194,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             that plan (a kernel with its own SBUF budget, e.g. ``nki_kernels.mla.mla_attention``).
         partial_tile_size: LTp, keys per partial-phase tile before block-size tiling: a power of
             two in [512, LT], None (LT: one geometry for both phases) or "auto" (the size whose
-            partial items cost least, ``host.scheduled.schedule_items.choose_partial_tile``).
+            partial items cost least, ``host.scheduled.schedule_items.choose_partial_tile``; with
+            it, prefill groups may be halved, ``choose_groups_and_partial_tile``).
         kv_layout: "fused" or "block_kv": the cache layout of the main-cache row ids in the
             ``kv`` metadata columns (``contract.main_cache_row``; docs/layouts.md §16.1, §18).
     """
@@ -264,7 +266,12 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
     if partial_tile_size is None:
         LTp = LT
     elif partial_tile_size == "auto":
-        LTp = choose_partial_tile(specs, B=B, LT=LT, c=c, keys=keys, sliding_window=sliding_window)
+        def regroup(spec, cap):
+            kind, seqs, rows, _, _ = spec
+            return (kind, seqs, rows, cap,
+                    q_blocks(list(seqs), rows, cap, q=q, c=c, G=G, tok_off=tok_off))
+        LTp, specs = choose_groups_and_partial_tile(specs, regroup, B=B, LT=LT, c=c, keys=keys,
+                                                    sliding_window=sliding_window)
     else:
         LTp = int(partial_tile_size)
     part_geo = tile_geometry(B, LTp)

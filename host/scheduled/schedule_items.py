@@ -11,7 +11,7 @@ import numpy as np
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
-           "choose_partial_tile"]
+           "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS"]
 
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
 # partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
@@ -35,6 +35,14 @@ def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
     per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
     Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
     turn one item into several where a large tile is visible in whole (a window's lower edge)."""
+    return _cheapest_partial_tile(specs, B=B, LT=LT, c=c, keys=keys,
+                                  sliding_window=sliding_window)[1]
+
+
+def _cheapest_partial_tile(specs, *, B, LT, c, keys, sliding_window, with_full=False):
+    """``(cost, LTp)`` of :func:`choose_partial_tile`; ``with_full`` adds the full items (their
+    keys times their Q blocks plus ``ITEM_OVERHEAD_KEYS`` each), which do not depend on LTp but
+    do on the groups."""
     fg = tile_geometry(B, LT)
     best = None
     ltp = MIN_TILE_SIZE
@@ -42,13 +50,45 @@ def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
         pg = tile_geometry(B, ltp)
         cost = 0
         for _, _, _, _, qb in specs:
-            _, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg, sliding_window=sliding_window)
+            full, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg,
+                                           sliding_window=sliding_window)
             nblk = [len(qb["groups"][g][1]) for g, _ in part]
             cost += sum(nblk) * pg.W + len(part) * ITEM_OVERHEAD_KEYS
+            if with_full:
+                nblk = [len(qb["groups"][g][1]) for g, _ in full]
+                cost += sum(nblk) * fg.W + len(full) * ITEM_OVERHEAD_KEYS
         if best is None or cost < best[0]:
             best = (cost, ltp)
         ltp *= 2
-    return best[1]
+    return best
+
+
+# The smallest prefill group "auto" tries when it halves a class's groups.
+MIN_AUTO_GROUP_BLOCKS = 8
+
+
+def choose_groups_and_partial_tile(specs, regroup, *, B, LT, c, keys, sliding_window):
+    """``"auto"`` for prefill groups and the partial tile together: ``specs`` as built (prefill
+    groups as large as SBUF allows), ``regroup(spec, blocks)`` the same class with groups of at
+    most ``blocks`` Q blocks. Halving a prefill class's groups (down to
+    ``MIN_AUTO_GROUP_BLOCKS``) re-reads each full tile once per group but lets a causal
+    diagonal's partial tiles skip the groups that see none of them; the cost of each option is
+    every item's keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` per item, full items
+    included, at the option's cheapest partial tile. Returns ``(LTp, specs)`` (the first, i.e.
+    largest, groups on a tie)."""
+    kw = dict(B=B, LT=LT, c=c, keys=keys, sliding_window=sliding_window)
+    best = None
+    blocks = max((sp[3] for sp in specs if sp[0] == "prefill"), default=0)
+    while True:
+        cand = [regroup(sp, blocks) if sp[0] == "prefill" and sp[3] > blocks else sp
+                for sp in specs]
+        cost, ltp = _cheapest_partial_tile(cand, with_full=True, **kw)
+        if best is None or cost < best[0]:
+            best = (cost, ltp, cand)
+        if blocks // 2 < MIN_AUTO_GROUP_BLOCKS:
+            break
+        blocks //= 2
+    return best[1], best[2]
 
 
 def q_blocks(seqs, rows, blocks, *, q, c, G, tok_off) -> dict:

@@ -341,14 +341,15 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
 
 
 def schedule(q, c, *, H, Hkv, d, B, LT, window=None, seed=0, pad=-1, alibi=False,
-             row_init=False, LTp=None):
+             row_init=False, LTp=None, cap=None):
     """The schedule and the keywords of ``check_coverage``; ``LTp``: ``partial_tile_size``
-    (an int, "auto" -- the size the schedule picked is then checked -- or None)."""
+    (an int, "auto" -- the size the schedule picked is then checked -- or None); ``cap``:
+    ``group_blocks_cap``."""
     q, c = np.asarray(q, np.int64), np.asarray(c, np.int64)
     bt, N = block_tables_for(c, B, seed, pad=pad)
     s = make_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B,
                       num_blocks=N, large_tile_size=LT, sliding_window=window, alibi=alibi,
-                      row_init=row_init, partial_tile_size=LTp)
+                      row_init=row_init, partial_tile_size=LTp, group_blocks_cap=cap)
     want = LT if LTp is None else LTp
     if LTp == "auto":
         want = s.partial_tile_size

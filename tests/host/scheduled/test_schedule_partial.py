@@ -82,3 +82,44 @@ def test_partial_tile_size_is_validated(bad):
         make_schedule(np.array([1]), np.array([10]), np.zeros((1, 1), np.int32), num_heads=1,
                       num_kv_heads=1, head_size=16, block_size=16, num_blocks=1,
                       large_tile_size=2048, partial_tile_size=bad)
+
+
+@pytest.mark.parametrize("q, c, want_blocks, want_ltp", [
+    ([2048], [2048], 32, 1024),     # a long causal diagonal: two groups, 1024-key partial tiles
+    ([512], [8192], 16, 512),       # little diagonal, much context: one group (re-reads cost)
+])
+def test_auto_halves_prefill_groups_where_the_diagonal_pays(q, c, want_blocks, want_ltp):
+    # G = 4 query heads per KV head: 2048 new tokens are 8192 query rows = 64 Q blocks, one
+    # group as large as SBUF allows; halved, a group's partial items skip the partial tiles of
+    # the diagonal that it does not see (98304 masked block-keys instead of 131072) and each
+    # full tile is read twice (2 more items)
+    s, kw = schedule(q, c, H=4, Hkv=1, d=16, B=32, LT=2048, LTp="auto")
+    check_coverage(s, **kw)
+    (cls,) = s.classes
+    assert (cls.blocks, s.partial_tile_size) == (want_blocks, want_ltp)
+
+
+def test_auto_group_choice_is_the_cheapest_option():
+    # the cost "auto" minimises, recomputed from fixed-size schedules: every (group cap, LTp)
+    # pair it may try for a 2048-on-2048 prefill (G = 4; 64 blocks fit one group)
+    from host.scheduled.schedule_items import MIN_AUTO_GROUP_BLOCKS
+
+    q, c = [2048], [2048]
+    costs = {}
+    blocks = 64
+    while blocks >= MIN_AUTO_GROUP_BLOCKS:
+        for ltp in (512, 1024, 2048):
+            s, _ = schedule(q, c, H=4, Hkv=1, d=16, B=32, LT=2048, LTp=ltp, cap=blocks)
+            (cls,) = s.classes
+            W = {False: 2048, True: ltp}
+            cost = 0
+            for ph in (cls.full, cls.partial):
+                n = ph.real_items
+                cost += n * (cls.blocks * W[ph.masked] + ITEM_OVERHEAD_KEYS)
+            costs[(blocks, ltp)] = cost
+        blocks //= 2
+    s, _ = schedule(q, c, H=4, Hkv=1, d=16, B=32, LT=2048, LTp="auto")
+    (cls,) = s.classes
+    best = min(costs.values())
+    assert costs[(cls.blocks, s.partial_tile_size)] == best
+    assert costs[(64, 2048)] > best           # the one large group is not the cheapest here
