@@ -188,3 +188,34 @@ def test_dense_kernel_keeps_block_tail_garbage_out_of_every_output(poison, batch
     out = _run(b, kernel="dense", **_tails(b, POISON[poison], inside=False))
     assert out.tobytes() == clean.tobytes()
     assert out.shape[0] <= 128
+
+
+# trn1 (NeuronCore-v2) takes other paths than the default trn2: K^T by PE transposes and, in
+# 128-row masked steps, the mask ADDED to the scores on TensorE (docs/layouts.md §16.6). The
+# cross-sequence guarantees above are re-checked there (both must-pass and must-fail sides).
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+@pytest.mark.parametrize("place", list(PLACES))
+def test_trn1_garbage_where_no_query_looks_never_reaches_the_output(place, poison, batch_factory):
+    import nki_sim
+    b = _batch(batch_factory, ml_dtypes.bfloat16)
+    with nki_sim.use_target("trn1"):
+        clean = _run(b)
+        out = _run(b, **PLACES[place](b, POISON[poison], inside=False))
+        inside = _run(b, **PLACES[place](b, np.nan, inside=True))
+    assert np.isfinite(clean.astype(np.float32)).all()
+    assert out.tobytes() == clean.tobytes()
+    victim = 2 if place == "unreferenced_blocks" else 0          # must-fail side: it is read
+    assert np.isnan(inside[_rows_of(victim)].astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("what", ["cache_k", "new_k", "new_v"])
+def test_trn1_prefill_garbage_stays_in_its_sequence(what, batch_factory):
+    import nki_sim
+    b = _batch(batch_factory, np.float32)
+    with nki_sim.use_target("trn1"):
+        clean = _run(b)
+        out = _run(b, **_own_garbage(b, what, 2, np.nan))
+    assert np.isnan(out[_rows_of(2), :H // HKV]).all()          # must-fail side: it is read
+    for i in range(len(QLENS)):
+        if i != 2:
+            assert out[_rows_of(i)].tobytes() == clean[_rows_of(i)].tobytes(), i
