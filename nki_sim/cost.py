@@ -223,9 +223,7 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
         bw *= hw.dma_transpose_efficiency_sbuf if on_chip else hw.dma_transpose_efficiency_hbm
         if getattr(ev, "out_dtype", "") in ("float32", "int32", "uint32"):
             bw *= API.dma_transpose_4byte_factor
-    if descs.size:          # below the guide's 2 KiB per partition a descriptor moves bytes slower
-        bw = np.where(descs < hw.dma_small_descriptor_bytes,
-                      bw * hw.dma_small_descriptor_efficiency, bw)
+    bw = bw * hw.descriptor_rate_factor(descs)      # below 2 KiB a descriptor moves bytes slower
     transfer = np.bincount(eng, weights=hw.dma_desc_overhead_ns + descs / bw, minlength=n_eng)
     semaphore = hw.dma_desc_overhead_ns + hw.dma_semaphore_bytes / hw.dma_engine_bw_bytes_per_ns
     engine_ns = transfer + semaphore

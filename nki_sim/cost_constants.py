@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+import numpy as np
+
 DOC, DERIVED, ESTIMATE = "documented", "derived", "estimate"
 FIT = "fitted"       # fitted to published hardware profiles (docs/cost-model-validation.md)
 STATUSES = (DOC, DERIVED, ESTIMATE, FIT)
@@ -101,11 +103,17 @@ class HardwareConstants:
         """Practical peak of all DMA engines of the core, before the HBM-share cap."""
         return self.dma_engines * self.dma_engine_bw_bytes_per_ns
 
+    def descriptor_rate_factor(self, nbytes):
+        """Fraction of the engine's byte rate a descriptor of ``nbytes`` moves its bytes at:
+        ``dma_small_descriptor_efficiency`` below ``dma_small_descriptor_bytes``, else 1
+        (NumPy arrays elementwise)."""
+        return np.where(np.asarray(nbytes) < self.dma_small_descriptor_bytes,
+                        self.dma_small_descriptor_efficiency, 1.0)
+
     def descriptor_efficiency(self, nbytes: float) -> float:
         """Fraction of the engine bandwidth reached by back-to-back descriptors of nbytes."""
         t_ideal = nbytes / self.dma_engine_bw_bytes_per_ns
-        slow = nbytes < self.dma_small_descriptor_bytes
-        t_data = t_ideal / self.dma_small_descriptor_efficiency if slow else t_ideal
+        t_data = t_ideal / float(self.descriptor_rate_factor(nbytes))
         return t_ideal / (t_data + self.dma_desc_overhead_ns)
 
 

@@ -161,18 +161,16 @@ def _starts_reduction(dst: Tensor, mask) -> bool:
     w = dst.alloc.written
     if w is None:                       # the whole allocation is written
         return False
-    wv = Access(dst, mask).gather(w)
-    if mask is not None:
-        wv = wv | ~mask                 # masked-out elements are not read
-        if not mask.any():
-            return False
-    if wv.all():
+    written = Access(dst, mask).gather(w)
+    read = written if mask is None else written[mask]
+    if read.all():                      # also: nothing read (all masked out)
         return False
-    if not (wv if mask is None else wv & mask).any():
+    if not read.any():
         return True
-    uninitialized(dst, wv, "nl.loop_reduce into a partly written accumulator (a never-written "
-                           "accumulator starts the reduction; a partly written one reads the "
-                           "unwritten elements)")
+    uninitialized(dst, written if mask is None else written | ~mask,
+                  "nl.loop_reduce into a partly written accumulator (a never-written "
+                  "accumulator starts the reduction; a partly written one reads the "
+                  "unwritten elements)")
     return False
 
 
