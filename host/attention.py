@@ -39,7 +39,7 @@ __all__ = ["paged_attention", "run_paged_attention", "flash_attn_varlen_nkifunc"
 
 def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_tables: Any,
                     query_lens: Any, context_lens: Any, *, softmax_scale: float | None = None,
-                    mixed_precision: bool = True, large_tile_size: int = 2048,
+                    mixed_precision: bool = True, large_tile_size: Any = "auto",
                     backend: str = "auto", gqa_packing: Any = "auto",
                     kernel: str = "scheduled", sliding_window: int | None = None,
                     logits_soft_cap: float | None = None, alibi_slopes: Any = None,
@@ -65,7 +65,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         query_lens: (S,) integers >= 1 summing to T.  context_lens: (S,) integers >= 0.
         softmax_scale: default 1/sqrt(d).
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
-        large_tile_size: context tokens per KV tile, a power of two in [512, 8192].
+        large_tile_size: context tokens per KV tile, a power of two in [512, 8192], or "auto":
+            2048 (vLLM's LARGE_TILE_SZ default), except that the scheduled kernel widens the
+            tiles of batches of single-row decodes (every sequence's G * q_len <= 8 rows, no
+            sliding window) until a cache row holds min(B, 32) tokens (block 32: 4096;
+            ``host.scheduled.schedule_items.choose_large_tile``, docs/layouts.md §16.3).
         partial_tile_size: scheduled kernel: keys per tile of the masked (partial) items, a power
             of two in [512, large_tile_size], or "auto" (the host picks one per batch,
             docs/layouts.md §16.3). Fix it to bound the kernel shapes a serving engine compiles.

@@ -36,7 +36,8 @@ from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
 from host.launch import check_api, check_backend
 from host.dense.masks import build_attention_mask
 from host.dense.plan import PagedAttentionPlan, make_plan
-from host.scheduled.schedule import AttentionSchedule, build_schedule
+from host.scheduled.schedule import AttentionSchedule, auto_large_tile, build_schedule
+from host.scheduled.schedule_items import AUTO_LARGE_TILE
 from host.scheduled.scheduled import class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
@@ -183,7 +184,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                          num_kv_heads: int, head_size: int, block_size: int, dtype: Any,
                          num_blocks: int, kv_cache_dtype: Any = None,
                          softmax_scale: float | None = None, mixed_precision: bool = True,
-                         large_tile_size: int = 2048, partial_tile_size: Any = "auto",
+                         large_tile_size: Any = "auto", partial_tile_size: Any = "auto",
                          backend: str = "auto", gqa_packing: Any = "auto",
                          kernel: str = "scheduled", api: str | None = None,
                          lnc: int | None = None, kv_layout: str = FUSED,
@@ -256,10 +257,13 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
             or (isinstance(gqa_packing, str) and gqa_packing == "auto")):
         fail("gqa_packing", "be 'auto', True or False", repr(gqa_packing))
     B = check_power_of_two("block_size", block_size, lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE)
-    LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
+    auto_tile = isinstance(large_tile_size, str) and large_tile_size == "auto"
+    LT = None if auto_tile else check_power_of_two("large_tile_size", large_tile_size,
+                                                   lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
     auto_partial = isinstance(partial_tile_size, str) and partial_tile_size == "auto"
     if not auto_partial:
-        check_power_of_two("partial_tile_size", partial_tile_size, lo=MIN_TILE_SIZE, hi=LT)
+        check_power_of_two("partial_tile_size", partial_tile_size, lo=MIN_TILE_SIZE,
+                           hi=MAX_TILE_SIZE if LT is None else LT)
         if kernel == "dense":
             raise NotImplementedError("paged_attention: partial_tile_size applies to the scheduled "
                                       "kernel; leave it 'auto' with kernel='dense'")
@@ -272,6 +276,12 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     c = readonly(np.array(c, dtype=np.int64))
     bt_np, _ = to_numpy(block_tables, "block_tables")
     bt = check_block_tables(bt_np, c, block_size=B, num_blocks=N)
+    if LT is None:
+        LT = AUTO_LARGE_TILE if kernel != "scheduled" else auto_large_tile(
+            q, num_heads=H, num_kv_heads=Hkv, head_size=d,
+            block_size=B, itemsize=dt.itemsize, cache_itemsize=cdt.itemsize,
+            mixed_precision=bool(mixed_precision), sliding_window=variants.sliding_window,
+            partial_tile_size=None if auto_partial else int(partial_tile_size))
 
     common = dict(num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
                   dtype=dt.name, kv_cache_dtype=cdt.name, num_tokens=int(q.sum()), query_lens=q,

@@ -209,7 +209,9 @@ def markdown(doc: dict, with_breakdown: bool = False) -> str:
         "All times are MODELED (nki_sim trace + nki_sim.cost), not measured "
         f"on hardware. Kernel, host and simulator code as of commit {doc.get('code_commit', '?')} "
         f"(benchmark run at {doc.get('commit', '?')}); H={h.get('H')}, Hkv={h.get('Hkv')}, "
-        f"d={h.get('d')}, bf16 queries and KV cache, mixed precision, LARGE_TILE_SZ=2048. The "
+        f"d={h.get('d')}, bf16 queries and KV cache, mixed precision; dense kernels LARGE_TILE_SZ=2048, "
+        "the scheduled kernel the host default large_tile_size=\"auto\" (4096 for the batches of "
+        "single-token decodes at block >= 32, else 2048; docs/layouts.md 16.3). The "
         "scheduled kernel runs on the NKI API of the row's `api` (trn1: legacy; trn2: the current "
         "`nki` API unless the target says `-legacy`), on one NeuronCore (`-lnc2`: two physical "
         "cores); the dense kernels on the legacy API, grid [1, Hkv] on one NeuronCore. "
@@ -224,9 +226,11 @@ def markdown(doc: dict, with_breakdown: bool = False) -> str:
     bt = block_table(rows)
     if bt:
         parts += ["## Block size sensitivity (MODELED us)", "", bt, "",
-                  "With LARGE_TILE_SZ = 2048 the scheduled kernel gathers key rows of b' = 16 "
-                  "tokens for every block size from 16 to 128 (`host.scheduled.schedule.item_geometry`), "
-                  "so its trace barely depends on B.", ""]
+                  "The scheduled kernel gathers key rows of b' = 16 tokens at large_tile_size "
+                  "2048 for every block size from 16 to 128, and of b' = min(B, 32) tokens at the "
+                  "4096-key tiles large_tile_size=\"auto\" gives decode batches of block >= 32 "
+                  "(`host.scheduled.schedule.item_geometry`), so its trace depends little on B "
+                  "beyond that.", ""]
     parts += ["## All rows", "", full_table(rows), "",
               "## Skipped", "", skipped_text(doc.get("skipped", [])), ""]
     if with_breakdown and doc.get("breakdowns"):

@@ -93,6 +93,7 @@ def scheduled_metadata(schedules) -> dict:
                        if isinstance(a, np.ndarray) and a.dtype.kind == "f"),
         index_bytes=sum(p.meta_i.nbytes for _, p in phases),
         launches=sum(len(s.classes) for s in schedules),
+        large_tile_size=sorted({int(s.large_tile_size) for s in schedules}),
         items={f"{c.kind}/{'partial' if p.masked else 'full'}": [p.real_items, p.items]
                for c, p in phases})
 
@@ -114,10 +115,14 @@ def dense_metadata(batch: dict, large_tile_size: int = LARGE_TILE, packing=None)
                 gqa_packing=packing, padded_queries=Q)
 
 
-def simulate(kernel: str, batch: dict, target: str, large_tile_size: int = LARGE_TILE,
+def simulate(kernel: str, batch: dict, target: str, large_tile_size=None,
              api: str | None = None, lnc: int = 1):
     """Run ``kernel`` on ``batch`` for ``target`` -> (output (T, H, d), trace, wall seconds, meta).
-    Scheduled kernel: on ``api`` (None: the host's choice) with ``lnc`` physical cores."""
+    Scheduled kernel: on ``api`` (None: the host's choice) with ``lnc`` physical cores.
+    ``large_tile_size`` None: the host default for the scheduled kernel (``"auto"``; the
+    resolved size is ``meta["large_tile_size"]``), LARGE_TILE for the dense kernels."""
+    if large_tile_size is None:
+        large_tile_size = "auto" if kernel == "scheduled" else LARGE_TILE
     import nki_sim
 
     import host

@@ -20,7 +20,8 @@ the kernel does, wasted or not; it appears only as a labelled secondary column.
 
 Kernels (scripts/_pa_runs.py): scheduled (host default), dense (GQA packing "auto"), per_block
 (the dense kernel with one DMA per cache block). H=32, Hkv=8, d=128, bf16 queries and cache,
-mixed precision, LARGE_TILE_SZ=2048. The scheduled kernel runs on the API of --api (auto: trn1
+mixed precision; LARGE_TILE_SZ=2048 for the dense kernels, the host default large_tile_size="auto"
+for the scheduled kernel (docs/layouts.md 16.3). The scheduled kernel runs on the API of --api (auto: trn1
 legacy, trn2 the current nki API) with each LNC of --lnc (trn2: 1 and 2 physical cores; rows
 "trn2-lnc2": the KV heads split between the two cores, modeled time = the slower core's,
 efficiency per physical core used); the dense kernels on grid [1, Hkv] on one NeuronCore.

@@ -41,8 +41,8 @@ import numpy as np
 
 from host._arrays import readonly
 from host.scheduled.schedule_items import (ITEM_OVERHEAD_KEYS, choose_groups_and_partial_tile,
-                                           choose_partial_tile, item_geometry, q_blocks,
-                                           schedule_items)
+                                           choose_large_tile, choose_partial_tile, item_geometry,
+                                           q_blocks, schedule_items)
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
@@ -53,7 +53,7 @@ from nki_kernels.scheduled.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
            "build_schedule", "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "MAX_CHUNK", "chunk_size",
-           "ITEM_OVERHEAD_KEYS", "item_geometry", "meta_columns"]
+           "ITEM_OVERHEAD_KEYS", "item_geometry", "meta_columns", "auto_large_tile"]
 
 # The decode-class threshold (DECODE_MAX_ROWS), the prefill group cap (MAX_GROUP_BLOCKS), the
 # metadata chunk (MAX_CHUNK, chunk_size), the tile geometry and the metadata columns
@@ -219,6 +219,28 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                           cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
                           group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size,
                           kv_layout=kv_layout)
+
+
+def auto_large_tile(q: np.ndarray, *, num_heads: int, num_kv_heads: int, head_size: int,
+                    block_size: int, itemsize: int, cache_itemsize: int, mixed_precision: bool,
+                    sliding_window: int | None, partial_tile_size: int | None) -> int:
+    """The scheduled kernel's ``large_tile_size="auto"`` for validated query lengths ``q``:
+    ``host.scheduled.schedule_items.choose_large_tile`` (wider tiles for single-row decode
+    batches, when the SBUF plan still holds one decode block), at least an explicit
+    ``partial_tile_size``."""
+    G = num_heads // num_kv_heads
+    rows = 1 << max(0, int(int(q.max()) * G - 1).bit_length())
+    kernel_itemsize = 2 if mixed_precision else itemsize
+
+    def fits(lt):
+        return max_group_blocks(nc_gen="gen2", block_size=block_size, large_tile=lt,
+                                head_size=head_size, rows=rows, cache_itemsize=cache_itemsize,
+                                query_itemsize=itemsize, kernel_itemsize=kernel_itemsize,
+                                keys_on_partitions=decode_layout(rows, 1)) >= 1
+
+    lt = choose_large_tile(q, num_queries_per_kv=G, block_size=block_size,
+                           sliding_window=sliding_window, fits=fits)
+    return lt if partial_tile_size is None else max(lt, int(partial_tile_size))
 
 
 def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, num_heads: int,

@@ -11,7 +11,9 @@ import numpy as np
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
-           "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS"]
+           "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS",
+           "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
+           "AUTO_DECODE_ROW_TOKENS"]
 
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
 # partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
@@ -19,6 +21,37 @@ __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "s
 # each workload of scripts/bench_paged_attention.py and scripts/bench_variants.py (2048 missed
 # the 4 x 512-token mixed batch, 1024 also the sliding window).
 ITEM_OVERHEAD_KEYS = 4096
+
+
+# large_tile_size="auto" (scheduled kernel): 2048 keys per large tile (vLLM's LARGE_TILE_SZ
+# default), except for batches of single-row decodes -- every sequence's G * q_len <=
+# AUTO_DECODE_MAX_ROWS query rows, no sliding window -- whose large tile is widened until a
+# cache row holds min(B, AUTO_DECODE_ROW_TOKENS) tokens (128 rows per tile): 32-token rows (8 KiB
+# at d = 128, bf16) cut the fixed cost per DMA descriptor and the number of gathers and items.
+# Calibrated on the cost model (MODELED, scripts/bench_paged_attention.py): 32 decodes of 2K-8K
+# context, block 32, LT 4096 vs 2048: trn1 3409 vs 3504 us, trn2 2630 vs 2749 us; block 64 the
+# same direction, block 16 already has 16-token rows at 2048 (4096 was 1 % slower), LT 8192 was
+# slower; decode blocks of 16 rows (4 speculative tokens x G = 4) were 4.6 % slower on trn2.
+AUTO_LARGE_TILE = 2048
+AUTO_DECODE_MAX_ROWS = 8
+AUTO_DECODE_ROW_TOKENS = 32
+
+
+def choose_large_tile(query_lens, *, num_queries_per_kv: int, block_size: int,
+                      sliding_window, fits=None) -> int:
+    """``"auto"`` large tile size (keys per full-phase tile): :data:`AUTO_LARGE_TILE`, or for a
+    batch whose every sequence has ``G * q_len <= AUTO_DECODE_MAX_ROWS`` rows and no sliding
+    window, ``max(AUTO_LARGE_TILE, 128 * min(B, AUTO_DECODE_ROW_TOKENS))``. ``fits(LT)``: whether
+    the kernel's SBUF plan holds one Q block at ``LT`` (None: assumed); a tile that does not fit
+    falls back to :data:`AUTO_LARGE_TILE`."""
+    q = np.asarray(query_lens, np.int64)
+    if sliding_window is not None or q.size == 0 or \
+            int(q.max()) * int(num_queries_per_kv) > AUTO_DECODE_MAX_ROWS:
+        return AUTO_LARGE_TILE
+    lt = max(AUTO_LARGE_TILE, 128 * min(int(block_size), AUTO_DECODE_ROW_TOKENS))
+    if fits is not None and lt != AUTO_LARGE_TILE and not fits(lt):
+        return AUTO_LARGE_TILE
+    return lt
 
 
 def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int, int]:

@@ -75,7 +75,8 @@ class PagedGenerator:
         mixed_precision: ``paged_attention``'s option; default False, so an fp32 model's greedy
             tokens equal those of transformers' eager attention (True: bf16 matmul inputs, faster
             on hardware, but near-tied tokens may differ from eager).
-        large_tile_size, kernel: ``paged_attention`` options (kernel None = the host default).
+        large_tile_size, kernel: ``paged_attention`` options (None = the host default:
+            ``large_tile_size="auto"``, the scheduled kernel).
         kv_cache_dtype: cache dtype (default: the model's); ``torch.float8_e4m3fn`` /
             ``torch.float8_e5m2`` store K and V quantized with ``k_scale`` / ``v_scale`` (floats or
             (Hkv,) per KV head; required for fp8).
@@ -84,7 +85,7 @@ class PagedGenerator:
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_step_tokens: int = 256, prefix_sharing: bool = True,
-                 mixed_precision: bool = False, large_tile_size: int = 2048,
+                 mixed_precision: bool = False, large_tile_size: int | None = None,
                  kernel: str | None = None, kv_cache_dtype: torch.dtype | None = None,
                  k_scale: Any = None, v_scale: Any = None, record_logits: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None)

@@ -58,7 +58,7 @@ class PagedBatch:
         query_lens: (S,) int64 new tokens per sequence (>= 1).
         context_lens: (S,) int64 tokens of each sequence already in the cache before this forward.
         mixed_precision, large_tile_size, kernel: passed to ``paged_attention`` (``kernel``
-            None = the host default; mixed_precision False by default: results as eager).
+            None = the host default; ``large_tile_size`` None = "auto"; mixed_precision False by default: results as eager).
         k_scale, v_scale: for an fp8 cache (float8_e4m3fn / float8_e5m2), its dequantization
             scales (0-d or (Hkv,) float32 tensors), passed to both cache write and attention.
     """
@@ -69,7 +69,7 @@ class PagedBatch:
     query_lens: torch.Tensor
     context_lens: torch.Tensor
     mixed_precision: bool = False
-    large_tile_size: int = 2048
+    large_tile_size: int | None = None
     kernel: str | None = None
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None

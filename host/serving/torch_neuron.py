@@ -103,7 +103,7 @@ def register_device_kernels(paged_attention_op: Any, reshape_and_cache_op: Any,
 
 
 def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, context_lens,
-                         softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                         softmax_scale=None, mixed_precision=True, large_tile_size=None,
                          gqa_packing=None, attention_kernel=None, sliding_window=None,
                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
                          v_scale=None, api=None, value_cache=None):
@@ -140,7 +140,7 @@ def _copy_blocks_xla(kv_caches, block_mapping):
 
 
 def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens, context_lens, *,
-                           softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                           softmax_scale=None, mixed_precision=True, large_tile_size=None,
                            kernel="scheduled", sliding_window=None, logits_soft_cap=None,
                            alibi_slopes=None, sinks=None, api=None):
     """:func:`host.paged_attention` with torch tensors kept on their device (module docstring).
@@ -164,7 +164,8 @@ def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens
     plan = cached_plan(_host(block_tables), _host(query_lens), _host(context_lens), num_heads=H,
                        num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
                        dtype=_numpy_dtype(query.dtype), softmax_scale=softmax_scale,
-                       mixed_precision=mixed_precision, large_tile_size=large_tile_size,
+                       mixed_precision=mixed_precision,
+                       large_tile_size="auto" if large_tile_size is None else large_tile_size,
                        backend="neuron", gqa_packing=False if kernel == "dense" else "auto",
                        kernel=kernel, sliding_window=sliding_window,
                        logits_soft_cap=logits_soft_cap, api=api, **layer)

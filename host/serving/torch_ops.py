@@ -24,7 +24,7 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
 
     paged_attention(query (T,H,d), key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d),
                     block_tables (S,max_blocks) int, query_lens (S,) int, context_lens (S,) int,
-                    softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                    softmax_scale=None, mixed_precision=True, large_tile_size=None (= "auto"),
                     gqa_packing=None (= "auto"), attention_kernel=None, sliding_window=None,
                     logits_soft_cap=None, alibi_slopes=None (H,), sinks=None (H,),
                     k_scale=None, v_scale=None (tensors: () per tensor or (Hkv,) per KV head),
@@ -87,7 +87,7 @@ def host_options(**options: Any) -> dict[str, Any]:
 def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                     block_tables: Tensor, query_lens: Tensor, context_lens: Tensor,
                     softmax_scale: Optional[float] = None, mixed_precision: bool = True,
-                    large_tile_size: int = 2048, gqa_packing: Optional[bool] = None,
+                    large_tile_size: Optional[int] = None, gqa_packing: Optional[bool] = None,
                     attention_kernel: Optional[str] = None, sliding_window: Optional[int] = None,
                     logits_soft_cap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
                     sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
@@ -110,7 +110,7 @@ def paged_attention(query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
     layer = {k: extra.pop(k) for k in LAYER_VALUES if k in extra}
     plan = step_plan(query, key, value, kv_cache, block_tables, query_lens, context_lens,
                      softmax_scale=softmax_scale, mixed_precision=mixed_precision,
-                     large_tile_size=large_tile_size,
+                     large_tile_size="auto" if large_tile_size is None else large_tile_size,
                      gqa_packing="auto" if gqa_packing is None else gqa_packing, api=api, **extra,
                      **layer)
     return run_paged_attention(plan, query, key, value, kv_cache, **layer)
@@ -160,7 +160,7 @@ def check_devices(op: str, **tensors: Any) -> None:
 
 @paged_attention.register_fake
 def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens, context_lens,
-                          softmax_scale=None, mixed_precision=True, large_tile_size=2048,
+                          softmax_scale=None, mixed_precision=True, large_tile_size=None,
                           gqa_packing=None, attention_kernel=None, sliding_window=None,
                           logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
                           v_scale=None, api=None, value_cache=None):
