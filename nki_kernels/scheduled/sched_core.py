@@ -121,7 +121,7 @@ def key_index_tile(ops, rows, loads, tiled_block_size):
 
 
 def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, width, bounds=None,
-               alibi=None):
+               alibi=None, range_bounds=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -135,6 +135,9 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
             ``slope * t + off`` added (t = tile-local key index from ``tile.kidx``), before the
             soft-cap.
+        range_bounds: None or :func:`range_bounds` of the item's bounds (one ``(rows, 1)`` pair
+            per block, computed once per item for all its steps): the range-select steps below
+            then read them instead of deriving them from ``bounds``.
     On NeuronCore-v3 (``ops.has_range_select()``) with ``cfg.tiled_block_size``, a masked step
     selects and takes the row max in ONE VectorE pass per 128-key block (``range_select``: in
     each block the keys a row sees are an interval of p) instead of a distance pass, a select
@@ -188,8 +191,10 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     n_k = width // P
     mx = None
     if ranged:
-        src, mx = _range_masked(ops, src, bounds, kidx, k0, n_k, rows, cfg.tiled_block_size,
-                                cfg.soft_cap)
+        if range_bounds is None:
+            range_bounds = range_bounds_of(ops, bounds[0], bounds[1])
+        src, mx = _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows,
+                                cfg.tiled_block_size, cfg.soft_cap)
     elif cfg.soft_cap is not None or bounds is not None:
         seen = None
         if bounds is not None and not cfg.windowed:
@@ -292,20 +297,32 @@ def _add_mask(ops, src, bounds, kidx, k0, width, rows, windowed, mask_eye):
                    accumulate=True)
 
 
-def _range_masked(ops, src, bounds, kidx, k0, n_k, rows, bp, soft_cap):
+def range_bounds_of(ops, c, r):
+    """The key range of rows with bounds ``(c, r)`` (``(rows, n)`` fp32 tiles or views, n blocks'
+    columns at once): ``(c - r + 1/2, c + r + 1/2)``, two ``(rows, n)`` fp32 tiles (exact: c and
+    r are multiples of 1/2)."""
+    shape = tuple(c.shape)
+    lo = ops.sbuf(shape, ops.float32)
+    ops.tensor_tensor(lo, c, r, "subtract")
+    ops.tensor_tensor(lo, lo, HALF, "add")
+    hi = ops.sbuf(shape, ops.float32)
+    ops.tensor_tensor(hi, c, r, "add")
+    ops.tensor_tensor(hi, hi, HALF, "add")
+    return lo, hi
+
+
+def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
     """NeuronCore-v3 masked step: per 128-key block i of the step (K^T columns
     ``[k0 + 128i, +128)``, keys ``kidx0_i + p*b'``, p < 128), row q sees p iff
     ``lo_q <= kidx0_i + p*b' < hi_q``, i.e. ``(lo_q - kidx0_i)/b' <= p < (hi_q - kidx0_i)/b'``
-    (exact in fp32: integers and a power-of-two divisor): one range select keeps those scores
-    (fp32.min elsewhere) and reduces the block's row max. Returns the masked scores, one SBUF
-    tile per 512-key chunk, and the (rows, n_k) block maxima."""
+    (exact in fp32: integers, halves and a power-of-two divisor; ``range_bounds`` = (lo, hi),
+    :func:`range_bounds_of`): one range select keeps those scores (fp32.min elsewhere)
+    and reduces the block's row max. Returns the masked scores, one SBUF tile per 512-key chunk,
+    and the (rows, n_k) block maxima."""
     f32 = ops.float32
     mult = float(soft_cap) if soft_cap is not None else 1.0
     kb = ops.free_view(kidx, ((RANGE_BLOCK, n_k),), col0=k0)     # key index at p = 0 of block i
-    lo = ops.sbuf((rows, 1), f32)
-    ops.tensor_scalar(lo, bounds[0], "subtract", bounds[1], op1="add", operand1=HALF)  # c - r + 1/2
-    hi = ops.sbuf((rows, 1), f32)
-    ops.tensor_scalar(hi, bounds[0], "add", bounds[1], op1="add", operand1=HALF)       # c + r + 1/2
+    lo, hi = range_bounds
     b0 = ops.sbuf((rows, n_k), f32)
     ops.tensor_scalar(b0, kb, "subtract", lo, reverse0=True, op1="multiply", operand1=1.0 / bp)
     b1 = ops.sbuf((rows, n_k), f32)
