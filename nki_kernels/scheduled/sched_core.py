@@ -121,7 +121,7 @@ def key_index_tile(ops, rows, loads, tiled_block_size):
 
 
 def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, width, bounds=None,
-               alibi=None, range_bounds=None):
+               alibi=None, derived=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into one block's state.
 
     Args:
@@ -135,9 +135,9 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         alibi: None or ``(slope, off)``, two ``(rows, 1)`` fp32 tiles: scores get
             ``slope * t + off`` added (t = tile-local key index from ``tile.kidx``), before the
             soft-cap.
-        range_bounds: None or :func:`range_bounds` of the item's bounds (one ``(rows, 1)`` pair
-            per block, computed once per item for all its steps): the range-select steps below
-            then read them instead of deriving them from ``bounds``.
+        derived: None or this block's columns of :func:`step_bounds` (the per-row values the
+            step's mask form derives from ``bounds``, computed once per item for every block
+            and step); None: derived here.
     On NeuronCore-v3 (``ops.has_range_select()``) with ``cfg.tiled_block_size``, a masked step
     selects and takes the row max in ONE VectorE pass per 128-key block (``range_select``: in
     each block the keys a row sees are an interval of p) instead of a distance pass, a select
@@ -173,9 +173,12 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                        tile.k_t[k][:, ops.ds(k0 + c * PSUM_BANK_F32, PSUM_BANK_F32)],
                        accumulate=k > 0)
         src.append(ps)
-    ranged = (bounds is not None and cfg.tiled_block_size is not None and ops.has_range_select())
-    if bounds is not None and not ranged and tile.mask_eye is not None and cfg.soft_cap is None:
-        _add_mask(ops, src, bounds, kidx, k0, width, rows, cfg.windowed, tile.mask_eye)
+    form = mask_form(ops, cfg, tile) if bounds is not None else None
+    if form is not None and derived is None:
+        derived = step_bounds(ops, cfg, form, bounds[0], bounds[1])
+    ranged = form == "range"
+    if form == "additive":
+        _add_mask(ops, src, derived, kidx, k0, width, rows, cfg.windowed, tile.mask_eye)
         bounds = None           # the scores are masked already
     # Step 2: optional ALiBi bias (ScalarE + VectorE pass), soft-cap (one ScalarE pass) and mask
     # (ScalarE |t - c| + 2 VectorE passes).
@@ -191,22 +194,18 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     n_k = width // P
     mx = None
     if ranged:
-        if range_bounds is None:
-            range_bounds = range_bounds_of(ops, bounds[0], bounds[1])
-        src, mx = _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows,
+        src, mx = _range_masked(ops, src, derived, kidx, k0, n_k, rows,
                                 cfg.tiled_block_size, cfg.soft_cap)
     elif cfg.soft_cap is not None or bounds is not None:
         seen = None
         if bounds is not None and not cfg.windowed:
             # every row's range starts at or before the tile (no window): t < hi = c + r + 1/2,
             # i.e. relu(c + r - t) > 0 for integer t -- one ScalarE pass, a float predicate
-            top = ops.sbuf((rows, 1), f32)
-            ops.tensor_tensor(top, bounds[0], bounds[1], "add")
+            (top,) = derived
             seen = ops.sbuf((rows, width), f32)
             ops.activation(seen, "relu", kidx[:, ops.ds(k0, width)], bias=top, scale=-1.0)
         elif bounds is not None:
-            neg_c = ops.sbuf((rows, 1), f32)
-            ops.tensor_scalar(neg_c, bounds[0], "multiply", -1.0)
+            (neg_c,) = derived
             dist = ops.sbuf((rows, width), f32)
             ops.activation(dist, "abs", kidx[:, ops.ds(k0, width)], bias=neg_c, scale=1.0)
             seen = ops.sbuf((rows, width), ops.PRED)
@@ -272,43 +271,69 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
 
 
-def _add_mask(ops, src, bounds, kidx, k0, width, rows, windowed, mask_eye):
+def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye):
     """Masked step with :func:`mask_eye_tile`: ``R = relu(kidx - (c + r))`` (no window) or
     ``relu(|kidx - c| - r)`` on ScalarE in ``mask_eye``'s dtype (0 stays 0 and a distance
     >= 1/2 stays >= 1/2 under any rounding), then per 512-key chunk one matmul adds ``mask_eye^T R`` =
-    ``MASK_EYE_VALUE * R`` onto the chunk's scores in PSUM (a visible key gets exactly +0)."""
+    ``MASK_EYE_VALUE * R`` onto the chunk's scores in PSUM (a visible key gets exactly +0).
+    ``derived``: the additive form of :func:`step_bounds`."""
     f32 = ops.float32
     far = ops.sbuf((rows, width), mask_eye.dtype)
     keys = kidx[:, ops.ds(k0, width)]
     if windowed:
-        neg_c = ops.sbuf((rows, 1), f32)
-        ops.tensor_scalar(neg_c, bounds[0], "multiply", -1.0)
-        neg_r = ops.sbuf((rows, 1), f32)
-        ops.tensor_scalar(neg_r, bounds[1], "multiply", -1.0)
+        neg_c, neg_r = derived
         dist = ops.sbuf((rows, width), f32)
         ops.activation(dist, "abs", keys, bias=neg_c, scale=1.0)
         ops.activation(far, "relu", dist, bias=neg_r, scale=1.0)
     else:       # every row's range starts at or before the tile: only t >= c + r + 1/2 is masked
-        neg_top = ops.sbuf((rows, 1), f32)
-        ops.tensor_scalar(neg_top, bounds[0], "add", bounds[1], op1="multiply", operand1=-1.0)
+        (neg_top,) = derived
         ops.activation(far, "relu", keys, bias=neg_top, scale=1.0)
     for c in ops.static_range(len(src)):
         ops.matmul(src[c], mask_eye, far[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)],
                    accumulate=True)
 
 
-def range_bounds_of(ops, c, r):
-    """The key range of rows with bounds ``(c, r)`` (``(rows, n)`` fp32 tiles or views, n blocks'
-    columns at once): ``(c - r + 1/2, c + r + 1/2)``, two ``(rows, n)`` fp32 tiles (exact: c and
-    r are multiples of 1/2)."""
-    shape = tuple(c.shape)
-    lo = ops.sbuf(shape, ops.float32)
-    ops.tensor_tensor(lo, c, r, "subtract")
-    ops.tensor_tensor(lo, lo, HALF, "add")
-    hi = ops.sbuf(shape, ops.float32)
-    ops.tensor_tensor(hi, c, r, "add")
-    ops.tensor_tensor(hi, hi, HALF, "add")
-    return lo, hi
+def mask_form(ops, cfg: StepConfig, tile: KVTile) -> str:
+    """How a masked query-rows step of ``cfg`` masks: ``"range"`` (NeuronCore-v3 range select,
+    :func:`_range_masked`), ``"additive"`` (the mask added on TensorE, :func:`_add_mask`) or
+    ``"select"`` (a float predicate and a select)."""
+    if cfg.tiled_block_size is not None and ops.has_range_select():
+        return "range"
+    if tile.mask_eye is not None and cfg.soft_cap is None:
+        return "additive"
+    return "select"
+
+
+def step_bounds(ops, cfg: StepConfig, form: str, c, r):
+    """The per-row values the masked steps of ``form`` (:func:`mask_form`) derive from bounds
+    ``(c, r)`` -- ``(rows, n)`` fp32 tiles or views, so a caller derives the n blocks of an item
+    at once, once for all its steps -- as a tuple of ``(rows, n)`` fp32 tiles:
+
+        range                     (c - r + 1/2, c + r + 1/2)
+        additive, no window       (-(c + r),)
+        additive, window          (-c, -r)
+        select, no window         (c + r,)
+        select, window            (-c,)
+
+    All exact (c and r are multiples of 1/2)."""
+    f32, shape = ops.float32, tuple(c.shape)
+
+    def new(a, b, op, then=None):
+        t = ops.sbuf(shape, f32)
+        ops.tensor_tensor(t, a, b, op)
+        if then is not None:
+            ops.tensor_tensor(t, t, then[1], then[0])
+        return t
+
+    if form == "range":
+        return new(c, r, "subtract", ("add", HALF)), new(c, r, "add", ("add", HALF))
+    if form == "additive" and not cfg.windowed:
+        return (new(c, r, "add", ("multiply", -1.0)),)
+    if form == "additive":
+        return new(c, -1.0, "multiply"), new(r, -1.0, "multiply")
+    if not cfg.windowed:
+        return (new(c, r, "add"),)
+    return (new(c, -1.0, "multiply"),)
 
 
 def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
@@ -316,7 +341,7 @@ def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
     ``[k0 + 128i, +128)``, keys ``kidx0_i + p*b'``, p < 128), row q sees p iff
     ``lo_q <= kidx0_i + p*b' < hi_q``, i.e. ``(lo_q - kidx0_i)/b' <= p < (hi_q - kidx0_i)/b'``
     (exact in fp32: integers, halves and a power-of-two divisor; ``range_bounds`` = (lo, hi),
-    :func:`range_bounds_of`): one range select keeps those scores (fp32.min elsewhere)
+    :func:`step_bounds`): one range select keeps those scores (fp32.min elsewhere)
     and reduces the block's row max. Returns the masked scores, one SBUF tile per 512-key chunk,
     and the (rows, n_k) block maxima."""
     f32 = ops.float32

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE_EXTRA_COLUMNS,
                                   STEP_KEYS, channel_slices)
-from nki_kernels.scheduled.sched_core import KVTile, StepConfig, flash_step, range_bounds_of
+from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
+                                              step_bounds)
 from nki_kernels.scheduled.sched_decode import decode_step
 
 # P^T copy engines of 128-row blocks (query-rows steps; four copies of 512 keys per 2048-key
@@ -156,25 +157,25 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     if step.p_evac is None and rows == P:
         step = dataclasses.replace(step, p_evac=default_p_evac(
             ops.nc_gen(), masked=fc.masked, additive=tile.mask_eye is not None))
-    ranged = None
-    if fc.masked and step.tiled_block_size is not None and ops.has_range_select():
-        # every block's range-select bounds in two instructions per bound for the whole item
-        # (the (c, r) columns of the blocks alternate: stride-2 views)
-        ranged = range_bounds_of(
-            ops, ops.free_view(mf, ((2, blocks),), col0=cf + 1),
-            ops.free_view(mf, ((2, blocks),), col0=cf + 2))
+    derived = None
+    if fc.masked:
+        # what the masks derive from every block's bounds, for the whole item at once (the
+        # blocks' (c, r) columns alternate: stride-2 views)
+        derived = step_bounds(ops, step, mask_form(ops, step, tile),
+                              ops.free_view(mf, ((2, blocks),), col0=cf + 1),
+                              ops.free_view(mf, ((2, blocks),), col0=cf + 2))
     for j in ops.static_range(blocks):
         bounds = None
         if fc.masked:
             bounds = (mf[0:rows, ops.ds(cf + 1 + 2 * j, 1)], mf[0:rows, ops.ds(cf + 2 + 2 * j, 1)])
-        rb = None
-        if ranged is not None:
-            rb = tuple(t[0:rows, ops.ds(j, 1)] for t in ranged)
+        dj = None
+        if derived is not None:
+            dj = tuple(t[0:rows, ops.ds(j, 1)] for t in derived)
         alibi = alibi_of(j) if alibi_of is not None else None
         for s0 in ops.static_range(n_steps):
             flash_step(ops, step, [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile, st,
                        j * sw, k0=s0 * fc.step_keys, width=fc.step_keys, bounds=bounds,
-                       alibi=alibi, range_bounds=rb)
+                       alibi=alibi, derived=dj)
 
 
 def _rows_to_free_axis(ops, cols, rows, consts):
