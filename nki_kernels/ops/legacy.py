@@ -82,7 +82,8 @@ def free_view(t, dims, col0=0):
     broadcasting of the legacy ``nl`` ops widens it)."""
     sizes = tuple(count if step else 1 for step, count in dims)
     inner = 1
-    contiguous = col0 == 0
+    # a loop-variable offset (an affine expression) is never a plain reshape
+    contiguous = type(col0) is int and col0 == 0
     for (step, count) in reversed(dims):
         if step:
             contiguous = contiguous and step == inner
