@@ -253,6 +253,28 @@ def divide(dst, a, col, engine=None):
     nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
 
 
+def floored_divisors(dst, cols, floor, engine=None):
+    """What :func:`divide_by` divides by, for n (P, 1) columns at once: ``dst`` (P, n) fp32 =
+    ``1 / max(cols, floor)`` (the max on VectorE, the reciprocal as :func:`divide` takes it:
+    ScalarE, or VectorE with ``engine="vector"``). ``cols`` may be a strided view."""
+    floored = sbuf(tuple(dst.shape), nl.float32)
+    nisa.tensor_scalar(dst=floored, data=cols, op0=nl.maximum, operand0=floor)
+    if engine == "vector":
+        nisa.reciprocal(dst=dst, data=floored)
+        return
+    nisa.activation(dst=dst, op=nl.reciprocal, data=floored)
+
+
+def divide_by(dst, a, div, engine=None):
+    """``dst = a / max(col, floor)`` for a (P, 1) column ``div`` of :func:`floored_divisors`:
+    ``a * div`` (the product :func:`divide` makes; ``engine="vector"`` pins it to VectorE)."""
+    if engine == "vector":
+        nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=div,
+                           engine=nisa.engine.vector)
+        return
+    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=div)
+
+
 def _predicate(pred):
     """An integer predicate: ``pred`` itself, or ``pred > 0`` of a float 0 / positive tile."""
     from nki_kernels.ops import dtype_name
@@ -304,12 +326,13 @@ def tensor_reduce(dst, op, data, axis, keepdims=False):
     nisa.tensor_reduce(dst=dst, op=_ALU[op], data=data, axis=axis, keepdims=keepdims)
 
 
-def range_select_max(dst, data, lo, hi, row_max):
-    """``dst[p, j] = data[p, j]`` where ``lo[p] <= j < hi[p]`` else FP32_MIN; ``row_max[p]`` =
-    the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+)."""
+def range_select_max(dst, data, lo, hi, row_max, start=0):
+    """``dst[p, j] = data[p, j]`` where ``lo[p] <= start + j < hi[p]`` else FP32_MIN;
+    ``row_max[p]`` = the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+;
+    ``start`` a static int)."""
     nisa.range_select(dst=dst, on_true_tile=data, comp_op0=nl.greater_equal, comp_op1=nl.less,
                       bound0=lo, bound1=hi, reduce_cmd=nisa.reduce_cmd.reset_reduce,
-                      reduce_res=row_max, reduce_op=nl.maximum, range_start=0,
+                      reduce_res=row_max, reduce_op=nl.maximum, range_start=start,
                       on_false_value=FP32_MIN)
 
 

@@ -215,6 +215,18 @@ def divide(dst, a, col, engine=None):
     dst[...] = nl.divide(a, col, dtype=dst.dtype)
 
 
+def floored_divisors(dst, cols, floor, engine=None):
+    """What :func:`divide_by` divides by, for n (P, 1) columns at once: ``dst`` (P, n) =
+    ``max(cols, floor)`` (``nl.maximum``; ``engine`` is a hint of the current-API layer)."""
+    dst[...] = nl.maximum(cols, floor, dtype=dst.dtype)
+
+
+def divide_by(dst, a, div, engine=None):
+    """``dst = a / div`` for a (P, 1) column ``div`` of :func:`floored_divisors` (``nl.divide``,
+    as :func:`divide`)."""
+    dst[...] = nl.divide(a, div, dtype=dst.dtype)
+
+
 def where(dst, pred, on_true, on_false):
     """``dst = on_true where pred else on_false`` (a select: NaN in the unselected operand does
     not leak); ``on_true`` may be a (P, 1) column, ``on_false`` a scalar or a tile."""
@@ -242,12 +254,13 @@ def tensor_reduce(dst, op, data, axis, keepdims=False):
     dst[...] = nisa.tensor_reduce(_ALU[op], data, axis=axis, dtype=dst.dtype, **kw)
 
 
-def range_select_max(dst, data, lo, hi, row_max):
-    """``dst[p, j] = data[p, j]`` where ``lo[p] <= j < hi[p]`` else FP32_MIN; ``row_max[p]`` =
-    the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+)."""
+def range_select_max(dst, data, lo, hi, row_max, start=0):
+    """``dst[p, j] = data[p, j]`` where ``lo[p] <= start + j < hi[p]`` else FP32_MIN;
+    ``row_max[p]`` = the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+;
+    ``start`` a static int)."""
     dst[...] = nisa.range_select(on_true_tile=data, comp_op0=np.greater_equal, comp_op1=np.less,
                                  bound0=lo, bound1=hi, reduce_cmd=nisa.reduce_cmd.reset_reduce,
-                                 reduce_res=row_max, reduce_op=np.amax, range_start=0,
+                                 reduce_res=row_max, reduce_op=np.amax, range_start=start,
                                  on_false_value=nl.fp32.min, dtype=dst.dtype)
 
 

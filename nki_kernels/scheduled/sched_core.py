@@ -82,6 +82,41 @@ class KVTile:
     ones: Any = None
 
 
+@dataclass(frozen=True)
+class OffsetBounds:
+    """Range-select bounds of one Q block by key offset: ``lo[s]``, ``hi[s]`` (s < b') are
+    ``(rows, 1)`` fp32 columns ``(lo_q - s) / b'`` and ``(hi_q - s) / b'``
+    (:func:`range_offset_bounds`). Row q sees the key ``l*128*b' + p*b' + s`` (K^T column
+    ``l*128*b' + s*128 + p``, :func:`key_index_tile`) iff ``lo[s] <= l*128 + p < hi[s]``, so a
+    128-key block's range select takes ``range_start = l*128`` (static) and needs no per-step
+    bound arithmetic."""
+
+    lo: tuple
+    hi: tuple
+
+
+def range_offset_bounds(ops, lo, hi, bp):
+    """The :class:`OffsetBounds` columns of n blocks at once: ``lo``, ``hi`` ``(rows, n)`` fp32
+    (:func:`step_bounds`, range form) -> two ``(rows, b' * n)`` fp32 tiles, column ``s*n + j`` =
+    ``(x_j - s) / b'`` (exact: halves and a power-of-two divisor); 2 b' instructions."""
+    rows, n = tuple(lo.shape)
+    out = []
+    for x in (lo, hi):
+        t = ops.sbuf((rows, bp * n), ops.float32)
+        for s in ops.static_range(bp):
+            ops.tensor_scalar(t[:, ops.ds(s * n, n)], x, "subtract", float(s), op1="multiply",
+                              operand1=1.0 / bp)
+        out.append(t)
+    return tuple(out)
+
+
+def offset_bounds_of(ops, tiles, j, n, bp, rows):
+    """Block j's :class:`OffsetBounds` from :func:`range_offset_bounds` tiles of n blocks."""
+    lo, hi = tiles
+    return OffsetBounds(lo=tuple(lo[0:rows, ops.ds(s * n + j, 1)] for s in range(bp)),
+                        hi=tuple(hi[0:rows, ops.ds(s * n + j, 1)] for s in range(bp)))
+
+
 # The mask_eye diagonal: every masked key has a distance of at least 1/2 past its row's bounds
 # (bounds sit on half-integers), so its score moves by at most 2 * NEG_MASK * 1/2 = NEG_MASK.
 MASK_EYE_VALUE = 2.0 * NEG_MASK
@@ -137,7 +172,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
             soft-cap.
         derived: None or this block's columns of :func:`step_bounds` (the per-row values the
             step's mask form derives from ``bounds``, computed once per item for every block
-            and step); None: derived here.
+            and step), for the range form optionally its :class:`OffsetBounds`; None: derived
+            here.
     On NeuronCore-v3 (``ops.has_range_select()``) with ``cfg.tiled_block_size``, a masked step
     selects and takes the row max in ONE VectorE pass per 128-key block (``range_select``: in
     each block the keys a row sees are an interval of p) instead of a distance pass, a select
@@ -341,17 +377,22 @@ def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
     ``[k0 + 128i, +128)``, keys ``kidx0_i + p*b'``, p < 128), row q sees p iff
     ``lo_q <= kidx0_i + p*b' < hi_q``, i.e. ``(lo_q - kidx0_i)/b' <= p < (hi_q - kidx0_i)/b'``
     (exact in fp32: integers, halves and a power-of-two divisor; ``range_bounds`` = (lo, hi),
-    :func:`step_bounds`): one range select keeps those scores (fp32.min elsewhere)
+    :func:`step_bounds`, or the item's precomputed :class:`OffsetBounds`, which need no
+    per-step arithmetic): one range select keeps those scores (fp32.min elsewhere)
     and reduces the block's row max. Returns the masked scores, one SBUF tile per 512-key chunk,
     and the (rows, n_k) block maxima."""
     f32 = ops.float32
     mult = float(soft_cap) if soft_cap is not None else 1.0
-    kb = ops.free_view(kidx, ((RANGE_BLOCK, n_k),), col0=k0)     # key index at p = 0 of block i
-    lo, hi = range_bounds
-    b0 = ops.sbuf((rows, n_k), f32)
-    ops.tensor_scalar(b0, kb, "subtract", lo, reverse0=True, op1="multiply", operand1=1.0 / bp)
-    b1 = ops.sbuf((rows, n_k), f32)
-    ops.tensor_scalar(b1, kb, "subtract", hi, reverse0=True, op1="multiply", operand1=1.0 / bp)
+    by_offset = isinstance(range_bounds, OffsetBounds)
+    if not by_offset:
+        kb = ops.free_view(kidx, ((RANGE_BLOCK, n_k),), col0=k0)  # key index at p = 0 of block i
+        lo, hi = range_bounds
+        b0 = ops.sbuf((rows, n_k), f32)
+        ops.tensor_scalar(b0, kb, "subtract", lo, reverse0=True, op1="multiply",
+                          operand1=1.0 / bp)
+        b1 = ops.sbuf((rows, n_k), f32)
+        ops.tensor_scalar(b1, kb, "subtract", hi, reverse0=True, op1="multiply",
+                          operand1=1.0 / bp)
     per = PSUM_BANK_F32 // RANGE_BLOCK
     mx = ops.sbuf((rows, n_k), f32)
     vals = []
@@ -364,9 +405,15 @@ def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
         out = ops.sbuf((rows, PSUM_BANK_F32), f32)
         for i4 in ops.static_range(per):
             i = c * per + i4
-            ops.range_select_max(out[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)],
-                                 u[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)],
-                                 b0[:, ops.ds(i, 1)], b1[:, ops.ds(i, 1)], mx[:, ops.ds(i, 1)])
+            dst = out[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)]
+            data = u[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)]
+            if by_offset:       # K^T column block (l, s): range_start l*128, bounds of offset s
+                load, s_off = divmod(k0 // RANGE_BLOCK + i, bp)
+                ops.range_select_max(dst, data, range_bounds.lo[s_off], range_bounds.hi[s_off],
+                                     mx[:, ops.ds(i, 1)], start=load * RANGE_BLOCK)
+            else:
+                ops.range_select_max(dst, data, b0[:, ops.ds(i, 1)], b1[:, ops.ds(i, 1)],
+                                     mx[:, ops.ds(i, 1)])
         vals.append(out)
     return vals, mx
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE_EXTRA_COLUMNS,
                                   STEP_KEYS, channel_slices)
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
-                                              step_bounds)
+                                              offset_bounds_of, range_offset_bounds, step_bounds)
 from nki_kernels.scheduled.sched_decode import decode_step
 
 # P^T copy engines of 128-row blocks (query-rows steps; four copies of 512 keys per 2048-key
@@ -158,18 +158,28 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
         step = dataclasses.replace(step, p_evac=default_p_evac(
             ops.nc_gen(), masked=fc.masked, additive=tile.mask_eye is not None))
     derived = None
+    by_offset = False
     if fc.masked:
         # what the masks derive from every block's bounds, for the whole item at once (the
         # blocks' (c, r) columns alternate: stride-2 views)
-        derived = step_bounds(ops, step, mask_form(ops, step, tile),
+        form = mask_form(ops, step, tile)
+        derived = step_bounds(ops, step, form,
                               ops.free_view(mf, ((2, blocks),), col0=cf + 1),
                               ops.free_view(mf, ((2, blocks),), col0=cf + 2))
+        bp = step.tiled_block_size
+        # range form: the bounds of every key offset s < b' once per item (2 b' instructions)
+        # instead of two per block and step, when that is fewer
+        by_offset = form == "range" and bp <= blocks * n_steps
+        if by_offset:
+            derived = range_offset_bounds(ops, *derived, bp)
     for j in ops.static_range(blocks):
         bounds = None
         if fc.masked:
             bounds = (mf[0:rows, ops.ds(cf + 1 + 2 * j, 1)], mf[0:rows, ops.ds(cf + 2 + 2 * j, 1)])
         dj = None
-        if derived is not None:
+        if by_offset:
+            dj = offset_bounds_of(ops, derived, j, blocks, bp, rows)
+        elif derived is not None:
             dj = tuple(t[0:rows, ops.ds(j, 1)] for t in derived)
         alibi = alibi_of(j) if alibi_of is not None else None
         for s0 in ops.static_range(n_steps):
@@ -199,14 +209,18 @@ def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked, engin
     """Full items: every block's state rows to ``state`` (rows of d + 2 fp32, state columns
     ``col + j``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
     L_FLOOR)`` of every block to ``out`` (output columns ``col + j``; skipped unless the group
-    ends here; the division on ``engine``: ``ops.divide``)."""
+    ends here; the divisors of all blocks in one pass, the division on ``engine``:
+    ``ops.floored_divisors`` / ``ops.divide_by``)."""
     sw = d + STATE_EXTRA_COLUMNS
+    div = None
+    if masked:      # every block's max(l, L_FLOOR) (current API: its reciprocal) at once
+        div = ops.sbuf((rows, blocks), ops.float32)
+        ops.floored_divisors(div, ops.free_view(st, ((sw, blocks),), col0=d + 1), L_FLOOR,
+                             engine=engine)
     for j in ops.static_range(blocks):
         if not masked:
             ops.scatter(state, mi, col + j, st[:, ops.ds(j * sw, sw)])
             continue
-        l_safe = ops.sbuf((rows, 1), ops.float32)
-        ops.tensor_tensor(l_safe, st[:, ops.ds(j * sw + d + 1, 1)], L_FLOOR, "maximum")
         o_tile = ops.sbuf((rows, d), out.dtype)
-        ops.divide(o_tile, st[:, ops.ds(j * sw, d)], l_safe, engine=engine)
+        ops.divide_by(o_tile, st[:, ops.ds(j * sw, d)], div[:, ops.ds(j, 1)], engine=engine)
         ops.scatter(out, mi, col + j, o_tile)

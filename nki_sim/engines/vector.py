@@ -158,7 +158,8 @@ def range_select(dst, on_true, cmp0: str, cmp1: str, bound0, bound1, *, range_st
     fmin = np.float32(np.finfo(np.float32).min if on_false is None else on_false)
     r = np.where(sel, as_rows(np.asarray(x.v, np.float32), P), fmin)
     write_dst(dst, r, "range_select", inputs=(x,))
-    emit("vector", "range_select", (x, o0, o1), dst, name=name)
+    emit("vector", "range_select", (x, o0, o1), dst, name=name,
+         attrs={"range_start": float(range_start)})
     if reduce_res is not None or reduce_cmd != "idle":
         vector_reduce(reduce_cmd, reduce_res, r, P, "range_select")
 

@@ -65,6 +65,21 @@ def make_batch(seed, query_lens, context_lens, *, H, Hkv, d, block_size, dtype=n
     return Batch(u(T, H, d), u(T, Hkv, d), u(T, Hkv, d), u(2, N, Hkv, block_size, d), bt, qlens, clens)
 
 
+def unseen_slots_poisoned(batch: Batch, value=np.nan) -> np.ndarray:
+    """A copy of ``batch.kv_cache`` with ``value`` in every cache slot no query may see: each
+    sequence's last block past its context and every block no sequence's table uses."""
+    B = batch.kv_cache.shape[3]
+    dirty = batch.kv_cache.copy()
+    used = set()
+    for i, ci in enumerate(np.asarray(batch.context_lens).tolist()):
+        blocks = batch.block_tables[i, :-(-ci // B)]
+        used.update(blocks.tolist())
+        if len(blocks):
+            dirty[:, blocks[-1], :, ci % B or B:] = value
+    dirty[:, [k for k in range(dirty.shape[1]) if k not in used]] = value
+    return dirty
+
+
 def max_abs_err(out, ref) -> float:
     return float(np.max(np.abs(np.asarray(out, dtype=np.float64) - np.asarray(ref, dtype=np.float64))))
 
@@ -148,6 +163,13 @@ def build_kernel_inputs():
 def batch_factory():
     """``make_batch(seed, query_lens, context_lens, *, H, Hkv, d, block_size, dtype=...)``."""
     return make_batch
+
+
+@pytest.fixture
+def poison_unseen():
+    """``unseen_slots_poisoned(batch, value=nan)``: the batch's cache with ``value`` in every slot
+    no query may see."""
+    return unseen_slots_poisoned
 
 
 @pytest.fixture

@@ -97,7 +97,8 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd
     r = np.where(sel, np.asarray(x.v, np.float32).reshape(P, F), np.float32(fmin))
     out_dt = D.as_dtype(dtype) if dtype is not None else x.dtype
     res = result_tile(r.reshape(on_true_tile.shape), out_dt, op="range_select", engine="vector",
-                      inputs=tuple(o for o in (x, o0, o1) if o is not None), mask=m, name=name)
+                      inputs=tuple(o for o in (x, o0, o1) if o is not None), mask=m, name=name,
+                      attrs={"range_start": float(range_start)})
     if reduce_res is not None or reduce_cmd != _reduce_cmd.idle:
         _vector_reduce(reduce_cmd, reduce_res, r, P, "nisa.range_select")
     return res

@@ -70,20 +70,13 @@ def test_fp8_cache_on_the_current_api(on_api, batch_factory, tol):
 
 
 def test_garbage_where_no_query_looks_never_reaches_the_output_on_the_current_api(
-        on_api, batch_factory):
+        on_api, batch_factory, poison_unseen):
     # NaN in every cache slot no query may see: block tails past each context, unused blocks
     q, c, B = [1, 3, 40, 1], [50, 7, 300, 33], 16
     b = batch_factory(14, q, c, H=4, Hkv=2, d=16, block_size=B, spare_blocks=3)
     with on_api("nki"):
         clean = paged_attention(*b.args(), backend="sim", large_tile_size=512)
-        dirty = b.kv_cache.copy()
-        used = set()
-        for i, ci in enumerate(c):
-            blocks = b.block_tables[i, :-(-ci // B)]
-            used.update(blocks.tolist())
-            dirty[:, blocks[-1], :, ci % B or B:] = np.nan
-        spare = [k for k in range(dirty.shape[1]) if k not in used]
-        dirty[:, spare] = np.nan
+        dirty = poison_unseen(b)
         out = paged_attention(b.query, b.key, b.value, dirty, b.block_tables, b.query_lens,
                               b.context_lens, backend="sim", large_tile_size=512)
     assert out.tobytes() == clean.tobytes()

@@ -266,6 +266,39 @@ def test_masked_prefill_steps_select_and_reduce_in_one_pass_on_trn2(target, batc
         assert n_sel == 0
 
 
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+@pytest.mark.parametrize("variant", ["causal", "window", "softcap"])
+def test_masked_prefill_range_bounds_come_once_per_item_on_trn2(api, variant, on_api,
+                                                                 batch_factory, poison_unseen):
+    """With at least b' Q blocks x steps per masked item, the range selects of NeuronCore-v3
+    take their bounds per key offset s < b' from 2 b' instructions per item and a static
+    range_start (l * 128) per 128-key block, instead of two bound instructions per block and
+    step: every range select of column block (l, s) starts at l * 128, the item's VectorE
+    instruction count drops by the per-step bounds, the output matches the float64 reference,
+    and NaN in every cache slot no query may see changes no output bit."""
+    from host.attention import paged_attention
+
+    q, c, B = [300, 1], [200, 700], 8
+    b = batch_factory(3, q, c, H=8, Hkv=2, d=16, block_size=B, dtype=BF16, spare_blocks=2)
+    kw = {"causal": {}, "window": dict(sliding_window=150),
+          "softcap": dict(logits_soft_cap=2.0)}[variant]
+    run = dict(backend="sim", kernel="scheduled", large_tile_size=2048, partial_tile_size=2048,
+               **kw)
+    with on_api(api), nki_sim.tracing() as trace:
+        out = paged_attention(*b.args(), **run)
+    ref = paged_attention_ref(*b.args(), **kw)
+    assert np.abs(np.asarray(out, np.float32) - ref).max() < 3e-2
+    starts = [dict(e.attrs)["range_start"] for e in trace.events
+              if e.op == "range_select"]
+    # partial tiles of 2048 keys at B = 8: b' = 8 tokens per row, two loads of 128 rows (l = 0,
+    # 1); 10 Q blocks per group (1200 rows) make the per-offset bounds the cheaper form
+    assert starts and set(starts) == {0.0, 128.0}
+    with on_api(api):
+        again = paged_attention(b.query, b.key, b.value, poison_unseen(b),
+                                *b.args()[4:], **run)
+    assert np.asarray(again).tobytes() == np.asarray(out).tobytes()
+
+
 @pytest.mark.parametrize("variant", ["causal", "window", "softcap"])
 def test_masked_prefill_steps_add_the_mask_on_tensore_on_trn1(variant, batch_factory):
     """NeuronCore-v2 masked query-rows steps with a bf16 kernel dtype and no soft-cap add their
