@@ -81,6 +81,23 @@ def git_commit(*paths: str) -> str:
         return "unknown"
 
 
+def command_line(script: str, argv) -> str:
+    """``python scripts/<script> <argv>`` as a generated page records it: an absolute path
+    inside the checkout becomes repo-relative, so no page names the machine it ran on."""
+    root = Path(__file__).resolve().parents[1]
+
+    def rel(arg: str) -> str:
+        p = Path(arg)
+        if p.is_absolute():
+            try:
+                return str(p.resolve().relative_to(root))
+            except ValueError:
+                return arg
+        return arg
+
+    return f"python scripts/{script} " + " ".join(rel(str(a)) for a in argv)
+
+
 API_CHOICES = ("auto", "legacy", "nki", "both")
 AUTO_API = {"trn1": "legacy", "trn2": "nki"}      # the API each target's users get
 CURRENT_API_TARGETS = ("trn2",)                   # simulated targets of the current API

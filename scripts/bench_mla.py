@@ -37,7 +37,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
-                                    check_api_targets, git_commit, parse_args, write_json)
+                                    check_api_targets, command_line, git_commit, parse_args,
+                                    write_json)
 
 R, P, B, LARGE_TILE = 512, 64, 64, 2048
 ENTRY_SIZES = (576, 640)          # R + P unpadded; padded to 256 bytes (bf16)
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
     rows = run(make_workloads(args.quick), args.heads, api_runs(args.api, args.targets),
                check_reference=args.quick, progress=not args.no_progress)
     table, summary = markdown_table(rows), alignment_summary(rows)
-    command = "python scripts/bench_mla.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("bench_mla.py", sys.argv[1:] if argv is None else argv)
     write_json(args, __file__, rows, summary=summary, commit=git_commit(), command=command)
     print(table + "\n\n" + summary)
     if args.markdown is not None:

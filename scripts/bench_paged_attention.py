@@ -46,7 +46,7 @@ import _pa_workloads as workloads  # noqa: E402
 from _pa_runs import KERNELS, breakdown, kernel_inputs, make_row, simulate  # noqa: E402,F401
 from _pa_workloads import HKV, H, make_batch, make_workloads  # noqa: E402
 from nki_pa_cli.script_args import (AUTO_API, add_api_arg, api_runs,  # noqa: E402
-                                    check_api_targets, git_commit)
+                                    check_api_targets, command_line, git_commit)
 
 TARGETS = ("trn1", "trn2")
 BLOCK = 32                     # block size of every workload; 16 / 128 in the sensitivity rows
@@ -223,8 +223,8 @@ def main(argv=None) -> int:
         except ValueError as exc:
             ap.error(str(exc))
         if len(a.table_from) > 1:            # the report names the render step too
-            doc["command"] += ", then python scripts/bench_paged_attention.py " + " ".join(
-                sys.argv[1:] if argv is None else argv)
+            doc["command"] += ", then " + command_line(
+                "bench_paged_attention.py", sys.argv[1:] if argv is None else argv)
     else:
         wls = make_workloads(a.quick)
         if a.workloads:
@@ -243,8 +243,8 @@ def main(argv=None) -> int:
                    wall_seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
                    rows=rows, skipped=skipped,
                    breakdowns=bds,
-                   command="python scripts/bench_paged_attention.py " + " ".join(
-                       sys.argv[1:] if argv is None else argv))
+                   command=command_line("bench_paged_attention.py",
+                                        sys.argv[1:] if argv is None else argv))
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1))
     text = report.markdown(doc)

@@ -48,8 +48,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
-                                    check_api_targets, git_commit, parse_args,
-                                    write_json)
+                                    check_api_targets, command_line, git_commit,
+                                    parse_args, write_json)
 
 D, BLOCK, TILE = 128, 32, 2048
 TARGETS = ("trn1", "trn2")
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     write_json(a, __file__, rows, times="MODELED")
     if a.markdown:
-        cmd = "python scripts/bench_variants.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        cmd = command_line("bench_variants.py", sys.argv[1:] if argv is None else argv)
         a.markdown.write_text(markdown(rows, a.quick, cmd, git_commit()))
         print(f"markdown: {a.markdown}")
     if a.plot:

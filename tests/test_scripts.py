@@ -65,6 +65,17 @@ def test_api_nki_on_trn1_is_an_argparse_error_naming_what_to_pass(name, capsys, 
     assert "--api nki" in err and "trn2 only" in err and "['trn1']" in err and "--targets trn2" in err
 
 
+def test_recorded_command_names_repo_relative_paths(tmp_path):
+    # a generated page records its command: an absolute path inside the checkout becomes
+    # repo-relative; one outside it, and relative paths, stay as given
+    from pathlib import Path
+
+    root = Path(script_args.__file__).resolve().parents[1]
+    cmd = script_args.command_line("bench_x.py", ["--markdown", str(root / "docs" / "b.txt"),
+                                                  "--json", "out/b.json", str(tmp_path / "c")])
+    assert cmd == f"python scripts/bench_x.py --markdown docs/b.txt --json out/b.json {tmp_path / 'c'}"
+
+
 def test_api_runs_per_target():
     runs = script_args.api_runs
     assert runs("auto", ["trn1", "trn2"]) == [("trn1", "legacy"), ("trn2", "nki")]

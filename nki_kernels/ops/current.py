@@ -238,25 +238,12 @@ def scale_add(dst, a, col, b):
                               operand1=b)
 
 
-def divide(dst, a, col, engine=None):
-    """``dst = a / col`` (``col`` a (P, 1) column): ``a * (1 / col)``. Default: the reciprocal on
-    ScalarE (its activation table holds 1/x for |x| in [2^-42, 2^42]) and the product on the
-    compiler's engine; ``engine="vector"``: both on VectorE (``nisa.reciprocal``, a pinned
-    ``tensor_scalar``), for kernels whose ScalarE is the busier engine."""
-    r = sbuf((col.shape[0], 1), nl.float32)
-    if engine == "vector":
-        nisa.reciprocal(dst=r, data=col)
-        nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r,
-                           engine=nisa.engine.vector)
-        return
-    nisa.activation(dst=r, op=nl.reciprocal, data=col)
-    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=r)
-
-
 def floored_divisors(dst, cols, floor, engine=None):
     """What :func:`divide_by` divides by, for n (P, 1) columns at once: ``dst`` (P, n) fp32 =
-    ``1 / max(cols, floor)`` (the max on VectorE, the reciprocal as :func:`divide` takes it:
-    ScalarE, or VectorE with ``engine="vector"``). ``cols`` may be a strided view."""
+    ``1 / max(cols, floor)``; ``cols`` may be a strided view. Division is ``a * (1 / col)``: the
+    reciprocal on ScalarE (its activation table holds 1/x for |x| in [2^-42, 2^42]), or with
+    ``engine="vector"`` on VectorE (``nisa.reciprocal``) for kernels whose ScalarE is the busier
+    engine."""
     floored = sbuf(tuple(dst.shape), nl.float32)
     nisa.tensor_scalar(dst=floored, data=cols, op0=nl.maximum, operand0=floor)
     if engine == "vector":
@@ -267,7 +254,7 @@ def floored_divisors(dst, cols, floor, engine=None):
 
 def divide_by(dst, a, div, engine=None):
     """``dst = a / max(col, floor)`` for a (P, 1) column ``div`` of :func:`floored_divisors`:
-    ``a * div`` (the product :func:`divide` makes; ``engine="vector"`` pins it to VectorE)."""
+    ``a * div`` on the compiler's engine (``engine="vector"`` pins it to VectorE)."""
     if engine == "vector":
         nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=div,
                            engine=nisa.engine.vector)

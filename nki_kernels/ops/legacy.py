@@ -209,12 +209,6 @@ def scale_add(dst, a, col, b):
     dst[...] = nl.add(nl.multiply(a, col, dtype=nl.float32), b, dtype=dst.dtype)
 
 
-def divide(dst, a, col, engine=None):
-    """``dst = a / col`` (``col`` a (P, 1) column; ``nl.divide``; ``engine`` is a hint of the
-    current-API layer, unused here)."""
-    dst[...] = nl.divide(a, col, dtype=dst.dtype)
-
-
 def floored_divisors(dst, cols, floor, engine=None):
     """What :func:`divide_by` divides by, for n (P, 1) columns at once: ``dst`` (P, n) =
     ``max(cols, floor)`` (``nl.maximum``; ``engine`` is a hint of the current-API layer)."""
@@ -222,8 +216,8 @@ def floored_divisors(dst, cols, floor, engine=None):
 
 
 def divide_by(dst, a, div, engine=None):
-    """``dst = a / div`` for a (P, 1) column ``div`` of :func:`floored_divisors` (``nl.divide``,
-    as :func:`divide`)."""
+    """``dst = a / div`` for a (P, 1) column ``div`` of :func:`floored_divisors`
+    (``nl.divide``)."""
     dst[...] = nl.divide(a, div, dtype=dst.dtype)
 
 

@@ -273,9 +273,9 @@ def test_masked_prefill_range_bounds_come_once_per_item_on_trn2(api, variant, on
     """With at least b' Q blocks x steps per masked item, the range selects of NeuronCore-v3
     take their bounds per key offset s < b' from 2 b' instructions per item and a static
     range_start (l * 128) per 128-key block, instead of two bound instructions per block and
-    step: every range select of column block (l, s) starts at l * 128, the item's VectorE
-    instruction count drops by the per-step bounds, the output matches the float64 reference,
-    and NaN in every cache slot no query may see changes no output bit."""
+    step: every range select of column block (l, s) starts at l * 128 (the per-step form starts
+    all at 0), the output matches the float64 reference, and NaN in every cache slot no query
+    may see changes no output bit."""
     from host.attention import paged_attention
 
     q, c, B = [300, 1], [200, 700], 8
