@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from nki_kernels.contract import PSUM_BANK_F32
 
+PSUM_BANK_BYTES = 4 * PSUM_BANK_F32      # one PSUM bank per partition
+
+
+def transpose_bank_cols(ops, src_dtype):
+    """Columns of one PSUM bank in the PSUM dtype of a PE transpose of ``src_dtype``
+    (``ops.transpose_psum_dtype``): PSUM_BANK_F32 for fp32, twice that for a 16-bit PSUM dtype
+    (NeuronCore-v3), so :func:`transpose_blocks` evacuates twice the blocks per copy."""
+    from nki_kernels.ops import itemsize
+    return PSUM_BANK_BYTES // itemsize(ops.transpose_psum_dtype(src_dtype))
+
 
 def fill_zero(ops, dst, engine):
     """``dst[...] = 0`` on ``engine``: a VectorE / GpSimd memset, or on ScalarE (memset runs on

@@ -20,7 +20,7 @@ from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS, PSUM_BANK_F32
 from nki_kernels.ops import dtype_name
-from nki_kernels.tile_ops import identity_tile, transpose_blocks
+from nki_kernels.tile_ops import identity_tile, transpose_bank_cols, transpose_blocks
 
 P = PARTITIONS
 # Keys of one key block of a masked NeuronCore-v3 step (range_select works per 128-key block).
@@ -286,7 +286,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     # P V accumulated over the chunks in one PSUM tile (with pe_sums: P 1 beside it, columns
     # d and d + 1, the row sums of the kernel-dtype probabilities that P V adds up).
     probs_t = ops.sbuf((P, n_k * rows), cfg.kernel_dtype)
-    transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac=cfg.p_evac)
+    transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac=cfg.p_evac,
+                     bank_cols=transpose_bank_cols(ops, probs.dtype))
     ext = ops.psum((rows, d + 2), f32) if pe_sums else None
     pv = ext[:, ops.ds(0, d)] if pe_sums else ops.psum((rows, d), f32)
     u0 = k0 // P

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from nki_kernels.contract import PARTITIONS as P, PSUM_BANK_F32
 from nki_kernels.ops import dtype_name, itemsize
-from nki_kernels.tile_ops import fill_zero, pe_matmul_transpose_blocks, transpose_blocks
+from nki_kernels.tile_ops import (fill_zero, pe_matmul_transpose_blocks, transpose_bank_cols,
+                                  transpose_blocks)
 
 
-PSUM_BANK_BYTES = 4 * PSUM_BANK_F32      # one PSUM bank per partition
 
 
 def keys_by_dma(ops, cfg, phase) -> bool:
@@ -139,7 +139,7 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     rw = bp * d
     fp8 = eye is not None and dtype_name(k_rows.dtype) != dtype_name(kd)
     # a 16-bit PSUM dtype (v3) fits twice the fp32 columns in a bank: half the K^T copies
-    bank_cols = PSUM_BANK_BYTES // itemsize(ops.transpose_psum_dtype(k_rows.dtype))
+    bank_cols = transpose_bank_cols(ops, k_rows.dtype)
     k_t = []
     for k in ops.static_range(nd):
         dk = min(P, d - k * P)
