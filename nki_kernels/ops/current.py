@@ -199,12 +199,15 @@ def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):
                                reduce_res=row_sum, bias=bias, scale=scale)
 
 
-def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False):
+def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False,
+                  engine=None):
+    """``dst = (data op0 operand0) op1 operand1`` (operands numbers or (P, 1) columns) on
+    ``engine`` (None: the compiler's choice; "gpsimd" for SBUF-only operands)."""
     kw = {}
     if op1 is not None:
         kw = {"op1": _ALU[op1], "operand1": operand1}
     nisa.tensor_scalar(dst=dst, data=data, op0=_ALU[op0], operand0=operand0, reverse0=reverse0,
-                       **kw)
+                       **kw, **_engine_kw(engine))
 
 
 def _is_column(b, a):

@@ -187,10 +187,15 @@ def activation(dst, func, data, *, bias=None, scale=1.0, row_sum=None):
                                           reduce_res=row_sum, dtype=dst.dtype, **kw)
 
 
-def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False):
+def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=False,
+                  engine=None):
+    """``dst = (data op0 operand0) op1 operand1`` on ``engine`` (None: the compiler's choice;
+    "gpsimd" for SBUF-only operands)."""
     kw = {} if op1 is None else {"op1": _ALU[op1], "operand1": operand1}
     if reverse0:
         kw = {**kw, "reverse0": True}
+    if engine is not None:
+        kw = {**kw, "engine": _ENGINES[engine]}
     dst[...] = nisa.tensor_scalar(data, _ALU[op0], operand0, dtype=dst.dtype, **kw)
 
 

@@ -429,7 +429,9 @@ def new_max(ops, st, col, partial_max, mult):
     ops.tensor_reduce(m_tile, "max", partial_max, axis=(1,), keepdims=True)
     nm_prev = st[:, ops.ds(col, 1)]
     nm_new = ops.sbuf((rows, 1), ops.float32)
-    ops.tensor_scalar(nm_new, m_tile, "multiply", -mult, op1="minimum", operand1=nm_prev)
+    # SBUF operands only: on GpSimd, off VectorE (which carries the row max and the masks)
+    ops.tensor_scalar(nm_new, m_tile, "multiply", -mult, op1="minimum", operand1=nm_prev,
+                      engine="gpsimd")
     return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
 
 

@@ -23,24 +23,28 @@ from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
                                               offset_bounds_of, range_offset_bounds, step_bounds)
 from nki_kernels.scheduled.sched_decode import decode_step
+from nki_kernels.tile_ops import transpose_bank_cols
 
-# P^T copy engines of 128-row blocks (query-rows steps; four copies of 512 keys per 2048-key
-# step, cycled) when the caller does not choose, by NeuronCore generation and step kind: what
-# balances VectorE (the row max; the mask select where there is one) against ScalarE (the
-# exponentials; the mask distances) under the cost model (MODELED). On v2 full steps put one
-# copy in four on VectorE, masked steps whose mask TensorE adds (sched_core.additive_mask_ok)
-# every other one, masked steps that select on VectorE none; on v3 range_select and the max keep
-# VectorE the busier engine, so every copy is on ScalarE.
-P_EVAC_GEN2 = ("scalar", "scalar", "scalar", "vector")
+# P^T copy engines of 128-row blocks (query-rows steps) when the caller does not choose, by
+# NeuronCore generation and step kind: what balances VectorE (the row max; the mask select where
+# there is one) against ScalarE (the exponentials; the mask distances) under the cost model
+# (MODELED). A tuple is cycled over the copies of an item, block after block and step after
+# step (``_rotated_p_evac``). On v2 (four fp32 copies of 512 keys per 2048-key step) full steps
+# put every other copy on VectorE, masked steps whose mask TensorE adds
+# (sched_core.additive_mask_ok) every other one, masked steps that select on VectorE none; on v3
+# (two 16-bit copies of 1024 keys per step) full steps put one copy in eight on VectorE, masked
+# steps (range_select and the max keep VectorE busy) none.
+P_EVAC_GEN2 = ("scalar", "vector")
 P_EVAC_GEN2_ADDITIVE = ("vector", "scalar")
 P_EVAC_GEN2_SELECT = "scalar"
 P_EVAC_GEN3 = "scalar"
+P_EVAC_GEN3_FULL = ("scalar",) * 7 + ("vector",)
 
 
 def default_p_evac(nc_gen, *, masked, additive):
     """The P^T copy engines of a 128-row query-rows step (see ``P_EVAC_*``)."""
     if nc_gen != "gen2":
-        return P_EVAC_GEN3
+        return P_EVAC_GEN3_FULL if not masked else P_EVAC_GEN3
     if not masked:
         return P_EVAC_GEN2
     return P_EVAC_GEN2_ADDITIVE if additive else P_EVAC_GEN2_SELECT
@@ -172,6 +176,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
         by_offset = form == "range" and bp <= blocks * n_steps
         if by_offset:
             derived = range_offset_bounds(ops, *derived, bp)
+    copies = _p_copies_per_step(ops, step, fc.step_keys)
     for j in ops.static_range(blocks):
         bounds = None
         if fc.masked:
@@ -183,9 +188,28 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
             dj = tuple(t[0:rows, ops.ds(j, 1)] for t in derived)
         alibi = alibi_of(j) if alibi_of is not None else None
         for s0 in ops.static_range(n_steps):
-            flash_step(ops, step, [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile, st,
+            flash_step(ops, _rotated_p_evac(step, (j * n_steps + s0) * copies),
+                       [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile, st,
                        j * sw, k0=s0 * fc.step_keys, width=fc.step_keys, bounds=bounds,
                        alibi=alibi, derived=dj)
+
+
+def _p_copies_per_step(ops, step, step_keys):
+    """P^T PSUM -> SBUF copies of one 128-row query-rows step of ``step_keys`` keys (one per
+    PSUM bank of transposed 128-key blocks, ``tile_ops.transpose_blocks``)."""
+    per_bank = max(1, transpose_bank_cols(ops, step.kernel_dtype) // P)
+    return -(-(step_keys // P) // per_bank)
+
+
+def _rotated_p_evac(step, offset):
+    """``step`` whose P^T copy-engine cycle (a tuple ``p_evac``) starts ``offset`` copies in:
+    a cycle longer than one step's copies runs on across the item's blocks and steps (static
+    offsets; a single engine name is returned as is)."""
+    ev = step.p_evac
+    if not isinstance(ev, tuple) or offset % len(ev) == 0:
+        return step
+    k = offset % len(ev)
+    return dataclasses.replace(step, p_evac=ev[k:] + ev[:k])
 
 
 def _rows_to_free_axis(ops, cols, rows, consts):
