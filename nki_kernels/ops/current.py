@@ -257,12 +257,9 @@ def floored_divisors(dst, cols, floor, engine=None):
 
 def divide_by(dst, a, div, engine=None):
     """``dst = a / max(col, floor)`` for a (P, 1) column ``div`` of :func:`floored_divisors`:
-    ``a * div`` on the compiler's engine (``engine="vector"`` pins it to VectorE)."""
-    if engine == "vector":
-        nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=div,
-                           engine=nisa.engine.vector)
-        return
-    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=div)
+    ``a * div`` on the compiler's engine (``engine="vector"`` / ``"gpsimd"`` pins it there;
+    ``a`` and ``div`` in SBUF)."""
+    nisa.tensor_scalar(dst=dst, data=a, op0=nl.multiply, operand0=div, **_engine_kw(engine))
 
 
 def _predicate(pred):

@@ -27,6 +27,10 @@ P = PARTITIONS
 RANGE_BLOCK = PARTITIONS
 # Masks are built against key index k + 1/2 so that integer indices never sit on a bound.
 HALF = 0.5
+# Engine of a step's small SBUF-only state operations (the -m' column and its copy into the
+# state): GpSimd, which the steps otherwise leave idle, off VectorE / ScalarE (bit-exact: fp32
+# to fp32).
+STATE_COPY_ENGINE = "gpsimd"
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,8 @@ class StepConfig:
     side_engine: "vector" puts the keys-on-partitions step's |x| (window mask) on VectorE
         (``ops.absolute``); None: the op layer's default (ScalarE on the current API). A kernel
         whose ScalarE is the busier engine (MLA) passes "vector".
-    copy_engine: engine name of the keys-on-partitions step's small copies (its PV PSUM -> SBUF
-        copy and the running-max state copy); None: the compiler's choice. A kernel whose K^T
+    copy_engine: engine name of the keys-on-partitions step's small PSUM -> SBUF copies (its PV
+        and its broadcast bounds); None: the compiler's choice. A kernel whose K^T
         arrives by DMA transpose leaves ScalarE idle, so it passes "scalar" to offload VectorE.
     """
 
@@ -303,7 +307,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     if pe_sums:
         sw = d + 2
         ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
-        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=STATE_COPY_ENGINE)
         return
     update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
 
@@ -429,9 +433,8 @@ def new_max(ops, st, col, partial_max, mult):
     ops.tensor_reduce(m_tile, "max", partial_max, axis=(1,), keepdims=True)
     nm_prev = st[:, ops.ds(col, 1)]
     nm_new = ops.sbuf((rows, 1), ops.float32)
-    # SBUF operands only: on GpSimd, off VectorE (which carries the row max and the masks)
     ops.tensor_scalar(nm_new, m_tile, "multiply", -mult, op1="minimum", operand1=nm_prev,
-                      engine="gpsimd")
+                      engine=STATE_COPY_ENGINE)
     return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
 
 
@@ -442,13 +445,13 @@ def rescale_factor(ops, nm_prev, nm_new):
     return alpha
 
 
-def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None):
+def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv):
     """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
     columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions); the -m copy on
-    ``copy_engine`` (None: the compiler's choice)."""
+    :data:`STATE_COPY_ENGINE`."""
     l_col = st[:, ops.ds(col0 + d + 1, 1)]
     ops.tensor_scalar(st[:, ops.ds(col0 + d + 1, 1)], l_col, "multiply", alpha, op1="add",
                       operand1=row_sum)
-    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=copy_engine)
+    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=STATE_COPY_ENGINE)
     o_view = st[:, ops.ds(col0, d)]
     ops.scale_add(st[:, ops.ds(col0, d)], o_view, alpha, pv)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS
-from nki_kernels.scheduled.sched_core import KVTile, StepConfig, new_max, rescale_factor, update_state
+from nki_kernels.scheduled.sched_core import (STATE_COPY_ENGINE, KVTile, StepConfig, new_max,
+                                              rescale_factor, update_state)
 
 P = PARTITIONS
 # Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
@@ -244,7 +245,6 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         ops.transpose(ext[:, ops.ds(0, d)], pv_sb)
         sw = d + 2
         ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
-        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.copy_engine)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=STATE_COPY_ENGINE)
         return
-    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc,
-                 copy_engine=cfg.copy_engine)
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc)

@@ -22,6 +22,7 @@ from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE
                                   STEP_KEYS, channel_slices)
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
                                               offset_bounds_of, range_offset_bounds, step_bounds)
+from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_decode import decode_step
 from nki_kernels.tile_ops import transpose_bank_cols
 
@@ -30,21 +31,20 @@ from nki_kernels.tile_ops import transpose_bank_cols
 # there is one) against ScalarE (the exponentials; the mask distances) under the cost model
 # (MODELED). A tuple is cycled over the copies of an item, block after block and step after
 # step (``_rotated_p_evac``). On v2 (four fp32 copies of 512 keys per 2048-key step) full steps
-# put every other copy on VectorE, masked steps whose mask TensorE adds
+# put one copy in three on VectorE, masked steps whose mask TensorE adds
 # (sched_core.additive_mask_ok) every other one, masked steps that select on VectorE none; on v3
-# (two 16-bit copies of 1024 keys per step) full steps put one copy in eight on VectorE, masked
-# steps (range_select and the max keep VectorE busy) none.
-P_EVAC_GEN2 = ("scalar", "vector")
+# (two 16-bit copies of 1024 keys per step) range_select and the max keep VectorE the busier
+# engine, so every copy is on ScalarE.
+P_EVAC_GEN2 = ("scalar", "scalar", "vector")
 P_EVAC_GEN2_ADDITIVE = ("vector", "scalar")
 P_EVAC_GEN2_SELECT = "scalar"
 P_EVAC_GEN3 = "scalar"
-P_EVAC_GEN3_FULL = ("scalar",) * 7 + ("vector",)
 
 
 def default_p_evac(nc_gen, *, masked, additive):
     """The P^T copy engines of a 128-row query-rows step (see ``P_EVAC_*``)."""
     if nc_gen != "gen2":
-        return P_EVAC_GEN3_FULL if not masked else P_EVAC_GEN3
+        return P_EVAC_GEN3
     if not masked:
         return P_EVAC_GEN2
     return P_EVAC_GEN2_ADDITIVE if additive else P_EVAC_GEN2_SELECT
@@ -90,6 +90,15 @@ def chunk_queries(ops, q_all, row0, head_size, col0, ncols, *, scale, kernel_dty
     return out
 
 
+def q_scale_engine(ops, q_dtype, kernel_dtype):
+    """Engine of the per-item scaling of a group's Q^T (SBUF -> SBUF, every item): VectorE on
+    NeuronCore-v3 when both dtypes are 16-bit (its 4x copy mode for 16-bit SBUF operands), else
+    GpSimd (idle in query-rows steps), off ScalarE, which carries the exponentials."""
+    if ops.nc_gen() != "gen2" and itemsize(q_dtype) == 2 and itemsize(kernel_dtype) == 2:
+        return "vector"
+    return "gpsimd"
+
+
 def load_q_slices(ops, q_raw, query_t, mi, q_col, *, rows, blocks, scale, kernel_dtype):
     """Query-rows classes: gather the group's Q^T into the persistent raw slices ``q_raw`` (nd
     SBUF tiles ``(dk, blocks*rows)``; rows whose index is out of bounds -- a group that does not
@@ -100,7 +109,8 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, rows, blocks, scale, kernel
         for j in ops.static_range(blocks):
             ops.gather(q_raw[k][:, ops.ds(j * rows, rows)], query_t, mi, q_col + j * nd + k)
         q_sc = ops.sbuf(q_raw[k].shape, kernel_dtype)
-        ops.tensor_scalar(q_sc, q_raw[k], "multiply", scale)
+        ops.tensor_scalar(q_sc, q_raw[k], "multiply", scale,
+                          engine=q_scale_engine(ops, q_raw[k].dtype, kernel_dtype))
         scaled.append(q_sc)
     return scaled
 

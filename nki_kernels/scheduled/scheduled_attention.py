@@ -312,6 +312,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
               chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
     # phase the output.
+    # (the output division, SBUF only, on GpSimd: idle here, VectorE / ScalarE carry the steps)
     store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
-                 blocks=blocks, d=d, masked=masked)
+                 blocks=blocks, d=d, masked=masked, engine="gpsimd")
 

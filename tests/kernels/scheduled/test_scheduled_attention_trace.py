@@ -349,6 +349,30 @@ def test_prefill_row_sums_come_from_tensore(d, batch_factory):
         assert reduces and not sums
 
 
+@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
+def test_step_copies_per_psum_bank_and_state_ops_on_gpsimd(target, api, on_api, batch_factory):
+    """Engine placement of the query-rows steps (2048-key steps, bf16 kernel dtype): on
+    NeuronCore-v3 the P^T transposes land in a 16-bit PSUM dtype, eight 128-key blocks per bank,
+    so every P^T copy out of PSUM is 1024 columns wide; on v2 (fp32 PSUM) 512. Every step's
+    -m' = min(-max, -m) and its copy into the state run on GpSimd (SBUF operands only): one
+    of each per step. The output matches the float64 reference."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(3, [300, 1], [200, 700], H=8, Hkv=2, d=16, block_size=16, dtype=BF16)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              large_tile_size=2048, partial_tile_size=2048)
+    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max() < 3e-2
+    p_copies = [e.free_elems for e in trace.events if e.op == "tensor_copy"
+                and e.engine in ("scalar", "vector") and e.src_buffer == "psum"
+                and e.partitions == P and e.out_dtype == "bfloat16"]
+    assert p_copies and set(p_copies) == {1024 if target == "trn2" else 512}
+    one_col = [(e.engine, e.op) for e in trace.events if e.free_elems == 1
+               and e.op in ("tensor_scalar", "tensor_copy") and e.in_dtypes[0] == "float32"]
+    steps = one_col.count(("gpsimd", "tensor_scalar"))
+    assert steps > 0 and one_col.count(("gpsimd", "tensor_copy")) == steps
+
+
 @pytest.mark.parametrize("ltp, match", [(1000, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (4096, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (512, r"overlay.shape must be \(2, Hkv\*R_ov, b'_p\*d\)")])
