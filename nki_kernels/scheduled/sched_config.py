@@ -141,9 +141,13 @@ class SchedConfig:
         elif (phase.keys_on_partitions and self.fp8_direct and not phase.masked
               and self.full.items >= FULL_HEAVY * max(self.partial.items, 1)):
             copy_engine = "vector"
+        # the partial items of keys-on-partitions phases on the PE-transpose path zero their KV
+        # tiles on GpSimd (and their steps are small): their state operations stay off GpSimd
+        state_engine = ("gpsimd" if not (phase.keys_on_partitions and phase.masked
+                                         and not keys_by_dma) else None)
         return StepConfig(d=self.d, kernel_dtype=self.kd, soft_cap=self.opts.logits_soft_cap,
-                          windowed=self.opts.windowed,
-                          tiled_block_size=phase.geo.bp, copy_engine=copy_engine)
+                          windowed=self.opts.windowed, tiled_block_size=phase.geo.bp,
+                          copy_engine=copy_engine, state_engine=state_engine)
 
     def fold_config(self, phase: Phase, keys_by_dma: bool = False) -> FoldConfig:
         return FoldConfig(step=self.step_config(phase, keys_by_dma), rows=self.rows,

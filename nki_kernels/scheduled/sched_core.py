@@ -27,10 +27,6 @@ P = PARTITIONS
 RANGE_BLOCK = PARTITIONS
 # Masks are built against key index k + 1/2 so that integer indices never sit on a bound.
 HALF = 0.5
-# Engine of a step's small SBUF-only state operations (the -m' column and its copy into the
-# state): GpSimd, which the steps otherwise leave idle, off VectorE / ScalarE (bit-exact: fp32
-# to fp32).
-STATE_COPY_ENGINE = "gpsimd"
 
 
 @dataclass(frozen=True)
@@ -53,6 +49,11 @@ class StepConfig:
     copy_engine: engine name of the keys-on-partitions step's small PSUM -> SBUF copies (its PV
         and its broadcast bounds); None: the compiler's choice. A kernel whose K^T
         arrives by DMA transpose leaves ScalarE idle, so it passes "scalar" to offload VectorE.
+    state_engine: engine of the step's small SBUF-only state operations, the new running max
+        -m' = min(-mult * max, -m) and its copy into the state (bit-exact fp32 on any engine):
+        "gpsimd" (the default), which the steps otherwise leave to descriptor generation, off
+        VectorE / ScalarE; None: the compiler's choice for -m' (VectorE) and ``copy_engine`` for
+        the copy, for a phase whose GpSimd already zeroes every item's tiles.
     """
 
     d: int
@@ -64,6 +65,7 @@ class StepConfig:
     p_evac: Any = None
     copy_engine: str | None = None
     side_engine: str | None = None
+    state_engine: str | None = "gpsimd"
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         mx = ops.sbuf((rows, n_c), f32)
         for c in ops.static_range(n_c):
             ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
-    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult)
+    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult, engine=cfg.state_engine)
     # Step 4: probabilities (and, unless TensorE sums them, their row sums) in one ScalarE pass
     # per chunk.
     pe_sums = tile.ones is not None and d + 2 <= PSUM_BANK_F32
@@ -307,9 +309,10 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     if pe_sums:
         sw = d + 2
         ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
-        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=STATE_COPY_ENGINE)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_engine or cfg.copy_engine)
         return
-    update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv)
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv,
+                 copy_engine=cfg.state_engine or cfg.copy_engine)
 
 
 def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye):
@@ -423,18 +426,18 @@ def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
     return vals, mx
 
 
-def new_max(ops, st, col, partial_max, mult):
+def new_max(ops, st, col, partial_max, mult, engine=None):
     """The running max after a step: ``partial_max`` (rows, n) fp32 holds row maxima of the
     step's (score / mult) values; returns ``(nm_prev, nm_new, alpha)``, (rows, 1) fp32: the
-    state's -m (column ``col`` of ``st``), ``-m' = min(-m, -mult * max)`` and ``alpha =
-    exp(m - m')``."""
+    state's -m (column ``col`` of ``st``), ``-m' = min(-m, -mult * max)`` (on ``engine``;
+    None: the compiler's choice) and ``alpha = exp(m - m')``."""
     rows = partial_max.shape[0]
     m_tile = ops.sbuf((rows, 1), ops.float32)
     ops.tensor_reduce(m_tile, "max", partial_max, axis=(1,), keepdims=True)
     nm_prev = st[:, ops.ds(col, 1)]
     nm_new = ops.sbuf((rows, 1), ops.float32)
     ops.tensor_scalar(nm_new, m_tile, "multiply", -mult, op1="minimum", operand1=nm_prev,
-                      engine=STATE_COPY_ENGINE)
+                      engine=engine)
     return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
 
 
@@ -445,13 +448,13 @@ def rescale_factor(ops, nm_prev, nm_new):
     return alpha
 
 
-def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv):
+def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None):
     """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
     columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions); the -m copy on
-    :data:`STATE_COPY_ENGINE`."""
+    ``copy_engine`` (None: the compiler's choice)."""
     l_col = st[:, ops.ds(col0 + d + 1, 1)]
     ops.tensor_scalar(st[:, ops.ds(col0 + d + 1, 1)], l_col, "multiply", alpha, op1="add",
                       operand1=row_sum)
-    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=STATE_COPY_ENGINE)
+    ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=copy_engine)
     o_view = st[:, ops.ds(col0, d)]
     ops.scale_add(st[:, ops.ds(col0, d)], o_view, alpha, pv)

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS
-from nki_kernels.scheduled.sched_core import (STATE_COPY_ENGINE, KVTile, StepConfig, new_max,
-                                              rescale_factor, update_state)
+from nki_kernels.scheduled.sched_core import KVTile, StepConfig, new_max, rescale_factor, update_state
 
 P = PARTITIONS
 # Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
@@ -176,7 +175,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     ops.tensor_reduce(red, "max", ops.free_view(src, ((1, rows), (rows, nch))), axis=(2,))
     red_t = ops.psum((rows, P), f32)
     ops.transpose(red_t, red)
-    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, red_t, mult)
+    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, red_t, mult, engine=cfg.state_engine)
     # Step 4: P^T = exp(mult * U - m'), -m' on every partition by ones matmuls: small blocks
     # multiply a repeated identity by -m' (one fp32 matmul); 128-row blocks transpose -m' to a
     # row, split it into two bf16 parts (hi + lo, exact in the fp32 PSUM sum) and add both per
@@ -245,6 +244,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         ops.transpose(ext[:, ops.ds(0, d)], pv_sb)
         sw = d + 2
         ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
-        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=STATE_COPY_ENGINE)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_engine or cfg.copy_engine)
         return
-    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc)
+    update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc,
+                 copy_engine=cfg.state_engine or cfg.copy_engine)
