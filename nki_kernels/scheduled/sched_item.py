@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE_EXTRA_COLUMNS,
                                   STEP_KEYS, channel_slices)
+from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
                                               offset_bounds_of, range_offset_bounds, step_bounds)
-from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_decode import decode_step
 from nki_kernels.tile_ops import transpose_bank_cols
 
