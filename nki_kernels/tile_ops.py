@@ -34,6 +34,16 @@ def fill_zero(ops, dst, engine):
     ops.activation(dst, "copy", ops.free_view(zero_col, ((0, dst.shape[1]),)))
 
 
+def transpose_copies(n_blocks, src_rows, bank_cols):
+    """PSUM -> SBUF copies :func:`transpose_blocks` makes for ``n_blocks`` blocks of a
+    ``src_rows``-partition source: ``bank_cols // src_rows`` transposes share one copy."""
+    return -(-n_blocks // _blocks_per_bank(bank_cols, src_rows))
+
+
+def _blocks_per_bank(bank_cols, src_rows):
+    return max(1, bank_cols // src_rows)
+
+
 def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac=None,
                      src_stride=None, bank_cols=PSUM_BANK_F32):
     """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.
@@ -64,7 +74,7 @@ def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac
         (bank_cols // Ps)) copies.
     """
     Ps = src.shape[0]
-    per_bank = max(1, bank_cols // Ps)
+    per_bank = _blocks_per_bank(bank_cols, Ps)
     n_full, rem = divmod(n_blocks, per_bank)
     engines = evac if isinstance(evac, tuple) else (evac,)
     stride = block_w if src_stride is None else src_stride

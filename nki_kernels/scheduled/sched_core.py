@@ -67,6 +67,11 @@ class StepConfig:
     side_engine: str | None = None
     state_engine: str | None = "gpsimd"
 
+    @property
+    def state_copy_engine(self):
+        """Engine of the -m' copy into the state: ``state_engine``, else ``copy_engine``."""
+        return self.state_engine or self.copy_engine
+
 
 @dataclass(frozen=True)
 class KVTile:
@@ -309,10 +314,10 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     if pe_sums:
         sw = d + 2
         ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
-        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_engine or cfg.copy_engine)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_copy_engine)
         return
     update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv,
-                 copy_engine=cfg.state_engine or cfg.copy_engine)
+                 copy_engine=cfg.state_copy_engine)
 
 
 def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye):

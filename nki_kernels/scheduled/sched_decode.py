@@ -244,7 +244,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         ops.transpose(ext[:, ops.ds(0, d)], pv_sb)
         sw = d + 2
         ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
-        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_engine or cfg.copy_engine)
+        ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_copy_engine)
         return
     update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc,
-                 copy_engine=cfg.state_engine or cfg.copy_engine)
+                 copy_engine=cfg.state_copy_engine)

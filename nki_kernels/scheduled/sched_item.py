@@ -24,7 +24,7 @@ from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
                                               offset_bounds_of, range_offset_bounds, step_bounds)
 from nki_kernels.scheduled.sched_decode import decode_step
-from nki_kernels.tile_ops import transpose_bank_cols
+from nki_kernels.tile_ops import transpose_bank_cols, transpose_copies
 
 # P^T copy engines of 128-row blocks (query-rows steps) when the caller does not choose, by
 # NeuronCore generation and step kind: what balances VectorE (the row max; the mask select where
@@ -186,7 +186,8 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
         by_offset = form == "range" and bp <= blocks * n_steps
         if by_offset:
             derived = range_offset_bounds(ops, *derived, bp)
-    copies = _p_copies_per_step(ops, step, fc.step_keys)
+    # P^T copies per step (the 128-key blocks of one PSUM bank share one copy)
+    copies = transpose_copies(fc.step_keys // P, P, transpose_bank_cols(ops, step.kernel_dtype))
     for j in ops.static_range(blocks):
         bounds = None
         if fc.masked:
@@ -202,13 +203,6 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
                        [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile, st,
                        j * sw, k0=s0 * fc.step_keys, width=fc.step_keys, bounds=bounds,
                        alibi=alibi, derived=dj)
-
-
-def _p_copies_per_step(ops, step, step_keys):
-    """P^T PSUM -> SBUF copies of one 128-row query-rows step of ``step_keys`` keys (one per
-    PSUM bank of transposed 128-key blocks, ``tile_ops.transpose_blocks``)."""
-    per_bank = max(1, transpose_bank_cols(ops, step.kernel_dtype) // P)
-    return -(-(step_keys // P) // per_bank)
 
 
 def _rotated_p_evac(step, offset):
