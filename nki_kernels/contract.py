@@ -187,10 +187,12 @@ class MetaLayout:
     int32 columns (``ki`` per item), per partition p:
         ``kv + l``            l < loads: main-cache row of load l (flat view) or out of bounds
         ``ov + l``            masked phases, l < loads: overlay row or out of bounds
-        ``q + j*nd + k``      query-rows classes: Q^T row of channel 128k + p of block j
-        ``st + j``            state row of block j (store: full phase; load: masked phase)
-        ``out + j``           masked phases: output row of block j
-        ``ini + j``           row_init on query-rows classes: q_init row of block j
+        ``q + k``             query-rows classes: Q^T row of channel 128k + p of the group
+                              (every block's rows side by side: group-major, docs/layouts.md)
+        ``st``                state row of query row p of the group, every block's d + 2
+                              columns side by side (store: full phase; load: masked phase)
+        ``out``               masked phases: output row of query row p of the group
+        ``ini``               row_init on query-rows classes: q_init row of query row p
     fp32 columns (``kf`` per item):
         ``reset``             1.0 at a group's first item
         ``bounds + 2j``       masked query-rows phases: c, r of block j (row sees |t - c| < r)
@@ -222,12 +224,14 @@ def meta_layout(*, loads: int, blocks: int, head_size: int, masked: bool, alibi:
     ov = None
     if masked:
         ov, col = col, col + loads
+    # one column per item and channel slice (Q^T), per item (state, output, init): a group's
+    # blocks sit side by side in every row of the group-major layouts, one DMA moves them all
     q = None if kop else col
-    st = col + (0 if kop else blocks * nd)
-    out = st + blocks if masked else None
-    end = st + blocks + (blocks if masked else 0)
+    st = col + (0 if kop else nd)
+    out = st + 1 if masked else None
+    end = st + 1 + (1 if masked else 0)
     ini = end if (row_init and not kop) else None
-    ki = end + (blocks if ini is not None else 0)
+    ki = end + (1 if ini is not None else 0)
     bounds = 1 if (masked and not kop) else None
     kf = 1 + (2 * blocks if bounds is not None else 0)
     k0 = None

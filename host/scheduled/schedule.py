@@ -82,13 +82,17 @@ class PhaseArrays:
         (per partition p)  kv[l] for l < nL          main-cache row (flat view of the phase's
                                                      geometry) or OOB; masked: l < nL_p
                            ov[l] for l < nL_p        overlay row or OOB            (masked only)
-                           q[j*nd + k], j < blocks   Q^T row for channel 128k + p or OOB (carry;
-                                                     not with keys on partitions: the Q^T of
-                                                     every item is preloaded per chunk instead)
-                           st[j]                     state row: store (full) / load (masked)
-                           out[j]                    output row or OOB             (masked only)
-                           ini[j]                    q_init row or OOB       (row_init, not
+                           q[k], k < nd              Q^T row of the group for channel
+                                                     128k + p or OOB (carry; not with keys on
+                                                     partitions: the Q^T of every item is
+                                                     preloaded per chunk instead)
+                           st                        state row of the group: store (full) /
+                                                     load (masked)
+                           out                       output row or OOB             (masked only)
+                           ini                       q_init row or OOB       (row_init, not
                                                      with keys on partitions)
+        (group-major rows, docs/layouts.md §16.2: one id per partition moves every block of
+        the group)
     meta_f: (128, items * kf) float32: reset (1.0 at a group's first item), then for masked
         phases of query-rows classes c[j], r[j]: query row p of block j sees tile-local key
         index t iff |t - c| < r; with ALiBi a last column k0 = first key position of the tile
@@ -334,6 +338,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
     phase."""
     keys = c + q
     nblk, row_real, row_pos, groups = qb["nblk"], qb["row_real"], qb["row_pos"], qb["groups"]
+    ngroups = len(groups)          # nblk = ngroups * blocks (group-major block ids)
     full_items, part_items, group_lo = schedule_items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
                                               sliding_window=sliding_window)
     full_groups = {g for g, _ in full_items}
@@ -366,9 +371,9 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         mi[:, :, :, kv_col:kv_col + nL] = main_sentinel
         if masked:
             mi[:, :, :, lay.ov:lay.ov + nL] = ov_sentinel
-        mi[:, :, :, q_col:st_col] = Hkv * nblk * d        # Q^T sentinel (first-axis size)
-        mi[:, :, :, st_col:st_col + blocks] = nblk * rows  # state rows (per program)
-        mi[:, :, :, st_col + blocks:] = Hkv * nblk * rows  # output rows and init rows
+        mi[:, :, :, q_col:st_col] = Hkv * ngroups * d      # Q^T sentinel (first-axis size)
+        mi[:, :, :, st_col] = ngroups * rows               # state rows (per program)
+        mi[:, :, :, st_col + 1:] = Hkv * ngroups * rows    # output rows and init rows
         mf[:, :, lay.reset] = 1.0
         prev_group = None
         for t, (gi, k) in enumerate(items_list):
@@ -398,28 +403,31 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
             if alibi:
                 mf[:, t, lay.k0] = k * W
             item_block[t] = blist[0]
+            # group-major rows (contract.MetaLayout): one per query row p of the group, all its
+            # blocks side by side; rows no block of the group holds are skipped
+            real_any = row_real[gi * blocks:(gi + 1) * blocks].any(axis=0)
+            g_rows = gi * rows + np.arange(rows)
+            if first and row_init and not kop:
+                for h in range(Hkv):
+                    mi[h, :, t, lay.ini] = _pad_rows(h * ngroups * rows + g_rows,
+                                                     Hkv * ngroups * rows)
+            if first and not kop:
+                for kk in range(nd):
+                    dk = min(P, d - kk * P)
+                    for h in range(Hkv):
+                        v = (h * ngroups + gi) * d + kk * P + p
+                        mi[h, :, t, q_col + kk] = np.where(p < dk, v, Hkv * ngroups * d)
+            # full phase (first): the group's state goes to the scratch after its last full
+            # item; partial phase: loaded at its first partial item, output after its last.
+            if (not masked and last) or (masked and first and gi in full_groups):
+                v = np.where(real_any, g_rows, ngroups * rows)
+                mi[:, :, t, st_col] = _pad_rows(v, ngroups * rows)[None, :]
+            if masked and last:
+                for h in range(Hkv):
+                    v = np.where(real_any, h * ngroups * rows + g_rows, Hkv * ngroups * rows)
+                    mi[h, :, t, lay.out] = _pad_rows(v, Hkv * ngroups * rows)
             for jj, b in enumerate(blist):
-                if first and row_init and not kop:
-                    for h in range(Hkv):
-                        v = (h * nblk + b) * rows + np.arange(rows)
-                        mi[h, :, t, lay.ini + jj] = _pad_rows(v, Hkv * nblk * rows)
-                if first and not kop:
-                    for kk in range(nd):
-                        dk = min(P, d - kk * P)
-                        for h in range(Hkv):
-                            v = (h * nblk + b) * d + kk * P + p
-                            mi[h, :, t, q_col + jj * nd + kk] = np.where(p < dk, v, Hkv * nblk * d)
                 real = row_real[b]
-                # full phase (first): the group's state goes to the scratch after its last full
-                # item; partial phase: loaded at its first partial item, output after its last.
-                st_here = (not masked and last) or (masked and first and gi in full_groups)
-                if st_here:
-                    v = np.where(real, b * rows + np.arange(rows), nblk * rows)
-                    mi[:, :, t, st_col + jj] = _pad_rows(v, nblk * rows)[None, :]
-                if masked and last:
-                    for h in range(Hkv):
-                        v = np.where(real, (h * nblk + b) * rows + np.arange(rows), Hkv * nblk * rows)
-                        mi[h, :, t, lay.out + jj] = _pad_rows(v, Hkv * nblk * rows)
                 if masked:
                     pos = row_pos[b]
                     lo = pos - sliding_window + 1 if sliding_window is not None else np.zeros_like(pos)

@@ -126,35 +126,33 @@ def choose_groups_and_partial_tile(specs, regroup, *, B, LT, c, keys, sliding_wi
 
 def q_blocks(seqs, rows, blocks, *, q, c, G, tok_off) -> dict:
     """Step 1 of a class: its Q blocks (query rows of one sequence, ``rows`` per block) and
-    groups of up to ``blocks`` of them. Returns nblk, row_token / row_head (nblk*rows,),
-    row_pos / row_real (nblk, rows) and groups [(seq, [block ids])]."""
-    blk_seq = []
+    groups of up to ``blocks`` of them. Group g owns the block ids ``[g*blocks, (g+1)*blocks)``
+    (the kernel's group-major layouts, docs/layouts.md "Scheduled kernel"): a sequence's blocks
+    fill its groups in order and ids a group does not fill are padding blocks (every row a
+    padding row). Returns nblk (= groups * blocks), row_token / row_head (nblk*rows,), row_pos /
+    row_real (nblk, rows) and groups [(seq, [block ids])]."""
+    groups = []                                       # (seq, [block ids]), ids assigned below
+    first_row = []                                    # the first query row of each block
     for i in seqs:
-        blk_seq += [i] * (-(-int(q[i]) * G // rows))
-    nblk = len(blk_seq)
-    blk_seq = np.array(blk_seq, np.int64)
-    blk_row0 = np.concatenate([np.arange(-(-int(q[i]) * G // rows)) * rows for i in seqs]
-                              ).astype(np.int64)
+        nb = -(-int(q[i]) * G // rows)
+        for b0 in range(0, nb, blocks):
+            g = len(groups)
+            ids = list(range(g * blocks, g * blocks + min(blocks, nb - b0)))
+            groups.append((int(i), ids))
+            first_row += [(int(i), (b0 + j) * rows) for j in range(len(ids))]
+    nblk = len(groups) * blocks
     row_token = np.full(nblk * rows, -1, np.int64)
     row_head = np.full(nblk * rows, -1, np.int64)
     row_pos = np.zeros((nblk, rows), np.int64)       # absolute query position of each row
     row_real = np.zeros((nblk, rows), bool)
-    for b in range(nblk):
-        i = blk_seq[b]
-        r = blk_row0[b] + np.arange(rows)
+    ids = [b for _, blist in groups for b in blist]
+    for b, (i, r0) in zip(ids, first_row):
+        r = r0 + np.arange(rows)
         real = r < q[i] * G
         row_real[b] = real
         row_pos[b] = c[i] + r // G
         row_token[b * rows:(b + 1) * rows] = np.where(real, tok_off[i] + r // G, -1)
         row_head[b * rows:(b + 1) * rows] = np.where(real, r % G, -1)
-    groups = []                                       # (seq, [block ids])
-    b = 0
-    while b < nblk:
-        e = b
-        while e < nblk and e - b < blocks and blk_seq[e] == blk_seq[b]:
-            e += 1
-        groups.append((int(blk_seq[b]), list(range(b, e))))
-        b = e
     return dict(nblk=nblk, row_token=row_token, row_head=row_head, row_pos=row_pos,
                 row_real=row_real, groups=groups)
 

@@ -25,7 +25,32 @@ from nki_kernels.contract import (M_FLOOR, Q_INIT_COLUMNS, Q_INIT_L, Q_INIT_NEG_
                                   Q_INIT_SLOPE_POS)
 
 __all__ = ["build_overlay", "pack_queries", "unpack_output", "kernel_inputs", "row_init",
-           "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args"]
+           "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args",
+           "group_major", "block_major"]
+
+
+def group_major(x: Any, blocks: int) -> Any:
+    """Block-major ``(Hkv, nblk, a, b)`` -> the kernel's group-major ``(Hkv * ngroups * a,
+    blocks * b)`` (nblk = ngroups * blocks): row ``(h*ngroups + g)*a + i`` holds row i of the
+    ``blocks`` blocks ``g*blocks + j`` of group g side by side, ``[j*b, (j+1)*b)``, so one DMA
+    moves a group (docs/layouts.md "Scheduled kernel"). NumPy arrays or torch tensors; with
+    ``blocks == 1`` only a reshape. Inverse: :func:`block_major`."""
+    Hkv, nblk, a, b = x.shape
+    g5 = _swap_block_axis(x.reshape(Hkv, nblk // blocks, blocks, a, b))
+    return g5.reshape(Hkv * (nblk // blocks) * a, blocks * b)
+
+
+def block_major(y: Any, num_kv_heads: int, blocks: int, a: int, b: int) -> Any:
+    """Inverse of :func:`group_major`: ``(Hkv * ngroups * a, blocks * b)`` -> ``(Hkv, nblk, a,
+    b)``."""
+    ngroups = y.shape[0] // (num_kv_heads * a)
+    g5 = _swap_block_axis(y.reshape(num_kv_heads, ngroups, a, blocks, b))
+    return g5.reshape(num_kv_heads, ngroups * blocks, a, b)
+
+
+def _swap_block_axis(x5: Any) -> Any:
+    """Axes 2 and 3 of a 5-D array or tensor swapped (NumPy ``transpose``, torch ``permute``)."""
+    return (x5.permute if hasattr(x5, "permute") else x5.transpose)(0, 1, 3, 2, 4)
 
 
 def build_overlay(sched: AttentionSchedule, kv_cache: Any, key: np.ndarray,
@@ -73,9 +98,11 @@ def build_overlay(sched: AttentionSchedule, kv_cache: Any, key: np.ndarray,
 
 def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int,
                  k_scale: np.ndarray | None = None) -> np.ndarray:
-    """``(Hkv * nblk * d, rows)``: row ``(h*nblk + b)*d + ch``, column p = channel ch of query
-    row p of Q block b for KV head h, i.e. ``query[token, h*G + g, ch]`` (0 for padding rows);
-    times ``k_scale[h]`` when given (fp8 caches: q . (k8 * s) = (q * s) . k8)."""
+    """The Q^T blocks in the kernel's group-major layout (:func:`group_major`), ``(Hkv * ngroups
+    * d, blocks * rows)``: row ``(h*ngroups + g)*d + ch``, column ``j*rows + p`` = channel ch of
+    query row p of Q block ``b = g*blocks + j`` for KV head h, i.e. ``query[token, h*G + g',
+    ch]`` (0 for padding rows); times ``k_scale[h]`` when given (fp8 caches: q . (k8 * s) =
+    (q * s) . k8)."""
     T, H, d = query.shape
     G = H // num_kv_heads
     tok, g = cls.row_token, cls.row_head
@@ -88,15 +115,17 @@ def pack_queries(cls: ClassSchedule, query: np.ndarray, num_kv_heads: int,
     if k_scale is not None:
         packed = (packed.astype(np.float32) * k_scale[:, None, None]).astype(query.dtype)
     packed = packed.reshape(num_kv_heads, cls.num_blocks, cls.rows, d).transpose(0, 1, 3, 2)
-    out = np.ascontiguousarray(packed.reshape(num_kv_heads * cls.num_blocks * d, cls.rows))
+    out = np.ascontiguousarray(group_major(packed, cls.blocks))
     return out.view(query.dtype)
 
 
 def row_init(cls: ClassSchedule, num_heads: int, num_kv_heads: int, *, sinks=None,
              alibi_slopes=None) -> np.ndarray:
-    """``(Hkv * nblk * rows, 4)`` float32 per query row: initial -m and l (``-M_FLOOR, 0``; with
-    an attention sink ``-sink, 1``: the sink's exp(sink - m) is the starting sum), ALiBi slope
-    and slope * query position (0 without ALiBi)."""
+    """``(Hkv * ngroups * rows, blocks * 4)`` float32, group-major (:func:`group_major`): row
+    ``(h*ngroups + g)*rows + p``, columns ``[j*4, j*4 + 4)`` for query row p of Q block
+    ``g*blocks + j``: initial -m and l (``-M_FLOOR, 0``; with an attention sink ``-sink, 1``:
+    the sink's exp(sink - m) is the starting sum), ALiBi slope and slope * query position (0
+    without ALiBi)."""
     G = num_heads // num_kv_heads
     n = cls.row_token.shape[0]
     init = np.zeros((num_kv_heads, n, Q_INIT_COLUMNS), np.float32)
@@ -110,16 +139,20 @@ def row_init(cls: ClassSchedule, num_heads: int, num_kv_heads: int, *, sinks=Non
         if alibi_slopes is not None:
             init[h, real, Q_INIT_SLOPE] = alibi_slopes[heads]
             init[h, real, Q_INIT_SLOPE_POS] = alibi_slopes[heads] * cls.row_pos[real]
-    return init.reshape(num_kv_heads * n, Q_INIT_COLUMNS)
+    init = init.reshape(num_kv_heads, cls.num_blocks, cls.rows, Q_INIT_COLUMNS)
+    return np.ascontiguousarray(group_major(init, cls.blocks))
 
 
 def unpack_output(cls: ClassSchedule, out: np.ndarray, result: np.ndarray,
                   v_scale: np.ndarray | None = None) -> None:
-    """Scatter the kernel output ``(Hkv * nblk * rows, d)`` into ``result (T, H, d)`` in place
-    (times ``v_scale[h]`` when given: fp8 caches hold V / v_scale)."""
-    Hkv = out.shape[0] // (cls.num_blocks * cls.rows)
+    """Scatter the kernel output (group-major ``(Hkv * ngroups * rows, blocks * d)``,
+    :func:`group_major`) into ``result (T, H, d)`` in place (times ``v_scale[h]`` when given:
+    fp8 caches hold V / v_scale)."""
+    d = out.shape[1] // cls.blocks
+    Hkv = out.shape[0] * cls.blocks // (cls.num_blocks * cls.rows)
     G = result.shape[1] // Hkv
-    o = np.asarray(out).reshape(Hkv, cls.num_blocks * cls.rows, -1)
+    o = block_major(np.asarray(out), Hkv, cls.blocks, cls.rows, d).reshape(
+        Hkv, cls.num_blocks * cls.rows, d)
     tok, g = cls.row_token, cls.row_head
     real = tok >= 0
     for h in range(Hkv):
@@ -195,7 +228,7 @@ def class_launch(cls: ClassSchedule, q_init: np.ndarray, *, row_init: bool = Fal
 
 
 def _kv_heads(cls: ClassSchedule, q_init: np.ndarray) -> int:
-    return q_init.shape[0] // (cls.num_blocks * cls.rows)
+    return q_init.shape[0] * cls.blocks // (cls.num_blocks * cls.rows)
 
 
 def launch_args(launch: ClassLaunch, query_t: np.ndarray, kv_cache: np.ndarray,

@@ -40,7 +40,7 @@ import numpy as np
 from host.cache.cache_ops import (block_copy_row_pairs, block_row_len, cache_write_row_index,
                             check_block_mapping)
 from host.plan_cache import cached_plan
-from host.scheduled.scheduled import launch_args
+from host.scheduled.scheduled import block_major, group_major, launch_args
 from host.scheduled.scheduled_index import output_index, overlay_index, query_index
 from host.step_plan import layer_launches
 from host.validation import check_slot_mapping, fail
@@ -198,7 +198,7 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         cls = launch_in.cls
         qi = query_index(cls, H, Hkv, T)
         qt = qflat[idx(qi.reshape(-1))].reshape(Hkv, cls.num_blocks, cls.rows, d)
-        qt = qt.permute(0, 1, 3, 2).reshape(Hkv * cls.num_blocks * d, cls.rows)
+        qt = group_major(qt.permute(0, 1, 3, 2), cls.blocks).contiguous()
         item_q = (tuple(_item_queries(cls, qt, p, Hkv, idx) for p in (cls.full, cls.partial))
                   if cls.decode_layout else None)
         args, inputs = launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q)
@@ -206,6 +206,7 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         out = launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args), api=plan.api,
                      **plan.kernel_kwargs, **{n: on_dev(a) for n, a in inputs.items()})
         rows, dst = output_index(cls, H, Hkv)
+        out = block_major(out, Hkv, cls.blocks, cls.rows, d)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)
     return result.reshape(T, H, d)
 

@@ -53,10 +53,11 @@ def _build(ops):
         """MLA paged attention of one class of Q blocks (legacy grid ``[1, 1]``; current: one launch).
 
         Args:
-            query_t: (nblk * D, rows) float32/bfloat16/float16: row ``b*D + ch`` holds channel ch of
-                the ``rows`` query rows of Q block b (Q^T blocks, D = R + P; query row = (token,
-                head) of one sequence, ``host.scheduled.scheduled.pack_queries`` with one KV head), gathered
-                when a group starts (query-rows classes).
+            query_t: (ngroups * D, blocks * rows) float32/bfloat16/float16, group-major: row
+                ``g*D + ch``, columns ``[j*rows, (j+1)*rows)`` hold channel ch of the ``rows``
+                query rows of Q block ``g*blocks + j`` (Q^T blocks, D = R + P; query row =
+                (token, head) of one sequence, ``host.scheduled.scheduled.pack_queries`` with one
+                KV head), one gather per channel slice when a group starts (query-rows classes).
             kv_cache: (N, B, E) latent cache, E >= R + P, query_t's dtype (read only).
             overlay: (R_ov, b'_p * E): key rows (rows of the partial phase's geometry) that are
                 not whole rows of the cache below ``context - query`` (a sequence's partly filled
@@ -77,8 +78,9 @@ def _build(ops):
                 (``host.scheduled.schedule.PhaseArrays.bounds``), loaded per chunk and broadcast in-kernel.
 
         Returns:
-            (nblk * rows, R) in query_t.dtype: row ``b*rows + r`` = output of query row r of Q block
-            b (rows no item stores are left unwritten; the host never reads them).
+            (ngroups * rows, blocks * R) in query_t.dtype, group-major: row ``g*rows + r``,
+            columns ``[j*R, (j+1)*R)`` = output of query row r of Q block ``g*blocks + j`` (rows
+            no block of a group holds are left unwritten; the host never reads padding rows).
 
         Raises:
             ValueError: a bad input (named), including a decode-layout input left None.
@@ -89,9 +91,11 @@ def _build(ops):
                         bounds_p=bounds_p, meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf),
                         out=None, state=None)
         cfg = configure(ops, ins, kv_cache, rows, blocks, options)
-        nblk = query_t.shape[0] // cfg.D
-        out = ops.ndarray((nblk * rows, cfg.R), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
-        state = ops.ndarray((nblk * rows, cfg.R + 2), dtype=ops.float32, buffer=ops.PRIVATE_HBM)
+        ngroups = query_t.shape[0] // cfg.D
+        out = ops.ndarray((ngroups * rows, blocks * cfg.R), dtype=query_t.dtype,
+                          buffer=ops.SHARED_HBM)
+        state = ops.ndarray((ngroups * rows, blocks * (cfg.R + 2)), dtype=ops.float32,
+                            buffer=ops.PRIVATE_HBM)
         _body(ops, cfg, replace(ins, out=out, state=state))
         return out
 
@@ -200,10 +204,10 @@ def _item(ops, cfg, ins, phase, data, it, tiles):
     if cfg.decode:
         q_scaled = [q[:, ops.ds(it * rows, rows)] for q in data.q]
     else:
-        q_scaled = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, rows=rows,
-                                 blocks=blocks, scale=cfg.scale, kernel_dtype=kd)
+        q_scaled = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, scale=cfg.scale,
+                                 kernel_dtype=kd)
     if masked:          # Step 3: the group's state left by the full phase
-        load_state(ops, st, mi, ci + m.st, ins.state, rows=rows, blocks=blocks, d=R)
+        load_state(ops, st, mi, ci + m.st, ins.state)
     # Step 4: ONE gather per 128 rows of b' entries; keys and values are the same rows.
     x = tiles.x_rows
     for l in ops.static_range(nL):

@@ -154,7 +154,7 @@ def configure(ops, ins: MLAInputs, kv_cache, rows, blocks, opts) -> MLAConfig:
        f"be ints with 1 <= kv_lora_rank <= {MAX_VALUE_DIM}, qk_rope_head_dim >= 0", (R, Pr))
     D = R + Pr
     ck(len(query_t.shape) == 2 and query_t.shape[0] % D == 0 and query_t.shape[0] > 0,
-       "query_t.shape", f"be (nblk*D, rows) with D = R + P = {D}", tuple(query_t.shape))
+       "query_t.shape", f"be (ngroups*D, blocks*rows) with D = R + P = {D}", tuple(query_t.shape))
     ck(len(kv_cache.shape) == 3, "kv_cache.shape", "be (num_blocks, block_size, E)",
        tuple(kv_cache.shape))
     N, B, E = kv_cache.shape
@@ -169,8 +169,8 @@ def configure(ops, ins: MLAInputs, kv_cache, rows, blocks, opts) -> MLAConfig:
     ck(B >= 1 and (B & (B - 1)) == 0 and B <= 256, "kv_cache.shape[1] (block_size)",
        "be a power of two in [1, 256]", B)
     g_full, g_part = tile_geometries(KERNEL, B, opts.LARGE_TILE_SZ, opts.PARTIAL_TILE_SZ)
-    ck(tuple(query_t.shape[1:]) == (rows,), "query_t.shape[1]", f"equal rows = {rows}",
-       tuple(query_t.shape))
+    ck(tuple(query_t.shape[1:]) == (blocks * rows,), "query_t.shape[1]",
+       f"equal blocks * rows = {blocks * rows}", tuple(query_t.shape))
     ck(len(overlay.shape) == 2 and overlay.shape[1] == g_part.bp * E and overlay.shape[0] >= 1,
        "overlay.shape", f"be (R_ov >= 1, b'_p*E) = (R_ov, {g_part.bp * E})", tuple(overlay.shape))
     ck(dtype_name(overlay.dtype) == c_dt, "overlay.dtype", f"equal kv_cache.dtype ({c_dt})",

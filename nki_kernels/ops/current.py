@@ -362,17 +362,20 @@ def _rows(table, idx, idx_col, parts, n, lead, col0, tokens=1, step=0):
                    vector_offset=idx[0:parts, idx_col:idx_col + 1], indirect_dim=0)
 
 
-def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0):
+def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0, width=None,
+           dst_step=None):
     """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
     rows whose index is out of bounds are skipped (``dst`` keeps them). ``tokens > 1``: the row's
-    ``tokens`` pieces of ``w = n / tokens`` elements lie ``step`` apart,
-    ``dst[p, s*w + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect DMA:
-    a 3-D access pattern on both sides)."""
+    ``tokens`` pieces of ``w`` elements (``width``, default ``n / tokens``) lie ``step`` apart
+    and land ``dst_step`` (default w) apart,
+    ``dst[p, s*dst_step + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect
+    DMA: a 3-D access pattern on both sides)."""
     P, n = dst.shape
-    src = _rows(table, idx, idx_col, P, n, lead, col0, tokens, step)
+    w = n // tokens if width is None else width
+    src = _rows(table, idx, idx_col, P, w * tokens, lead, col0, tokens, step)
     if tokens > 1:
-        w = n // tokens
-        dst = dst.ap([[dst.strides[0], P], [w, tokens], [1, w]], offset=dst.offset)
+        dst = dst.ap([[dst.strides[0], P], [w if dst_step is None else dst_step, tokens], [1, w]],
+                     offset=dst.offset)
     nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
 

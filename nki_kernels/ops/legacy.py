@@ -283,19 +283,22 @@ def load(dst, src):
     dst[...] = nl.load(src)
 
 
-def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0):
+def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0, width=None,
+           dst_step=None):
     """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
     rows whose index is out of bounds are skipped (``dst`` keeps them). ``tokens > 1``: the row's
-    ``tokens`` pieces of ``w = n / tokens`` elements lie ``step`` apart,
-    ``dst[p, s*w + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect DMA;
-    an ``nl.arange`` expression over (partition, piece, element))."""
+    ``tokens`` pieces of ``w`` elements (``width``, default ``n / tokens``) lie ``step`` apart
+    and land ``dst_step`` (default w) apart,
+    ``dst[p, s*dst_step + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect
+    DMA; an ``nl.arange`` expression over (partition, piece, element))."""
     if tokens > 1:
-        w = dst.shape[1] // tokens
+        w = dst.shape[1] // tokens if width is None else width
         i_p = nl.arange(dst.shape[0])[:, None, None]
         i_s = nl.arange(tokens)[None, :, None]
         i_e = nl.arange(w)[None, None, :]
         src = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_s * step + i_e)]
-        nisa.dma_copy(dst=dst[i_p, i_s * w + i_e], src=src, oob_mode=nisa.oob_mode.skip)
+        out = i_s * (w if dst_step is None else dst_step) + i_e
+        nisa.dma_copy(dst=dst[i_p, out], src=src, oob_mode=nisa.oob_mode.skip)
         return
     i_p = nl.arange(dst.shape[0])[:, None]
     i_f = nl.arange(dst.shape[1])[None, :]

@@ -286,10 +286,10 @@ def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts, value_cache=None) 
     ck(dtype_name(overlay.dtype) == ov_dt, "overlay.dtype",
        f"equal {ov_dt} (the kv_cache dtype; the kernel dtype for an fp8 cache)",
        dtype_name(overlay.dtype))
-    nblk = query_t.shape[0] // (Hkv * d)
-    ck(tuple(q_init.shape) == (Hkv * nblk * rows, Q_INIT_COLUMNS)
-       and dtype_name(q_init.dtype) == "float32", "q_init",
-       f"be a float32 array of shape (Hkv*nblk*rows, 4) = {(Hkv * nblk * rows, Q_INIT_COLUMNS)}",
+    ngroups = query_t.shape[0] // (Hkv * d)
+    want = (Hkv * ngroups * rows, blocks * Q_INIT_COLUMNS)
+    ck(tuple(q_init.shape) == want and dtype_name(q_init.dtype) == "float32", "q_init",
+       f"be a float32 array of shape (Hkv*ngroups*rows, blocks*4) = {want}",
        (tuple(q_init.shape), dtype_name(q_init.dtype)))
     ck(isinstance(opts.alibi, bool), "alibi", "be a bool", opts.alibi)
     ck(isinstance(opts.row_init, bool) and (opts.row_init or not opts.alibi), "row_init",

@@ -4,9 +4,11 @@ per group, or preloaded per metadata chunk in the decode layout), its carried st
 one KV tile into every Q block's online-softmax state, and the state / output stores.
 
 Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first). Metadata columns (``mi`` int32, ``mf`` fp32, one SBUF chunk of items;
-``host.scheduled.schedule.PhaseArrays``): ``q_col + j*nd + k`` the Q^T row of channel 128k + p of block j
-(query-rows classes only), ``st_col + j`` / ``out_col + j`` the state / output row of query row p
-of block j, fp32 column ``cf`` the reset flag followed by the mask bounds (masked items). Row
+``host.scheduled.schedule.PhaseArrays``): ``q_col + k`` the Q^T row of channel 128k + p of the
+group (query-rows classes only), ``st_col`` / ``out_col`` the state / output row of query row p
+of the group (group-major layouts: every block of the group side by side in one row, so one DMA
+moves a group; docs/layouts.md "Scheduled kernel"), fp32 column ``cf`` the reset flag followed
+by the mask bounds (masked items). Row
 indices out of bounds skip the DMA (``oob_mode.skip``). The phases run full first (state to the
 HBM scratch after a group's last full item), masked last (state loaded at a group's first masked
 item, output after its last). The state of block j is ``st[:, j*(d+2) : (j+1)*(d+2)]``
@@ -99,15 +101,14 @@ def q_scale_engine(ops, q_dtype, kernel_dtype):
     return "gpsimd"
 
 
-def load_q_slices(ops, q_raw, query_t, mi, q_col, *, rows, blocks, scale, kernel_dtype):
+def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
     """Query-rows classes: gather the group's Q^T into the persistent raw slices ``q_raw`` (nd
-    SBUF tiles ``(dk, blocks*rows)``; rows whose index is out of bounds -- a group that does not
+    SBUF tiles ``(dk, blocks*rows)``; one gather per slice from the group-major ``query_t``,
+    every block of the group at once; rows whose index is out of bounds -- a group that does not
     start at this item -- keep their values) and return them scaled into ``kernel_dtype``."""
-    nd = len(q_raw)
     scaled = []
-    for k in ops.static_range(nd):
-        for j in ops.static_range(blocks):
-            ops.gather(q_raw[k][:, ops.ds(j * rows, rows)], query_t, mi, q_col + j * nd + k)
+    for k in ops.static_range(len(q_raw)):
+        ops.gather(q_raw[k], query_t, mi, q_col + k)
         q_sc = ops.sbuf(q_raw[k].shape, kernel_dtype)
         ops.tensor_scalar(q_sc, q_raw[k], "multiply", scale,
                           engine=q_scale_engine(ops, q_raw[k].dtype, kernel_dtype))
@@ -115,12 +116,12 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, rows, blocks, scale, kernel
     return scaled
 
 
-def load_state(ops, st, mi, st_col, state, *, rows, blocks, d):
-    """Masked items: every block's state rows from ``state`` (rows of d + 2 fp32 left by the
-    full phase; skipped unless the group starts here and had full items)."""
-    sw = d + STATE_EXTRA_COLUMNS
-    for j in ops.static_range(blocks):
-        ops.gather(st[:, ops.ds(j * sw, sw)], state, mi, st_col + j)
+def load_state(ops, st, mi, st_col, state):
+    """Masked items: the group's state ``st`` (rows, blocks * (d + 2)) fp32 from the scratch
+    ``state`` (one row per query row of the group, every block's d + 2 columns side by side,
+    left by the full phase): one gather, skipped unless the group starts here and had full
+    items."""
+    ops.gather(st, state, mi, st_col)
 
 
 def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts=None,
@@ -234,21 +235,22 @@ def _rows_to_free_axis(ops, cols, rows, consts):
 
 
 def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked, engine=None):
-    """Full items: every block's state rows to ``state`` (rows of d + 2 fp32, state columns
-    ``col + j``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
-    L_FLOOR)`` of every block to ``out`` (output columns ``col + j``; skipped unless the group
-    ends here; the divisors of all blocks in one pass, the division on ``engine``:
-    ``ops.floored_divisors`` / ``ops.divide_by``)."""
+    """Full items: the group's state ``st`` to the scratch ``state`` (one scatter, state column
+    ``col``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
+    L_FLOOR)`` of every block side by side, ``(rows, blocks * d)``, to the group-major ``out``
+    (one scatter, output column ``col``; skipped unless the group ends here; the divisors of all
+    blocks in one pass, the division on ``engine``: ``ops.floored_divisors`` /
+    ``ops.divide_by``)."""
+    if not masked:
+        ops.scatter(state, mi, col, st)
+        return
     sw = d + STATE_EXTRA_COLUMNS
-    div = None
-    if masked:      # every block's max(l, L_FLOOR) (current API: its reciprocal) at once
-        div = ops.sbuf((rows, blocks), ops.float32)
-        ops.floored_divisors(div, ops.free_view(st, ((sw, blocks),), col0=d + 1), L_FLOOR,
-                             engine=engine)
+    # every block's max(l, L_FLOOR) (current API: its reciprocal) at once
+    div = ops.sbuf((rows, blocks), ops.float32)
+    ops.floored_divisors(div, ops.free_view(st, ((sw, blocks),), col0=d + 1), L_FLOOR,
+                         engine=engine)
+    o_tile = ops.sbuf((rows, blocks * d), out.dtype)
     for j in ops.static_range(blocks):
-        if not masked:
-            ops.scatter(state, mi, col + j, st[:, ops.ds(j * sw, sw)])
-            continue
-        o_tile = ops.sbuf((rows, d), out.dtype)
-        ops.divide_by(o_tile, st[:, ops.ds(j * sw, d)], div[:, ops.ds(j, 1)], engine=engine)
-        ops.scatter(out, mi, col + j, o_tile)
+        ops.divide_by(o_tile[:, ops.ds(j * d, d)], st[:, ops.ds(j * sw, d)], div[:, ops.ds(j, 1)],
+                      engine=engine)
+    ops.scatter(out, mi, col, o_tile)

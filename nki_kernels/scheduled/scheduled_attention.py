@@ -21,9 +21,10 @@ output rows and a reset flag. A DMA whose row index is out of bounds is skipped
 (``oob_mode.skip``), which is how padding items, padding rows and unchanged Q / state move no
 bytes: the online-softmax state of the current Q group and its scaled Q stay in SBUF from one
 item to the next and are (re)initialised when the reset flag says a new group starts. The
-partial phase runs first and leaves each group's state in a private HBM scratch (rows of
-``d + 2`` fp32: o, -m, l) when the group also has full items; the full phase starts the group
-from that state and writes the output. Nothing else goes through HBM.
+full phase runs first and leaves the state of each group it touched in a private HBM scratch
+(one row per query row of the group, every block's ``d + 2`` fp32 o, -m, l side by side: one
+DMA per group); the partial phase, where every group ends, starts such a group from that state
+and writes the output (one DMA per group). Nothing else goes through HBM.
 
 Each phase has its own tile geometry: full items tiles of ``LARGE_TILE_SZ`` keys, partial items
 tiles of ``PARTIAL_TILE_SZ`` keys (the host cuts a large tile that is not full into partial
@@ -36,7 +37,7 @@ their own that TensorE adds in.
 
 Dimensions (static, from the shapes): Hkv KV heads; d head size (1..512, nd = ceil(d/128)
 slices of <= 128 channels); rows query rows per Q block (<= 128); blocks Q blocks per group;
-nblk Q blocks of this launch; B block size; per phase T, b', nL from its tile size and B
+ngroups groups of this launch (nblk = ngroups * blocks Q blocks); B block size; per phase T, b', nL from its tile size and B
 (``nki_kernels.contract.tile_geometry``); W = nL * 128 * b' keys per item.
 """
 
@@ -65,13 +66,17 @@ def _build(ops):
         """Scheduled paged attention of one class of Q blocks.
 
         Args:
-            query_t: (Hkv * nblk * d, rows) float32/bfloat16/float16: row ``(h*nblk + b)*d + ch``
-                holds channel ch of the ``rows`` query rows of Q block b of KV head h (Q^T
-                blocks), gathered when a group starts (query-rows classes).
-            q_init: (Hkv * nblk * rows, 4) float32, per query row (``contract.Q_INIT_*``):
-                initial -m and l of the online softmax (-M_FLOOR, 0 normally; -sink, 1 with an
-                attention sink), the ALiBi slope and slope * query position. Read only with
-                ``row_init`` by query-rows classes (gathered per group start).
+            query_t: (Hkv * ngroups * d, blocks * rows) float32/bfloat16/float16, group-major
+                (docs/layouts.md "Scheduled kernel"): row ``(h*ngroups + g)*d + ch``, columns
+                ``[j*rows, (j+1)*rows)`` hold channel ch of the ``rows`` query rows of Q block
+                ``g*blocks + j`` of KV head h (Q^T blocks), one gather per channel slice when a
+                group starts (query-rows classes).
+            q_init: (Hkv * ngroups * rows, blocks * 4) float32, group-major: row
+                ``(h*ngroups + g)*rows + r``, columns ``[j*4, j*4 + 4)`` for query row r of
+                block j of group g (``contract.Q_INIT_*``): initial -m and l of the online
+                softmax (-M_FLOOR, 0 normally; -sink, 1 with an attention sink), the ALiBi slope
+                and slope * query position. Read only with ``row_init`` by query-rows classes
+                (gathered per group start).
             kv_cache: (2, N, Hkv, B, d) [0] = K, [1] = V (read only): the query dtype, or fp8
                 (float8_e4m3 / float8_e5m2; scales are folded in by the host). With
                 ``options.kv_layout == "block_kv"``: vLLM's key cache (N, B, Hkv, d) in the
@@ -83,7 +88,7 @@ def _build(ops):
                 (128, Ip * kf) float32 (``host.scheduled.schedule.PhaseArrays``; Ip items, may be 0).
             meta_fi, meta_ff: full-phase metadata, (Hkv, 128, If * ki') int32, (128, If * kf').
             blocks: Q blocks per group (a static int; the rows per Q block, 1..128, are
-                ``query_t.shape[1]``).
+                ``query_t.shape[1] // blocks``).
             options: :class:`SchedOptions`.
             q_full, q_part: decode-layout classes (``contract.decode_layout``) only, else None
                 (not read): the Q^T of every item of the full / partial phase, (Hkv * d,
@@ -100,9 +105,10 @@ def _build(ops):
                 key cache's shape and dtype, read in place; otherwise None.
 
         Returns:
-            (Hkv * nblk * rows, d) in query_t.dtype: row ``(h*nblk + b)*rows + r`` = output of
-            query row r of Q block b of KV head h (rows no item stores are left unwritten; the
-            host never reads them).
+            (Hkv * ngroups * rows, blocks * d) in query_t.dtype, group-major: row
+            ``(h*ngroups + g)*rows + r``, columns ``[j*d, (j+1)*d)`` = output of query row r of
+            Q block ``g*blocks + j`` of KV head h (one store per group; rows no block of a group
+            holds are left unwritten, and the host never reads padding rows).
 
         Raises:
             ValueError: a bad input (named), including an input the class needs left None.
@@ -110,13 +116,17 @@ def _build(ops):
                 toolchain without out-of-bounds DMA skipping.
         """
         _, _, Hkv, d = cache_dims(kv_cache, value_cache, options)
-        kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0,
-                     KERNEL, "query_t.shape", f"be (Hkv*nblk*d, rows) with Hkv*d = {Hkv * d}",
+        kernel_check(isinstance(blocks, int) and blocks >= 1, KERNEL, "blocks",
+                     "be an int >= 1", blocks)
+        kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0
+                     and query_t.shape[1] % blocks == 0, KERNEL, "query_t.shape",
+                     f"be (Hkv*ngroups*d, blocks*rows) with Hkv*d = {Hkv * d}, blocks = {blocks}",
                      tuple(query_t.shape))
-        nblk, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1]
-        out = ops.ndarray((Hkv * nblk * rows, d), dtype=query_t.dtype, buffer=ops.SHARED_HBM)
-        state = ops.ndarray((max(nblk * rows, 1), d + STATE_EXTRA_COLUMNS), dtype=ops.float32,
-                            buffer=ops.PRIVATE_HBM)
+        ngroups, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1] // blocks
+        out = ops.ndarray((Hkv * ngroups * rows, blocks * d), dtype=query_t.dtype,
+                          buffer=ops.SHARED_HBM)
+        state = ops.ndarray((max(ngroups * rows, 1), blocks * (d + STATE_EXTRA_COLUMNS)),
+                            dtype=ops.float32, buffer=ops.PRIVATE_HBM)
         ins = Inputs(query_t=query_t, q_items=(q_full, q_part), i_items=(i_full, i_part),
                      bounds_p=bounds_p, q_init=q_init, overlay=overlay,
                      meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf), out=out, state=state)
@@ -277,20 +287,23 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
             ops.copy(al[:, ops.ds(0, 2)],
                      data.init[:, ops.ds(it * Q_INIT_COLUMNS + Q_INIT_SLOPE, 2)])
     elif cfg.opts.row_init:
-        for j in ops.static_range(blocks):
-            ops.gather(init[:, ops.ds(j * sw + d, 2)], ins.q_init, mi, ci + m.ini + j)
-            if cfg.opts.alibi:
-                ops.gather(al[:, ops.ds(j * 2, 2)], ins.q_init, mi, ci + m.ini + j,
-                           col0=Q_INIT_SLOPE)
+        # one gather per group start (skipped otherwise) for every block's (-m, l), straight
+        # into the blocks' init columns (d + 2 apart), one for every block's ALiBi (slope,
+        # slope * position), already in al's layout
+        ops.gather(init[:, ops.ds(d, (blocks - 1) * sw + 2)], ins.q_init, mi, ci + m.ini,
+                   tokens=blocks, step=Q_INIT_COLUMNS, width=2, dst_step=sw)
+        if cfg.opts.alibi:
+            ops.gather(al, ins.q_init, mi, ci + m.ini, col0=Q_INIT_SLOPE, tokens=blocks,
+                       step=Q_INIT_COLUMNS)
     ops.where(st, data.resets.column(it, rows), init, st)
     if cfg.decode:       # decode layout: one block, Q^T preloaded per chunk
         qs = [q[:, ops.ds(it * rows, rows)] for q in data.q]
     else:
-        qs = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, rows=rows, blocks=blocks,
-                           scale=cfg.scale, kernel_dtype=cfg.kd)
+        qs = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, scale=cfg.scale,
+                           kernel_dtype=cfg.kd)
     # Step 2 (partial phase): the group's state left by the full phase.
     if masked:
-        load_state(ops, st, mi, ci + m.st, ins.state, rows=rows, blocks=blocks, d=d)
+        load_state(ops, st, mi, ci + m.st, ins.state)
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
     k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, head,
                                            kv_tiles)

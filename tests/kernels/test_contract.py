@@ -118,9 +118,10 @@ def test_meta_layout_columns_are_disjoint_and_dense():
         m = contract.meta_layout(loads=loads, blocks=blocks, head_size=d, masked=masked,
                                  alibi=alibi, row_init=row_init, keys_on_partitions=kop)
         nd = contract.channel_slices(d)
+        # group-major: one Q^T column per channel slice, one state / output / init column
         spans = [(m.kv, loads), (m.ov, loads if masked else 0),
-                 (m.q, 0 if kop else blocks * nd), (m.st, blocks),
-                 (m.out, blocks if masked else 0), (m.ini, blocks if row_init and not kop else 0)]
+                 (m.q, 0 if kop else nd), (m.st, 1),
+                 (m.out, 1 if masked else 0), (m.ini, 1 if row_init and not kop else 0)]
         cols = sorted(c for start, n in spans if start is not None for c in range(start, start + n))
         assert cols == list(range(m.ki))
         fcols = [m.reset] + ([m.bounds + i for i in range(2 * blocks)] if m.bounds is not None

@@ -55,14 +55,17 @@ def visible(x, window):
     return (0 if window is None else max(0, x - window + 1)), x + 1
 
 
-def expected_rows(q, G, seqs, rows):
+def expected_rows(q, G, seqs, rows, blocks):
     """(row_token, row_head) of a class from §16.2: each sequence's q_i*G rows (token a = r // G,
-    head g = r % G) cut into blocks of ``rows``, sequence after sequence, -1 for padding."""
+    head g = r % G) cut into blocks of ``rows``, the blocks into groups of ``blocks`` (the last
+    group of a sequence padded with whole padding blocks), sequence after sequence, -1 for
+    padding."""
     tok_off = np.concatenate(([0], np.cumsum(q)[:-1]))
     tok, head = [], []
+    span = rows * blocks
     for i in seqs:
         R = int(q[i]) * G
-        r = np.arange(-(-R // rows) * rows)
+        r = np.arange(-(-R // span) * span)
         tok.append(np.where(r < R, tok_off[i] + r // G, -1))
         head.append(np.where(r < R, r % G, -1))
     return np.concatenate(tok), np.concatenate(head)
@@ -86,15 +89,16 @@ class Item:
 
 
 def columns(cls, *, nL, d, masked, alibi, row_init):
-    """(ki, kf, offsets) of §16.4: kv, ov, q, st, out, ini column starts."""
+    """(ki, kf, offsets) of §16.4: kv, ov, q, st, out, ini column starts (group-major: one Q^T
+    column per channel slice, one state / output / init column per item)."""
     blocks, nd = cls.blocks, -(-d // P)
     kop = cls.decode_layout
     kv0, ov0 = 0, nL
     q0 = 2 * nL if masked else nL
-    st0 = q0 + (0 if kop else blocks * nd)
-    out0 = st0 + blocks
-    ini0 = out0 + (blocks if masked else 0)
-    ki = ini0 + (blocks if row_init and not kop else 0)     # kop: row init values preloaded
+    st0 = q0 + (0 if kop else nd)
+    out0 = st0 + 1
+    ini0 = out0 + (1 if masked else 0)
+    ki = ini0 + (1 if row_init and not kop else 0)     # kop: row init values preloaded
     kf = 1 + (2 * blocks if masked and not kop else 0) + (1 if alibi else 0)   # kop: bounds apart
     assert (ki, kf) == meta_columns(loads=nL, blocks=blocks, head_size=d, masked=masked,
                                     alibi=alibi, row_init=row_init, rows=cls.rows)
@@ -121,6 +125,8 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
     ov_seq = np.array([i for i, _ in ov_map] or [-1])
     ov_row = np.array([j for _, j in ov_map] or [-1])
     rows, blocks, nblk = cls.rows, cls.blocks, cls.num_blocks
+    ngroups = nblk // blocks
+    assert ngroups * blocks == nblk, "Q blocks are not whole groups"
     kop = cls.decode_layout
     assert kop == (rows <= 64 and blocks == 1)
     seq_of_row = np.full(nblk * rows, -1)
@@ -168,54 +174,57 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
                         group[0], acc[0] = b, np.zeros((rows, Kmax), np.int64)
                         q_slots.append(0)
                     assert group[0] == b, "item_block changes inside a group"
-            else:        # Q^T ids: (h*nblk + b)*d + 128k + p, only at a group's first item
-                for jj in range(blocks):
-                    col = mi[:, t, col0["q"] + jj * nd:col0["q"] + (jj + 1) * nd]   # (128, nd)
-                    inb = col < Hkv * nblk * d
-                    if not inb.any():
-                        continue
+            else:        # Q^T ids: (h*ngroups + g)*d + 128k + p, only at a group's first item
+                col = mi[:, t, col0["q"]:col0["q"] + nd]                      # (128, nd)
+                inb = col < Hkv * ngroups * d
+                if inb.any():
                     assert reset, "Q loaded in the middle of a group"
-                    hh, b = col // (nblk * d), (col // d) % nblk
+                    hh, g = col // (ngroups * d), (col // d) % ngroups
                     ch = col % d
                     dk = np.minimum(P, d - np.arange(nd) * P)
                     assert np.array_equal(inb, np.arange(P)[:, None] < dk[None, :])
-                    assert np.all(hh[inb] == head) and np.all(b[inb] == b[0, 0])
+                    assert np.all(hh[inb] == head) and np.all(g[inb] == g[0, 0])
                     assert np.array_equal(ch[inb], (np.arange(nd)[None, :] * P + np.arange(P)[:, None])[inb])
-                    group[jj] = int(b[0, 0])
-                    acc[jj] = np.zeros((rows, Kmax), np.int64)
-                    q_slots.append(jj)
+                    for jj in range(blocks):           # slot j: block g*blocks + j (None: padding)
+                        b = int(g[0, 0]) * blocks + jj
+                        if real_rows[b * rows:(b + 1) * rows].any():
+                            group[jj] = b
+                            acc[jj] = np.zeros((rows, Kmax), np.int64)
+                            q_slots.append(jj)
                 if t < arr.real_items:
                     assert arr.item_block[t] == group[0]
-            # q_init ids (row_init only, not kop): (h*nblk + b)*rows + p for every row, with the
-            # group start
-            for jj in range(blocks if row_init and not kop else 0):
-                col = mi[:, t, col0["ini"] + jj]
-                inb = col < Hkv * nblk * rows
-                if jj in q_slots:
+            g_cur = None if group[0] is None else group[0] // blocks
+            # q_init ids (row_init only, not kop): (h*ngroups + g)*rows + p for every row, with
+            # the group start
+            if row_init and not kop:
+                col = mi[:, t, col0["ini"]]
+                inb = col < Hkv * ngroups * rows
+                if q_slots:
                     assert np.array_equal(inb, np.arange(P) < rows)
-                    assert np.array_equal(col[:rows], (head * nblk + group[jj]) * rows + np.arange(rows))
+                    assert np.array_equal(col[:rows], (head * ngroups + g_cur) * rows + np.arange(rows))
                 else:
                     assert not inb.any(), "row init values loaded without the group's Q"
-            # state ids: b*rows + p (real rows of the slot's block), else >= nblk*rows; output
-            # ids (partial phase): (h*nblk + b)*rows + p, else >= Hkv*nblk*rows
+            # state ids: g*rows + p (rows real in some block of the group), else >=
+            # ngroups*rows; output ids (partial phase): (h*ngroups + g)*rows + p, else >=
+            # Hkv*ngroups*rows. One id per row moves every block of the group.
             st_slots, out_slots = [], []
-            kinds = (("st", col0["st"], nblk * rows),) + ((("out", col0["out"], Hkv * nblk * rows),)
-                                                          if masked else ())
-            for jj in range(blocks):
-                for kind, c0, lim in kinds:
-                    col = mi[:, t, c0 + jj]
-                    inb = col < lim
-                    if not inb.any():
-                        continue
-                    b = group[jj]
-                    assert b is not None, f"{kind} ids for an empty slot"
-                    base = (head * nblk + b) * rows if kind == "out" else b * rows
-                    pr = np.arange(P)
-                    want = (pr < rows) & np.concatenate([real_rows[b * rows:(b + 1) * rows],
-                                                         np.zeros(P - rows, bool)])
-                    assert np.array_equal(inb, want), (kind, phase, t)
-                    assert np.array_equal(col[inb], base + pr[inb])
-                    (st_slots if kind == "st" else out_slots).append(jj)
+            kinds = (("st", col0["st"], ngroups * rows),) + ((("out", col0["out"], Hkv * ngroups * rows),)
+                                                             if masked else ())
+            for kind, c0, lim in kinds:
+                col = mi[:, t, c0]
+                inb = col < lim
+                if not inb.any():
+                    continue
+                assert g_cur is not None, f"{kind} ids for an empty group"
+                base = (head * ngroups + g_cur) * rows if kind == "out" else g_cur * rows
+                pr = np.arange(P)
+                g_real = real_rows[g_cur * blocks * rows:(g_cur + 1) * blocks * rows]
+                want = (pr < rows) & np.concatenate([g_real.reshape(blocks, rows).any(axis=0),
+                                                     np.zeros(P - rows, bool)])
+                assert np.array_equal(inb, want), (kind, phase, t)
+                assert np.array_equal(col[inb], base + pr[inb])
+                slots = [jj for jj in range(blocks) if group[jj] is not None]
+                (st_slots if kind == "st" else out_slots).extend(slots)
             if masked:                                 # partial: state load right after the reset
                 for jj in st_slots:
                     assert reset and group[jj] in saved, "state loaded that was never stored"
@@ -313,7 +322,7 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
     for cls in sched.classes:
         decode = cls.kind == "decode"
         assert all((q[i] * G <= DECODE_MAX_ROWS) == decode for i in cls.seqs)
-        tok, hd = expected_rows(q, G, cls.seqs, cls.rows)
+        tok, hd = expected_rows(q, G, cls.seqs, cls.rows, cls.blocks)
         assert np.array_equal(cls.row_token, tok) and np.array_equal(cls.row_head, hd)
         qoff = np.concatenate(([0], np.cumsum(q)))
         seq = np.searchsorted(qoff, tok, side="right") - 1
@@ -390,7 +399,8 @@ def test_two_classes_hand_built():
     assert (dec.kind, dec.rows, dec.blocks, dec.num_blocks, dec.seqs.tolist()) == \
         ("decode", 64, 1, 3, [0, 1, 3])                    # rows: power of two >= max R = 64
     assert (pre.kind, pre.rows, pre.blocks, pre.num_blocks, pre.seqs.tolist()) == \
-        ("prefill", 128, 3, 4, [2, 4])                     # blocks = max ceil(R / 128) = 3 (fits)
+        ("prefill", 128, 3, 6, [2, 4])                     # blocks = max ceil(R / 128) = 3 (fits);
+    #                                                        2 groups of 3 blocks (1 + 2 padding, 3)
     assert (dec.partial.real_items, dec.partial.items, dec.full.real_items) == (3, 3, 1)
     assert (pre.partial.real_items, pre.full.real_items) == (2, 1)
     items = check_coverage(s, **kw)
@@ -408,7 +418,7 @@ def test_two_classes_hand_built():
         ("p", 2, 0, 1, (0,), (), (0,)),                    # one block in a 3-slot group
         ("p", 4, 1, 1, (0, 1, 2), (0, 1, 2), (0, 1, 2)),
     ]
-    assert [it.blocks for it in items[1] if it.real] == [(1, 2, 3), (0, None, None), (1, 2, 3)]
+    assert [it.blocks for it in items[1] if it.real] == [(3, 4, 5), (0, None, None), (3, 4, 5)]
     gathered = [(it.main, it.ov) for it in items[0] if it.real]
     assert gathered == [(128, 0), (122, 1), (127, 1), (16, 8)]    # rows 0..127; 128..249 + 250
 
@@ -473,7 +483,7 @@ def test_long_prefill_splits_into_groups_and_prunes_causally():
     # K=2124 -> 531 rows (256 main), tiles 0..4. Group 0 never sees tile 4 (keys >= 2048).
     s, kw = schedule([1100], [1024], H=8, Hkv=1, d=4, B=16, LT=512)
     (cls,) = s.classes
-    assert (cls.kind, cls.blocks, cls.num_blocks) == ("prefill", 64, 69)
+    assert (cls.kind, cls.blocks, cls.num_blocks) == ("prefill", 64, 128)    # 2 whole groups
     items = check_coverage(s, **kw)[0]
     g0, g1 = tuple(range(64)), tuple(range(64, 69)) + (None,) * 59
     got = [(it.phase[0], it.tile, it.blocks == g0, it.blocks == g1, int(it.reset), bool(it.st),
@@ -505,8 +515,9 @@ def test_prefill_groups_are_sized_to_trn1_sbuf():
         fit = max_group_blocks(nc_gen="gen2", query_itemsize=size, cache_itemsize=size, **plan)
         assert fit <= max_group_blocks(nc_gen="gen3", query_itemsize=size, cache_itemsize=size,
                                        **plan)                  # trn1 has the smaller SBUF
-        assert (cls.kind, cls.num_blocks) == ("prefill", 20)
         assert cls.blocks == min(64, fit, 20)
+        # whole groups: the last one padded with padding blocks (group-major layouts)
+        assert (cls.kind, cls.num_blocks) == ("prefill", -(-20 // cls.blocks) * cls.blocks)
         starts = sorted(set(cls.partial.item_block[:cls.partial.real_items].tolist()))
         assert starts == list(range(0, 20, cls.blocks))        # groups of `blocks` Q blocks
         got[size] = cls.blocks
@@ -568,9 +579,10 @@ def _padding_ids_all_out_of_bounds(s, kw):
             limits = np.zeros(ki, np.int64)
             limits[:nL] = 2 * N * Hkv * Tf
             limits[nL:col0["q"]] = 2 * Hkv * R_ov                       # overlay (partial)
-            limits[col0["q"]:col0["st"]] = Hkv * nblk * d                # Q^T (query-rows path)
-            limits[col0["st"]:col0["st"] + blocks] = nblk * rows         # state scratch
-            limits[col0["st"] + blocks:] = Hkv * nblk * rows             # output, q_init
+            ngroups = nblk // blocks
+            limits[col0["q"]:col0["st"]] = Hkv * ngroups * d             # Q^T (query-rows path)
+            limits[col0["st"]] = ngroups * rows                          # state scratch
+            limits[col0["st"] + 1:] = Hkv * ngroups * rows               # output, q_init
             assert np.all(mi >= limits[None, None, None, :])
             assert np.all(arr.item_block[arr.real_items:] == -1)
             assert np.all(mf[:, :, 0] == 1.0)                  # reset: a padding item is its own group

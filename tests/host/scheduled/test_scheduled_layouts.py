@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from host.scheduled.schedule import make_schedule
-from host.scheduled.scheduled import (build_overlay, item_queries, item_row_init, pack_queries, row_init,
-                            unpack_output)
+from host.scheduled.scheduled import (block_major, build_overlay, group_major, item_queries,
+                                     item_row_init, pack_queries, row_init, unpack_output)
 from nki_kernels.constants import M_FLOOR
 
 P = 128
@@ -50,20 +50,28 @@ def check_pack_round_trip(b, LT, tamper=lambda qt: qt):
     s = _schedule(b, LT)
     result = np.zeros_like(query)
     for cls in s.classes:
-        nblk, rows = cls.num_blocks, cls.rows
+        nblk, rows, blocks = cls.num_blocks, cls.rows, cls.blocks
+        ngroups = nblk // blocks
+        assert ngroups * blocks == nblk                               # whole groups
         qt = tamper(pack_queries(cls, query, Hkv))
-        assert qt.shape == (Hkv * nblk * d, rows) and qt.dtype == query.dtype
-        # §16.2: row (h*nblk + b)*d + ch, column p = query[token, h*G + g, ch], 0 for padding
+        assert qt.shape == (Hkv * ngroups * d, blocks * rows) and qt.dtype == query.dtype
+        # §16.2, group-major: row (h*ngroups + g)*d + ch, column j*rows + p = query[token,
+        # h*G + g', ch] of query row p of Q block b = g*blocks + j; 0 for padding rows
         tok, g = cls.row_token.reshape(nblk, rows), cls.row_head.reshape(nblk, rows)
-        q4 = qt.reshape(Hkv, nblk, d, rows)
+        out = np.zeros((Hkv * ngroups * rows, blocks * d), query.dtype)
         for h in range(Hkv):
             for blk in range(nblk):
+                gi, j = divmod(blk, blocks)
                 real = tok[blk] >= 0
                 want = np.zeros((d, rows), query.dtype)
                 want[:, real] = query[tok[blk, real], h * G + g[blk, real]].T
-                assert q4[h, blk].tobytes() == want.tobytes()
-        # inverse: the output layout row (h*nblk + b)*rows + p = Q^T column p of block b, head h
-        out = q4.transpose(0, 1, 3, 2).reshape(Hkv * nblk * rows, d)
+                r0 = (h * ngroups + gi) * d
+                got = qt[r0:r0 + d, j * rows:(j + 1) * rows]
+                assert got.tobytes() == want.tobytes()
+                # inverse: output row (h*ngroups + g)*rows + p, columns [j*d, (j+1)*d) = Q^T
+                # column j*rows + p of the group's rows, head h
+                o0 = (h * ngroups + gi) * rows
+                out[o0:o0 + rows, j * d:(j + 1) * d] = got.T
         unpack_output(cls, out, result)
     assert result.tobytes() == query.tobytes()                    # every (token, head) once
 
@@ -122,6 +130,25 @@ def test_layouts_round_trip(case, dtype):
     check_key_rows(b, LT, LTp=LTp)
 
 
+def test_group_major_inverse():
+    # block_major undoes group_major (NumPy and torch), and element (h, b, i, e) lands at row
+    # (h*ngroups + g)*a + i, column j*b + e for b = g*blocks + j
+    rng = np.random.default_rng(7)
+    Hkv, ngroups, blocks, a, bw = 2, 3, 4, 5, 6
+    x = rng.standard_normal((Hkv, ngroups * blocks, a, bw)).astype(np.float32)
+    y = group_major(x, blocks)
+    assert y.shape == (Hkv * ngroups * a, blocks * bw)
+    for h, blk, i, e in [(0, 0, 0, 0), (1, 7, 2, 3), (1, 11, 4, 5), (0, 5, 1, 0)]:
+        g, j = divmod(blk, blocks)
+        assert y[(h * ngroups + g) * a + i, j * bw + e] == x[h, blk, i, e]
+    assert np.array_equal(block_major(y, Hkv, blocks, a, bw), x)
+    assert np.array_equal(group_major(x, 1), x.reshape(Hkv * ngroups * blocks * a, bw))
+    torch = pytest.importorskip("torch")
+    yt = group_major(torch.from_numpy(x), blocks)
+    assert np.array_equal(yt.numpy(), y)
+    assert np.array_equal(block_major(yt, Hkv, blocks, a, bw).numpy(), x)
+
+
 def test_checks_can_fail():
     # must-fail: two query rows swapped, two overlay rows swapped, one overlay element changed
     b = _batch([3, 2], [10, 5], H=2, Hkv=1, d=4, B=8, seed=0)
@@ -155,7 +182,8 @@ def test_layouts_round_trip_random(lens, B, LT, heads, d, seed, ltp):
 
 @pytest.mark.parametrize("sinks, alibi", [(False, False), (True, False), (False, True), (True, True)])
 def test_row_init_values_by_token_and_head(sinks, alibi):
-    # q_init row (h*nblk + b)*rows + p = [-m0, l0, slope, slope * position] of that query row
+    # q_init row (h*ngroups + g)*rows + p, columns [j*4, j*4 + 4) = [-m0, l0, slope,
+    # slope * position] of query row p of Q block g*blocks + j
     q, c, H, Hkv = [1, 3, 40], [10, 0, 7], 6, 2
     G = H // Hkv
     b = _batch(q, c, H=H, Hkv=Hkv, d=4, B=16, seed=3)
@@ -165,11 +193,13 @@ def test_row_init_values_by_token_and_head(sinks, alibi):
     seen = np.zeros((int(sum(q)), H), int)
     for cls in _schedule(b, 512).classes:
         init = row_init(cls, H, Hkv, sinks=sink, alibi_slopes=slope)
-        nblk, rows = cls.num_blocks, cls.rows
-        assert init.shape == (Hkv * nblk * rows, 4) and init.dtype == np.float32
+        nblk, rows, blocks = cls.num_blocks, cls.rows, cls.blocks
+        ngroups = nblk // blocks
+        assert init.shape == (Hkv * ngroups * rows, blocks * 4) and init.dtype == np.float32
         for h in range(Hkv):
             for r in range(nblk * rows):
-                row = init[h * nblk * rows + r]
+                (gi, j), p = divmod(r // rows, blocks), r % rows     # block g*blocks + j, row p
+                row = init[(h * ngroups + gi) * rows + p, j * 4:(j + 1) * 4]
                 tok, g = cls.row_token[r], cls.row_head[r]
                 if tok < 0:
                     assert row.tolist() == np.array([-M_FLOOR, 0, 0, 0], np.float32).tolist()

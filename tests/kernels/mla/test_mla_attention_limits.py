@@ -130,7 +130,7 @@ def test_kernel_rejects_more_blocks_than_fit_its_sbuf(target, api):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(kv_lora_rank=513, qk_rope_head_dim=63), r"kv_lora_rank, qk_rope_head_dim must be ints"),
-    (dict(kv_lora_rank=500, qk_rope_head_dim=64), r"query_t.shape must be \(nblk\*D, rows\)"),
+    (dict(kv_lora_rank=500, qk_rope_head_dim=64), r"query_t.shape must be \(ngroups\*D, blocks\*rows\)"),
     (dict(softmax_scale=float("nan")), r"softmax_scale must be a finite real number"),
     (dict(mixed_precision=1), r"mixed_precision must be a bool"),
     (dict(LARGE_TILE_SZ=3000), r"LARGE_TILE_SZ must be a power of two"),

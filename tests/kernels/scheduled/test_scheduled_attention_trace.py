@@ -6,6 +6,7 @@ instead of the dense O(queries x context) mask."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
@@ -371,6 +372,35 @@ def test_step_copies_per_psum_bank_and_state_ops_on_gpsimd(target, api, on_api, 
                and e.op in ("tensor_scalar", "tensor_copy") and e.in_dtypes[0] == "float32"]
     steps = one_col.count(("gpsimd", "tensor_scalar"))
     assert steps > 0 and one_col.count(("gpsimd", "tensor_copy")) == steps
+
+
+@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn1", "legacy")])
+def test_query_rows_groups_move_in_one_dma_per_item(target, api, on_api, batch_factory):
+    """Group-major layouts (docs/layouts.md §16.2): every item of a query-rows class moves its
+    group's Q^T with one gather per channel slice, its row init values with one gather, its
+    state with one DMA and (partial phase) its output with one scatter, whatever the number of
+    Q blocks per group -- here 10, and a second group of 3 real blocks padded to 10. The output
+    (with attention sinks: row init values) matches the float64 reference."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(3, [300, 70], [200, 0], H=8, Hkv=2, d=16, block_size=16, dtype=BF16)
+    sinks = np.linspace(-1.0, 2.0, 8).astype(np.float32)
+    s, _ = _prepare(batch, 512)
+    (cls,) = s.classes
+    rows, blocks, Hkv, d = cls.rows, cls.blocks, 2, 16
+    assert (cls.kind, rows, blocks, cls.num_blocks) == ("prefill", P, 10, 20)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              large_tile_size=512, sinks=sinks)
+    ref = paged_attention_ref(*batch.args(), sinks=sinks)
+    assert np.abs(np.asarray(out, np.float32) - ref).max() < 3e-2
+    ind = collections.Counter(tuple(e.out_shape) for e in trace.events
+                              if e.engine == "dma" and e.dma_kind == "indirect")
+    items = cls.full.items + cls.partial.items
+    assert ind[(d, blocks * rows)] == Hkv * items                       # Q^T, nd = 1
+    assert ind[(rows, blocks * (d + 2))] == Hkv * items                 # state store / load
+    assert ind[(rows, blocks * d)] == Hkv * cls.partial.items           # output
+    assert ind[(rows, blocks, 2)] == Hkv * items                        # row init (-m, l)
 
 
 @pytest.mark.parametrize("ltp, match", [(1000, r"PARTIAL_TILE_SZ must be None or a power of two"),
