@@ -45,7 +45,7 @@ def _blocks_per_bank(bank_cols, src_rows):
 
 
 def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac=None,
-                     src_stride=None, bank_cols=PSUM_BANK_F32):
+                     src_stride=None, bank_cols=PSUM_BANK_F32, interleave=1):
     """Transpose ``n_blocks`` consecutive column blocks of ``src`` on TensorE, through PSUM.
 
     Dimensions:
@@ -66,9 +66,13 @@ def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac
         bank_cols: columns per partition of one PSUM bank in the transpose's PSUM dtype
             (``ops.transpose_psum_dtype``): PSUM_BANK_F32 (fp32, the default) or twice that for
             a 16-bit PSUM dtype (NeuronCore-v3), which halves the copies.
+        interleave: b > 1 reads each block as every b-th column: block ``u = g*b + s`` is
+            columns ``src_col + g*b*block_w + s + b*i`` (i < block_w) -- the tiled order of
+            ``sched_core.key_index_tile`` out of a natural-order source (``src_stride`` unused).
 
     Effect:
-        ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*stride : +block_w].T`` for u < n_blocks.
+        ``dst[:, dst_col + u*Ps : +Ps] = src[:, src_col + u*stride : +block_w].T`` for u < n_blocks
+        (``interleave`` b > 1: the block's columns as above).
         Up to ``bank_cols // Ps`` transposes share one PSUM tile (<= one 2 KiB bank per partition;
         the dtype ``ops.transpose_psum_dtype``), evacuated by one copy: ceil(n_blocks /
         (bank_cols // Ps)) copies.
@@ -78,6 +82,12 @@ def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac
     n_full, rem = divmod(n_blocks, per_bank)
     engines = evac if isinstance(evac, tuple) else (evac,)
     stride = block_w if src_stride is None else src_stride
+    if interleave > 1:      # static: block u's columns depend on u // b and u % b
+        for g in ops.static_range(n_full + (1 if rem else 0)):
+            n = per_bank if g < n_full else rem
+            _transpose_group(ops, dst, dst_col + g * per_bank * Ps, src, src_col, block_w, n,
+                             engines[g % len(engines)], stride, u0=g * per_bank, b=interleave)
+        return
     if len(engines) == 1:
         for g in ops.parallel_range(n_full):
             _transpose_group(ops, dst, dst_col + g * per_bank * Ps, src,
@@ -93,11 +103,18 @@ def transpose_blocks(ops, dst, dst_col, src, src_col, block_w, n_blocks, *, evac
                          engines[n_full % len(engines)], stride)
 
 
-def _transpose_group(ops, dst, dst_col, src, src_col, block_w, n, evac, stride):
+def _transpose_group(ops, dst, dst_col, src, src_col, block_w, n, evac, stride, u0=0, b=1):
+    """``n`` transposes into one PSUM tile and its copy; ``b > 1``: blocks ``u0 ..`` of an
+    interleaved source (:func:`transpose_blocks`)."""
     Ps = src.shape[0]
     t_psum = ops.psum((block_w, n * Ps), ops.transpose_psum_dtype(src.dtype))
-    for u in ops.parallel_range(n):
-        ops.transpose(t_psum[:, ops.ds(u * Ps, Ps)], src[:, ops.ds(src_col + u * stride, block_w)])
+    for u in (ops.parallel_range(n) if b == 1 else ops.static_range(n)):
+        if b == 1:
+            blk = src[:, ops.ds(src_col + u * stride, block_w)]
+        else:
+            g, s = divmod(u0 + u, b)
+            blk = ops.free_view(src, ((b, block_w),), col0=src_col + g * b * block_w + s)
+        ops.transpose(t_psum[:, ops.ds(u * Ps, Ps)], blk)
     ops.copy(dst[:, ops.ds(dst_col, n * Ps)], t_psum, engine=evac)
 
 

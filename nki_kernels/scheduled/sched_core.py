@@ -20,11 +20,10 @@ from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS, PSUM_BANK_F32
 from nki_kernels.ops import dtype_name
+from nki_kernels.scheduled.sched_range import natural_keys, natural_order, range_masked
 from nki_kernels.tile_ops import identity_tile, transpose_bank_cols, transpose_blocks
 
 P = PARTITIONS
-# Keys of one key block of a masked NeuronCore-v3 step (range_select works per 128-key block).
-RANGE_BLOCK = PARTITIONS
 # Masks are built against key index k + 1/2 so that integer indices never sit on a bound.
 HALF = 0.5
 
@@ -93,41 +92,6 @@ class KVTile:
     ones: Any = None
 
 
-@dataclass(frozen=True)
-class OffsetBounds:
-    """Range-select bounds of one Q block by key offset: ``lo[s]``, ``hi[s]`` (s < b') are
-    ``(rows, 1)`` fp32 columns ``(lo_q - s) / b'`` and ``(hi_q - s) / b'``
-    (:func:`range_offset_bounds`). Row q sees the key ``l*128*b' + p*b' + s`` (K^T column
-    ``l*128*b' + s*128 + p``, :func:`key_index_tile`) iff ``lo[s] <= l*128 + p < hi[s]``, so a
-    128-key block's range select takes ``range_start = l*128`` (static) and needs no per-step
-    bound arithmetic."""
-
-    lo: tuple
-    hi: tuple
-
-
-def range_offset_bounds(ops, lo, hi, bp):
-    """The :class:`OffsetBounds` columns of n blocks at once: ``lo``, ``hi`` ``(rows, n)`` fp32
-    (:func:`step_bounds`, range form) -> two ``(rows, b' * n)`` fp32 tiles, column ``s*n + j`` =
-    ``(x_j - s) / b'`` (exact: halves and a power-of-two divisor); 2 b' instructions."""
-    rows, n = tuple(lo.shape)
-    out = []
-    for x in (lo, hi):
-        t = ops.sbuf((rows, bp * n), ops.float32)
-        for s in ops.static_range(bp):
-            ops.tensor_scalar(t[:, ops.ds(s * n, n)], x, "subtract", float(s), op1="multiply",
-                              operand1=1.0 / bp)
-        out.append(t)
-    return tuple(out)
-
-
-def offset_bounds_of(ops, tiles, j, n, bp, rows):
-    """Block j's :class:`OffsetBounds` from :func:`range_offset_bounds` tiles of n blocks."""
-    lo, hi = tiles
-    return OffsetBounds(lo=tuple(lo[0:rows, ops.ds(s * n + j, 1)] for s in range(bp)),
-                        hi=tuple(hi[0:rows, ops.ds(s * n + j, 1)] for s in range(bp)))
-
-
 # The mask_eye diagonal: every masked key has a distance of at least 1/2 past its row's bounds
 # (bounds sit on half-integers), so its score moves by at most 2 * NEG_MASK * 1/2 = NEG_MASK.
 MASK_EYE_VALUE = 2.0 * NEG_MASK
@@ -183,12 +147,13 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
             soft-cap.
         derived: None or this block's columns of :func:`step_bounds` (the per-row values the
             step's mask form derives from ``bounds``, computed once per item for every block
-            and step), for the range form optionally its :class:`OffsetBounds`; None: derived
+            and step), for the range form optionally its ``sched_range.OffsetBounds``; None: derived
             here.
     On NeuronCore-v3 (``ops.has_range_select()``) with ``cfg.tiled_block_size``, a masked step
-    selects and takes the row max in ONE VectorE pass per 128-key block (``range_select``: in
-    each block the keys a row sees are an interval of p) instead of a distance pass, a select
-    pass and a max pass. With ``tile.mask_eye`` (:func:`additive_mask_ok`) a masked step adds
+    selects and takes the row max with ``range_select`` (``sched_range``) instead of a distance
+    pass, a select pass and a max pass: in natural key order (``sched_range.natural_order``:
+    the QK matmul reads K^T through ``natural_keys``, the P^T transposes read P back with a
+    stride of b') ONE pass per 512-key chunk, otherwise one per 128-key block. With ``tile.mask_eye`` (:func:`additive_mask_ok`) a masked step adds
     ``MASK_EYE_VALUE * R`` to the scores on TensorE instead, ``R`` = the distance of each key
     past the row's bounds (0 for a key the row sees, >= 1/2 otherwise; one ScalarE relu pass, two
     with a window): a masked score is then <= NEG_MASK (+ the score), and the max is the plain
@@ -211,16 +176,19 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     nd = len(q_slices)
     n_c = width // PSUM_BANK_F32
     mult = float(cfg.soft_cap) if cfg.soft_cap is not None else 1.0
-    # Step 1: scores per 512-column chunk in PSUM (fp32).
+    form = mask_form(ops, cfg, tile) if bounds is not None else None
+    natural = form == "range" and natural_order(ops, cfg.tiled_block_size, width)
+    bp = cfg.tiled_block_size
+    # Step 1: scores per 512-column chunk in PSUM (fp32); natural order: keys k0 + 512c + t.
     src = []
     for c in ops.static_range(n_c):
         ps = ops.psum((rows, PSUM_BANK_F32), f32)
         for k in ops.static_range(nd):      # the first slice starts the PSUM accumulation
-            ops.matmul(ps, q_slices[k],
-                       tile.k_t[k][:, ops.ds(k0 + c * PSUM_BANK_F32, PSUM_BANK_F32)],
-                       accumulate=k > 0)
+            n0 = k0 + c * PSUM_BANK_F32
+            keys = (natural_keys(ops, tile.k_t[k], bp, n0) if natural
+                    else tile.k_t[k][:, ops.ds(n0, PSUM_BANK_F32)])
+            ops.matmul(ps, q_slices[k], keys, accumulate=k > 0)
         src.append(ps)
-    form = mask_form(ops, cfg, tile) if bounds is not None else None
     if form is not None and derived is None:
         derived = step_bounds(ops, cfg, form, bounds[0], bounds[1])
     ranged = form == "range"
@@ -241,8 +209,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     n_k = width // P
     mx = None
     if ranged:
-        src, mx = _range_masked(ops, src, derived, kidx, k0, n_k, rows,
-                                cfg.tiled_block_size, cfg.soft_cap)
+        src, mx = range_masked(ops, src, derived, k0=k0, rows=rows, soft_cap=cfg.soft_cap,
+                               natural=natural, kidx=kidx, bp=bp)
     elif cfg.soft_cap is not None or bounds is not None:
         seen = None
         if bounds is not None and not cfg.windowed:
@@ -298,7 +266,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     # d and d + 1, the row sums of the kernel-dtype probabilities that P V adds up).
     probs_t = ops.sbuf((P, n_k * rows), cfg.kernel_dtype)
     transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac=cfg.p_evac,
-                     bank_cols=transpose_bank_cols(ops, probs.dtype))
+                     bank_cols=transpose_bank_cols(ops, probs.dtype),
+                     interleave=bp if natural else 1)
     ext = ops.psum((rows, d + 2), f32) if pe_sums else None
     pv = ext[:, ops.ds(0, d)] if pe_sums else ops.psum((rows, d), f32)
     u0 = k0 // P
@@ -344,7 +313,7 @@ def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye):
 
 def mask_form(ops, cfg: StepConfig, tile: KVTile) -> str:
     """How a masked query-rows step of ``cfg`` masks: ``"range"`` (NeuronCore-v3 range select,
-    :func:`_range_masked`), ``"additive"`` (the mask added on TensorE, :func:`_add_mask`) or
+    ``sched_range.range_masked``), ``"additive"`` (the mask added on TensorE, :func:`_add_mask`) or
     ``"select"`` (a float predicate and a select)."""
     if cfg.tiled_block_size is not None and ops.has_range_select():
         return "range"
@@ -383,52 +352,6 @@ def step_bounds(ops, cfg: StepConfig, form: str, c, r):
     if not cfg.windowed:
         return (new(c, r, "add"),)
     return (new(c, -1.0, "multiply"),)
-
-
-def _range_masked(ops, src, range_bounds, kidx, k0, n_k, rows, bp, soft_cap):
-    """NeuronCore-v3 masked step: per 128-key block i of the step (K^T columns
-    ``[k0 + 128i, +128)``, keys ``kidx0_i + p*b'``, p < 128), row q sees p iff
-    ``lo_q <= kidx0_i + p*b' < hi_q``, i.e. ``(lo_q - kidx0_i)/b' <= p < (hi_q - kidx0_i)/b'``
-    (exact in fp32: integers, halves and a power-of-two divisor; ``range_bounds`` = (lo, hi),
-    :func:`step_bounds`, or the item's precomputed :class:`OffsetBounds`, which need no
-    per-step arithmetic): one range select keeps those scores (fp32.min elsewhere)
-    and reduces the block's row max. Returns the masked scores, one SBUF tile per 512-key chunk,
-    and the (rows, n_k) block maxima."""
-    f32 = ops.float32
-    mult = float(soft_cap) if soft_cap is not None else 1.0
-    by_offset = isinstance(range_bounds, OffsetBounds)
-    if not by_offset:
-        kb = ops.free_view(kidx, ((RANGE_BLOCK, n_k),), col0=k0)  # key index at p = 0 of block i
-        lo, hi = range_bounds
-        b0 = ops.sbuf((rows, n_k), f32)
-        ops.tensor_scalar(b0, kb, "subtract", lo, reverse0=True, op1="multiply",
-                          operand1=1.0 / bp)
-        b1 = ops.sbuf((rows, n_k), f32)
-        ops.tensor_scalar(b1, kb, "subtract", hi, reverse0=True, op1="multiply",
-                          operand1=1.0 / bp)
-    per = PSUM_BANK_F32 // RANGE_BLOCK
-    mx = ops.sbuf((rows, n_k), f32)
-    vals = []
-    for c in ops.static_range(len(src)):
-        u = src[c]
-        if soft_cap is not None:
-            capped = ops.sbuf((rows, PSUM_BANK_F32), f32)
-            ops.activation(capped, "tanh", u, scale=1.0 / mult)
-            u = capped
-        out = ops.sbuf((rows, PSUM_BANK_F32), f32)
-        for i4 in ops.static_range(per):
-            i = c * per + i4
-            dst = out[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)]
-            data = u[:, ops.ds(i4 * RANGE_BLOCK, RANGE_BLOCK)]
-            if by_offset:       # K^T column block (l, s): range_start l*128, bounds of offset s
-                load, s_off = divmod(k0 // RANGE_BLOCK + i, bp)
-                ops.range_select_max(dst, data, range_bounds.lo[s_off], range_bounds.hi[s_off],
-                                     mx[:, ops.ds(i, 1)], start=load * RANGE_BLOCK)
-            else:
-                ops.range_select_max(dst, data, b0[:, ops.ds(i, 1)], b1[:, ops.ds(i, 1)],
-                                     mx[:, ops.ds(i, 1)])
-        vals.append(out)
-    return vals, mx
 
 
 def new_max(ops, st, col, partial_max, mult, engine=None):

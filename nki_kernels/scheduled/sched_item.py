@@ -24,7 +24,8 @@ from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE
                                   STEP_KEYS, channel_slices)
 from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
-                                              offset_bounds_of, range_offset_bounds, step_bounds)
+                                              step_bounds)
+from nki_kernels.scheduled.sched_range import natural_order, offset_bounds_of, range_offset_bounds
 from nki_kernels.scheduled.sched_decode import decode_step
 from nki_kernels.tile_ops import transpose_bank_cols, transpose_copies
 
@@ -182,9 +183,11 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
                               ops.free_view(mf, ((2, blocks),), col0=cf + 1),
                               ops.free_view(mf, ((2, blocks),), col0=cf + 2))
         bp = step.tiled_block_size
-        # range form: the bounds of every key offset s < b' once per item (2 b' instructions)
-        # instead of two per block and step, when that is fewer
-        by_offset = form == "range" and bp <= blocks * n_steps
+        # range form in tiled key order (b' too large for natural order, sched_core.natural_order):
+        # the bounds of every key offset s < b' once per item (2 b' instructions) instead of
+        # two per block and step, when that is fewer
+        by_offset = (form == "range" and not natural_order(ops, bp, fc.step_keys)
+                     and bp <= blocks * n_steps)
         if by_offset:
             derived = range_offset_bounds(ops, *derived, bp)
     # P^T copies per step (the 128-key blocks of one PSUM bank share one copy)

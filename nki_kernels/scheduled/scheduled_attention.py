@@ -52,6 +52,7 @@ from nki_kernels.scheduled.sched_config import (KERNEL, MAX_D, Chunk, Constants,
                                       configure)
 from nki_kernels.scheduled.sched_core import (KVTile, additive_mask_ok, key_index_tile,
                                               mask_eye_tile)
+from nki_kernels.scheduled.sched_range import natural_order
 from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
 from nki_kernels.scheduled.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
 from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys, zeroed
@@ -199,9 +200,16 @@ def _constants(ops, cfg):
     kidx = []
     for phase in (cfg.full, cfg.partial):
         k = None
-        if phase.items > 0 and (phase.masked or cfg.opts.alibi):
-            k = (key_index_columns(ops, phase.geo.nL, phase.geo.bp) if phase.keys_on_partitions
-                 else key_index_tile(ops, cfg.rows, phase.geo.nL, phase.geo.bp))
+        natural = (phase.masked and not phase.keys_on_partitions
+                   and natural_order(ops, phase.geo.bp, phase.step_keys))
+        if phase.items == 0 or not (phase.masked or cfg.opts.alibi):
+            pass
+        elif phase.keys_on_partitions:
+            k = key_index_columns(ops, phase.geo.nL, phase.geo.bp)
+        elif natural:       # natural key order: read by ALiBi only (the range selects count)
+            k = key_index_tile(ops, cfg.rows, phase.geo.W // P, 1) if cfg.opts.alibi else None
+        else:
+            k = key_index_tile(ops, cfg.rows, phase.geo.nL, phase.geo.bp)
         kidx.append(k)
     consts = None
     if cfg.full.keys_on_partitions:

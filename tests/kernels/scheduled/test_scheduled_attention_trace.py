@@ -249,8 +249,9 @@ def test_mask_dma_bytes_equal_the_bounds_and_reset_arrays(batch_factory):
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_masked_prefill_steps_select_and_reduce_in_one_pass_on_trn2(target, batch_factory):
     """Query-rows masked steps: NeuronCore-v3 selects and takes the row max with one
-    range_select per 128-key block (no distance pass, no separate select); v2 keeps the
-    distance, select and max passes (range_select does not exist there)."""
+    range_select per 512-key chunk (scores in natural key order; no distance pass, no separate
+    select); v2 keeps the distance, select and max passes (range_select does not exist
+    there)."""
     batch = batch_factory(3, [40, 1], [300, 700], H=4, Hkv=2, d=16, block_size=16)
     s, overlay = _prepare(batch, 2048, 512)
     with nki_sim.use_target(target):
@@ -261,39 +262,49 @@ def test_masked_prefill_steps_select_and_reduce_in_one_pass_on_trn2(target, batc
     ops = [e.op for e in trace.events if e.engine == "vector"]
     n_sel = ops.count("range_select")
     if target == "trn2":
-        # one per 128-key block of every masked 128-row block step (partial items x 4 blocks)
-        assert n_sel == 2 * prefill[0].partial.items * prefill[0].blocks * 4
+        # one per 512-key chunk of every masked 128-row block step (partial tiles of 512 keys)
+        assert n_sel == 2 * prefill[0].partial.items * prefill[0].blocks
+        assert {e.free_elems for e in trace.events if e.op == "range_select"} == {512}
     else:
         assert n_sel == 0
 
 
 @pytest.mark.parametrize("api", ["legacy", "nki"])
 @pytest.mark.parametrize("variant", ["causal", "window", "softcap"])
-def test_masked_prefill_range_bounds_come_once_per_item_on_trn2(api, variant, on_api,
-                                                                 batch_factory, poison_unseen):
-    """With at least b' Q blocks x steps per masked item, the range selects of NeuronCore-v3
-    take their bounds per key offset s < b' from 2 b' instructions per item and a static
-    range_start (l * 128) per 128-key block, instead of two bound instructions per block and
-    step: every range select of column block (l, s) starts at l * 128 (the per-step form starts
-    all at 0), the output matches the float64 reference, and NaN in every cache slot no query
-    may see changes no output bit."""
+@pytest.mark.parametrize("B, ltp, starts", [(8, 2048, {0.0, 512.0, 1024.0, 1536.0}),
+                                            (32, 8192, {0.0, 128.0})],
+                         ids=["natural", "tiled"])
+def test_masked_prefill_range_select_forms_on_trn2(api, variant, B, ltp, starts, on_api,
+                                                   batch_factory, poison_unseen):
+    """NeuronCore-v3 masked query-rows steps in their two range-select forms, read from each
+    range select's range_start:
+
+    * natural key order (``sched_range.natural_order``: every load of the tile inside one
+      2048-key step; here partial tiles of 2048 keys at B = 8, b' = 8, loads of 1024 keys): the
+      QK matmul reads K^T in natural order, so ONE range select per 512-key chunk starts at
+      the chunk's first key (0, 512, 1024, 1536) with the rows' plain bounds;
+    * tiled order (b' = 32 at B = 32 and 8192-key tiles: a load of 4096 keys spans two steps):
+      one per 128-key block, with per-offset bounds from 2 b' instructions per item (10 Q blocks
+      x 4 steps per item make that the cheaper form) and a static range_start l * 128 (l = 0,
+      1: two loads).
+
+    Both match the float64 reference, and NaN in every cache slot no query may see changes no
+    output bit."""
     from host.attention import paged_attention
 
-    q, c, B = [300, 1], [200, 700], 8
+    q, c = [300, 1], [200, 700]
     b = batch_factory(3, q, c, H=8, Hkv=2, d=16, block_size=B, dtype=BF16, spare_blocks=2)
     kw = {"causal": {}, "window": dict(sliding_window=150),
           "softcap": dict(logits_soft_cap=2.0)}[variant]
-    run = dict(backend="sim", kernel="scheduled", large_tile_size=2048, partial_tile_size=2048,
+    run = dict(backend="sim", kernel="scheduled", large_tile_size=ltp, partial_tile_size=ltp,
                **kw)
     with on_api(api), nki_sim.tracing() as trace:
         out = paged_attention(*b.args(), **run)
     ref = paged_attention_ref(*b.args(), **kw)
     assert np.abs(np.asarray(out, np.float32) - ref).max() < 3e-2
-    starts = [dict(e.attrs)["range_start"] for e in trace.events
-              if e.op == "range_select"]
-    # partial tiles of 2048 keys at B = 8: b' = 8 tokens per row, two loads of 128 rows (l = 0,
-    # 1); 10 Q blocks per group (1200 rows) make the per-offset bounds the cheaper form
-    assert starts and set(starts) == {0.0, 128.0}
+    sel = [e for e in trace.events if e.op == "range_select"]
+    assert sel and {dict(e.attrs)["range_start"] for e in sel} == starts
+    assert {e.free_elems for e in sel} == {512 if len(starts) == 4 else P}
     with on_api(api):
         again = paged_attention(b.query, b.key, b.value, poison_unseen(b),
                                 *b.args()[4:], **run)
