@@ -25,8 +25,8 @@ from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE
 from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
                                               step_bounds)
-from nki_kernels.scheduled.sched_range import natural_order, offset_bounds_of, range_offset_bounds
 from nki_kernels.scheduled.sched_decode import decode_step
+from nki_kernels.scheduled.sched_range import natural_order, offset_bounds_of, range_offset_bounds
 from nki_kernels.tile_ops import transpose_bank_cols, transpose_copies
 
 # P^T copy engines of 128-row blocks (query-rows steps) when the caller does not choose, by
@@ -183,7 +183,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
                               ops.free_view(mf, ((2, blocks),), col0=cf + 1),
                               ops.free_view(mf, ((2, blocks),), col0=cf + 2))
         bp = step.tiled_block_size
-        # range form in tiled key order (b' too large for natural order, sched_core.natural_order):
+        # range form in tiled key order (b' too large for natural order, sched_range.natural_order):
         # the bounds of every key offset s < b' once per item (2 b' instructions) instead of
         # two per block and step, when that is fewer
         by_offset = (form == "range" and not natural_order(ops, bp, fc.step_keys)

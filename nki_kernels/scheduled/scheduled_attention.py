@@ -199,18 +199,8 @@ def _group_tiles(ops, cfg, q_dtype):
 def _constants(ops, cfg):
     kidx = []
     for phase in (cfg.full, cfg.partial):
-        k = None
-        natural = (phase.masked and not phase.keys_on_partitions
-                   and natural_order(ops, phase.geo.bp, phase.step_keys))
-        if phase.items == 0 or not (phase.masked or cfg.opts.alibi):
-            pass
-        elif phase.keys_on_partitions:
-            k = key_index_columns(ops, phase.geo.nL, phase.geo.bp)
-        elif natural:       # natural key order: read by ALiBi only (the range selects count)
-            k = key_index_tile(ops, cfg.rows, phase.geo.W // P, 1) if cfg.opts.alibi else None
-        else:
-            k = key_index_tile(ops, cfg.rows, phase.geo.nL, phase.geo.bp)
-        kidx.append(k)
+        kidx.append(_key_index(ops, cfg, phase)
+                    if phase.items > 0 and (phase.masked or cfg.opts.alibi) else None)
     consts = None
     if cfg.full.keys_on_partitions:
         consts = decode_constants(ops, cfg.rows, max(cfg.full.step_keys, cfg.partial.step_keys),
@@ -230,6 +220,19 @@ def _constants(ops, cfg):
         ones = ops.sbuf((P, 2), cfg.kd)
         ops.memset(ones, 1.0, engine="gpsimd")
     return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones)
+
+
+def _key_index(ops, cfg, phase):
+    """The phase's key-index tile (masks, ALiBi) in its steps' key order: per (128-key chunk,
+    row) column with keys on partitions; natural order for masked steps that take their keys so
+    (``sched_range.natural_order``), where only ALiBi reads it (the range selects count keys
+    themselves: None without ALiBi); the tiled order otherwise."""
+    geo = phase.geo
+    if phase.keys_on_partitions:
+        return key_index_columns(ops, geo.nL, geo.bp)
+    if phase.masked and natural_order(ops, geo.bp, phase.step_keys):
+        return key_index_tile(ops, cfg.rows, geo.W // P, 1) if cfg.opts.alibi else None
+    return key_index_tile(ops, cfg.rows, geo.nL, geo.bp)
 
 
 def _run_phase(ops, cfg, ins, phase, head, tiles, const):
