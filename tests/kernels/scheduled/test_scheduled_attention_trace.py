@@ -414,6 +414,25 @@ def test_query_rows_groups_move_in_one_dma_per_item(target, api, on_api, batch_f
     assert ind[(rows, blocks, 2)] == Hkv * items                        # row init (-m, l)
 
 
+@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
+def test_decode_steps_fold_a_whole_4096_key_tile(target, api, on_api, batch_factory):
+    """Keys-on-partitions steps take as many keys as one PSUM bank of S^T holds (not the
+    query-rows steps' 2048): 4-row decode blocks (G = 4, one token) with 4096-key tiles fold a
+    full tile in ONE step, whose exponentials are one (128, 32 chunks x 4 rows) pass. The output
+    matches the float64 reference."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(5, [1, 1, 1], [5000, 4500, 4200], H=8, Hkv=2, d=16, block_size=32,
+                          dtype=BF16)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              large_tile_size=4096)
+    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max() < 3e-2
+    exps = [e.free_elems for e in trace.events if e.engine == "scalar" and e.op == "activation"
+            and e.partitions == P and e.free_elems >= 32]
+    assert exps and max(exps) == 4096 // P * 4
+
+
 @pytest.mark.parametrize("ltp, match", [(1000, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (4096, r"PARTIAL_TILE_SZ must be None or a power of two"),
                                         (512, r"overlay.shape must be \(2, Hkv\*R_ov, b'_p\*d\)")])
