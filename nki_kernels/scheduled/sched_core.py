@@ -153,7 +153,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     selects and takes the row max with ``range_select`` (``sched_range``) instead of a distance
     pass, a select pass and a max pass: in natural key order (``sched_range.natural_order``:
     the QK matmul reads K^T through ``natural_keys``, the P^T transposes read P back with a
-    stride of b') ONE pass per 512-key chunk, otherwise one per 128-key block. With ``tile.mask_eye`` (:func:`additive_mask_ok`) a masked step adds
+    stride of b') ONE pass per 512-key chunk, otherwise one per 128-key block. With
+    ``tile.mask_eye`` (:func:`additive_mask_ok`) a masked step adds
     ``MASK_EYE_VALUE * R`` to the scores on TensorE instead, ``R`` = the distance of each key
     past the row's bounds (0 for a key the row sees, >= 1/2 otherwise; one ScalarE relu pass, two
     with a window): a masked score is then <= NEG_MASK (+ the score), and the max is the plain

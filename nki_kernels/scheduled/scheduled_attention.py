@@ -37,8 +37,9 @@ their own that TensorE adds in.
 
 Dimensions (static, from the shapes): Hkv KV heads; d head size (1..512, nd = ceil(d/128)
 slices of <= 128 channels); rows query rows per Q block (<= 128); blocks Q blocks per group;
-ngroups groups of this launch (nblk = ngroups * blocks Q blocks); B block size; per phase T, b', nL from its tile size and B
-(``nki_kernels.contract.tile_geometry``); W = nL * 128 * b' keys per item.
+ngroups groups of this launch (nblk = ngroups * blocks Q blocks); B block size; per phase T,
+b', nL from its tile size and B (``nki_kernels.contract.tile_geometry``); W = nL * 128 * b'
+keys per item.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ from nki_kernels.scheduled.sched_config import (KERNEL, MAX_D, Chunk, Constants,
                                       configure)
 from nki_kernels.scheduled.sched_core import (KVTile, additive_mask_ok, key_index_tile,
                                               mask_eye_tile)
-from nki_kernels.scheduled.sched_range import natural_order
 from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
 from nki_kernels.scheduled.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
+from nki_kernels.scheduled.sched_range import natural_order
 from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys, zeroed
 from nki_kernels.tile_ops import identity_tile
 

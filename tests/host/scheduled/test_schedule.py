@@ -564,7 +564,6 @@ def test_every_group_has_a_partial_item():
 def _padding_ids_all_out_of_bounds(s, kw):
     B, d, Hkv, N = kw["B"], kw["d"], kw["Hkv"], kw["N"]
     R_ov = len(s.overlay_seq)
-    nd = -(-d // P)
     n_pad = 0
     for cls in s.classes:
         nblk, rows, blocks = cls.num_blocks, cls.rows, cls.blocks
