@@ -66,12 +66,13 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         softmax_scale: default 1/sqrt(d).
         mixed_precision: bf16 matmuls with fp32 statistics (True) or the input dtype (False).
         large_tile_size: context tokens per KV tile, a power of two in [512, 8192], or "auto":
-            2048 (vLLM's LARGE_TILE_SZ default), except that the scheduled kernel widens the
-            tiles of batches of single-row decodes (every sequence's G * q_len <= 8 rows, no
+            2048 (vLLM's LARGE_TILE_SZ default), except that the scheduled kernel, which
+            resolves it per class of sequences (decode / prefill, one launch each), widens the
+            tiles of a class of single-row decodes (every sequence's G * q_len <= 8 rows, no
             sliding window) until a cache row holds min(B, 32) tokens (block 32: 4096;
             ``host.scheduled.schedule_items.choose_large_tile``, docs/layouts.md §16.3).
         partial_tile_size: scheduled kernel: keys per tile of the masked (partial) items, a power
-            of two in [512, large_tile_size], or "auto" (the host picks one per batch,
+            of two in [512, large_tile_size], or "auto" (the host picks one per class,
             docs/layouts.md §16.3). Fix it to bound the kernel shapes a serving engine compiles.
         backend: "auto" | "sim" | "neuron" (``host.launch``).
         api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
@@ -248,26 +249,28 @@ def _fit(name: str, arr: np.ndarray, shape: tuple, dtype: str, what: str) -> np.
 
 
 def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
-    """The scheduled kernel on one layer: overlay and packed Q^T per class, launch, scatter."""
+    """The scheduled kernel on one layer: per class, its overlay and packed Q^T, launch,
+    scatter."""
     from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
 
     variants, launches = layer_launches(plan, **layer)
     Hkv = plan.num_kv_heads
-    kwargs = dict(plan.kernel_kwargs)
+    extra = {}
     if plan.kv_layout == BLOCK_KV:          # the callers' arrays, in place (docs/layouts.md §18)
         cache, kv_arg = kv_cache, kv_cache[0]
-        kwargs["value_cache"] = kv_cache[1]
+        extra["value_cache"] = kv_cache[1]
     else:
         cache = kv_arg = kernel_cache_view(np.ascontiguousarray(kv_cache))
     fp8 = variants is not None and variants.is_fp8
     scales = (variants.k_scale, variants.v_scale) if fp8 else None
-    overlay = build_overlay(plan.schedule, cache, key, value, plan.block_tables,
-                            dtype=plan.kernel_dtype if fp8 else None, kv_scale=scales)
     result = np.zeros((plan.num_tokens, plan.num_heads, plan.head_size), dtype=query.dtype)
-    for launch in launches:
+    for part, launch in zip(plan.parts, launches):
+        overlay = build_overlay(part.schedule, cache, key, value, plan.block_tables,
+                                dtype=plan.kernel_dtype if fp8 else None, kv_scale=scales)
         qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
         args, inputs = launch_args(launch, qt, kv_arg, overlay)
-        out = launch_kernel(scheduled_paged_attention, args, {**kwargs, **inputs},
+        out = launch_kernel(scheduled_paged_attention, args,
+                            {**part.kernel_kwargs, **extra, **inputs},
                             grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc)
         unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
     return result

@@ -2,9 +2,10 @@
 
 A serving step runs the same batch (lengths, block tables) through every layer of a model; only
 the layer's tensors (query, new K/V, its cache) differ. Everything that depends on the batch
-alone is built here once, validated once, and frozen: the schedule of the scheduled kernel
-(``host.scheduled.schedule``) with every class's step-constant kernel inputs (metadata, per-row initial
-values, mask bounds), or, for the dense kernel, the active block table and the dense mask (GQA
+alone is built here once, validated once, and frozen: for the scheduled kernel one schedule
+per class of sequences (``host.scheduled.schedule``; decode and prefill classes each get their own
+tile sizes) with its step-constant kernel inputs (metadata, per-row initial values, mask
+bounds) and launch options, or, for the dense kernel, the active block table and the dense mask (GQA
 packing decided). ``host.run_paged_attention(plan, query, key, value, kv_cache)`` then builds
 only the per-layer tensors (``host/attention.py``). Plans are immutable (frozen dataclasses,
 read-only arrays), so one plan may be shared by the threads that run a step's layers.
@@ -16,7 +17,7 @@ N cache blocks, B block size; layouts in docs/layouts.md.
     >>> plan = plan_paged_attention(np.array([[0, 1], [2, -1]]), [3, 1], [20, 5], num_heads=4,
     ...                             num_kv_heads=2, head_size=32, block_size=16, num_blocks=4,
     ...                             dtype="float32")
-    >>> plan.kernel, plan.num_tokens, [c.kind for c in plan.schedule.classes]
+    >>> plan.kernel, plan.num_tokens, [part.launch.cls.kind for part in plan.parts]
     ('scheduled', 4, ['decode'])
 """
 
@@ -36,9 +37,10 @@ from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
 from host.launch import check_api, check_backend
 from host.dense.masks import build_attention_mask
 from host.dense.plan import PagedAttentionPlan, make_plan
-from host.scheduled.schedule import AttentionSchedule, auto_large_tile, build_schedule
+from host.scheduled.schedule import (AttentionSchedule, auto_large_tile, build_schedule,
+                                    class_sequences)
 from host.scheduled.schedule_items import AUTO_LARGE_TILE
-from host.scheduled.scheduled import class_launch, row_init
+from host.scheduled.scheduled import ClassLaunch, class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
@@ -46,7 +48,7 @@ from nki_kernels.contract import (BLOCK_KV, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, M
                                   MAX_HEAD_SIZE_SCHEDULED, MAX_TILE_SIZE, MIN_BLOCK_SIZE,
                                   MIN_TILE_SIZE)
 
-__all__ = ["AttentionPlan", "DenseInputs", "plan_paged_attention", "class_launches", "KERNELS",
+__all__ = ["AttentionPlan", "ClassPlan", "DenseInputs", "plan_paged_attention", "class_launches", "KERNELS",
            "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "KV_LAYOUTS",
            "check_attention_options", "check_kv_layout", "layer_launches"]
 
@@ -75,6 +77,26 @@ class DenseInputs:
 
 
 @dataclass(frozen=True, eq=False)
+class ClassPlan:
+    """One class of a scheduled-kernel plan, one launch: the class's own schedule (its sequences
+    only, ``build_schedule(..., seqs=...)``: its own large and partial tile sizes and overlay
+    rows), its step-constant launch inputs and the launch's keyword arguments (``options``:
+    ``SchedOptions``, read-only mapping)."""
+
+    schedule: AttentionSchedule = field(repr=False)
+    launch: ClassLaunch = field(repr=False)
+    kernel_kwargs: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def large_tile_size(self) -> int:
+        return self.schedule.large_tile_size
+
+    @property
+    def partial_tile_size(self) -> int:
+        return self.schedule.partial_tile_size
+
+
+@dataclass(frozen=True, eq=False)
 class AttentionPlan:
     """The frozen plan of one step (module docstring); built by :func:`plan_paged_attention`.
 
@@ -85,11 +107,12 @@ class AttentionPlan:
     query_lens / context_lens (S,) int64 read-only. Kernel configuration: kernel, backend, api
     (None = resolved per launch by ``nki_kernels.toolchain.resolve_api``; "legacy" | "nki"), lnc
     (physical cores per launch, None = ``Api.lnc``'s choice per launch),
-    softmax_scale (resolved), mixed_precision, large_tile_size, variants (validated
-    ``host.variants.AttentionVariants``), kernel_kwargs (keyword arguments of every launch,
-    read-only mapping). Scheduled kernel: schedule, launches (one :class:`ClassLaunch` per
-    class), block_tables (S, max_blocks) int64 read-only (the overlay reads it per layer).
-    Dense kernel: dense (:class:`DenseInputs`).
+    softmax_scale (resolved), mixed_precision, large_tile_size (dense: the kernel's; scheduled:
+    the largest of its classes' tiles), variants (validated ``host.variants.AttentionVariants``).
+    Scheduled kernel: parts (one :class:`ClassPlan` per class: schedule, launch inputs and
+    keyword arguments), block_tables (S, max_blocks) int64 read-only (the overlays read it per
+    layer). Dense kernel: dense (:class:`DenseInputs`), kernel_kwargs (its keyword arguments,
+    read-only mapping).
     """
 
     kernel: str
@@ -111,8 +134,7 @@ class AttentionPlan:
     lnc: int | None = None
     variants: AttentionVariants | None = None
     kernel_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    schedule: AttentionSchedule | None = field(default=None, repr=False)
-    launches: tuple = field(default=(), repr=False)
+    parts: tuple = field(default=(), repr=False)
     block_tables: np.ndarray | None = field(default=None, repr=False)
     dense: DenseInputs | None = field(default=None, repr=False)
     kv_layout: str = FUSED
@@ -276,12 +298,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     c = readonly(np.array(c, dtype=np.int64))
     bt_np, _ = to_numpy(block_tables, "block_tables")
     bt = check_block_tables(bt_np, c, block_size=B, num_blocks=N)
-    if LT is None:
-        LT = AUTO_LARGE_TILE if kernel != "scheduled" else auto_large_tile(
-            q, num_heads=H, num_kv_heads=Hkv, head_size=d,
-            block_size=B, itemsize=dt.itemsize, cache_itemsize=cdt.itemsize,
-            mixed_precision=bool(mixed_precision), sliding_window=variants.sliding_window,
-            partial_tile_size=None if auto_partial else int(partial_tile_size))
+    if LT is None and kernel != "scheduled":
+        LT = AUTO_LARGE_TILE
 
     common = dict(num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B, num_blocks=N,
                   dtype=dt.name, kv_cache_dtype=cdt.name, num_tokens=int(q.sum()), query_lens=q,
@@ -301,33 +319,49 @@ def _dtype(arg: str, value: Any) -> np.dtype:
 
 
 def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
+    """One :class:`ClassPlan` per class (``class_sequences``): a class's large tile is the
+    explicit one or its own ``"auto"`` (``auto_large_tile`` on its sequences: decodes get wider
+    tiles in a mixed batch too), its partial tile the explicit one or its own ``"auto"``."""
     v = common["variants"]
-    H, Hkv, LT = common["num_heads"], common["num_kv_heads"], common["large_tile_size"]
+    H, Hkv, d, B = (common["num_heads"], common["num_kv_heads"], common["head_size"],
+                    common["block_size"])
     alibi = v.alibi_slopes if v is not None else None
     sinks = v.sinks if v is not None else None
     sliding_window = v.sliding_window if v is not None else None
     with_row_init = alibi is not None or sinks is not None
     itemsize = np.dtype(common["dtype"]).itemsize
-    sched = build_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv,
-                           head_size=common["head_size"], block_size=common["block_size"],
-                           num_blocks=common["num_blocks"], large_tile_size=LT,
-                           sliding_window=sliding_window, alibi=alibi is not None,
-                           row_init=with_row_init, query_itemsize=itemsize,
-                           cache_itemsize=np.dtype(common["kv_cache_dtype"]).itemsize,
-                           kernel_itemsize=2 if common["mixed_precision"] else itemsize,
-                           group_blocks_cap=None, partial_tile_size=partial_tile_size,
-                           kv_layout=common["kv_layout"])
-    from nki_kernels.scheduled.sched_config import SchedOptions
+    cache_itemsize = np.dtype(common["kv_cache_dtype"]).itemsize
+    parts = []
+    for _, seqs in class_sequences(q, H // Hkv):
+        LT = common["large_tile_size"]
+        if LT is None:
+            LT = auto_large_tile(q[seqs], num_heads=H, num_kv_heads=Hkv, head_size=d,
+                                 block_size=B, itemsize=itemsize, cache_itemsize=cache_itemsize,
+                                 mixed_precision=common["mixed_precision"],
+                                 sliding_window=sliding_window,
+                                 partial_tile_size=None if partial_tile_size == "auto"
+                                 else partial_tile_size)
+        sched = build_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=d,
+                               block_size=B, num_blocks=common["num_blocks"], large_tile_size=LT,
+                               sliding_window=sliding_window, alibi=alibi is not None,
+                               row_init=with_row_init, query_itemsize=itemsize,
+                               cache_itemsize=cache_itemsize,
+                               kernel_itemsize=2 if common["mixed_precision"] else itemsize,
+                               group_blocks_cap=None, partial_tile_size=partial_tile_size,
+                               kv_layout=common["kv_layout"], seqs=np.asarray(seqs, np.int64))
+        from nki_kernels.scheduled.sched_config import SchedOptions
 
-    kwargs = MappingProxyType(dict(options=SchedOptions(
-        softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
-        LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
-        logits_soft_cap=v.logits_soft_cap if v is not None else None,
-        alibi=alibi is not None, row_init=with_row_init, windowed=sliding_window is not None,
-        kv_layout=common["kv_layout"])))
-    launches = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
-    return AttentionPlan(kernel="scheduled", kernel_kwargs=kwargs, schedule=sched,
-                         launches=launches, block_tables=readonly(bt.copy()), **common)
+        kwargs = MappingProxyType(dict(options=SchedOptions(
+            softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
+            LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
+            logits_soft_cap=v.logits_soft_cap if v is not None else None,
+            alibi=alibi is not None, row_init=with_row_init,
+            windowed=sliding_window is not None, kv_layout=common["kv_layout"])))
+        (launch,) = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
+        parts.append(ClassPlan(schedule=sched, launch=launch, kernel_kwargs=kwargs))
+    common = dict(common, large_tile_size=max(p.large_tile_size for p in parts))
+    return AttentionPlan(kernel="scheduled", parts=tuple(parts), block_tables=readonly(bt.copy()),
+                         **common)
 
 
 def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: int, *,
@@ -341,13 +375,15 @@ def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: in
 
 
 def layer_launches(plan: AttentionPlan, **layer: Any) -> tuple:
-    """``(variants, launches)`` of one layer of a scheduled-kernel plan: the plan's, or with the
-    layer's own values of alibi_slopes / sinks / k_scale / v_scale (keywords; None = the
-    plan's), validated, each given only for a variant the plan was built with."""
+    """``(variants, launches)`` of one layer of a scheduled-kernel plan: the plan's launches (one
+    per :class:`ClassPlan`, in ``plan.parts`` order), or with the layer's own values of
+    alibi_slopes / sinks / k_scale / v_scale (keywords; None = the plan's), validated, each
+    given only for a variant the plan was built with."""
     given = {n: x for n, x in layer.items() if x is not None}
     v = plan.variants
+    launches = tuple(part.launch for part in plan.parts)
     if not given:
-        return v, plan.launches
+        return v, launches
     for n in given:
         if v is None or getattr(v, n) is None:
             fail(n, "be None: the plan was built without it (plan_paged_attention(..., "
@@ -356,9 +392,11 @@ def layer_launches(plan: AttentionPlan, **layer: Any) -> tuple:
     opts.update(given)
     v = make_variants(plan.num_heads, plan.num_kv_heads, plan.kv_cache_dtype, **opts)
     if not ({"alibi_slopes", "sinks"} & set(given)):
-        return v, plan.launches
-    return v, class_launches(plan.schedule, plan.num_heads, plan.num_kv_heads, sinks=v.sinks,
-                             alibi_slopes=v.alibi_slopes)
+        return v, launches
+    return v, tuple(launch for part in plan.parts
+                    for launch in class_launches(part.schedule, plan.num_heads,
+                                                 plan.num_kv_heads, sinks=v.sinks,
+                                                 alibi_slopes=v.alibi_slopes))
 
 
 def _dense_plan(bt, q, c, common, gqa_packing) -> AttentionPlan:

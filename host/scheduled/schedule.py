@@ -53,7 +53,8 @@ from nki_kernels.scheduled.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
            "build_schedule", "DECODE_MAX_ROWS", "MAX_GROUP_BLOCKS", "MAX_CHUNK", "chunk_size",
-           "ITEM_OVERHEAD_KEYS", "item_geometry", "meta_columns", "auto_large_tile"]
+           "ITEM_OVERHEAD_KEYS", "item_geometry", "meta_columns", "auto_large_tile",
+           "class_sequences", "check_seqs"]
 
 # The decode-class threshold (DECODE_MAX_ROWS), the prefill group cap (MAX_GROUP_BLOCKS), the
 # metadata chunk (MAX_CHUNK, chunk_size), the tile geometry and the metadata columns
@@ -179,7 +180,7 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                   cache_itemsize: int = 4, kernel_itemsize: int = 2,
                   group_blocks_cap: int | None = None,
                   partial_tile_size: int | str | None = None,
-                  kv_layout: str = FUSED) -> AttentionSchedule:
+                  kv_layout: str = FUSED, seqs: Any = None) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -202,6 +203,9 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
             it, prefill groups may be halved, ``choose_groups_and_partial_tile``).
         kv_layout: "fused" or "block_kv": the cache layout of the main-cache row ids in the
             ``kv`` metadata columns (``contract.main_cache_row``; docs/layouts.md §16.1, §18).
+        seqs: the ids of the sequences this schedule covers (None: all). Sequences left out
+            get no items and no overlay rows; tokens and sequence ids stay the batch's, so one
+            schedule per class (``class_sequences``) gives each class its own tile sizes.
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -216,13 +220,38 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         sliding_window = check_int("sliding_window", sliding_window, min_value=1)
     if kv_layout not in KV_LAYOUTS:
         fail("kv_layout", f"be one of {KV_LAYOUTS}", repr(kv_layout))
+    if seqs is not None:
+        seqs = check_seqs(seqs, q.shape[0])
     return build_schedule(q, c, block_tables, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           head_size=head_size, block_size=B, num_blocks=num_blocks,
                           large_tile_size=LT, sliding_window=sliding_window, alibi=alibi,
                           row_init=row_init, query_itemsize=query_itemsize,
                           cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
                           group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size,
-                          kv_layout=kv_layout)
+                          kv_layout=kv_layout, seqs=seqs)
+
+
+def check_seqs(seqs: Any, num_seqs: int) -> np.ndarray:
+    """``seqs`` as a sorted int64 vector of distinct sequence ids in [0, num_seqs), at least one
+    (``ValueError`` naming ``seqs`` otherwise)."""
+    arr = np.asarray(seqs)
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+        fail("seqs", "be a non-empty 1-D integer vector of sequence ids",
+             f"{arr.dtype} array of shape {arr.shape}")
+    ids = np.unique(arr.astype(np.int64))
+    if ids.size != arr.size or ids[0] < 0 or ids[-1] >= num_seqs:
+        fail("seqs", f"hold distinct sequence ids in [0, {num_seqs})", arr)
+    return ids
+
+
+def class_sequences(q: np.ndarray, num_queries_per_kv: int, seqs: Any = None) -> tuple:
+    """The classes of a batch of query lengths ``q`` (S,): ``(("decode", ids), ("prefill",
+    ids))`` without empty ones -- decode: ``q_i * G <= DECODE_MAX_ROWS`` query rows (one small
+    block, keys on partitions), prefill: the rest (128-row blocks). ``seqs``: only these ids."""
+    ids = np.arange(q.shape[0]) if seqs is None else np.asarray(seqs, np.int64)
+    small = q[ids] * int(num_queries_per_kv) <= DECODE_MAX_ROWS
+    return tuple((kind, [int(i) for i in ids[sel]])
+                 for kind, sel in (("decode", small), ("prefill", ~small)) if sel.any())
 
 
 def auto_large_tile(q: np.ndarray, *, num_heads: int, num_kv_heads: int, head_size: int,
@@ -253,10 +282,11 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                    query_itemsize: int, cache_itemsize: int, kernel_itemsize: int,
                    group_blocks_cap: int | None,
                    partial_tile_size: int | str | None,
-                   kv_layout: str = FUSED) -> AttentionSchedule:
+                   kv_layout: str = FUSED, seqs: np.ndarray | None = None) -> AttentionSchedule:
     """:func:`make_schedule` on arguments it has validated (``q`` / ``c`` int64 (S,) length
     vectors, ``block_size`` / ``large_tile_size`` / ``partial_tile_size`` / ``sliding_window``
-    checked); what ``host.plan_paged_attention`` calls after its own single validation."""
+    / ``seqs`` checked); what ``host.plan_paged_attention`` calls after its own single
+    validation."""
     B, LT = block_size, large_tile_size
     G = num_heads // num_kv_heads
     full_geo = tile_geometry(B, LT)
@@ -267,12 +297,10 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
     tok_off = np.concatenate(([0], np.cumsum(q)[:-1])).astype(np.int64)
 
     # Step 0: the classes (decode / prefill) and their Q blocks and groups.
-    decode = [i for i in range(S) if q[i] * G <= DECODE_MAX_ROWS]
-    prefill = [i for i in range(S) if q[i] * G > DECODE_MAX_ROWS]
+    covered = np.zeros(S, bool)
+    covered[np.arange(S) if seqs is None else seqs] = True
     specs = []
-    for kind, seqs in (("decode", decode), ("prefill", prefill)):
-        if not seqs:
-            continue
+    for kind, seqs in class_sequences(q, G, np.nonzero(covered)[0]):
         if kind == "decode":
             rows = 1 << max(0, int(max(q[i] * G for i in seqs) - 1).bit_length())
             blocks = 1
@@ -304,11 +332,11 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
     bpp = part_geo.bp
     n_main_p = c // bpp                               # partial geometry: rows read from the cache
     n_rows_p = -(-keys // bpp)                        # partial geometry: key rows in all
-    ov_count = n_rows_p - n_main_p
+    ov_count = np.where(covered, n_rows_p - n_main_p, 0)
     ov_off = np.concatenate(([0], np.cumsum(ov_count)[:-1])).astype(np.int64)
     R_ov = int(ov_count.sum())
     overlay_seq = np.repeat(np.arange(S), ov_count)
-    overlay_pos0 = (np.concatenate([np.arange(n_main_p[i], n_rows_p[i]) for i in range(S)]) * bpp
+    overlay_pos0 = (np.concatenate([n_main_p[i] + np.arange(ov_count[i]) for i in range(S)]) * bpp
                     if R_ov else np.zeros(0, np.int64)).astype(np.int64)
     ov_rows_total = max(R_ov, 1) * Hkv
 

@@ -190,11 +190,11 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
     new = torch.stack([key, value]).to(kv_cache.dtype).reshape(2, T * Hkv, d)   # row t*Hkv + h
     src = torch.cat([kv_cache.reshape(2, N * Hkv * plan.block_size, d), new,
                      kv_cache.new_zeros((2, 1, d))], dim=1)
-    ov = overlay_index(plan.schedule, plan.block_tables, num_blocks=N, num_tokens=T)
-    overlay = src[:, idx(ov.reshape(-1))].reshape(2, ov.shape[0], ov.shape[1] * d)
     qflat = torch.cat([query.reshape(T * H, d), query.new_zeros((1, d))])
     result = query.new_zeros((T * H, d))
-    for launch_in in launches:
+    for part, launch_in in zip(plan.parts, launches):
+        ov = overlay_index(part.schedule, plan.block_tables, num_blocks=N, num_tokens=T)
+        overlay = src[:, idx(ov.reshape(-1))].reshape(2, ov.shape[0], ov.shape[1] * d)
         cls = launch_in.cls
         qi = query_index(cls, H, Hkv, T)
         qt = qflat[idx(qi.reshape(-1))].reshape(Hkv, cls.num_blocks, cls.rows, d)
@@ -204,7 +204,7 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         args, inputs = launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q)
         on_dev = lambda a: idx(a) if isinstance(a, np.ndarray) else a  # noqa: E731
         out = launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args), api=plan.api,
-                     **plan.kernel_kwargs, **{n: on_dev(a) for n, a in inputs.items()})
+                     **part.kernel_kwargs, **{n: on_dev(a) for n, a in inputs.items()})
         rows, dst = output_index(cls, H, Hkv)
         out = block_major(out, Hkv, cls.blocks, cls.rows, d)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)

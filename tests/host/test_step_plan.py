@@ -46,15 +46,18 @@ def test_plan_is_frozen_and_read_only():
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.num_heads = 8
     arrays = [plan.query_lens, plan.context_lens, plan.block_tables]
-    for launch in plan.launches:
+    for part in plan.parts:
+        launch = part.launch
         arrays += [launch.q_init, launch.cls.partial.meta_i, launch.cls.full.meta_f]
     for a in arrays:
         assert not a.flags.writeable
     dense = _plan(bt, kernel="dense")
     assert not dense.dense.mask.flags.writeable and not dense.dense.active_table.flags.writeable
-    assert plan.kernel_kwargs["options"].PARTIAL_TILE_SZ == plan.schedule.partial_tile_size
-    with pytest.raises(TypeError):
-        plan.kernel_kwargs["alibi"] = True                  # a read-only mapping
+    for part in plan.parts:
+        assert part.kernel_kwargs["options"].PARTIAL_TILE_SZ == part.schedule.partial_tile_size
+        assert part.kernel_kwargs["options"].LARGE_TILE_SZ == part.schedule.large_tile_size
+        with pytest.raises(TypeError):
+            part.kernel_kwargs["alibi"] = True              # a read-only mapping
 
 
 def test_the_window_flag_has_one_kernel_side_name():
@@ -66,7 +69,8 @@ def test_the_window_flag_has_one_kernel_side_name():
     *_, bt = _batch()
     for window, want in ((None, False), (4, True)):
         plan = _plan(bt, sliding_window=window)
-        assert plan.kernel_kwargs["options"].windowed is want
+        assert [part.kernel_kwargs["options"].windowed for part in plan.parts] == \
+            [want] * len(plan.parts)
     for cls in (SchedOptions, StepConfig):
         names = {f.name for f in dataclasses.fields(cls)}
         assert "windowed" in names and not names & {"one_sided", "window", "sliding_window"}

@@ -62,14 +62,31 @@ def _plan(q, c, *, B=32, H=8, Hkv=2, d=64, **kw):
 def test_the_plan_carries_the_resolved_tile():
     assert _plan([1, 1], [5000, 300]).large_tile_size == 4096          # default is "auto"
     assert _plan([1, 1], [5000, 300], large_tile_size=2048).large_tile_size == 2048
-    assert _plan([40, 1], [5000, 300]).large_tile_size == 2048
+    assert _plan([40, 3], [5000, 300]).large_tile_size == 2048       # 160 rows + 12 rows
     assert _plan([1, 1], [5000, 300], sliding_window=64).large_tile_size == 2048
     assert _plan([1, 1], [5000, 300], kernel="dense").large_tile_size == 2048
     # an explicit partial tile larger than the auto choice raises the large tile to it
-    assert _plan([40, 1], [5000, 300], partial_tile_size=4096).large_tile_size == 4096
+    assert _plan([40, 3], [5000, 300], partial_tile_size=4096).large_tile_size == 4096
     # a schedule built at the resolved size
-    p = _plan([1, 1], [5000, 300])
+    (p,) = _plan([1, 1], [5000, 300]).parts
     assert p.schedule.large_tile_size == 4096 and p.schedule.tiled_block_size == 32
+
+
+def test_each_class_of_a_mixed_batch_gets_its_own_tiles():
+    # a mixed batch: the decode class's auto tile as if it ran alone (4096: 32-token rows), the
+    # prefill class's the default; each schedule covers its own sequences only
+    plan = _plan([40, 1, 1], [5000, 300, 2000])
+    dec, pre = plan.parts
+    assert [dec.launch.cls.kind, pre.launch.cls.kind] == ["decode", "prefill"]
+    assert (dec.large_tile_size, pre.large_tile_size, plan.large_tile_size) == (4096, 2048, 4096)
+    assert dec.kernel_kwargs["options"].LARGE_TILE_SZ == 4096
+    assert pre.kernel_kwargs["options"].LARGE_TILE_SZ == 2048
+    assert sorted(dec.launch.cls.seqs.tolist()) == [1, 2] and pre.launch.cls.seqs.tolist() == [0]
+    assert set(dec.schedule.overlay_seq.tolist()) <= {1, 2}
+    assert set(pre.schedule.overlay_seq.tolist()) == {0}
+    # an explicit size applies to every class
+    plan = _plan([40, 1, 1], [5000, 300, 2000], large_tile_size=1024, partial_tile_size=512)
+    assert [(p.large_tile_size, p.partial_tile_size) for p in plan.parts] == [(1024, 512)] * 2
 
 
 @pytest.mark.parametrize("bad", ["big", "AUTO", 3000, 0, None])
@@ -113,14 +130,17 @@ def _garbage_unseen_slots(cache, bt, c_lens, B):
 
 @pytest.mark.simulation
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_auto_tile_decode_matches_the_float64_reference(target):
-    q_lens, c_lens = [1, 1, 1], [4200, 9000, 700]
+@pytest.mark.parametrize("q_lens, c_lens, tiles", [
+    ([1, 1, 1], [4200, 9000, 700], [4096]),
+    ([1, 70, 1], [4200, 900, 700], [4096, 2048]),       # mixed: each class its own tile
+], ids=["decode", "mixed"])
+def test_auto_tile_batch_matches_the_float64_reference(target, q_lens, c_lens, tiles):
     B, H, Hkv, d = 32, 8, 2, 128
     q, k, v, cache, bt = _ref_inputs(q_lens, c_lens, B=B, H=H, Hkv=Hkv, d=d, seed=3)
     plan = host.plan_paged_attention(bt, q_lens, c_lens, num_heads=H, num_kv_heads=Hkv,
                                      head_size=d, block_size=B, num_blocks=cache.shape[1],
                                      dtype="bfloat16", backend="sim")
-    assert plan.large_tile_size == 4096
+    assert [part.large_tile_size for part in plan.parts] == tiles
     dirty = _garbage_unseen_slots(cache, bt, c_lens, B)
     with nki_sim.use_target(target):
         out = np.asarray(host.run_paged_attention(plan, q, k, v, dirty), np.float64)

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from host.scheduled.schedule import (DECODE_MAX_ROWS, AttentionSchedule, bucket, item_geometry,
-                           make_schedule, meta_columns)
+from host.scheduled.schedule import (DECODE_MAX_ROWS, AttentionSchedule, bucket,
+                                    class_sequences, item_geometry, make_schedule, meta_columns)
 from nki_kernels.constants import tile_geometry
 from nki_kernels.scheduled.sched_plan import max_group_blocks
 
@@ -106,17 +106,19 @@ def columns(cls, *, nL, d, masked, alibi, row_init):
 
 
 def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, alibi=False,
-                     row_init=False, LTp=None):
+                     row_init=False, LTp=None, seqs=None):
     """Decode one class launch for KV head ``head``; returns (items, counts, writes): counts[b]
     (rows, max K) = times each key position reached the stored output of query row p of Q block
     b; writes[b] (rows,) = output stores per row. The full phase's tiles are those of LT, the
-    partial phase's (and the overlay rows) those of LTp (default LT)."""
+    partial phase's (and the overlay rows) those of LTp (default LT); ``seqs``: the sequences
+    the schedule covers (None: all), the only ones with overlay rows."""
     LTp = LT if LTp is None else LTp
     G, nd = H // Hkv, -(-d // P)
     K = c + q
     bp = geometry(B, LTp)[1]                           # overlay rows: partial geometry (§16.1)
     m_main, n_rows = c // bp, -(-K // bp)
-    ov_map = [(i, j) for i in range(len(q)) for j in range(m_main[i], n_rows[i])]    # §16.1
+    ov_map = [(i, j) for i in (range(len(q)) if seqs is None else seqs)             # §16.1
+              for j in range(m_main[i], n_rows[i])]
     R_ov = max(len(ov_map), 1)
     owner_seq, owner_jb = np.full(N, -1), np.full(N, -1)       # used block -> (sequence, entry)
     for i in range(len(q)):
@@ -313,9 +315,11 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
 
 
 def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=False,
-                   row_init=False, LTp=None):
+                   row_init=False, LTp=None, seqs=None):
     """Every head of every class: each visible (real query row, key) pair folded exactly once
-    into the stored output, nothing else; every real item folds something (exact pruning)."""
+    into the stored output, nothing else; every real item folds something (exact pruning).
+    ``seqs``: the sequences the schedule covers (None: all): their query rows are in exactly
+    one class, the others' in none."""
     G = H // Hkv
     covered = np.zeros(int(q.sum()) * G, np.int64)
     all_items = []
@@ -331,7 +335,7 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
         for head in range(Hkv):
             items, counts, writes, (seq_of_row, pos_of_row) = run_symbolically(
                 cls, q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=d, B=B, LT=LT, head=head, window=window,
-                alibi=alibi, row_init=row_init, LTp=LTp)
+                alibi=alibi, row_init=row_init, LTp=LTp, seqs=seqs)
             flat = counts.reshape(-1, counts.shape[-1])
             real = cls.row_token >= 0
             assert np.array_equal(writes.reshape(-1), real.astype(np.int64)), "output rows stored != once"
@@ -345,7 +349,11 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
             if head == 0:
                 all_items.append(items)
                 covered[cls.row_token[real] * G + cls.row_head[real]] += 1
-    assert np.all(covered == 1), "a query row in no class or in two"
+    want = np.ones_like(covered)
+    if seqs is not None:
+        mine = np.isin(np.repeat(np.arange(len(q)), q), seqs)        # per token
+        want = np.repeat(mine, G).astype(np.int64)
+    assert np.array_equal(covered, want), "a query row in no class or in two"
     return all_items
 
 
@@ -655,6 +663,59 @@ def test_items_cover_every_visible_pair_exactly_once(lens, B, LT, heads, d, wind
                      alibi=alibi, row_init=row_init, LTp=ltp)
     assert isinstance(s, AttentionSchedule)
     check_coverage(s, **kw)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(lens=LENS, B=st.sampled_from([1, 4, 16, 32, 128]),
+       tiles=st.tuples(st.sampled_from([512, 2048, 4096]), st.sampled_from([512, 1024, 2048])),
+       heads=st.sampled_from([(2, 1), (4, 2), (8, 1)]),
+       window=st.one_of(st.none(), st.integers(1, 700)), seed=st.integers(0, 1000),
+       ltp=st.sampled_from([None, 512, "auto"]))
+def test_one_schedule_per_class_covers_every_pair_once(lens, B, tiles, heads, window, seed, ltp):
+    # the step plan's form: one schedule per class (seqs=...), each at its own large tile;
+    # together every query row is in exactly one class and sees every visible key once
+    q, c = (np.asarray(x, np.int64) for x in zip(*lens))
+    H, Hkv = heads
+    bt, N = block_tables_for(c, B, seed)
+    rows = np.zeros(int(q.sum()) * (H // Hkv), np.int64)
+    for (kind, seqs), LT in zip(class_sequences(q, H // Hkv), tiles):
+        LTp = None if isinstance(ltp, int) and ltp > LT else ltp
+        s = make_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=8, block_size=B,
+                          num_blocks=N, large_tile_size=LT, sliding_window=window,
+                          partial_tile_size=LTp, seqs=seqs)
+        assert [cls.kind for cls in s.classes] == [kind]
+        assert set(s.overlay_seq.tolist()) <= set(seqs)
+        check_coverage(s, q=q, c=c, bt=bt, N=N, H=H, Hkv=Hkv, d=8, B=B, LT=LT, window=window,
+                       LTp=s.partial_tile_size, seqs=seqs)
+        (cls,) = s.classes
+        real = cls.row_token >= 0
+        rows[cls.row_token[real] * (H // Hkv) + cls.row_head[real]] += 1
+    assert np.all(rows == 1)
+
+
+def test_coverage_check_of_a_class_schedule_can_fail():
+    # must-fail twins of the per-class form: a class schedule checked as if it covered the
+    # whole batch, or as covering a sequence it leaves out
+    q, c = np.array([1, 40, 1]), np.array([100, 0, 30])
+    bt, N = block_tables_for(c, 16, 0)
+    kw = dict(q=q, c=c, bt=bt, N=N, H=2, Hkv=1, d=8, B=16, LT=512)
+    s = make_schedule(q, c, bt, num_heads=2, num_kv_heads=1, head_size=8, block_size=16,
+                      num_blocks=N, large_tile_size=512, seqs=[0, 2])
+    check_coverage(s, seqs=[0, 2], **kw)                                   # must pass
+    for seqs in (None, [0, 1, 2], [0]):
+        with pytest.raises(AssertionError):
+            check_coverage(s, seqs=seqs, **kw)
+
+
+@pytest.mark.parametrize("bad, what", [([], "non-empty"), ([[0, 1]], "1-D"), ([0.0], "integer"),
+                                       ([0, 0], "distinct"), ([3], r"\[0, 3\)"),
+                                       ([-1], r"\[0, 3\)")])
+def test_seqs_is_validated(bad, what):
+    q, c = np.array([1, 40, 1]), np.array([100, 0, 30])
+    bt, N = block_tables_for(c, 16, 0)
+    with pytest.raises(ValueError, match=rf"^seqs must .*{what}"):
+        make_schedule(q, c, bt, num_heads=2, num_kv_heads=1, head_size=8, block_size=16,
+                      num_blocks=N, seqs=bad)
 
 
 def test_coverage_check_can_fail():

@@ -135,11 +135,12 @@ def test_the_kernel_checks_its_layout_arguments(rng, api, on_api, tol):
     plan = plan_paged_attention(bt, ql, cl, num_heads=H, num_kv_heads=HKV, head_size=D,
                                 block_size=B, num_blocks=N, dtype=np.float32, backend="sim",
                                 kv_layout="block_kv")
-    (launch,) = plan.launches
-    overlay = build_overlay(plan.schedule, (k, v), kv, kv, plan.block_tables)
+    (part,) = plan.parts
+    launch = part.launch
+    overlay = build_overlay(part.schedule, (k, v), kv, kv, plan.block_tables)
     args, inputs = launch_args(launch, pack_queries(launch.cls, q, HKV), k, overlay)
     assert args[2] is k
-    opts = plan.kernel_kwargs["options"]
+    opts = part.kernel_kwargs["options"]
     assert opts.kv_layout == "block_kv"
     with on_api(api):
         from host.launch import launch_kernel

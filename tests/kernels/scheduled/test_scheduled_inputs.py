@@ -31,19 +31,21 @@ def _plan(batch, **variants):
 
 
 def _launches(batch, plan):
-    """``(launch, args, inputs)`` per class of ``plan`` on ``batch`` (the host's own inputs)."""
-    overlay = build_overlay(plan.schedule, batch.kv_cache, batch.key, batch.value,
-                            plan.block_tables)
-    for launch in plan.launches:
-        qt = pack_queries(launch.cls, batch.query, HKV)
-        yield (launch, *launch_args(launch, qt, batch.kv_cache, overlay))
+    """``(launch, args, inputs, kernel_kwargs)`` per class of ``plan`` on ``batch`` (the host's
+    own inputs)."""
+    for part in plan.parts:
+        overlay = build_overlay(part.schedule, batch.kv_cache, batch.key, batch.value,
+                                plan.block_tables)
+        qt = pack_queries(part.launch.cls, batch.query, HKV)
+        yield (part.launch, *launch_args(part.launch, qt, batch.kv_cache, overlay),
+               part.kernel_kwargs)
 
 
-def _run(api, args, inputs, plan):
+def _run(api, args, inputs, kernel_kwargs):
     args = tuple(np.array(a) if isinstance(a, np.ndarray) else a for a in args)
     kwargs = {n: np.array(a) for n, a in inputs.items()}
     return resolve_api(api).launch(scheduled_paged_attention, args,
-                                   dict(kwargs, **plan.kernel_kwargs), num_kv_heads=HKV,
+                                   dict(kwargs, **kernel_kwargs), num_kv_heads=HKV,
                                    device=False)
 
 
@@ -55,7 +57,7 @@ def test_only_decode_layout_classes_get_the_optional_inputs(variants, names, bat
                       block_size=16)
     plan = _plan(b, **variants)
     kinds = set()
-    for launch, args, inputs in _launches(b, plan):
+    for launch, args, inputs, _ in _launches(b, plan):
         kinds.add(launch.cls.decode_layout)
         assert len(args) == 9 and all(a is not None for a in args)
         assert sorted(inputs) == (sorted(names) if launch.cls.decode_layout else [])
@@ -74,13 +76,13 @@ def test_decode_class_needs_each_of_its_inputs(api, target, batch_factory, tol):
     plan = _plan(b, sinks=sinks)
     out = np.zeros_like(b.query)
     with nki_sim.use_target(target):
-        for launch, args, inputs in _launches(b, plan):
-            unpack_output(launch.cls, np.asarray(_run(api, args, inputs, plan)), out)
+        for launch, args, inputs, kw in _launches(b, plan):
+            unpack_output(launch.cls, np.asarray(_run(api, args, inputs, kw)), out)
             for name in inputs:
                 what = "class with row_init" if name in ROW_INIT else "class"
                 with pytest.raises(ValueError, match=rf"{name} must be given for a "
                                                      rf"decode-layout {what}"):
-                    _run(api, args, {n: a for n, a in inputs.items() if n != name}, plan)
+                    _run(api, args, {n: a for n, a in inputs.items() if n != name}, kw)
     ref = paged_attention_ref(*b.args(), sinks=sinks)
     atol, rtol = tol("mixed", b.query.dtype)
     assert np.all(np.abs(out.astype(np.float64) - ref) <= atol + rtol * np.abs(ref))
