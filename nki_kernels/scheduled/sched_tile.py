@@ -75,8 +75,10 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
         k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
-        # ScalarE has no K^T PSUM copies on this path: it zeroes V, off the busier VectorE
-        v_rows = zeroed(ops, (P, nL * rw), cdt, "scalar") if masked else kv_tiles[1]
+        # ScalarE has no K^T PSUM copies on this path: it zeroes half of V and GpSimd the
+        # other half, off the busier VectorE (MODELED: a mixed batch's decode class zeroes a
+        # 4096-key V tile per item, and the prefill class's exponentials load ScalarE too)
+        v_rows = zeroed(ops, (P, nL * rw), cdt, ("scalar", "gpsimd")) if masked else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
@@ -115,23 +117,44 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
 
 
 def zeroed(ops, shape, dtype, engine):
-    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A 1- or 2-byte tile whose
-    free size fills whole 32-bit words is zeroed as its float32 view (``ops.filled_as_words``;
-    all-zero bits either way): a half (16-bit) or a quarter (fp8) of the elements to write."""
+    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``; a pair of engines zero
+    the first and the second half of the columns, one fill shared by two engines). A 1- or
+    2-byte tile whose free size fills whole 32-bit words is zeroed as its float32 view
+    (``ops.filled_as_words``; all-zero bits either way): a half (16-bit) or a quarter (fp8) of
+    the elements to write."""
+    engines = engine if isinstance(engine, tuple) else (engine,)
+
+    def fill(t):
+        n = t.shape[1]
+        cut = [n * i // len(engines) for i in range(len(engines) + 1)]
+        for e, lo, hi in zip(engines, cut[:-1], cut[1:]):
+            part = t if hi - lo == n else t[:, ops.ds(lo, hi - lo)]
+            fill_zero(ops, part, e)
+
     per_word = 4 // itemsize(dtype)
     if per_word > 1 and shape[1] % per_word == 0:
-        return ops.filled_as_words(shape, dtype, lambda words: fill_zero(ops, words, engine))
+        return ops.filled_as_words(shape, dtype, fill)
     t = ops.sbuf(shape, dtype)
-    fill_zero(ops, t, engine)
+    fill(t)
     return t
+
+
+# PSUM -> SBUF copy engines of the K^T PE transposes of a keys-on-partitions (decode) class,
+# cycled over each load's copies: one in four on VectorE. ScalarE carries the rest and the
+# decode steps' exponentials; VectorE only the decode steps' small operations, so the class's
+# two engines come closer (MODELED, block 32: 32 decodes 2K-8K trn2 legacy 2811 -> 2680 us,
+# trn1 3302 -> 3312; 4 x 512 + 60 decodes trn1 9428 -> 8721, trn2 legacy 9783 -> 9036;
+# one in two was slower on both targets). Query-rows classes keep every copy on ScalarE.
+K_EVAC_KEYS_ON_PARTITIONS = ("scalar", "scalar", "scalar", "vector")
 
 
 def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
     channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
-    the kernel-dtype rows, or identity matmuls of the fp8 rows (``eye``: the identities of the
-    cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when given. With
-    :func:`keys_by_dma` ``k_rows`` already is K^T."""
+    the kernel-dtype rows (PSUM copies on :data:`K_EVAC_KEYS_ON_PARTITIONS` for a
+    keys-on-partitions phase, else ScalarE), or identity matmuls of the fp8 rows (``eye``: the
+    identities of the cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when
+    given. With :func:`keys_by_dma` ``k_rows`` already is K^T."""
     if keys_by_dma(ops, cfg, phase):
         return [k_rows]
     geo = phase.geo
@@ -140,6 +163,7 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     fp8 = eye is not None and dtype_name(k_rows.dtype) != dtype_name(kd)
     # a 16-bit PSUM dtype (v3) fits twice the fp32 columns in a bank: half the K^T copies
     bank_cols = transpose_bank_cols(ops, k_rows.dtype)
+    evac = K_EVAC_KEYS_ON_PARTITIONS if phase.keys_on_partitions else "scalar"
     k_t = []
     for k in ops.static_range(nd):
         dk = min(P, d - k * P)
@@ -157,7 +181,7 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
                                                evac="scalar")
                 else:
                     transpose_blocks(ops, kt, l * P * bp + s * P, k_rows, c0, width, nblk,
-                                     evac="scalar", bank_cols=bank_cols)
+                                     evac=evac, bank_cols=bank_cols)
         k_t.append(kt)
     return k_t
 

@@ -448,3 +448,60 @@ def test_kernel_checks_the_partial_tile_size(ltp, match, batch_factory):
     with pytest.raises(ValueError, match=match):
         toolchain.nki.simulate_kernel(scheduled_paged_attention[1, 2], *args, **inputs,
                                  options=SchedOptions(LARGE_TILE_SZ=2048, PARTIAL_TILE_SZ=ltp))
+
+
+@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
+def test_one_chunk_steps_take_their_row_max_as_it_is(target, api, on_api, batch_factory):
+    """A query-rows step of one 512-key chunk (512-key partial tiles) has one partial row max
+    per row: the running max reads it directly, with no reduce of a single column. The output
+    matches the float64 reference."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(7, [300], [700], H=8, Hkv=2, d=16, block_size=16, dtype=BF16)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              large_tile_size=512, partial_tile_size=512)
+    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max() < 3e-2
+    reduces = [e.free_elems for e in trace.events if e.op == "tensor_reduce"]
+    assert reduces and min(reduces) > 1
+
+
+def _decode_trace(target, api, on_api, batch_factory):
+    """A decode batch (G = 4, one token, block 32, 4096-key tiles in both phases: one 32-token
+    row per partition, d = 32) on ``api``: (its trace, the V tile's size in 32-bit words)."""
+    from host.attention import paged_attention
+
+    batch = batch_factory(9, [1, 1, 1], [5000, 4500, 2100], H=8, Hkv=2, d=32, block_size=32,
+                          dtype=BF16)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                              large_tile_size=4096, partial_tile_size=4096)
+    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max() < 3e-2
+    return trace, 32 * 32 // 2
+
+
+def test_masked_decode_items_zero_v_on_two_engines(on_api, batch_factory):
+    """With K^T by DMA transpose (trn2, current API) a masked keys-on-partitions item zeroes
+    its V tile in two halves, one on ScalarE and one on GpSimd (neither carries K^T copies on
+    this path; VectorE carries the masks): one fill of each per item and KV head."""
+    trace, words = _decode_trace("trn2", "nki", on_api, batch_factory)
+    halves = collections.Counter(e.engine for e in trace.events
+                                 if e.free_elems == words // 2 and e.out_dtype == "float32"
+                                 and e.partitions == P and e.op in ("memset", "activation"))
+    # three sequences, each with one masked item, two KV heads
+    assert set(halves) == {"scalar", "gpsimd"} and halves["scalar"] == halves["gpsimd"] >= 3 * 2
+    whole = [e.engine for e in trace.events if e.free_elems == words and e.out_dtype == "float32"
+             and e.op in ("memset", "activation")]
+    assert whole == ["gpsimd"] * 2           # only the full phase's V tile, once per head
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn1"])
+def test_decode_k_transpose_copies_go_one_in_four_to_vectore(target, on_api, batch_factory):
+    """PE transposes of K (legacy API): a keys-on-partitions class evacuates one K^T copy in
+    four (cycled over each load's copies: 4 on v3, 8 on v2 here) on VectorE, the rest on
+    ScalarE."""
+    trace, _ = _decode_trace(target, "legacy", on_api, batch_factory)
+    copies = collections.Counter(e.engine for e in trace.events if e.op == "tensor_copy"
+                                 and e.src_buffer == "psum" and e.out_dtype == "bfloat16"
+                                 and e.out_shape[0] == 32)        # (d, keys): K^T
+    assert copies["scalar"] == 3 * copies["vector"] > 0 and set(copies) == {"scalar", "vector"}
