@@ -47,7 +47,7 @@ from host.mla.mla_reference import mla_paged_attention_ref
 from host.dense.plan import PagedAttentionPlan, make_plan
 from host.reference import paged_attention_ref
 from host.scheduled.schedule import AttentionSchedule, make_schedule
-from host.step_plan import AttentionPlan, plan_paged_attention
+from host.step_plan import AttentionPlan, ClassPlan, plan_paged_attention
 from host.variants import AttentionVariants, alibi_slopes, make_variants
 
 # name -> submodule, loaded lazily (these pull in nki_kernels and the NKI backend).
@@ -86,7 +86,7 @@ def __dir__():
 
 
 __all__ = [
-    "AttentionPlan", "plan_paged_attention", "PagedAttentionPlan", "make_plan",
+    "AttentionPlan", "ClassPlan", "plan_paged_attention", "PagedAttentionPlan", "make_plan",
     "active_block_table", "transform_block_tables", "transform_block_tables_all_heads",
     "inverse_transform_block_tables", "to_partition_first", "from_partition_first",
     "load_column_tokens", "loaded_cache_slots",
