@@ -10,7 +10,7 @@ import numpy as np
 
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
-__all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
+__all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
            "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS",
            "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
            "AUTO_DECODE_ROW_TOKENS"]
@@ -21,6 +21,13 @@ __all__ = ["ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "s
 # each workload of scripts/bench_paged_attention.py and scripts/bench_variants.py (2048 missed
 # the 4 x 512-token mixed batch, 1024 also the sliding window).
 ITEM_OVERHEAD_KEYS = 4096
+# The same for an item of a decode class (one block of <= 64 rows, keys on partitions): its
+# fixed work is a fraction of a 128-row group's. Calibrated on the cost model (MODELED, every
+# decode class of scripts/bench_paged_attention.py, bench_variants.py, bench_mla.py and the
+# nki-pa demo): 2048 keeps 4096-key partial tiles where the large tile is 4096 (32-token rows)
+# and gives the demo's decodes 1024-key tiles at LT 2048 (trn2 866 -> 811 us, trn1 791 -> 763),
+# which 4096 (the query-rows value) set to 2048; 1024 would cut the 4 x 512 + 60 batch's to 2048.
+DECODE_ITEM_OVERHEAD_KEYS = 2048
 
 
 # large_tile_size="auto" (scheduled kernel): 2048 keys per large tile (vLLM's LARGE_TILE_SZ
@@ -64,7 +71,8 @@ def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int,
 
 def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
     """``"auto"`` partial tile size: the power of two in [512, LT] whose partial items cost the
-    least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (the
+    least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (decode
+    classes: ``DECODE_ITEM_OVERHEAD_KEYS``) (the
     per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
     Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
     turn one item into several where a large tile is visible in whole (a window's lower edge)."""
@@ -82,14 +90,15 @@ def _cheapest_partial_tile(specs, *, B, LT, c, keys, sliding_window, with_full=F
     while ltp <= LT:
         pg = tile_geometry(B, ltp)
         cost = 0
-        for _, _, _, _, qb in specs:
+        for kind, _, _, _, qb in specs:
+            overhead = DECODE_ITEM_OVERHEAD_KEYS if kind == "decode" else ITEM_OVERHEAD_KEYS
             full, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg,
                                            sliding_window=sliding_window)
             nblk = [len(qb["groups"][g][1]) for g, _ in part]
-            cost += sum(nblk) * pg.W + len(part) * ITEM_OVERHEAD_KEYS
+            cost += sum(nblk) * pg.W + len(part) * overhead
             if with_full:
                 nblk = [len(qb["groups"][g][1]) for g, _ in full]
-                cost += sum(nblk) * fg.W + len(full) * ITEM_OVERHEAD_KEYS
+                cost += sum(nblk) * fg.W + len(full) * overhead
         if best is None or cost < best[0]:
             best = (cost, ltp)
         ltp *= 2

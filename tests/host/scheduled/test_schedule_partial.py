@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from host.scheduled.schedule import ITEM_OVERHEAD_KEYS, make_schedule
+from host.scheduled.schedule_items import DECODE_ITEM_OVERHEAD_KEYS
 from test_schedule import check_coverage, schedule, summary
 
 
@@ -50,18 +51,23 @@ def test_every_partial_tile_size_covers_every_visible_pair(ltp):
     check_coverage(s, **kw)
 
 
-def _cost(q, c, *, B, LT, ltp, window=None):
+def _cost(q, c, *, B, LT, ltp, window=None, overhead=DECODE_ITEM_OVERHEAD_KEYS):
     """Cost of the partial items of a decode-only batch (one Q block per group) from the fixed
-    size schedule: items * (LTp keys + ITEM_OVERHEAD_KEYS)."""
+    size schedule: items * (LTp keys + the decode class's per-item overhead)."""
     s, _ = schedule(q, c, H=2, Hkv=1, d=16, B=B, LT=LT, LTp=ltp, window=window)
+    assert [cls.kind for cls in s.classes] == ["decode"]
     W = 128 * s.partial_loads * s.partial_tiled_block_size
-    return sum(cls.partial.real_items for cls in s.classes) * (W + ITEM_OVERHEAD_KEYS)
+    return sum(cls.partial.real_items for cls in s.classes) * (W + overhead)
+
+
+DEMO_DECODES = ([1] * 7, [2048, 1800, 3000, 900, 2500, 1200, 4096])   # the nki-pa demo's
 
 
 @pytest.mark.parametrize("q, c, window, want", [
     ([1, 1], [4096, 8192], None, 512),        # every decode's end tile holds one key
     ([1], [32768], 4096, 2048),               # the window's lower edge sees a whole large tile
     ([1] * 4, [1000, 3000, 5000, 7000], None, 1024),
+    (*DEMO_DECODES, None, 1024),
 ])
 def test_auto_picks_the_cheapest_partial_tile(q, c, window, want):
     costs = {ltp: _cost(q, c, B=32, LT=2048, ltp=ltp, window=window) for ltp in (512, 1024, 2048)}
@@ -69,6 +75,15 @@ def test_auto_picks_the_cheapest_partial_tile(q, c, window, want):
     s, kw = schedule(q, c, H=2, Hkv=1, d=16, B=32, LT=2048, LTp="auto", window=window)
     assert s.partial_tile_size == want
     check_coverage(s, **kw)
+
+
+def test_decode_items_weigh_less_fixed_work_than_query_rows_groups():
+    # must-fail twin: at the query-rows classes' per-item overhead the demo's decodes would take
+    # 2048-key partial tiles (slower under the cost model: docs/layouts.md 16.3)
+    assert DECODE_ITEM_OVERHEAD_KEYS < ITEM_OVERHEAD_KEYS
+    costs = {ltp: _cost(*DEMO_DECODES, B=32, LT=2048, ltp=ltp, overhead=ITEM_OVERHEAD_KEYS)
+             for ltp in (512, 1024, 2048)}
+    assert min(costs, key=lambda k: (costs[k], k)) == 2048
 
 
 def test_auto_with_large_tile_512_is_512():
