@@ -48,8 +48,8 @@ from nki_kernels.contract import (BLOCK_KV, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, M
                                   MAX_HEAD_SIZE_SCHEDULED, MAX_TILE_SIZE, MIN_BLOCK_SIZE,
                                   MIN_TILE_SIZE)
 
-__all__ = ["AttentionPlan", "ClassPlan", "DenseInputs", "plan_paged_attention", "class_launches", "KERNELS",
-           "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "KV_LAYOUTS",
+__all__ = ["AttentionPlan", "ClassPlan", "DenseInputs", "plan_paged_attention", "class_launches",
+           "KERNELS", "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "KV_LAYOUTS",
            "check_attention_options", "check_kv_layout", "layer_launches"]
 
 KERNELS = ("scheduled", "dense")
@@ -329,6 +329,8 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
     sinks = v.sinks if v is not None else None
     sliding_window = v.sliding_window if v is not None else None
     with_row_init = alibi is not None or sinks is not None
+    from nki_kernels.scheduled.sched_config import SchedOptions
+
     itemsize = np.dtype(common["dtype"]).itemsize
     cache_itemsize = np.dtype(common["kv_cache_dtype"]).itemsize
     parts = []
@@ -349,8 +351,6 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
                                kernel_itemsize=2 if common["mixed_precision"] else itemsize,
                                group_blocks_cap=None, partial_tile_size=partial_tile_size,
                                kv_layout=common["kv_layout"], seqs=np.asarray(seqs, np.int64))
-        from nki_kernels.scheduled.sched_config import SchedOptions
-
         kwargs = MappingProxyType(dict(options=SchedOptions(
             softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
             LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,

@@ -10,8 +10,8 @@ import numpy as np
 
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
-__all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry", "q_blocks", "schedule_items",
-           "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS",
+__all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
+           "q_blocks", "schedule_items", "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS",
            "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
            "AUTO_DECODE_ROW_TOKENS"]
 
@@ -72,8 +72,8 @@ def item_geometry(block_size: int, large_tile_size: int) -> tuple[int, int, int,
 def choose_partial_tile(specs, *, B, LT, c, keys, sliding_window) -> int:
     """``"auto"`` partial tile size: the power of two in [512, LT] whose partial items cost the
     least, an item costing its keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` (decode
-    classes: ``DECODE_ITEM_OVERHEAD_KEYS``) (the
-    per-item work -- metadata, state, overlay and output DMAs, small ops -- expressed in keys).
+    classes: ``DECODE_ITEM_OVERHEAD_KEYS``), the per-item work -- metadata, state, overlay and
+    output DMAs, small ops -- expressed in keys.
     Smaller tiles cut the masked keys at a sequence's end or on a causal diagonal; they also
     turn one item into several where a large tile is visible in whole (a window's lower edge)."""
     return _cheapest_partial_tile(specs, B=B, LT=LT, c=c, keys=keys,
