@@ -215,13 +215,14 @@ def _is_column(b, a):
             and tuple(a.shape) != tuple(b.shape))
 
 
-def tensor_tensor(dst, a, b, op):
+def tensor_tensor(dst, a, b, op, engine=None):
     """Elementwise ``a op b``: ``b`` a tile of ``a``'s shape (a broadcast view is one), a (P, 1)
-    column (``tensor_scalar``) or a Python number (``tensor_scalar``)."""
+    column (``tensor_scalar``) or a Python number (``tensor_scalar``); ``engine``: None (the
+    compiler's choice) or an engine name (SBUF operands only for "gpsimd")."""
     if isinstance(b, (int, float)) or _is_column(b, a):
-        nisa.tensor_scalar(dst=dst, data=a, op0=_ALU[op], operand0=b)
+        nisa.tensor_scalar(dst=dst, data=a, op0=_ALU[op], operand0=b, **_engine_kw(engine))
     else:
-        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=_ALU[op])
+        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=_ALU[op], **_engine_kw(engine))
 
 
 def absolute(dst, src, engine=None):

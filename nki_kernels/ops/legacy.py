@@ -199,8 +199,9 @@ def tensor_scalar(dst, data, op0, operand0, op1=None, operand1=None, reverse0=Fa
     dst[...] = nisa.tensor_scalar(data, _ALU[op0], operand0, dtype=dst.dtype, **kw)
 
 
-def tensor_tensor(dst, a, b, op):
-    """Elementwise ``a op b`` (``b`` a tile, a (P, 1) column or a scalar; broadcasting as NumPy)."""
+def tensor_tensor(dst, a, b, op, engine=None):
+    """Elementwise ``a op b`` (``b`` a tile, a (P, 1) column or a scalar; broadcasting as NumPy;
+    ``engine`` is a hint of the current-API layer, unused here)."""
     dst[...] = _NL[op](a, b, dtype=dst.dtype)
 
 

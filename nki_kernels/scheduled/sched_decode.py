@@ -153,8 +153,10 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         src = capped
     if bounds is not None and bounds[1] is None:      # upper bound only: t < top
         seen = ops.sbuf((P, ncol), ops.PRED)
+        # SBUF operands only: on GpSimd, off VectorE (the select, the max and the state)
         ops.tensor_tensor(ops.free_view(seen, grid), kk,
-                          ops.free_view(bounds[0], ((0, nch), (1, rows))), "less")
+                          ops.free_view(bounds[0], ((0, nch), (1, rows))), "less",
+                          engine="gpsimd")
         masked = ops.sbuf((P, ncol), f32)
         ops.where(masked, seen, src, NEG_MASK / mult)
         src = masked

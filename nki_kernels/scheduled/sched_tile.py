@@ -75,10 +75,9 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
         k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
-        # ScalarE has no K^T PSUM copies on this path: it zeroes half of V and GpSimd the
-        # other half, off the busier VectorE (MODELED: a mixed batch's decode class zeroes a
-        # 4096-key V tile per item, and the prefill class's exponentials load ScalarE too)
-        v_rows = zeroed(ops, (P, nL * rw), cdt, ("scalar", "gpsimd")) if masked else kv_tiles[1]
+        # ScalarE has no K^T PSUM copies on this path: it zeroes two thirds of V and GpSimd
+        # the rest, off the busier VectorE (V_ZERO_ENGINES)
+        v_rows = zeroed(ops, (P, nL * rw), cdt, V_ZERO_ENGINES) if masked else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
@@ -117,19 +116,27 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
 
 
 def zeroed(ops, shape, dtype, engine):
-    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``; a pair of engines zero
-    the first and the second half of the columns, one fill shared by two engines). A 1- or
-    2-byte tile whose free size fills whole 32-bit words is zeroed as its float32 view
-    (``ops.filled_as_words``; all-zero bits either way): a half (16-bit) or a quarter (fp8) of
-    the elements to write."""
+    """A new SBUF tile of zeros (``tile_ops.fill_zero`` on ``engine``). A tuple of k engine
+    names shares one fill: each name zeroes 1/k of the columns, in order, and a name repeated
+    next to itself is one fill of its shares (``("scalar", "scalar", "gpsimd")``: the first two
+    thirds on ScalarE, the rest on GpSimd; cuts on 64-column boundaries where the tile is that
+    wide). A 1- or 2-byte tile whose free size fills whole 32-bit words is zeroed as its float32
+    view (``ops.filled_as_words``; all-zero bits either way): a half (16-bit) or a quarter
+    (fp8) of the elements to write."""
     engines = engine if isinstance(engine, tuple) else (engine,)
 
     def fill(t):
-        n = t.shape[1]
-        cut = [n * i // len(engines) for i in range(len(engines) + 1)]
+        n, k = t.shape[1], len(engines)
+        align = 64 if n >= 64 * k else 1
+        cut = [n * i // k // align * align for i in range(k)] + [n]
+        runs = []                                   # (engine, lo, hi), equal neighbours merged
         for e, lo, hi in zip(engines, cut[:-1], cut[1:]):
-            part = t if hi - lo == n else t[:, ops.ds(lo, hi - lo)]
-            fill_zero(ops, part, e)
+            if runs and runs[-1][0] == e:
+                runs[-1] = (e, runs[-1][1], hi)
+            elif hi > lo:
+                runs.append((e, lo, hi))
+        for e, lo, hi in runs:
+            fill_zero(ops, t if hi - lo == n else t[:, ops.ds(lo, hi - lo)], e)
 
     per_word = 4 // itemsize(dtype)
     if per_word > 1 and shape[1] % per_word == 0:
@@ -137,6 +144,14 @@ def zeroed(ops, shape, dtype, engine):
     t = ops.sbuf(shape, dtype)
     fill(t)
     return t
+
+
+# Engines that zero a masked item's V tile when K^T arrives by DMA transpose (``zeroed``): two
+# thirds on ScalarE (no K^T copies on this path), a third on GpSimd, off VectorE. MODELED, trn2
+# current API, with the decode masks' compares on GpSimd (sched_decode), half / two thirds on
+# ScalarE: 4 x 512 + 60 decodes 6040 / 6040 us, 2 + 30 1834 / 1772, 32 decodes 2513 / 2513
+# (three fills, two of them on ScalarE, cost 2 + 30 another 34 us).
+V_ZERO_ENGINES = ("scalar", "scalar", "gpsimd")
 
 
 # PSUM -> SBUF copy engines of the K^T PE transposes of a keys-on-partitions (decode) class,

@@ -482,14 +482,21 @@ def _decode_trace(target, api, on_api, batch_factory):
 
 def test_masked_decode_items_zero_v_on_two_engines(on_api, batch_factory):
     """With K^T by DMA transpose (trn2, current API) a masked keys-on-partitions item zeroes
-    its V tile in two halves, one on ScalarE and one on GpSimd (neither carries K^T copies on
-    this path; VectorE carries the masks): one fill of each per item and KV head."""
+    its V tile in two fills, two thirds on ScalarE and the rest on GpSimd (cut on a 64-word
+    boundary: 320 + 192 of the 512 words here; neither engine carries K^T copies on this path,
+    VectorE carries the masks): one fill of each per item and KV head. The decode masks'
+    compares (SBUF operands only) run on GpSimd too."""
     trace, words = _decode_trace("trn2", "nki", on_api, batch_factory)
-    halves = collections.Counter(e.engine for e in trace.events
-                                 if e.free_elems == words // 2 and e.out_dtype == "float32"
-                                 and e.partitions == P and e.op in ("memset", "activation"))
+    fills = collections.Counter((e.engine, e.free_elems) for e in trace.events
+                                if e.out_dtype == "float32" and e.partitions == P
+                                and e.op in ("memset", "activation")
+                                and e.free_elems in (320, 192))
     # three sequences, each with one masked item, two KV heads
-    assert set(halves) == {"scalar", "gpsimd"} and halves["scalar"] == halves["gpsimd"] >= 3 * 2
+    assert words == 512 and set(fills) == {("scalar", 320), ("gpsimd", 192)}
+    assert fills[("scalar", 320)] == fills[("gpsimd", 192)] >= 3 * 2
+    compares = collections.Counter(e.engine for e in trace.events if e.op == "tensor_tensor"
+                                   and e.out_dtype == "uint8" and e.partitions == P)
+    assert set(compares) == {"gpsimd"} and compares["gpsimd"] >= 3 * 2
     whole = [e.engine for e in trace.events if e.free_elems == words and e.out_dtype == "float32"
              and e.op in ("memset", "activation")]
     assert whole == ["gpsimd"] * 2           # only the full phase's V tile, once per head
