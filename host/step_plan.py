@@ -334,7 +334,13 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
     itemsize = np.dtype(common["dtype"]).itemsize
     cache_itemsize = np.dtype(common["kv_cache_dtype"]).itemsize
     parts = []
-    for _, seqs in class_sequences(q, H // Hkv):
+    classes = class_sequences(q, H // Hkv)
+    # without a decode class the query-rows steps move work onto the DMA queues and GpSimd
+    # (SchedOptions.prefill_only); with one, those stay the busier engines (MODELED, trn2
+    # current API: prefill 2K on 2K 4527 -> 3755 us; 4 x 512 + 60 decodes 6040 -> 6395 with P^T
+    # by DMA, 2 + 30 decodes 1772 -> 1794 with the maxima on GpSimd)
+    prefill_only = all(kind == "prefill" for kind, _ in classes)
+    for _, seqs in classes:
         LT = common["large_tile_size"]
         if LT is None:
             LT = auto_large_tile(q[seqs], num_heads=H, num_kv_heads=Hkv, head_size=d,
@@ -356,7 +362,8 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
             LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
             logits_soft_cap=v.logits_soft_cap if v is not None else None,
             alibi=alibi is not None, row_init=with_row_init,
-            windowed=sliding_window is not None, kv_layout=common["kv_layout"])))
+            windowed=sliding_window is not None, kv_layout=common["kv_layout"],
+            prefill_only=prefill_only)))
         (launch,) = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
         parts.append(ClassPlan(schedule=sched, launch=launch, kernel_kwargs=kwargs))
     common = dict(common, large_tile_size=max(p.large_tile_size for p in parts))

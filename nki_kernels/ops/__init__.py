@@ -29,7 +29,8 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
                      nl.nc(2), Hkv/2)]``; current: None); max_lnc()
     feature flags    nc_gen(), has_range_select(), has_oob_skip(), transpose_psum_dtype(dt),
-                     has_gather_transpose(dt, width)
+                     has_gather_transpose(dt, width), has_sbuf_dma_transpose(dt),
+                     has_engine_choice()
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar
                      tensor_tensor scale_add floored_divisors + divide_by (a / max(l, floor), n
@@ -43,7 +44,10 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      ``tokens`` pieces ``step`` elements apart), out-of-bounds rows skipped;
                      gather_transpose(dst, table, idx, idx_col, tokens=, width=, lead=, col0=,
                      step=, src_col0=): 128 gathered rows of ``tokens`` x ``width`` transposed
-                     into ``dst`` (current API, v3+: one indirect dma_transpose; legacy: none)
+                     into ``dst`` (current API, v3+: one indirect dma_transpose; legacy: none);
+                     transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width): n_blocks
+                     column blocks of an SBUF tile transposed into ``dst`` by one SBUF -> SBUF
+                     dma_transpose (current API, v3+; legacy: none)
 
 Porting a kernel onto the layer (what the scheduled family did; the cache and MLA kernels next):
 

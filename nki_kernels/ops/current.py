@@ -146,6 +146,11 @@ def has_oob_skip():
     return True
 
 
+def has_engine_choice():
+    """Whether ``tensor_tensor`` runs on the engine it names (the ISA's ``engine=``)."""
+    return True
+
+
 def transpose_psum_dtype(src_dtype):
     """PSUM dtype of a PE transpose: the source dtype (nc_transpose requires equal dtypes)."""
     return src_dtype
@@ -411,6 +416,28 @@ def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0
     nisa.dma_transpose(dst=out, src=src, axes=(3, 1, 2, 0), dge_mode=nisa.dge_mode.swdge,
                        oob_mode=nisa.oob_mode.skip)
 
+
+
+def has_sbuf_dma_transpose(dtype):
+    """Trace-time flag: an on-chip (SBUF -> SBUF) ``dma_transpose`` of ``dtype`` (NeuronCore-v3+,
+    2-byte dtypes)."""
+    from nki_kernels.ops import itemsize
+
+    return nc_gen() != "gen2" and itemsize(dtype) == 2
+
+
+def transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width=128):
+    """``dst[:, dst_col + u*R : + R] = src[:, src_col + u*width : + width].T`` for u < n_blocks
+    (``src`` (R <= 128, ...) and ``dst`` (width <= 128, ...) SBUF tiles of one 2-byte dtype):
+    one SBUF -> SBUF ``dma_transpose`` of the 3-D view ``(R, n_blocks, width)`` of ``src`` into
+    the view ``(width, n_blocks, R)`` of ``dst`` (axes (2, 1, 0)); the compiler picks the DGE
+    mode. The DMA engines move ``n_blocks * width * 2`` bytes per source partition."""
+    rows = src.shape[0]
+    s = src.ap([[src.strides[0], rows], [width, n_blocks], [1, width]],
+               offset=src.offset + src_col)
+    d = dst.ap([[dst.strides[0], width], [rows, n_blocks], [1, rows]],
+               offset=dst.offset + dst_col)
+    nisa.dma_transpose(dst=d, src=s, axes=(2, 1, 0))
 
 def engine_names(engine):
     """Engine names are the interface here already."""

@@ -151,6 +151,12 @@ def has_oob_skip():
     return hasattr(nisa, "oob_mode")
 
 
+def has_engine_choice():
+    """Whether ``tensor_tensor`` runs on the engine it names: no, this layer writes ``nl``
+    operators and leaves the engine to the compiler."""
+    return False
+
+
 def transpose_psum_dtype(src_dtype):
     """PSUM dtype of a PE transpose of ``src_dtype``: fp32 on gen2, the source dtype on gen3."""
     return src_dtype if nc_gen() == "gen3" else nl.float32
@@ -320,6 +326,19 @@ def has_gather_transpose(dtype, width):
     del dtype, width
     return False
 
+
+
+def has_sbuf_dma_transpose(dtype):
+    """Trace-time flag: an on-chip DMA transpose of a multi-block view. The legacy API's
+    ``nisa.dma_transpose`` (v3) returns a new tile of one 2-D block; this layer does not use it
+    (128-row blocks move 256 B per partition, below the DMA's efficient descriptor size)."""
+    del dtype
+    return False
+
+
+def transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width=128):
+    raise NotImplementedError("the legacy ops layer has no SBUF DMA transpose of block views; "
+                              "check ops.has_sbuf_dma_transpose(dtype) and use transpose()")
 
 def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0, step=None,
                      src_col0=0):

@@ -61,6 +61,12 @@ class SchedOptions:
         (2, N, Hkv, B, d); "block_kv", vLLM's key cache (N, B, Hkv, d) as ``kv_cache`` and its
         value cache as ``value_cache`` (read in place; only the gathers' access patterns and
         the metadata's row ids differ, docs/layouts.md §18).
+    prefill_only: the batch has no decode class (the host's ``class_sequences``), so the
+        DMA queues and GpSimd have room that a decode class would use (streaming the cache,
+        zeroing V tiles, generating descriptors): the query-rows steps move work there where
+        the API offers it -- P^T by SBUF -> SBUF DMA transposes
+        (``sched_core.StepConfig.probs_by_dma``) and the chunks' row maxima combined on
+        GpSimd (``StepConfig.pairwise_max``).
     """
 
     softmax_scale: float | None = None
@@ -72,6 +78,7 @@ class SchedOptions:
     row_init: bool = False
     windowed: bool = True
     kv_layout: str = "fused"
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,9 @@ class SchedConfig:
                                          and not keys_by_dma) else None)
         return StepConfig(d=self.d, kernel_dtype=self.kd, soft_cap=self.opts.logits_soft_cap,
                           windowed=self.opts.windowed, tiled_block_size=phase.geo.bp,
-                          copy_engine=copy_engine, state_engine=state_engine)
+                          copy_engine=copy_engine, state_engine=state_engine,
+                          probs_by_dma=self.opts.prefill_only,
+                          pairwise_max=self.opts.prefill_only)
 
     def fold_config(self, phase: Phase, keys_by_dma: bool = False) -> FoldConfig:
         return FoldConfig(step=self.step_config(phase, keys_by_dma), rows=self.rows,

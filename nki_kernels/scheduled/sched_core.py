@@ -26,6 +26,11 @@ from nki_kernels.tile_ops import identity_tile, transpose_bank_cols, transpose_b
 P = PARTITIONS
 # Masks are built against key index k + 1/2 so that integer indices never sit on a bound.
 HALF = 0.5
+# 128-key blocks of P per SBUF -> SBUF DMA transpose (StepConfig.probs_by_dma): 8 blocks of a
+# 16-bit P move 2 KiB per partition, the descriptor size from which the DMA engines run at
+# their full rate (nki_sim.cost_constants ``dma_small_descriptor_bytes``); 4 blocks (1 KiB)
+# cost the prefill-only batches more DMA time than they save on ScalarE and TensorE (MODELED).
+P_DMA_BLOCKS = 8
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,18 @@ class StepConfig:
         "gpsimd" (the default), which the steps otherwise leave to descriptor generation, off
         VectorE / ScalarE; None: the compiler's choice for -m' (VectorE) and ``copy_engine`` for
         the copy, for a phase whose GpSimd already zeroes every item's tiles.
+    probs_by_dma: P^T of a step in tiled key order with at least :data:`P_DMA_BLOCKS` 128-key
+        blocks by SBUF -> SBUF DMA transposes (:data:`P_DMA_BLOCKS` blocks per DMA) instead of
+        PE transposes and their PSUM copies, where the API offers them
+        (``ops.has_sbuf_dma_transpose``: current API, NeuronCore-v3+). Natural-order steps
+        (``sched_range.natural_order``) keep the PE transposes. The host sets it for batches
+        without a decode class (DMA has room there; a decode class streams the cache).
+    pairwise_max: a step of several 512-key chunks combines the chunks' row maxima by pairwise
+        maxima on ``state_engine`` (two tiny passes for 4 chunks) instead of one VectorE
+        reduce, where the layer places ALU operations (``ops.has_engine_choice``). The host
+        sets it with ``probs_by_dma`` (GpSimd has room without a decode class; with one, its
+        V fills and descriptor generation keep it the busier engine). MODELED, trn2 current
+        API: prefill 2K on 2K 4020 -> 3755 us; 2 chunks + 30 decodes 1772 -> 1794 with it.
     """
 
     d: int
@@ -65,6 +82,8 @@ class StepConfig:
     copy_engine: str | None = None
     side_engine: str | None = None
     state_engine: str | None = "gpsimd"
+    probs_by_dma: bool = False
+    pairwise_max: bool = False
 
     @property
     def state_copy_engine(self):
@@ -170,7 +189,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         -m' = min(-m, -mult * rowmax(U));  alpha = exp(m - m')
         P = exp(mult * U - m') (kernel dtype), rs = rowsum (fp32)     [ScalarE, fused;
                                                                        tile.ones: rs = P 1, TensorE]
-        l = alpha * l + rs;  o = alpha * o + P V  (P^T by PE transposes, PV accumulated in PSUM)
+        l = alpha * l + rs;  o = alpha * o + P V  (P^T by PE transposes or DMA transposes:
+                                                   ``cfg.probs_by_dma``; PV accumulated in PSUM)
     """
     f32, d, kidx = ops.float32, cfg.d, tile.kidx
     rows = q_slices[0].shape[1]
@@ -245,7 +265,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         mx = ops.sbuf((rows, n_c), f32)
         for c in ops.static_range(n_c):
             ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
-    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult, engine=cfg.state_engine)
+    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult, engine=cfg.state_engine,
+                                     pairwise=cfg.pairwise_max and ops.has_engine_choice())
     # Step 4: probabilities (and, unless TensorE sums them, their row sums) in one ScalarE pass
     # per chunk.
     pe_sums = tile.ones is not None and d + 2 <= PSUM_BANK_F32
@@ -266,9 +287,17 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     # P V accumulated over the chunks in one PSUM tile (with pe_sums: P 1 beside it, columns
     # d and d + 1, the row sums of the kernel-dtype probabilities that P V adds up).
     probs_t = ops.sbuf((P, n_k * rows), cfg.kernel_dtype)
-    transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac=cfg.p_evac,
-                     bank_cols=transpose_bank_cols(ops, probs.dtype),
-                     interleave=bp if natural else 1)
+    by_dma = 0
+    if (cfg.probs_by_dma and not natural and n_k >= P_DMA_BLOCKS
+            and ops.has_sbuf_dma_transpose(cfg.kernel_dtype)):
+        by_dma = n_k // P_DMA_BLOCKS * P_DMA_BLOCKS
+        for u in ops.static_range(n_k // P_DMA_BLOCKS):
+            ops.transpose_on_dma(probs_t, u * P_DMA_BLOCKS * rows, probs, u * P_DMA_BLOCKS * P,
+                                 P_DMA_BLOCKS)
+    if by_dma < n_k:
+        transpose_blocks(ops, probs_t, by_dma * rows, probs, by_dma * P, P, n_k - by_dma,
+                         evac=cfg.p_evac, bank_cols=transpose_bank_cols(ops, probs.dtype),
+                         interleave=bp if natural else 1)
     ext = ops.psum((rows, d + 2), f32) if pe_sums else None
     pv = ext[:, ops.ds(0, d)] if pe_sums else ops.psum((rows, d), f32)
     u0 = k0 // P
@@ -355,16 +384,27 @@ def step_bounds(ops, cfg: StepConfig, form: str, c, r):
     return (new(c, -1.0, "multiply"),)
 
 
-def new_max(ops, st, col, partial_max, mult, engine=None):
+def new_max(ops, st, col, partial_max, mult, engine=None, pairwise=False):
     """The running max after a step: ``partial_max`` (rows, n) fp32 holds row maxima of the
-    step's (score / mult) values (reduced over n on VectorE; n = 1, a one-chunk step, is read
+    step's (score / mult) values (reduced over n on VectorE, or with ``pairwise`` (an SBUF
+    ``partial_max``) by pairwise maxima on ``engine``; n = 1, a one-chunk step, is read
     as it is: MODELED, 4 x 512 + 60 decodes on trn2, whose prefill class has 512-key partial
     tiles, 6623 -> 6290 us); returns ``(nm_prev, nm_new, alpha)``, (rows, 1) fp32: the
     state's -m (column ``col`` of ``st``), ``-m' = min(-m, -mult * max)`` (on ``engine``;
     None: the compiler's choice) and ``alpha = exp(m - m')``."""
     rows = partial_max.shape[0]
     m_tile = partial_max          # one column (a one-chunk step): already the row max
-    if partial_max.shape[1] > 1:
+    if partial_max.shape[1] > 1 and pairwise:
+        while m_tile.shape[1] > 1:        # halves: n -> ceil(n / 2) columns per pass
+            n = m_tile.shape[1]
+            h = n // 2
+            nxt = ops.sbuf((rows, n - h), ops.float32)
+            ops.tensor_tensor(nxt[:, ops.ds(0, h)], m_tile[:, ops.ds(0, h)],
+                              m_tile[:, ops.ds(n - h, h)], "maximum", engine=engine)
+            if n - h > h:                 # odd: the middle column carries over
+                ops.copy(nxt[:, ops.ds(h, 1)], m_tile[:, ops.ds(h, 1)], engine=engine)
+            m_tile = nxt
+    elif partial_max.shape[1] > 1:
         m_tile = ops.sbuf((rows, 1), ops.float32)
         ops.tensor_reduce(m_tile, "max", partial_max, axis=(1,), keepdims=True)
     nm_prev = st[:, ops.ds(col, 1)]

@@ -163,6 +163,46 @@ def test_dma_transpose_direct_and_indirect(rng):
     np.testing.assert_array_equal(kt, ref)
 
 
+
+def test_dma_transpose_of_sbuf_block_views(rng):
+    # an SBUF source read as (rows, blocks, width) column blocks, written as (width, blocks,
+    # rows): every block transposed in one DMA (axes (2, 1, 0)); columns outside stay as they were
+    rows, n, w = 24, 3, 32
+    x = rng.standard_normal((rows, (n + 1) * w)).astype(BF16)
+
+    @nki.jit
+    def k(x):
+        src = load(x)
+        dst = sb((w, (n + 1) * rows), nl.bfloat16)
+        nisa.memset(dst=dst, value=0.0)
+        nisa.dma_transpose(dst=dst.ap([[(n + 1) * rows, w], [rows, n], [1, rows]], offset=rows),
+                           src=src.ap([[(n + 1) * w, rows], [w, n], [1, w]], offset=w),
+                           axes=(2, 1, 0))
+        return out_of(dst)
+
+    got = k(x)
+    assert not got[:, :rows].astype(np.float32).any()
+    for u in range(n):
+        np.testing.assert_array_equal(got[:, (u + 1) * rows:(u + 2) * rows],
+                                      x[:, (u + 1) * w:(u + 2) * w].T)
+
+
+def test_dma_transpose_needs_neuroncore_v3(rng):
+    from nki_sim.errors import TargetError
+
+    x = rng.standard_normal((16, 32)).astype(BF16)
+
+    @nki.jit
+    def k(x):
+        t = sb((32, 16), nl.bfloat16)
+        nisa.dma_transpose(dst=t, src=load(x))
+        return out_of(t)
+
+    np.testing.assert_array_equal(k(x), x.T)          # trn2 (the default target)
+    with nki_sim.use_target("trn1"), pytest.warns(UserWarning, match="trn2 / trn3 only"), \
+            pytest.raises(TargetError, match="NeuronCore-v3"):
+        k(x)
+
 def test_dma_compute_scatter_add(rng):
     acc = rng.standard_normal((6, 4)).astype(np.float32)
     v = rng.standard_normal((2, 4)).astype(np.float32)

@@ -1,0 +1,145 @@
+"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): on the
+current API (NeuronCore-v3) the query-rows steps transpose P by SBUF -> SBUF DMA transposes,
+eight 128-key blocks per DMA, and combine their chunks' row maxima on GpSimd; the legacy API
+keeps PE transposes and the VectorE reduce. The outputs match the float64 reference, and the
+prefill rows are bit-identical to the same sequences run beside a decode (which turns both
+off), so the two transposes and the two combines agree to the bit.
+
+The op-layer transform itself (``ops.transpose_on_dma``) is checked against NumPy, with its
+inverse, and must fail on NeuronCore-v2 and on the legacy layer."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nki_sim
+from host.attention import paged_attention
+from host.launch import launch_kernel
+from host.reference import paged_attention_ref
+from nki_kernels.ops import KernelFamily
+
+pytestmark = [pytest.mark.simulation,
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+P = 128
+BF16 = ml_dtypes.bfloat16
+BLOCKS_PER_DMA = 8
+
+
+def _sbuf_transposes(trace):
+    return [e for e in trace.events if e.op == "dma_transpose" and e.src_buffer == "sbuf"]
+
+
+def _combines(trace):
+    """(engine, op, free size) of the fp32 operations that fold a step's 2 or 4 chunk maxima."""
+    return [(e.engine, e.op, e.free_elems) for e in trace.events
+            if e.op in ("tensor_reduce", "tensor_tensor") and e.free_elems in (1, 2, 4)
+            and e.partitions == P and e.in_dtypes and e.in_dtypes[0] == "float32"
+            and e.src_buffer == "sbuf" and (e.op == "tensor_reduce" or e.engine == "gpsimd")]
+
+
+N_PREFILL = 500          # tokens of the two prefill chunks
+
+
+@pytest.fixture
+def prefill_batch(batch_factory, poison_unseen):
+    """Two prefill chunks (2048-key steps: 16 blocks, two DMAs each) beside a decode
+    (``with_decode``), or the same two chunks alone (the same cache and data); NaN in every
+    cache slot no query may see."""
+    import dataclasses
+
+    mixed = batch_factory(61, [300, 200, 1], [2500, 4200, 900], H=8, Hkv=2, d=32, block_size=16,
+                          dtype=BF16)
+    mixed = dataclasses.replace(mixed, kv_cache=poison_unseen(mixed))
+
+    def make(with_decode):
+        if with_decode:
+            return mixed
+        return dataclasses.replace(
+            mixed, query=mixed.query[:N_PREFILL], key=mixed.key[:N_PREFILL],
+            value=mixed.value[:N_PREFILL], block_tables=mixed.block_tables[:2],
+            query_lens=mixed.query_lens[:2], context_lens=mixed.context_lens[:2])
+    return make
+
+
+@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
+def test_prefill_only_batches_move_p_transposes_to_dma(target, api, on_api, prefill_batch, tol):
+    outs, traces = {}, {}
+    for with_decode in (False, True):
+        b = prefill_batch(with_decode)
+        with on_api(api, target), nki_sim.tracing() as traces[with_decode]:
+            outs[with_decode] = np.asarray(paged_attention(
+                *b.args(), backend="sim", kernel="scheduled", large_tile_size=2048,
+                partial_tile_size=2048, lnc=1 if target == "trn2" else None), np.float64)
+        ref = paged_attention_ref(*b.args())
+        atol, rtol = tol("mixed", b.query.dtype)
+        assert np.all(np.abs(outs[with_decode] - ref) <= atol + rtol * np.abs(ref))
+    assert np.array_equal(outs[False], outs[True][:N_PREFILL])
+    on_dma = _sbuf_transposes(traces[False])
+    if (target, api) != ("trn2", "nki"):
+        assert not on_dma                            # no SBUF DMA transpose on this layer
+        return
+    assert on_dma and not _sbuf_transposes(traces[True])      # a decode class turns it off
+    rows = {tuple(e.out_shape) for e in on_dma}
+    assert rows == {(P, BLOCKS_PER_DMA, P)}                   # 8 blocks of 128 rows per DMA
+    nt = {k: sum(e.op == "nc_transpose" for e in t.events) for k, t in traces.items()}
+    assert nt[False] < nt[True]
+    comb = {k: _combines(t) for k, t in traces.items()}
+    assert ("gpsimd", "tensor_tensor", 2) in comb[False]
+    assert not any(op == "tensor_reduce" for _, op, _ in comb[False])
+    assert ("vector", "tensor_reduce", 4) in comb[True]
+    assert not any(e == "gpsimd" for e, _, _ in comb[True])
+
+
+# ---- the op-layer transform -------------------------------------------------------------------
+ROWS, BLOCKS, LEAD = 96, 3, 2
+
+
+def _build(ops):
+    def blocks_by_dma(x):
+        """x (ROWS, LEAD*128 + BLOCKS*128) bf16 -> (128, LEAD*ROWS + BLOCKS*ROWS): the BLOCKS
+        column blocks after the LEAD ones, transposed into columns after LEAD*ROWS."""
+        out = ops.ndarray((P, (LEAD + BLOCKS) * ROWS), dtype=x.dtype, buffer=ops.SHARED_HBM)
+        src = ops.sbuf((ROWS, (LEAD + BLOCKS) * P), x.dtype)
+        ops.load(src, x)
+        dst = ops.sbuf((P, (LEAD + BLOCKS) * ROWS), x.dtype)
+        ops.memset(dst, 0.0)
+        ops.transpose_on_dma(dst, LEAD * ROWS, src, LEAD * P, BLOCKS)
+        idx = ops.sbuf((P, 1), ops.int32)
+        ops.iota(idx, step=0, partition_step=1)
+        ops.scatter(out, idx, 0, dst)
+        return out
+
+    return blocks_by_dma
+
+
+BY_DMA = KernelFamily(_build, "blocks_by_dma")
+
+
+def _input():
+    rng = np.random.default_rng(62)
+    return rng.standard_normal((ROWS, (LEAD + BLOCKS) * P)).astype(BF16)
+
+
+def test_transpose_on_dma_transposes_each_block_and_inverts():
+    x = _input()
+    with nki_sim.use_target("trn2"):
+        got = launch_kernel(BY_DMA, (x,), {}, grid_heads=1, backend="sim", api="nki")
+    assert not got[:, :LEAD * ROWS].astype(np.float32).any()      # columns before: untouched
+    back = np.empty((ROWS, BLOCKS * P), BF16)
+    for u in range(BLOCKS):
+        blk = got[:, (LEAD + u) * ROWS:(LEAD + u + 1) * ROWS]
+        assert np.array_equal(blk, x[:, (LEAD + u) * P:(LEAD + u + 1) * P].T)
+        back[:, u * P:(u + 1) * P] = blk.T
+    assert np.array_equal(back, x[:, LEAD * P:])                  # the inverse rebuilds x
+
+
+def test_transpose_on_dma_is_refused_by_the_legacy_layer():
+    # must-fail: the legacy layer has no SBUF DMA transpose of block views (its flag says so);
+    # NeuronCore-v2's refusal of dma_transpose is the simulator's (tests/sim_nki)
+    from nki_kernels import ops
+
+    assert not ops.for_api("legacy").has_sbuf_dma_transpose(BF16)
+    with nki_sim.use_target("trn2"), pytest.raises(NotImplementedError, match="has_sbuf_dma"):
+        launch_kernel(BY_DMA, (_input(),), {}, grid_heads=1, backend="sim", api="legacy")
