@@ -29,8 +29,7 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
                      nl.nc(2), Hkv/2)]``; current: None); max_lnc()
     feature flags    nc_gen(), has_range_select(), has_oob_skip(), transpose_psum_dtype(dt),
-                     has_gather_transpose(dt, width), has_sbuf_dma_transpose(dt),
-                     has_engine_choice()
+                     has_gather_transpose(dt, width), has_sbuf_dma_transpose(dt)
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar
                      tensor_tensor scale_add floored_divisors + divide_by (a / max(l, floor), n

@@ -146,11 +146,6 @@ def has_oob_skip():
     return True
 
 
-def has_engine_choice():
-    """Whether ``tensor_tensor`` runs on the engine it names (the ISA's ``engine=``)."""
-    return True
-
-
 def transpose_psum_dtype(src_dtype):
     """PSUM dtype of a PE transpose: the source dtype (nc_transpose requires equal dtypes)."""
     return src_dtype

@@ -151,12 +151,6 @@ def has_oob_skip():
     return hasattr(nisa, "oob_mode")
 
 
-def has_engine_choice():
-    """Whether ``tensor_tensor`` runs on the engine it names: no, this layer writes ``nl``
-    operators and leaves the engine to the compiler."""
-    return False
-
-
 def transpose_psum_dtype(src_dtype):
     """PSUM dtype of a PE transpose of ``src_dtype``: fp32 on gen2, the source dtype on gen3."""
     return src_dtype if nc_gen() == "gen3" else nl.float32

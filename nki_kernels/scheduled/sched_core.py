@@ -64,12 +64,14 @@ class StepConfig:
         (``ops.has_sbuf_dma_transpose``: current API, NeuronCore-v3+). Natural-order steps
         (``sched_range.natural_order``) keep the PE transposes. The host sets it for batches
         without a decode class (DMA has room there; a decode class streams the cache).
-    pairwise_max: a step of several 512-key chunks combines the chunks' row maxima by pairwise
-        maxima on ``state_engine`` (two tiny passes for 4 chunks) instead of one VectorE
-        reduce, where the layer places ALU operations (``ops.has_engine_choice``). The host
-        sets it with ``probs_by_dma`` (GpSimd has room without a decode class; with one, its
-        V fills and descriptor generation keep it the busier engine). MODELED, trn2 current
-        API: prefill 2K on 2K 4020 -> 3755 us; 2 chunks + 30 decodes 1772 -> 1794 with it.
+    pairwise_max: a step of several 512-key chunks folds the chunks' row maxima with
+        ``tensor_scalar`` maxima on ``state_engine`` (two tiny passes for 4 chunks) instead of
+        one VectorE reduce (and on NeuronCore-v2 its full steps send 3 P^T copies in 7 to
+        VectorE, ``sched_item.P_EVAC_GEN2_FOLDED``). The host sets it with ``probs_by_dma``
+        (GpSimd has room without a decode class; with one, its V fills and descriptor
+        generation keep it the busier engine). MODELED, prefill 2K on 2K: trn2 current API
+        4020 -> 3755 us, trn1 4513 -> 4339; 2 chunks + 30 decodes on trn2 1772 -> 1794 with
+        it.
     """
 
     d: int
@@ -266,7 +268,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         for c in ops.static_range(n_c):
             ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
     nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult, engine=cfg.state_engine,
-                                     pairwise=cfg.pairwise_max and ops.has_engine_choice())
+                                     pairwise=cfg.pairwise_max)
     # Step 4: probabilities (and, unless TensorE sums them, their row sums) in one ScalarE pass
     # per chunk.
     pe_sums = tile.ones is not None and d + 2 <= PSUM_BANK_F32
@@ -387,7 +389,8 @@ def step_bounds(ops, cfg: StepConfig, form: str, c, r):
 def new_max(ops, st, col, partial_max, mult, engine=None, pairwise=False):
     """The running max after a step: ``partial_max`` (rows, n) fp32 holds row maxima of the
     step's (score / mult) values (reduced over n on VectorE, or with ``pairwise`` (an SBUF
-    ``partial_max``) by pairwise maxima on ``engine``; n = 1, a one-chunk step, is read
+    ``partial_max``) by maxima against its last columns on ``engine``, n -> n - 2 columns per
+    pass; n = 1, a one-chunk step, is read
     as it is: MODELED, 4 x 512 + 60 decodes on trn2, whose prefill class has 512-key partial
     tiles, 6623 -> 6290 us); returns ``(nm_prev, nm_new, alpha)``, (rows, 1) fp32: the
     state's -m (column ``col`` of ``st``), ``-m' = min(-m, -mult * max)`` (on ``engine``;
@@ -395,14 +398,14 @@ def new_max(ops, st, col, partial_max, mult, engine=None, pairwise=False):
     rows = partial_max.shape[0]
     m_tile = partial_max          # one column (a one-chunk step): already the row max
     if partial_max.shape[1] > 1 and pairwise:
-        while m_tile.shape[1] > 1:        # halves: n -> ceil(n / 2) columns per pass
+        while m_tile.shape[1] > 1:        # n -> max(n - 2, 1) columns per pass
             n = m_tile.shape[1]
-            h = n // 2
-            nxt = ops.sbuf((rows, n - h), ops.float32)
-            ops.tensor_tensor(nxt[:, ops.ds(0, h)], m_tile[:, ops.ds(0, h)],
-                              m_tile[:, ops.ds(n - h, h)], "maximum", engine=engine)
-            if n - h > h:                 # odd: the middle column carries over
-                ops.copy(nxt[:, ops.ds(h, 1)], m_tile[:, ops.ds(h, 1)], engine=engine)
+            k = max(n - 2, 1)
+            nxt = ops.sbuf((rows, k), ops.float32)
+            rest = ({} if n == 2 else
+                    dict(op1="maximum", operand1=m_tile[:, ops.ds(n - 1, 1)]))
+            ops.tensor_scalar(nxt, m_tile[:, ops.ds(0, k)], "maximum", m_tile[:, ops.ds(k, 1)],
+                              engine=engine, **rest)
             m_tile = nxt
     elif partial_max.shape[1] > 1:
         m_tile = ops.sbuf((rows, 1), ops.float32)

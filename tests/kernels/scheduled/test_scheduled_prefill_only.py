@@ -1,9 +1,9 @@
-"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): on the
-current API (NeuronCore-v3) the query-rows steps transpose P by SBUF -> SBUF DMA transposes,
-eight 128-key blocks per DMA, and combine their chunks' row maxima on GpSimd; the legacy API
-keeps PE transposes and the VectorE reduce. The outputs match the float64 reference, and the
-prefill rows are bit-identical to the same sequences run beside a decode (which turns both
-off), so the two transposes and the two combines agree to the bit.
+"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): the
+query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
+(NeuronCore-v3) transpose P by SBUF -> SBUF DMA transposes, eight 128-key blocks per DMA; the
+legacy API keeps the PE transposes. The outputs match the float64 reference, and the prefill
+rows are bit-identical to the same sequences run beside a decode (which turns both off), so the
+two transposes and the two folds agree to the bit.
 
 The op-layer transform itself (``ops.transpose_on_dma``) is checked against NumPy, with its
 inverse, and must fail on NeuronCore-v2 and on the legacy layer."""
@@ -32,11 +32,13 @@ def _sbuf_transposes(trace):
 
 
 def _combines(trace):
-    """(engine, op, free size) of the fp32 operations that fold a step's 2 or 4 chunk maxima."""
+    """(engine, op, free size) of the fp32 SBUF operations that fold a step's 4 chunk maxima: a
+    VectorE reduce of 4 columns, or a GpSimd maximum of 2 columns against the other two."""
     return [(e.engine, e.op, e.free_elems) for e in trace.events
-            if e.op in ("tensor_reduce", "tensor_tensor") and e.free_elems in (1, 2, 4)
-            and e.partitions == P and e.in_dtypes and e.in_dtypes[0] == "float32"
-            and e.src_buffer == "sbuf" and (e.op == "tensor_reduce" or e.engine == "gpsimd")]
+            if e.partitions == P and e.in_dtypes and e.in_dtypes[0] == "float32"
+            and e.src_buffer == "sbuf"
+            and ((e.op == "tensor_reduce" and e.free_elems == 4)
+                 or (e.op == "tensor_scalar" and e.engine == "gpsimd" and e.free_elems == 2))]
 
 
 N_PREFILL = 500          # tokens of the two prefill chunks
@@ -76,6 +78,10 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, on_api, pref
         atol, rtol = tol("mixed", b.query.dtype)
         assert np.all(np.abs(outs[with_decode] - ref) <= atol + rtol * np.abs(ref))
     assert np.array_equal(outs[False], outs[True][:N_PREFILL])
+    # both APIs: the maxima fold on GpSimd without a decode class, on VectorE with one
+    comb = {k: set(_combines(t)) for k, t in traces.items()}
+    assert comb == {False: {("gpsimd", "tensor_scalar", 2)},
+                    True: {("vector", "tensor_reduce", 4)}}
     on_dma = _sbuf_transposes(traces[False])
     if (target, api) != ("trn2", "nki"):
         assert not on_dma                            # no SBUF DMA transpose on this layer
@@ -85,11 +91,6 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, on_api, pref
     assert rows == {(P, BLOCKS_PER_DMA, P)}                   # 8 blocks of 128 rows per DMA
     nt = {k: sum(e.op == "nc_transpose" for e in t.events) for k, t in traces.items()}
     assert nt[False] < nt[True]
-    comb = {k: _combines(t) for k, t in traces.items()}
-    assert ("gpsimd", "tensor_tensor", 2) in comb[False]
-    assert not any(op == "tensor_reduce" for _, op, _ in comb[False])
-    assert ("vector", "tensor_reduce", 4) in comb[True]
-    assert not any(e == "gpsimd" for e, _, _ in comb[True])
 
 
 # ---- the op-layer transform -------------------------------------------------------------------
