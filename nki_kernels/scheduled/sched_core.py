@@ -66,12 +66,15 @@ class StepConfig:
         without a decode class (DMA has room there; a decode class streams the cache).
     pairwise_max: a step of several 512-key chunks folds the chunks' row maxima with
         ``tensor_scalar`` maxima on ``state_engine`` (two tiny passes for 4 chunks) instead of
-        one VectorE reduce (and on NeuronCore-v2 its full steps send 3 P^T copies in 7 to
-        VectorE, ``sched_item.P_EVAC_GEN2_FOLDED``). The host sets it with ``probs_by_dma``
-        (GpSimd has room without a decode class; with one, its V fills and descriptor
-        generation keep it the busier engine). MODELED, prefill 2K on 2K: trn2 current API
-        4020 -> 3755 us, trn1 4513 -> 4339; 2 chunks + 30 decodes on trn2 1772 -> 1794 with
-        it.
+        one VectorE reduce (and on NeuronCore-v3 without P^T by DMA its full steps send one
+        P^T copy in two to VectorE, ``sched_item.P_EVAC_GEN3_FOLDED``). The host sets it with
+        ``probs_by_dma`` (GpSimd has room without a decode class; with one, its V fills and
+        descriptor generation keep it the busier engine). MODELED, prefill 2K on 2K: trn2
+        current API 4020 -> 3755 us; 2 chunks + 30 decodes on trn2 1772 -> 1794 with it.
+    distance_engine: engine of the additive mask's distance pass without a window (masked
+        steps on NeuronCore-v2, :func:`additive_mask_ok`; SBUF operands only): "gpsimd" (the
+        default) takes it off ScalarE, whose exponentials and P^T copies make it one of the two
+        busiest engines of prefill and mixed batches on trn1; None: a ScalarE relu.
     """
 
     d: int
@@ -86,6 +89,7 @@ class StepConfig:
     state_engine: str | None = "gpsimd"
     probs_by_dma: bool = False
     pairwise_max: bool = False
+    distance_engine: str | None = "gpsimd"
 
     @property
     def state_copy_engine(self):
@@ -216,7 +220,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         derived = step_bounds(ops, cfg, form, bounds[0], bounds[1])
     ranged = form == "range"
     if form == "additive":
-        _add_mask(ops, src, derived, kidx, k0, width, rows, cfg.windowed, tile.mask_eye)
+        _add_mask(ops, src, derived, kidx, k0, width, rows, cfg.windowed, tile.mask_eye,
+                  engine=cfg.distance_engine)
         bounds = None           # the scores are masked already
     # Step 2: optional ALiBi bias (ScalarE + VectorE pass), soft-cap (one ScalarE pass) and mask
     # (ScalarE |t - c| + 2 VectorE passes).
@@ -321,12 +326,13 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
                  copy_engine=cfg.state_copy_engine)
 
 
-def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye):
-    """Masked step with :func:`mask_eye_tile`: ``R = relu(kidx - (c + r))`` (no window) or
-    ``relu(|kidx - c| - r)`` on ScalarE in ``mask_eye``'s dtype (0 stays 0 and a distance
-    >= 1/2 stays >= 1/2 under any rounding), then per 512-key chunk one matmul adds ``mask_eye^T R`` =
-    ``MASK_EYE_VALUE * R`` onto the chunk's scores in PSUM (a visible key gets exactly +0).
-    ``derived``: the additive form of :func:`step_bounds`."""
+def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye, engine=None):
+    """Masked step with :func:`mask_eye_tile`: ``R = relu(kidx - (c + r))`` (no window; on
+    ``engine`` as a ``tensor_scalar`` (t - top) max 0, None: a ScalarE relu) or
+    ``relu(|kidx - c| - r)`` (two ScalarE passes) in ``mask_eye``'s dtype (0 stays 0 and a
+    distance >= 1/2 stays >= 1/2 under any rounding), then per 512-key chunk one matmul adds
+    ``mask_eye^T R`` = ``MASK_EYE_VALUE * R`` onto the chunk's scores in PSUM (a visible key
+    gets exactly +0). ``derived``: the additive form of :func:`step_bounds`."""
     f32 = ops.float32
     far = ops.sbuf((rows, width), mask_eye.dtype)
     keys = kidx[:, ops.ds(k0, width)]
@@ -337,7 +343,11 @@ def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye):
         ops.activation(far, "relu", dist, bias=neg_r, scale=1.0)
     else:       # every row's range starts at or before the tile: only t >= c + r + 1/2 is masked
         (neg_top,) = derived
-        ops.activation(far, "relu", keys, bias=neg_top, scale=1.0)
+        if engine is None:
+            ops.activation(far, "relu", keys, bias=neg_top, scale=1.0)
+        else:               # SBUF operands only: max(t - top, 0), the same fp32 value rounded
+            ops.tensor_scalar(far, keys, "add", neg_top, op1="maximum", operand1=0.0,
+                              engine=engine)
     for c in ops.static_range(len(src)):
         ops.matmul(src[c], mask_eye, far[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)],
                    accumulate=True)

@@ -35,17 +35,19 @@ from nki_kernels.tile_ops import transpose_bank_cols, transpose_copies
 # (MODELED). A tuple is cycled over the copies of an item, block after block and step after
 # step (``_rotated_p_evac``). On v2 (four fp32 copies of 512 keys per 2048-key step) full steps
 # put one copy in three on VectorE, masked steps whose mask TensorE adds
-# (sched_core.additive_mask_ok) every other one, masked steps that select on VectorE none; on v3
+# (sched_core.additive_mask_ok) one in four, masked steps that select on VectorE none; on v3
 # (two 16-bit copies of 1024 keys per step) range_select and the max keep VectorE the busier
 # engine, so every copy is on ScalarE.
 P_EVAC_GEN2 = ("scalar", "scalar", "vector")
-# Full steps whose chunk maxima fold on GpSimd (``StepConfig.pairwise_max``: batches without a
-# decode class) leave VectorE room: on v2 three copies in seven go there, on v3 (where P^T is
-# not by DMA) one in two (MODELED, prefill 2K on 2K: trn1 4421 -> 4339 us, one in two 4413;
-# trn2 legacy API 4835 -> 4509, one in three 4555)
-P_EVAC_GEN2_FOLDED = ("scalar", "vector", "scalar", "vector", "scalar", "vector", "scalar")
+# On v3, full steps whose chunk maxima fold on GpSimd (``StepConfig.pairwise_max``: batches
+# without a decode class) and whose P^T is not by DMA (legacy API) send one copy in two to
+# VectorE (MODELED, trn2 legacy API prefill 2K on 2K 4835 -> 4509 us; one in three 4555).
 P_EVAC_GEN3_FOLDED = ("scalar", "vector")
-P_EVAC_GEN2_ADDITIVE = ("vector", "scalar")
+# v2 masked steps whose mask TensorE adds: one copy in four on VectorE, since their distance
+# pass runs on GpSimd (``StepConfig.distance_engine``; MODELED, trn1: 4 x 512 + 60 decodes
+# 8721 -> 8098 us, 2 + 30 2360 -> 2323, prefill 2K on 2K 4339 -> 4033; one in two: 8364,
+# 2361; none: 8290, 2286)
+P_EVAC_GEN2_ADDITIVE = ("scalar", "scalar", "scalar", "vector")
 P_EVAC_GEN2_SELECT = "scalar"
 P_EVAC_GEN3 = "scalar"
 
@@ -56,7 +58,7 @@ def default_p_evac(nc_gen, *, masked, additive, folded=False):
     if nc_gen != "gen2":
         return P_EVAC_GEN3_FOLDED if folded and not masked else P_EVAC_GEN3
     if not masked:
-        return P_EVAC_GEN2_FOLDED if folded else P_EVAC_GEN2
+        return P_EVAC_GEN2
     return P_EVAC_GEN2_ADDITIVE if additive else P_EVAC_GEN2_SELECT
 
 

@@ -338,6 +338,36 @@ def test_masked_prefill_steps_add_the_mask_on_tensore_on_trn1(variant, batch_fac
         assert mask_mm and not steps
 
 
+def test_trn1_causal_mask_distances_run_on_gpsimd(batch_factory, monkeypatch):
+    """The additive mask's distance pass without a window (t - top) max 0 runs on GpSimd
+    (``StepConfig.distance_engine``, SBUF operands only), off ScalarE; the output is
+    bit-identical to the ScalarE relu (the other side: ``distance_engine=None``), and both
+    match the float64 reference."""
+    from host.attention import paged_attention
+    from nki_kernels.scheduled import sched_config
+
+    batch = batch_factory(3, [300, 1], [200, 700], H=4, Hkv=2, d=16, block_size=16, dtype=BF16)
+
+    def run():
+        with nki_sim.use_target("trn1"), nki_sim.tracing() as trace:
+            out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                                  mixed_precision=True, large_tile_size=512)
+        dist = [(e.engine, e.op) for e in trace.events if e.out_dtype == "bfloat16"
+                and e.free_elems == 512 and e.op in ("tensor_scalar", "activation")
+                and e.partitions == P and e.in_dtypes and e.in_dtypes[0] == "float32"
+                and e.src_buffer == "sbuf"]
+        return np.asarray(out, np.float32), set(dist)
+
+    out, dist = run()
+    assert dist == {("gpsimd", "tensor_scalar")}
+    orig = sched_config.SchedConfig.step_config
+    monkeypatch.setattr(sched_config.SchedConfig, "step_config", lambda self, *a, **k:
+                        dataclasses.replace(orig(self, *a, **k), distance_engine=None))
+    out_s, dist_s = run()
+    assert dist_s == {("scalar", "activation")}
+    assert out.tobytes() == out_s.tobytes()
+    assert np.abs(out - paged_attention_ref(*batch.args())).max() < 3e-2
+
 @pytest.mark.parametrize("d", [16, 512])
 def test_prefill_row_sums_come_from_tensore(d, batch_factory):
     """128-row steps with d + 2 <= 512 take their row sums as P 1 on TensorE (a (128, 2) ones
