@@ -424,15 +424,16 @@ def has_sbuf_dma_transpose(dtype):
 def transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width=128):
     """``dst[:, dst_col + u*R : + R] = src[:, src_col + u*width : + width].T`` for u < n_blocks
     (``src`` (R <= 128, ...) and ``dst`` (width <= 128, ...) SBUF tiles of one 2-byte dtype):
-    one SBUF -> SBUF ``dma_transpose`` of the 3-D view ``(R, n_blocks, width)`` of ``src`` into
-    the view ``(width, n_blocks, R)`` of ``dst`` (axes (2, 1, 0)); the compiler picks the DGE
-    mode. The DMA engines move ``n_blocks * width * 2`` bytes per source partition."""
+    one SBUF -> SBUF ``dma_transpose`` of the 4-D view ``(R, 1, n_blocks, width)`` of ``src``
+    into the view ``(width, 1, n_blocks, R)`` of ``dst`` (axes (3, 1, 2, 0), the 4-D form
+    nki-library's prefill kernel transposes its probabilities with); the compiler picks the
+    DGE mode. The DMA engines move ``n_blocks * width * 2`` bytes per source partition."""
     rows = src.shape[0]
-    s = src.ap([[src.strides[0], rows], [width, n_blocks], [1, width]],
+    s = src.ap([[src.strides[0], rows], [1, 1], [width, n_blocks], [1, width]],
                offset=src.offset + src_col)
-    d = dst.ap([[dst.strides[0], width], [rows, n_blocks], [1, rows]],
+    d = dst.ap([[dst.strides[0], width], [1, 1], [rows, n_blocks], [1, rows]],
                offset=dst.offset + dst_col)
-    nisa.dma_transpose(dst=d, src=s, axes=(2, 1, 0))
+    nisa.dma_transpose(dst=d, src=s, axes=(3, 1, 2, 0))
 
 def engine_names(engine):
     """Engine names are the interface here already."""

@@ -164,20 +164,25 @@ def test_dma_transpose_direct_and_indirect(rng):
 
 
 
-def test_dma_transpose_of_sbuf_block_views(rng):
-    # an SBUF source read as (rows, blocks, width) column blocks, written as (width, blocks,
-    # rows): every block transposed in one DMA (axes (2, 1, 0)); columns outside stay as they were
+@pytest.mark.parametrize("rank", [3, 4])
+def test_dma_transpose_of_sbuf_block_views(rng, rank):
+    # an SBUF source read as (rows, [1,] blocks, width) column blocks, written as (width, [1,]
+    # blocks, rows): every block transposed in one DMA (axes (2, 1, 0) / (3, 1, 2, 0)); columns
+    # outside stay as they were
     rows, n, w = 24, 3, 32
     x = rng.standard_normal((rows, (n + 1) * w)).astype(BF16)
+    one = [[1, 1]] if rank == 4 else []
+    axes = (3, 1, 2, 0) if rank == 4 else (2, 1, 0)
 
     @nki.jit
     def k(x):
         src = load(x)
         dst = sb((w, (n + 1) * rows), nl.bfloat16)
         nisa.memset(dst=dst, value=0.0)
-        nisa.dma_transpose(dst=dst.ap([[(n + 1) * rows, w], [rows, n], [1, rows]], offset=rows),
-                           src=src.ap([[(n + 1) * w, rows], [w, n], [1, w]], offset=w),
-                           axes=(2, 1, 0))
+        nisa.dma_transpose(dst=dst.ap([[(n + 1) * rows, w]] + one + [[rows, n], [1, rows]],
+                                      offset=rows),
+                           src=src.ap([[(n + 1) * w, rows]] + one + [[w, n], [1, w]], offset=w),
+                           axes=axes)
         return out_of(dst)
 
     got = k(x)

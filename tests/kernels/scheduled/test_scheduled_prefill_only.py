@@ -65,15 +65,17 @@ def prefill_batch(batch_factory, poison_unseen):
     return make
 
 
-@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
-def test_prefill_only_batches_move_p_transposes_to_dma(target, api, on_api, prefill_batch, tol):
+@pytest.mark.parametrize("target, api, lnc", [("trn2", "nki", 1), ("trn2", "nki", 2),
+                                              ("trn2", "legacy", 1), ("trn1", "legacy", None)])
+def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api, prefill_batch,
+                                                       tol):
     outs, traces = {}, {}
     for with_decode in (False, True):
         b = prefill_batch(with_decode)
         with on_api(api, target), nki_sim.tracing() as traces[with_decode]:
             outs[with_decode] = np.asarray(paged_attention(
                 *b.args(), backend="sim", kernel="scheduled", large_tile_size=2048,
-                partial_tile_size=2048, lnc=1 if target == "trn2" else None), np.float64)
+                partial_tile_size=2048, lnc=lnc), np.float64)
         ref = paged_attention_ref(*b.args())
         atol, rtol = tol("mixed", b.query.dtype)
         assert np.all(np.abs(outs[with_decode] - ref) <= atol + rtol * np.abs(ref))
@@ -88,7 +90,7 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, on_api, pref
         return
     assert on_dma and not _sbuf_transposes(traces[True])      # a decode class turns it off
     rows = {tuple(e.out_shape) for e in on_dma}
-    assert rows == {(P, BLOCKS_PER_DMA, P)}                   # 8 blocks of 128 rows per DMA
+    assert rows == {(P, 1, BLOCKS_PER_DMA, P)}                # 8 blocks of 128 rows per DMA
     nt = {k: sum(e.op == "nc_transpose" for e in t.events) for k, t in traces.items()}
     assert nt[False] < nt[True]
 
