@@ -95,6 +95,26 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
     assert nt[False] < nt[True]
 
 
+
+@pytest.mark.parametrize("variant", ["window", "softcap", "alibi", "sinks"])
+def test_prefill_only_variants_match_the_reference(variant, on_api, prefill_batch, tol):
+    # the DMA-transposed P and the GpSimd fold under every score variant (trn2, current API):
+    # the reference of the same variant, NaN in every unseen slot, and DMA transposes issued
+    b = prefill_batch(False)
+    H = b.query.shape[1]
+    rng = np.random.default_rng(63)
+    kw = {"window": dict(sliding_window=3000), "softcap": dict(logits_soft_cap=5.0),
+          "alibi": dict(alibi_slopes=np.linspace(0.01, 0.3, H).astype(np.float32)),
+          "sinks": dict(sinks=rng.normal(0.0, 1.0, H).astype(np.float32))}[variant]
+    with on_api("nki"), nki_sim.tracing() as trace:
+        out = np.asarray(paged_attention(*b.args(), backend="sim", kernel="scheduled",
+                                         large_tile_size=2048, partial_tile_size=2048, lnc=1,
+                                         **kw), np.float64)
+    ref = paged_attention_ref(*b.args(), **kw)
+    atol, rtol = tol("mixed", b.query.dtype)
+    assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
+    assert _sbuf_transposes(trace)
+
 # ---- the op-layer transform -------------------------------------------------------------------
 ROWS, BLOCKS, LEAD = 96, 3, 2
 
