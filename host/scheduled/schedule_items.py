@@ -11,8 +11,8 @@ import numpy as np
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
-           "q_blocks", "schedule_items", "choose_partial_tile", "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS",
-           "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
+           "q_blocks", "schedule_items", "choose_partial_tile", "choose_groups_and_partial_tile",
+           "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
            "AUTO_DECODE_ROW_TOKENS"]
 
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what

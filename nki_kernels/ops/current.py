@@ -412,7 +412,6 @@ def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0
                        oob_mode=nisa.oob_mode.skip)
 
 
-
 def has_sbuf_dma_transpose(dtype):
     """Trace-time flag: an on-chip (SBUF -> SBUF) ``dma_transpose`` of ``dtype`` (NeuronCore-v3+,
     2-byte dtypes)."""
@@ -434,6 +433,7 @@ def transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width=128):
     d = dst.ap([[dst.strides[0], width], [1, 1], [rows, n_blocks], [1, rows]],
                offset=dst.offset + dst_col)
     nisa.dma_transpose(dst=d, src=s, axes=(3, 1, 2, 0))
+
 
 def engine_names(engine):
     """Engine names are the interface here already."""

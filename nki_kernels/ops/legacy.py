@@ -321,7 +321,6 @@ def has_gather_transpose(dtype, width):
     return False
 
 
-
 def has_sbuf_dma_transpose(dtype):
     """Trace-time flag: an on-chip DMA transpose of a multi-block view. The legacy API's
     ``nisa.dma_transpose`` (v3) returns a new tile of one 2-D block; this layer does not use it
@@ -333,6 +332,7 @@ def has_sbuf_dma_transpose(dtype):
 def transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width=128):
     raise NotImplementedError("the legacy ops layer has no SBUF DMA transpose of block views; "
                               "check ops.has_sbuf_dma_transpose(dtype) and use transpose()")
+
 
 def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0, step=None,
                      src_col0=0):
