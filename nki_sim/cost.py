@@ -22,9 +22,13 @@ Model (all SPMD programs of the trace run on ONE physical NeuronCore, summed):
   The DMA resource time is ``max(busiest DMA engine, sum(latency) / dma_inflight,
   HBM bytes / HBM bandwidth per core)`` (the middle term is Little's law with a bounded number of
   transfers in flight).
-* ``lower_bound_us`` = busiest resource; ``upper_bound_us`` = sum of all resources plus the
+* Shared ports (:func:`instruction_ports`): on NeuronCore-v2 VectorE and GpSimdE cannot reach
+  SBUF at the same time, nor VectorE and ScalarE PSUM (the compiler serializes them); on
+  NeuronCore-v3 VectorE's performance mode borrows GpSimdE's bus. A port is a resource whose
+  busy time is the sum of the instructions that hold it (``CostReport.port_us``).
+* ``lower_bound_us`` = busiest resource (engine or port); ``upper_bound_us`` = sum of all engines plus the
   fill/drain latency below (no overlap at all);
-  ``modeled_us`` = busiest + ``overlap_inefficiency`` * (sum of the others) + exposed latency of
+  ``modeled_us`` = busiest + ``overlap_inefficiency`` * (the engine time outside it) + exposed latency of
   the first and the last DMA instruction (pipeline fill and drain). The trace has no buffer
   identities, so a dependency-aware schedule is not possible; this closed form is the stand-in.
 * ``roofline_us`` = max(HBM bytes / HBM bandwidth per core, FLOPs / TensorE peak);
@@ -167,6 +171,44 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
 
 _TT_FAST_ALU = frozenset({"add", "multiply", "subtract"})
 
+# shared on-chip access paths (``HardwareConstants``: sbuf_port_vector_gpsimd,
+# perf_mode_bus_gpsimd, psum_port_vector_scalar): the engines of a port take turns
+PORTS = ("vector+gpsimd", "vector+scalar")
+
+
+def vector_perf_mode(ev: Any, hw: HardwareConstants) -> bool:
+    """Whether a VectorE instruction runs in the performance mode (:func:`formula_cycles`: bf16 /
+    fp16 tensor_copy / tensor_scalar, SBUF to SBUF, on a target with a mode factor > 1)."""
+    in_dtypes = tuple(getattr(ev, "in_dtypes", ()))
+    return (hw.vector_perf_mode_factor > 1.0 and ev.op in _PERF_MODE_OPS and bool(in_dtypes)
+            and all(d in _HALF_DTYPES for d in in_dtypes)
+            and getattr(ev, "out_dtype", "") in _HALF_DTYPES
+            and not (getattr(ev, "src_buffer", "") == "psum" or _attr(ev, "psum_input")))
+
+
+def instruction_ports(ev: Any, engine: str, hw: HardwareConstants) -> tuple[str, ...]:
+    """The shared access paths (:data:`PORTS`) a compute instruction on ``engine`` holds while it
+    runs. NeuronCore-v2: VectorE and GpSimdE take turns on SBUF, VectorE and ScalarE on PSUM;
+    NeuronCore-v3: VectorE's performance-mode instructions share GpSimdE's bus. GpSimdE reaches
+    SBUF only; an instruction whose buffers the event does not name is taken to touch SBUF."""
+    src, dst = getattr(ev, "src_buffer", "") or "", getattr(ev, "dst_buffer", "") or ""
+    psum = src == "psum" or dst == "psum" or bool(_attr(ev, "psum_input"))
+    sbuf = (src == "sbuf" or dst == "sbuf" or bool(_attr(ev, "sbuf_input"))
+            or not (src or dst))
+    ports = []
+    if engine == "gpsimd":
+        if hw.sbuf_port_vector_gpsimd or hw.perf_mode_bus_gpsimd:
+            ports.append("vector+gpsimd")
+    elif engine == "vector":
+        if (hw.sbuf_port_vector_gpsimd and sbuf) or (
+                hw.perf_mode_bus_gpsimd and vector_perf_mode(ev, hw)):
+            ports.append("vector+gpsimd")
+        if hw.psum_port_vector_scalar and psum:
+            ports.append("vector+scalar")
+    elif engine == "scalar" and hw.psum_port_vector_scalar and psum:
+        ports.append("vector+scalar")
+    return tuple(ports)
+
 
 def _tensor_tensor_fast(ev: Any, in_dtypes) -> bool:
     """The SBUF-only case that the nki.isa.tensor_tensor docstring charges N (not 2N) VectorE
@@ -274,13 +316,19 @@ class CostReport:
     stall_by_engine_us: Mapping[str, float] = field(default_factory=dict)   # the same, per engine
     instructions: Mapping[str, int] = field(default_factory=dict)
     sync_us: float = 0.0                 # fori_loop iteration barriers (added serially)
-    method: str = ("modeled_us = busiest engine + overlap_inefficiency * sum(other engines)"
-                   " + latency of the first and the last DMA instruction")
+    port_us: Mapping[str, float] = field(default_factory=dict)   # shared ports (PORTS) busy
+    method: str = ("modeled_us = busiest resource (engine or shared port) + overlap_inefficiency"
+                   " * engine time outside it + latency of the first and the last DMA instruction")
 
     @property
     def bottleneck(self) -> str:
-        """Name of the busiest engine."""
-        return max(self.per_engine_us, key=self.per_engine_us.get)
+        """Name of the busiest resource: an engine, or a shared port (:data:`PORTS`, e.g.
+        ``"vector+gpsimd"``) when its engines' turns on it take longer than any engine."""
+        name = max(self.per_engine_us, key=self.per_engine_us.get)
+        port = max(self.port_us, key=self.port_us.get, default=None)
+        if port is not None and self.port_us[port] > self.per_engine_us[name]:
+            return port
+        return name
 
     def as_dict(self) -> dict:
         """Plain dict (JSON-serialisable)."""
@@ -288,6 +336,7 @@ class CostReport:
         d["per_engine_us"] = dict(self.per_engine_us)
         d["instructions"] = dict(self.instructions)
         d["stall_by_engine_us"] = dict(self.stall_by_engine_us)
+        d["port_us"] = dict(self.port_us)
         d["bottleneck"] = self.bottleneck
         return d
 
@@ -306,6 +355,7 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     rotation = 0
     done_at: dict = {}            # seq -> (engine, time its result is written) of VectorE/ScalarE ops
     sync_ns = 0.0
+    port_ns = dict.fromkeys(PORTS, 0.0)
     for ev in events:
         engine = getattr(ev, "engine", None)
         if engine == "sync" and getattr(ev, "op", "") == "loop_iteration":
@@ -342,7 +392,11 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
                     start = max(start, prev[1] + hw.dependent_issue_latency_cycles / clock)
             stall_ns += start - busy_ns[engine]
             stall_by_engine[engine] += start - busy_ns[engine]
-        busy_ns[engine] = start + compute_cycles(ev, hw, engine) / clock
+        dur = compute_cycles(ev, hw, engine) / clock
+        busy_ns[engine] = start + dur
+        if engine != "tensor":
+            for port in instruction_ports(ev, engine, hw):
+                port_ns[port] += dur
         if engine in ("vector", "scalar"):
             done_at[getattr(ev, "seq", -1)] = (engine, busy_ns[engine])
         f = matmul_flops(ev)
@@ -355,7 +409,10 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     engine_max_ns = float(dma_engine_ns.max()) if counts["dma"] else 0.0
     busy_ns["dma"] = max(engine_max_ns, queue_ns, hbm_cap_ns)
     per_engine_us = {e: busy_ns[e] / 1e3 for e in ENGINES}
-    lower = max(per_engine_us.values())
+    port_us = {p: port_ns[p] / 1e3 for p in PORTS}
+    # the busiest resource: an engine, or a shared port (its engines' instructions that hold
+    # it, one after another); everything outside it overlaps with beta's inefficiency
+    lower = max(max(per_engine_us.values()), max(port_us.values()))
     total = sum(per_engine_us.values())
     exposed = (first_lat + (last_lat if counts["dma"] > 1 else 0.0)) / 1e3
     modeled = lower + hw.overlap_inefficiency * (total - lower) + exposed + sync_ns / 1e3
@@ -370,7 +427,8 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
         dma_hbm_cap_us=hbm_cap_ns / 1e3, exposed_latency_us=exposed,
         dependency_stall_us=stall_ns / 1e3,
         stall_by_engine_us=MappingProxyType({e: v / 1e3 for e, v in stall_by_engine.items()}),
-        instructions=MappingProxyType(counts), sync_us=sync_ns / 1e3)
+        instructions=MappingProxyType(counts), sync_us=sync_ns / 1e3,
+        port_us=MappingProxyType(port_us))
 
 
 @dataclass(frozen=True)

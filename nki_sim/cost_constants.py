@@ -89,6 +89,18 @@ class HardwareConstants:
         "cycles", DERIVED, "perf guide: dependent 1-element ScalarE instructions issue every 264"
         " ScalarE cycles on NeuronCore-v2 = MIN_II 64 + static overhead 120 + 80 cycles before a"
         " consumer on the same engine may read the result (VectorE and trn2 assumed alike)")
+    sbuf_port_vector_gpsimd: float = _c(
+        "0/1", DOC, "NKI arch guide, NeuronCore-v2: 'VectorE and GpSimdE cannot access SBUF in"
+        " parallel' (the compiler serializes their SBUF instructions); lifted on NeuronCore-v3"
+        " (Trainium2 arch guide)")
+    perf_mode_bus_gpsimd: float = _c(
+        "0/1", DOC, "Trainium2 arch guide: VectorE's performance mode uses a memory bus shared with"
+        " GpSimdE, the hardware arbitrating between GpSimdE and those VectorE instructions"
+        " (modeled as serialized); trn1 has no performance mode")
+    psum_port_vector_scalar: float = _c(
+        "0/1", DOC, "NKI arch guide, NeuronCore-v2: 'VectorE and ScalarE cannot access PSUM in"
+        " parallel' (serialized); NeuronCore-v3: both at full bandwidth in parallel unless they"
+        " hit the same PSUM bank (Trainium2 arch guide)")
     compiler_copies_on_scalar: float = _c(
         "0/1", FIT, "trn1 profiles (NKIBench bmm, rope, silu, adamw): nl.copy / compiler copies"
         " and tensor_scalar(engine unspecified, multiply/add) run on ScalarE; trn2 assumed alike")
@@ -129,13 +141,15 @@ TRN1 = HardwareConstants(
     swdge_cycles_per_descriptor=18.0, dma_transpose_efficiency_hbm=0.5,
     dma_transpose_efficiency_sbuf=0.5, hbm_bw_bytes_per_ns=410.0, overlap_inefficiency=0.1,
     instruction_overhead_cycles=120.0, dependent_issue_latency_cycles=80.0,
+    sbuf_port_vector_gpsimd=1.0, perf_mode_bus_gpsimd=0.0, psum_port_vector_scalar=1.0,
     compiler_copies_on_scalar=1.0)
 
 TRN2 = dataclasses.replace(
     TRN1, name="trn2", tensor_clock_ghz=2.4, vector_clock_ghz=0.96, scalar_clock_ghz=1.2,
     gpsimd_clock_ghz=1.2, tensor_peak_tflops=2 * 128 * 128 * 2.4e-3, transpose_fp32_factor=2.0,
     vector_perf_mode_factor=4.0, dma_engine_bw_bytes_per_ns=23.0, dma_desc_overhead_ns=256 / 23.0,
-    hwdge_ns_per_instruction=600.0, dma_transpose_efficiency_hbm=0.9, hbm_bw_bytes_per_ns=362.5)
+    hwdge_ns_per_instruction=600.0, dma_transpose_efficiency_hbm=0.9, hbm_bw_bytes_per_ns=362.5,
+    sbuf_port_vector_gpsimd=0.0, perf_mode_bus_gpsimd=1.0, psum_port_vector_scalar=0.0)
 
 CONSTANTS: Mapping[str, HardwareConstants] = MappingProxyType({"trn1": TRN1, "trn2": TRN2})
 

@@ -153,13 +153,29 @@ def tracing():
         state.traces.remove(t)
 
 
-def note_write(dst_alloc: int, src_alloc: int) -> None:
+def note_write(dst_alloc: int, src_alloc: int, dst_buffer: str = "", dst_shape=None,
+               itemsize: int = 0) -> None:
     """The result in allocation ``src_alloc`` was written into ``dst_alloc`` (an instruction's
-    output tile assigned to its destination): ``dst_alloc``'s writer becomes that instruction."""
+    output tile assigned to its destination): ``dst_alloc``'s writer becomes that instruction,
+    and its event's ``dst_buffer`` the destination's buffer when given. A result broadcast into
+    a larger destination (``dst_shape``) makes the instruction write the destination: its
+    event's out_shape, free_elems and bytes become the destination's."""
     for t in state.traces:
         seq = t.writers.get(src_alloc)
         if seq is not None:
             t.writers[dst_alloc] = seq
+            ev = t.events[seq]
+            if ev.engine in ("dma", "tensor"):
+                continue
+            if dst_buffer and ev.dst_buffer != dst_buffer:
+                ev.__dict__["dst_buffer"] = dst_buffer
+            if dst_shape is not None and len(dst_shape) > 1:
+                free = 1
+                for n in dst_shape[1:]:
+                    free *= int(n)
+                if free > ev.free_elems and int(dst_shape[0]) >= ev.partitions:
+                    ev.__dict__.update(out_shape=tuple(map(int, dst_shape)), free_elems=free,
+                                       bytes=int(dst_shape[0]) * free * itemsize)
 
 
 def active() -> bool:

@@ -1,7 +1,8 @@
 """Trace events of engine instructions (the contract :mod:`nki_sim.cost` reads).
 
 * compute: ``emit_compute(engine, op, inputs, dst)``: in_shapes / in_dtypes of the tile operands,
-  out_shape / out_dtype of the destination, partitions = ``dst.shape[0]``, free_elems = elements
+  out_shape / out_dtype of the destination, src_buffer ("psum" when any operand is in PSUM, else
+  the first operand's buffer; attr ``sbuf_input`` when PSUM and SBUF operands mix), dst_buffer, partitions = ``dst.shape[0]``, free_elems = elements
   per partition (or given), bytes = written elements x itemsize.
 * DMA descriptors: one per (partition, maximal run of consecutive elements) of the HBM side,
   sized in bytes; skipped / masked elements produce none (nki_sim/trace.py).
@@ -44,9 +45,13 @@ def emit_compute(engine, op, inputs, out, *, name="", free_elems=None, attrs=Non
     shape = out.shape
     n = out.size if count is None else count
     srcs = [o.t.alloc for o in ins if getattr(o.t, "alloc", None) is not None]
+    from_psum = any(a.buffer == "psum" for a in srcs)
+    if from_psum and any(a.buffer == "sbuf" for a in srcs):
+        attrs = dict(attrs or {}, sbuf_input=True)      # PSUM and SBUF operands (cost: ports)
+    dst_alloc = getattr(out, "alloc", None)
     trace.emit(engine, op, name=name, in_shapes=[o.shape for o in ins], out_shape=shape,
-               src_buffer="psum" if any(a.buffer == "psum" for a in srcs) else
-               (srcs[0].buffer if srcs else ""),
+               src_buffer="psum" if from_psum else (srcs[0].buffer if srcs else ""),
+               dst_buffer=getattr(dst_alloc, "buffer", "") or "",
                reads=[a.id for a in srcs], writes=getattr(getattr(out, "alloc", None), "id", None),
                in_dtypes=[o.dtype for o in ins], out_dtype=out.arr.dtype,
                partitions=shape[0] if shape else 1,

@@ -93,7 +93,8 @@ def _emit_copy(src: Tensor, dst: Tensor, implicit: bool = False):
                partitions=dst.shape[0] if dst.shape else 1,
                free_elems=dst.size // max(1, dst.shape[0]) if dst.shape else 1,
                nbytes=dst.size * dst.itemsize, attrs={"implicit": True} if implicit else {},
-               src_buffer=src.buffer, reads=(src.alloc.id,), writes=dst.alloc.id)
+               src_buffer=src.buffer, dst_buffer=dst.buffer, reads=(src.alloc.id,),
+               writes=dst.alloc.id)
 
 
 def assign(t: Tensor, key, value) -> None:
@@ -117,7 +118,8 @@ def assign(t: Tensor, key, value) -> None:
             write(dst, vals, m, op="assign")
             value.fresh = False
             if state.traces:
-                trace.note_write(dst.alloc.id, value.alloc.id)
+                trace.note_write(dst.alloc.id, value.alloc.id, dst.buffer, tuple(dst.shape),
+                                 dst.itemsize)
             if (value.producer or ("",))[0] == "tensor" and dst.buffer != "psum":
                 # TensorE writes PSUM: the compiler adds the PSUM -> SBUF evacuation copy
                 _emit_copy(value, dst, implicit=True)
@@ -168,7 +170,7 @@ def inplace_update(t: Tensor, other, fname: str) -> Tensor:
         res.fresh = False
         src = res
     if state.traces:
-        trace.note_write(t.alloc.id, src.alloc.id)
+        trace.note_write(t.alloc.id, src.alloc.id, t.buffer)
     out = type(t)(t.alloc, t.arr, idx=t.idx, shape=t.shape, indirect=t.indirect, pax=t.pax, lay=t._lay)
     out.fresh = "acc"
     return out

@@ -149,7 +149,7 @@ class LoopReduce:
         vals, _ = read(res, res.pmask, op="loop_reduce")
         write(dst, vals, res.pmask, op="loop_reduce", exempt=True)
         res.fresh = False
-        trace.note_write(dst.alloc.id, res.alloc.id)
+        trace.note_write(dst.alloc.id, res.alloc.id, dst.buffer)
 
 
 def _starts_reduction(dst: Tensor, mask) -> bool:
