@@ -314,6 +314,13 @@ def tensor_reduce(dst, op, data, axis, keepdims=False):
     nisa.tensor_reduce(dst=dst, op=_ALU[op], data=data, axis=axis, keepdims=keepdims)
 
 
+def copy_max(dst, data, row_max):
+    """``dst = data`` (VectorE; e.g. PSUM scores into SBUF) and ``row_max[p]`` = the max of row
+    p, one ``tensor_scalar_reduce`` (``data * 1.0``, max-reduced)."""
+    nisa.tensor_scalar_reduce(dst=dst, data=data, op0=nl.multiply, operand0=1.0,
+                              reduce_op=nl.maximum, reduce_res=row_max)
+
+
 def range_select_max(dst, data, lo, hi, row_max, start=0):
     """``dst[p, j] = data[p, j]`` where ``lo[p] <= start + j < hi[p]`` else FP32_MIN;
     ``row_max[p]`` = the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+;

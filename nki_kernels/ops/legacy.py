@@ -254,6 +254,13 @@ def tensor_reduce(dst, op, data, axis, keepdims=False):
     dst[...] = nisa.tensor_reduce(_ALU[op], data, axis=axis, dtype=dst.dtype, **kw)
 
 
+def copy_max(dst, data, row_max):
+    """``dst = data`` (VectorE; e.g. PSUM scores into SBUF) and ``row_max[p]`` = the max of row
+    p, one ``tensor_scalar_reduce`` (``data * 1.0``, max-reduced)."""
+    dst[...] = nisa.tensor_scalar_reduce(data=data, op0=np.multiply, operand0=1.0,
+                                         reduce_op=np.max, reduce_res=row_max, dtype=dst.dtype)
+
+
 def range_select_max(dst, data, lo, hi, row_max, start=0):
     """``dst[p, j] = data[p, j]`` where ``lo[p] <= start + j < hi[p]`` else FP32_MIN;
     ``row_max[p]`` = the row max of ``dst`` (one reset-reduce instruction; NeuronCore-v3+;

@@ -72,9 +72,16 @@ class StepConfig:
         descriptor generation keep it the busier engine). MODELED, prefill 2K on 2K: trn2
         current API 4020 -> 3755 us; 2 chunks + 30 decodes on trn2 1772 -> 1794 with it.
     distance_engine: engine of the additive mask's distance pass without a window (masked
-        steps on NeuronCore-v2, :func:`additive_mask_ok`; SBUF operands only): "gpsimd" (the
-        default) takes it off ScalarE, whose exponentials and P^T copies make it one of the two
-        busiest engines of prefill and mixed batches on trn1; None: a ScalarE relu.
+        steps on NeuronCore-v2, :func:`additive_mask_ok`; SBUF operands only): None (the
+        default) a ScalarE relu, which holds neither shared port of NeuronCore-v2; "gpsimd" a
+        ``tensor_scalar`` (t - top) max 0 on GpSimd, the same values, which takes VectorE's
+        turn on SBUF (MODELED with the shared ports, 4 x 512 + 60 decodes trn1: GpSimd 11125
+        us, ScalarE 10396, both with ``max_evacuates``).
+    max_evacuates: the row max of a chunk whose scores are still in PSUM also copies them to
+        SBUF (VectorE ``ops.copy_max``, one instruction) and the exponentials read that copy:
+        PSUM is read once per score instead of twice. ``sched_item.fold_tile`` sets it on
+        NeuronCore-v2, whose VectorE and ScalarE take turns on PSUM (MODELED, prefill 2K on
+        2K trn1 6261 -> 5511 us); on v3 it would only add VectorE work.
     """
 
     d: int
@@ -89,7 +96,8 @@ class StepConfig:
     state_engine: str | None = "gpsimd"
     probs_by_dma: bool = False
     pairwise_max: bool = False
-    distance_engine: str | None = "gpsimd"
+    distance_engine: str | None = None
+    max_evacuates: bool = False
 
     @property
     def state_copy_engine(self):
@@ -270,8 +278,14 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     # Step 3: running max (kept negated) and the rescale factor.
     if mx is None:
         mx = ops.sbuf((rows, n_c), f32)
+        in_psum = alibi is None and not (cfg.soft_cap is not None or bounds is not None)
         for c in ops.static_range(n_c):
-            ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
+            if cfg.max_evacuates and in_psum:
+                scores = ops.sbuf((rows, PSUM_BANK_F32), f32)
+                ops.copy_max(scores, src[c], mx[:, ops.ds(c, 1)])
+                src[c] = scores
+            else:
+                ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
     nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult, engine=cfg.state_engine,
                                      pairwise=cfg.pairwise_max)
     # Step 4: probabilities (and, unless TensorE sums them, their row sums) in one ScalarE pass

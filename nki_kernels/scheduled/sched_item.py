@@ -184,6 +184,9 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
                             bounds=bounds, alibi=alibi)
         return
     step = fc.step
+    if ops.nc_gen() == "gen2" and not step.max_evacuates:
+        # VectorE and ScalarE take turns on PSUM: read the scores there once (StepConfig)
+        step = dataclasses.replace(step, max_evacuates=True)
     if step.p_evac is None and rows == P:
         step = dataclasses.replace(step, p_evac=default_p_evac(
             ops.nc_gen(), masked=fc.masked, additive=tile.mask_eye is not None,

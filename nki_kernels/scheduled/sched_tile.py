@@ -154,12 +154,14 @@ def zeroed(ops, shape, dtype, engine):
 V_ZERO_ENGINES = ("scalar", "scalar", "gpsimd")
 
 
-# PSUM -> SBUF copy engines of the K^T PE transposes of a keys-on-partitions (decode) class,
-# cycled over each load's copies: one in four on VectorE. ScalarE carries the rest and the
-# decode steps' exponentials; VectorE only the decode steps' small operations, so the class's
-# two engines come closer (MODELED, block 32: 32 decodes 2K-8K trn2 legacy 2811 -> 2680 us,
-# trn1 3302 -> 3312; 4 x 512 + 60 decodes trn1 9428 -> 8721, trn2 legacy 9783 -> 9036;
-# one in two was slower on both targets). Query-rows classes keep every copy on ScalarE.
+# PSUM -> SBUF copy engines of the K^T PE transposes of a keys-on-partitions (decode) class on
+# NeuronCore-v3 (the legacy API), cycled over each load's copies: one in four on VectorE.
+# ScalarE carries the rest and the decode steps' exponentials; VectorE only the decode steps'
+# small operations, so the class's two engines come closer (MODELED, block 32: 32 decodes 2K-8K
+# trn2 legacy 2811 -> 2680 us; 4 x 512 + 60 decodes trn2 legacy 9783 -> 9036; one in two was
+# slower). On NeuronCore-v2 every copy is on ScalarE: a VectorE copy from PSUM also takes
+# VectorE's turn on SBUF, which it shares with GpSimd's V fills (MODELED with the shared ports,
+# 4 x 512 + 60 decodes trn1 10396 -> 9644 us). Query-rows classes keep every copy on ScalarE.
 K_EVAC_KEYS_ON_PARTITIONS = ("scalar", "scalar", "scalar", "vector")
 
 
@@ -167,7 +169,7 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
     channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
     the kernel-dtype rows (PSUM copies on :data:`K_EVAC_KEYS_ON_PARTITIONS` for a
-    keys-on-partitions phase, else ScalarE), or identity matmuls of the fp8 rows (``eye``: the
+    keys-on-partitions phase on NeuronCore-v3, else ScalarE), or identity matmuls of the fp8 rows (``eye``: the
     identities of the cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when
     given. With :func:`keys_by_dma` ``k_rows`` already is K^T."""
     if keys_by_dma(ops, cfg, phase):
@@ -178,7 +180,9 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     fp8 = eye is not None and dtype_name(k_rows.dtype) != dtype_name(kd)
     # a 16-bit PSUM dtype (v3) fits twice the fp32 columns in a bank: half the K^T copies
     bank_cols = transpose_bank_cols(ops, k_rows.dtype)
-    evac = K_EVAC_KEYS_ON_PARTITIONS if phase.keys_on_partitions else "scalar"
+    evac = "scalar"
+    if phase.keys_on_partitions and ops.nc_gen() != "gen2":
+        evac = K_EVAC_KEYS_ON_PARTITIONS
     k_t = []
     for k in ops.static_range(nd):
         dk = min(P, d - k * P)
