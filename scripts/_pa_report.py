@@ -47,9 +47,11 @@ def definitions(doc: dict) -> str:
         "* useful bytes: every context K and V row once per KV head, the new q/k/v once, the output "
         "once; useful FLOPs: 4 d H per visible (query, key) pair (same sequence, causal).",
         "* **efficiency** = useful roofline / modeled time (1.0 = the core's peak on useful work). "
-        "The cost model charges busiest engine + 0.1 x the sum of the other four + DMA fill/drain, "
-        "so a kernel whose five engines were each busy for exactly the useful roofline would "
-        "score 1 / 1.4 = 0.71; only idle engines let it approach 1.",
+        "The cost model charges the busiest resource + 0.1 x the engine time outside it + DMA "
+        "fill/drain; a resource is an engine or, on trn1, a port two engines take turns on "
+        "(VectorE + GpSimd on SBUF, VectorE + ScalarE on PSUM; docs/cost-model.md). A kernel "
+        "whose five engines were each busy for exactly the useful roofline would score 1 / 1.4 = "
+        "0.71; only idle engines let it approach 1.",
         "* bytes moved/needed: the cost model's HBM bytes (every DMA with an HBM side, metadata, "
         "scratch state and padding included) / useful bytes. FLOPs done/useful: matmul FLOPs of "
         "the trace (transposes excluded) / useful FLOPs.",
@@ -133,8 +135,9 @@ def scaling_table(rows) -> str:
 
 
 def full_table(rows) -> str:
-    lines = ["MODELED per-engine busy times (us); the headline modeled time = busiest engine + "
-             "0.1 x the others + DMA fill/drain latency (docs/cost-model.md).", "",
+    lines = ["MODELED per-engine busy times (us); the headline modeled time = busiest resource "
+             "(an engine, or a shared port: bottleneck vector+gpsimd / vector+scalar) + 0.1 x the "
+             "engine time outside it + DMA fill/drain latency (docs/cost-model.md).", "",
              "| workload | B | target | kernel | modeled us | useful roofline us | efficiency | "
              "bytes moved / needed | FLOPs done / useful | mask bytes | DMA instr (indirect) | "
              "tensor | vector | scalar | gpsimd | dma | bottleneck | cost-model roofline frac "

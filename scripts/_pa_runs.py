@@ -186,7 +186,8 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
         dma_instructions=rep.dma_instructions,
         dma_indirect_instructions=sum(e.engine == "dma" and e.dma_kind == "indirect"
                                       for e in trace.events),
-        per_engine_us=dict(slow.per_engine_us), bottleneck=slow.bottleneck,
+        per_engine_us=dict(slow.per_engine_us), port_us=dict(slow.port_us),
+        bottleneck=slow.bottleneck,
         dma_engine_max_us=slow.dma_engine_max_us, dma_queue_us=slow.dma_queue_us,
         dma_hbm_cap_us=slow.dma_hbm_cap_us, exposed_latency_us=slow.exposed_latency_us,
         cost_model_fraction_of_roofline=rep.fraction_of_roofline,
