@@ -26,10 +26,10 @@ Model (all SPMD programs of the trace run on ONE physical NeuronCore, summed):
   SBUF at the same time, nor VectorE and ScalarE PSUM (the compiler serializes them); on
   NeuronCore-v3 VectorE's performance mode borrows GpSimdE's bus. A port is a resource whose
   busy time is the sum of the instructions that hold it (``CostReport.port_us``).
-* ``lower_bound_us`` = busiest resource (engine or port); ``upper_bound_us`` = sum of all engines plus the
-  fill/drain latency below (no overlap at all);
-  ``modeled_us`` = busiest + ``overlap_inefficiency`` * (the engine time outside it) + exposed latency of
-  the first and the last DMA instruction (pipeline fill and drain). The trace has no buffer
+* ``lower_bound_us`` = busiest resource (engine or port); ``upper_bound_us`` = sum of all
+  engines plus the fill/drain latency below (no overlap at all); ``modeled_us`` = busiest +
+  ``overlap_inefficiency`` * (the engine time outside it) + exposed latency of the first and
+  the last DMA instruction (pipeline fill and drain). The trace has no buffer
   identities, so a dependency-aware schedule is not possible; this closed form is the stand-in.
 * ``roofline_us`` = max(HBM bytes / HBM bandwidth per core, FLOPs / TensorE peak);
   ``fraction_of_roofline`` = roofline_us / modeled_us (<= 1 by construction).

@@ -169,9 +169,9 @@ def transpose_keys(ops, cfg, phase, k_rows, k_ov, eye):
     """K^T of the tile: nd SBUF tiles ``(dk, W)`` in the kernel dtype (channel slice k holds
     channels [128k, 128k + dk); column order of ``sched_core.key_index_tile``). PE transposes of
     the kernel-dtype rows (PSUM copies on :data:`K_EVAC_KEYS_ON_PARTITIONS` for a
-    keys-on-partitions phase on NeuronCore-v3, else ScalarE), or identity matmuls of the fp8 rows (``eye``: the
-    identities of the cache dtype and the kernel dtype) plus the overlay rows ``k_ov`` when
-    given. With :func:`keys_by_dma` ``k_rows`` already is K^T."""
+    keys-on-partitions phase on NeuronCore-v3, else ScalarE), or identity matmuls of the fp8
+    rows (``eye``: the identities of the cache dtype and the kernel dtype) plus the overlay rows
+    ``k_ov`` when given. With :func:`keys_by_dma` ``k_rows`` already is K^T."""
     if keys_by_dma(ops, cfg, phase):
         return [k_rows]
     geo = phase.geo

@@ -2,8 +2,9 @@
 
 * compute: ``emit_compute(engine, op, inputs, dst)``: in_shapes / in_dtypes of the tile operands,
   out_shape / out_dtype of the destination, src_buffer ("psum" when any operand is in PSUM, else
-  the first operand's buffer; attr ``sbuf_input`` when PSUM and SBUF operands mix), dst_buffer, partitions = ``dst.shape[0]``, free_elems = elements
-  per partition (or given), bytes = written elements x itemsize.
+  the first operand's buffer; attr ``sbuf_input`` when PSUM and SBUF operands mix), dst_buffer,
+  partitions = ``dst.shape[0]``, free_elems = elements per partition (or given), bytes = written
+  elements x itemsize.
 * DMA descriptors: one per (partition, maximal run of consecutive elements) of the HBM side,
   sized in bytes; skipped / masked elements produce none (nki_sim/trace.py).
 """

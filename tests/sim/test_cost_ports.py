@@ -112,3 +112,26 @@ def test_events_from_the_simulator_name_their_buffers():
     for e in mixed:
         assert cost.instruction_ports(e, "vector", cost.TRN1) == ("vector+gpsimd",
                                                                   "vector+scalar")
+
+
+def test_a_result_broadcast_into_a_larger_destination_is_charged_for_the_destination():
+    """A legacy ``dst[...] = <(128, 1) result>`` broadcast over (128, 512) writes 512 elements
+    per partition: its event is charged for them (``trace.note_write``); the same result
+    assigned to a (128, 1) slice (the other side) stays one element."""
+    def k(a):
+        out = nl.ndarray((128, 513), dtype=nl.float32, buffer=nl.shared_hbm)
+        col = nl.load(a)
+        wide = nl.ndarray((128, 513), dtype=nl.float32)
+        wide[:, 0:512] = nisa.activation(op=np.copy, data=col)          # broadcast
+        wide[:, 512:513] = nisa.activation(op=np.copy, data=col)        # one column
+        nl.store(out, wide)
+        return out
+
+    x = np.arange(128, dtype=np.float32).reshape(128, 1)
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as tr:
+        y = run(k, x)
+    np.testing.assert_array_equal(np.asarray(y), np.repeat(x, 513, axis=1))
+    acts = [e for e in tr.events if e.op == "activation"]
+    assert [e.free_elems for e in acts] == [512, 1]
+    assert [e.bytes for e in acts] == [128 * 512 * 4, 128 * 4]
+    assert all(e.dst_buffer == "sbuf" for e in acts)
