@@ -162,8 +162,7 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
             return max(ii, 13.0 * n / 3.0)
         if op == "tensor_reduce":        # MIN_II applies to every VectorE instruction
             return max(ii, n / 2.0 if half else n)
-        if op in _PERF_MODE_OPS and half and getattr(ev, "out_dtype", "") in _HALF_DTYPES \
-                and not from_psum:
+        if vector_perf_mode(ev, hw):
             return max(ii, n / hw.vector_perf_mode_factor)
         return max(ii, n)
     raise ValueError(f"event engine must be one of {ENGINES}; got {engine!r} (op {op!r})")
