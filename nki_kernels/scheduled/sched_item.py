@@ -43,10 +43,10 @@ P_EVAC_GEN2 = ("scalar", "scalar", "vector")
 # without a decode class) and whose P^T is not by DMA (legacy API) send one copy in two to
 # VectorE (MODELED, trn2 legacy API prefill 2K on 2K 4835 -> 4509 us; one in three 4555).
 P_EVAC_GEN3_FOLDED = ("scalar", "vector")
-# v2 masked steps whose mask TensorE adds: one copy in four on VectorE, since their distance
-# pass runs on GpSimd (``StepConfig.distance_engine``; MODELED, trn1: 4 x 512 + 60 decodes
-# 8721 -> 8098 us, 2 + 30 2360 -> 2323, prefill 2K on 2K 4339 -> 4033; one in two: 8364,
-# 2361; none: 8290, 2286)
+# v2 masked steps whose mask TensorE adds: one copy in four on VectorE. Re-checked with the
+# cost model's shared ports (a VectorE copy from PSUM holds both of VectorE's ports; MODELED,
+# trn1, 2 + 30 / 4 x 512 + 60 / prefill 2K on 2K): these defaults 2947 / 9644 / 5008 us;
+# every copy on ScalarE 2843 / 9913 / 5011; full steps one in two 2980 / 9610 / 5112.
 P_EVAC_GEN2_ADDITIVE = ("scalar", "scalar", "scalar", "vector")
 P_EVAC_GEN2_SELECT = "scalar"
 P_EVAC_GEN3 = "scalar"
