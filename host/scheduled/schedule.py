@@ -15,7 +15,9 @@ a KV head packed as rows). Work is a list of *items*: (Q group, KV tile) pairs, 
 Only pairs that share a sequence are scheduled (block-sparse), and only tiles that some row of
 the group can see (sliding windows prune whole tiles). An item is FULL when every real row of
 the group sees every key of the tile and every key row comes from the cache (no mask work,
-no memset in the kernel); otherwise it is PARTIAL (masked with per-row bounds).
+no memset in the kernel); otherwise it is PARTIAL (masked with per-row bounds). Full tiles may
+also fill the partial phase's padding slots (``schedule_items.fill_partial_padding``), where
+they cost what the empty slot would have.
 
 The two phases have their own tile geometry: FULL items use tiles of the large tile size LT,
 PARTIAL items tiles of the partial tile size LTp <= LT: a large tile that is not full is cut into
@@ -40,9 +42,10 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.scheduled.schedule_items import (ITEM_OVERHEAD_KEYS, choose_groups_and_partial_tile,
-                                           choose_large_tile, choose_partial_tile, item_geometry,
-                                           q_blocks, schedule_items)
+from host.scheduled.schedule_items import (ITEM_OVERHEAD_KEYS, bucket,
+                                           choose_groups_and_partial_tile, choose_large_tile,
+                                           choose_partial_tile, fill_partial_padding,
+                                           item_geometry, q_blocks, schedule_items)
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
@@ -59,20 +62,6 @@ __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule",
 # The decode-class threshold (DECODE_MAX_ROWS), the prefill group cap (MAX_GROUP_BLOCKS), the
 # metadata chunk (MAX_CHUNK, chunk_size), the tile geometry and the metadata columns
 # (meta_layout) are the host-kernel contract's (nki_kernels.contract): defined once, read here.
-
-
-def bucket(n: int) -> int:
-    """Smallest ``m * 2**e >= n`` with ``m`` in {4, 5, 6, 7} (or n itself below 4): static item
-    counts come from a geometric series (at most 25 % padding), so a serving engine compiles a
-    bounded number of shapes. ``bucket(0) == 0``."""
-    n = int(n)
-    if n <= 4:
-        return n
-    e = max(0, (n - 1).bit_length() - 3)
-    for m in (4, 5, 6, 7, 8):
-        if m << e >= n:
-            return m << e
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @dataclass(frozen=True, eq=False)
@@ -369,6 +358,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
     ngroups = len(groups)          # nblk = ngroups * blocks (group-major block ids)
     full_items, part_items, group_lo = schedule_items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
                                               sliding_window=sliding_window)
+    full_items, part_items = fill_partial_padding(full_items, part_items,
+                                                  geo[False].W // geo[True].W)
     full_groups = {g for g, _ in full_items}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.

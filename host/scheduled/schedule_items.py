@@ -11,9 +11,23 @@ import numpy as np
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
-           "q_blocks", "schedule_items", "choose_partial_tile", "choose_groups_and_partial_tile",
+           "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "choose_partial_tile", "choose_groups_and_partial_tile",
            "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
            "AUTO_DECODE_ROW_TOKENS"]
+
+def bucket(n: int) -> int:
+    """Smallest ``m * 2**e >= n`` with ``m`` in {4, 5, 6, 7} (or n itself below 4): static item
+    counts come from a geometric series (at most 25 % padding), so a serving engine compiles a
+    bounded number of shapes. ``bucket(0) == 0``."""
+    n = int(n)
+    if n <= 4:
+        return n
+    e = max(0, (n - 1).bit_length() - 3)
+    for m in (4, 5, 6, 7, 8):
+        if m << e >= n:
+            return m << e
+    raise AssertionError("unreachable")  # pragma: no cover
+
 
 # The per-item work of a partial item (its DMAs and small ops) in keys of masked work; what
 # partial_tile_size="auto" weighs against the keys a smaller tile saves. Calibrated on the cost
@@ -193,3 +207,21 @@ def schedule_items(qb: dict, *, c, keys, fg: TileGeometry, pg: TileGeometry, sli
                 if u0 < u1 and u1 > lo_min and u0 < hi_max:
                     part_items.append((gi, kp))
     return full_items, part_items, group_lo
+
+
+def fill_partial_padding(full_items: list, part_items: list, per_tile: int) -> tuple:
+    """Step 2b of a class: ``(full_items, part_items)`` with the last ``m`` full items moved into
+    the partial phase's padding slots, each as its ``per_tile`` (``W / W_p``) partial tiles, for
+    the ``m`` that minimizes the full phase's :func:`bucket` (the smallest such ``m``; 0 when no
+    move shrinks it). A padding slot runs the masked step on skipped DMAs, so a moved tile
+    costs the partial phase nothing it did not spend (its bucket is unchanged: ``m * per_tile <=
+    bucket(P) - P``), and the full phase loses ``bucket(F) - bucket(F - m)`` iterations. A moved
+    tile is a masked item whose bounds let every row see every key; a group whose full items all
+    move has no state round trip. Items stay ordered by group, then tile."""
+    F, Pn = len(full_items), len(part_items)
+    room = (bucket(Pn) - Pn) // per_tile
+    m = min(range(min(F, room) + 1), key=lambda n: (bucket(F - n), n))
+    if m == 0:
+        return full_items, part_items
+    moved = [(g, k * per_tile + u) for g, k in full_items[F - m:] for u in range(per_tile)]
+    return full_items[:F - m], sorted(part_items + moved)

@@ -8,7 +8,8 @@ program per KV head (grid ``[1, Hkv]``), on the current API one launch looping o
 in two static phases:
 
 * **partial** items (masked): tiles a row of the group sees only in part (the causal diagonal,
-  a sequence's last key rows, sliding-window edges). The mask is built in-kernel from two fp32
+  a sequence's last key rows, sliding-window edges; the host may also put whole tiles in the
+  phase's padding slots, with bounds that see every key). The mask is built in-kernel from two fp32
   numbers per query row (``|t - c| < r`` over the tile-local key index t), so mask traffic is
   O(query rows), never O(queries x context). The KV tile is zeroed before the gathers, so key
   rows no DMA writes are exact zeros.

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 from host.scheduled.schedule import (DECODE_MAX_ROWS, AttentionSchedule, bucket,
                                     class_sequences, item_geometry, make_schedule, meta_columns)
+from host.scheduled.schedule_items import fill_partial_padding
 from nki_kernels.constants import tile_geometry
 from nki_kernels.scheduled.sched_plan import max_group_blocks
 
@@ -602,16 +603,55 @@ def _padding_ids_all_out_of_bounds(s, kw):
 
 
 def test_padding_items_move_nothing():
-    # 9 decode sequences with 2 tiles each: 9 partial items -> bucket 10, 9 full items -> 10
+    # 9 decode sequences with 3 tiles each: 9 partial items -> bucket 10, 18 full items -> 20
+    # (moving one full item into the partial slot leaves bucket(17) = 20: nothing moves)
+    s, kw = schedule([1] * 9, [1100] * 9, H=4, Hkv=2, d=8, B=16, LT=512)
+    (cls,) = s.classes
+    assert (cls.partial.real_items, cls.partial.items, cls.full.real_items, cls.full.items) == \
+        (9, 10, 18, 20)
+    assert _padding_ids_all_out_of_bounds(s, kw) == 3
+    items = check_coverage(s, **kw)[0]
+    pads = [it for it in items if not it.real]
+    assert len(pads) == 3 and all(it.pairs == 0 and it.main == it.ov == 0 and not it.q
+                                  and not it.st and not it.out for it in pads)
+
+
+def test_full_items_fill_the_partial_phases_padding():
+    # 9 decode sequences with 2 tiles each: 9 full and 9 partial items (buckets 10 and 10); the
+    # last full item takes the partial phase's padding slot: buckets 8 and 10, no padding at all
     s, kw = schedule([1] * 9, [700] * 9, H=4, Hkv=2, d=8, B=16, LT=512)
     (cls,) = s.classes
     assert (cls.partial.real_items, cls.partial.items, cls.full.real_items, cls.full.items) == \
-        (9, 10, 9, 10)
-    assert _padding_ids_all_out_of_bounds(s, kw) == 2
-    items = check_coverage(s, **kw)[0]
-    pads = [it for it in items if not it.real]
-    assert len(pads) == 2 and all(it.pairs == 0 and it.main == it.ov == 0 and not it.q
-                                  and not it.st and not it.out for it in pads)
+        (10, 10, 8, 8)
+    assert _padding_ids_all_out_of_bounds(s, kw) == 0
+    rows = summary(check_coverage(s, **kw)[0])
+    # the moved tile is seq 8's tile 0, now its first partial item: no state store or load
+    assert [r for r in rows if r[1] == 8] == [("p", 8, 0, 1, (0,), (), ()),
+                                              ("p", 8, 1, 0, (), (), (0,))]
+    assert [r for r in rows if r[1] == 7] == [("f", 7, 0, 1, (0,), (0,), ()),
+                                              ("p", 7, 1, 1, (0,), (0,), (0,))]
+
+
+@pytest.mark.parametrize("F, Pn, per_tile, moved", [
+    (9, 9, 1, 1),        # buckets 10 / 10 -> 8 / 10
+    (9, 13, 1, 1),       # 10 / 14 -> 8 / 14
+    (18, 9, 1, 0),       # 20 / 10: bucket(17) = 20, nothing moves
+    (5, 5, 1, 0),        # no padding slot
+    (5, 17, 2, 1),       # 5 / 20: one full tile is two partial tiles (19 <= 20)
+    (5, 13, 2, 0),       # 5 / 14: one slot, a full tile needs two
+    (7, 9, 1, 1),        # 7 / 10 -> 6 / 10
+    (3, 25, 1, 3),       # 3 / 28: every full item moves
+])
+def test_fill_partial_padding(F, Pn, per_tile, moved):
+    full = [(g, 0) for g in range(F)]
+    part = [(g, per_tile) for g in range(Pn)]            # tile 1 of groups 0 .. Pn - 1
+    f2, p2 = fill_partial_padding(full, part, per_tile)
+    assert f2 == full[:F - moved]
+    extra = [(g, u) for g in range(F - moved, F) for u in range(per_tile)]
+    assert p2 == sorted(part + extra)
+    assert bucket(len(p2)) == bucket(Pn)                 # the partial phase keeps its bucket
+    assert bucket(len(f2)) <= bucket(F)
+    assert moved == 0 or bucket(len(f2)) < bucket(F)     # a move always saves full iterations
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)

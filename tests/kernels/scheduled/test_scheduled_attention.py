@@ -109,6 +109,30 @@ def test_many_items_across_metadata_chunks(batch_factory, check_reference):
     check_reference(batch, mixed_precision=False, large_tile_size=512, kernels=SCHED)
 
 
+@pytest.mark.parametrize("target, api", [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")])
+def test_full_tiles_in_the_partial_phases_padding_slots(target, api, on_api, batch_factory,
+                                                        check_reference, poison_unseen):
+    # 9 decodes and 9 40-token chunks (G=2: 80 rows, the prefill class), each with one FULL and
+    # one PARTIAL tile at LT 512: each class runs its last full tile in a padding slot of its
+    # partial phase (host side: tests/host/scheduled/test_schedule.py); NaN in every cache slot
+    # no query may see changes no output bit
+    from host.attention import paged_attention
+    from host.step_plan import plan_paged_attention
+    b = batch_factory(17, [1] * 9 + [40] * 9, [700] * 18, H=4, Hkv=2, d=16, block_size=16)
+    plan = plan_paged_attention(b.block_tables, b.query_lens, b.context_lens, num_heads=4,
+                                num_kv_heads=2, head_size=16, block_size=16, dtype=b.query.dtype,
+                                num_blocks=b.kv_cache.shape[1], large_tile_size=512)
+    counts = [(p.schedule.classes[0].full.items, p.schedule.classes[0].partial.real_items,
+               p.schedule.classes[0].partial.items) for p in plan.parts]
+    assert counts == [(8, 10, 10), (8, 10, 10)]
+    with on_api(api, target):
+        out, _ = check_reference(b, mixed_precision=True, large_tile_size=512, kernels=SCHED)
+        dirty = paged_attention(b.query, b.key, b.value, poison_unseen(b), b.block_tables,
+                                b.query_lens, b.context_lens, backend="sim",
+                                large_tile_size=512)
+    assert dirty.tobytes() == out.tobytes()
+
+
 def test_a_sequence_split_into_two_q_groups(batch_factory, check_reference):
     # MQA G=64, q=130: 8320 rows = 65 Q blocks -> groups of 64 and 1 blocks, both with FULL
     # items (c=1024 at LT=512)

@@ -91,18 +91,20 @@ def _moved(trace):
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
 def test_padding_items_move_no_bytes(kind, batch_factory):
-    # 9 sequences with 2 tiles each (tile 0 FULL, tile 1 PARTIAL): 9 + 9 items, each phase
-    # padded to bucket 10; decode rows fold with keys on partitions, prefill rows without
+    # 9 sequences with 3 tiles each (tiles 0, 1 FULL, tile 2 PARTIAL): 18 + 9 items, padded to
+    # buckets 20 and 10 (a full item in the partial phase's padding slot would leave
+    # bucket(17) = 20, so none moves); decode rows fold with keys on partitions, prefill rows
+    # without
     q = [1, 2, 1, 3, 1, 1, 2, 1, 1] if kind == "decode" else [40, 33, 70, 41, 40, 65, 40, 50, 40]
-    batch = batch_factory(3, q, [600] * 9, H=4, Hkv=2, d=16, block_size=16)
+    batch = batch_factory(3, q, [1100] * 9, H=4, Hkv=2, d=16, block_size=16)
     LT = 512
     s, overlay = _prepare(batch, LT)
     (cls,) = s.classes
     assert cls.kind == kind and cls.decode_layout == (kind == "decode")
     assert (cls.partial.real_items, cls.partial.items, cls.full.real_items, cls.full.items) == \
-        (9, 10, 9, 10)
+        (9, 10, 18, 20)
     variants = {n: dataclasses.replace(cls, partial=_with_items(cls.partial, n),
-                                       full=_with_items(cls.full, n + 9)) for n in (9, 10, 16)}
+                                       full=_with_items(cls.full, n + 18)) for n in (9, 10, 16)}
     got = {n: _launch(batch, s, overlay, [c], LT) for n, c in variants.items()}
     ref = paged_attention_ref(*batch.args())
     assert np.abs(got[10][0] - ref).max() < 3e-2
