@@ -1,6 +1,7 @@
 """Which work a batch needs (``host.scheduled.schedule``, docs/layouts.md §16.2-16.3): tile geometries
 (``nki_kernels.contract.TileGeometry``), Q blocks and groups, FULL / PARTIAL items with exact
-pruning, and the ``"auto"`` partial tile
+pruning, the phases' static item counts (``bucket``) and the full tiles that fill the partial
+phase's padding slots, and the ``"auto"`` partial tile
 size. Plain NumPy / Python on lengths; ``host.scheduled.schedule`` turns the items into kernel metadata.
 """
 
@@ -11,9 +12,10 @@ import numpy as np
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
-           "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "choose_partial_tile", "choose_groups_and_partial_tile",
-           "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile", "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS",
-           "AUTO_DECODE_ROW_TOKENS"]
+           "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "choose_partial_tile",
+           "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile",
+           "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS", "AUTO_DECODE_ROW_TOKENS"]
+
 
 def bucket(n: int) -> int:
     """Smallest ``m * 2**e >= n`` with ``m`` in {4, 5, 6, 7} (or n itself below 4): static item
