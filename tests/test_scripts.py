@@ -14,7 +14,8 @@ import pytest
 from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
-       "bench_kv_layout", "bench_sim_speed", "bench_variants", "time_flash_sim")
+       "bench_kv_layout", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
+       "time_flash_sim")
 
 
 @pytest.fixture
@@ -47,7 +48,9 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_variants", ["--api", "nki"]), ("bench_variants", ["--api", "nki", "--targets", "trn1"]),
     ("bench_mla", ["--api", "nki"]), ("bench_paged_attention", ["--api", "nki"]),
     ("bench_block_copy", ["--api", "current"]), ("bench_cache_write", ["--api", "current"]),
-    ("bench_kv_layout", ["--api", "nki"]), ("bench_kv_layout", ["--targets", "trn3"])])
+    ("bench_kv_layout", ["--api", "nki"]), ("bench_kv_layout", ["--targets", "trn3"]),
+    ("bench_schedule_whatif", ["--targets", "trn3"]),
+    ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -229,3 +232,35 @@ def test_bench_api_parity_pairs_the_apis_of_each_benchmark(load_script, tmp_path
         m.main([str(bad)])
     assert e.value.code == 2 and "not the JSON of a benchmark with an --api axis" in \
         capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- bench_schedule_whatif
+def test_schedule_whatif_variants_swap_the_schedule_and_restore_it(load_script):
+    import host.scheduled.schedule as sched
+    import host.scheduled.schedule_items as items
+    from host.scheduled.schedule import make_schedule
+    mod = load_script("bench_schedule_whatif")
+    shipped = (sched.bucket, items.bucket, sched.fill_partial_padding, sched._class_schedule)
+    full, part = [(0, 0), (1, 0)], [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]
+    with mod.variant("no fill"):
+        assert sched.fill_partial_padding(full, part, 1) == (full, part)
+    with mod.variant("unpadded"):
+        assert (sched.bucket(13), items.bucket(13)) == (13, 13)
+    with mod.variant("fori 8"):
+        assert [sched.bucket(n) for n in (5, 8, 9, 13, 17)] == [5, 8, 16, 16, 24]
+
+    def counts(q, c):
+        bt = np.arange(80, dtype=np.int32).reshape(2, 40)
+        s = make_schedule(q, c, bt, num_heads=4, num_kv_heads=2, head_size=8, block_size=16,
+                          num_blocks=80, large_tile_size=512)
+        return [(cls.kind, cls.full.real_items, cls.partial.real_items) for cls in s.classes]
+    # a 40-token chunk on 600 cached tokens (G = 2: 80 rows, the prefill class) and a decode
+    assert counts([40, 1], [600, 600]) == [("decode", 1, 1), ("prefill", 1, 1)]
+    with mod.variant("one phase"):          # the prefill class only: its full tile is masked
+        assert counts([40, 1], [600, 600]) == [("decode", 1, 1), ("prefill", 0, 2)]
+    assert (sched.bucket, items.bucket, sched.fill_partial_padding,
+            sched._class_schedule) == shipped
+    with pytest.raises(ValueError, match="variant must be one of"):
+        with mod.variant("bogus"):
+            pass
+    assert sched._class_schedule is shipped[3]
