@@ -44,9 +44,11 @@ def add_common_args(ap: argparse.ArgumentParser, *, quick_help: str, plot_help: 
 
 
 def parse_args(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """``ap.parse_args`` plus the checks that must fail before a long run."""
+    """``ap.parse_args`` plus the checks that must fail before a long run: the folders of
+    ``--json``, ``--plot`` and (where a script has it) ``--markdown`` exist, and ``--plot`` has
+    matplotlib."""
     args = ap.parse_args(argv)
-    for opt in ("json", "plot"):
+    for opt in ("json", "plot", "markdown"):
         path = getattr(args, opt, None)
         if path is not None and not path.parent.is_dir():
             ap.error(f"--{opt} folder must exist; got {str(path.parent)!r}")

@@ -50,7 +50,8 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_block_copy", ["--api", "current"]), ("bench_cache_write", ["--api", "current"]),
     ("bench_kv_layout", ["--api", "nki"]), ("bench_kv_layout", ["--targets", "trn3"]),
     ("bench_schedule_whatif", ["--targets", "trn3"]),
-    ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"])])
+    ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"]),
+    ("bench_evidence", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
