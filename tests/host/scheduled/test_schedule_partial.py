@@ -10,7 +10,7 @@ import pytest
 
 from host.scheduled.schedule import ITEM_OVERHEAD_KEYS, make_schedule
 from host.scheduled.schedule_items import DECODE_ITEM_OVERHEAD_KEYS
-from test_schedule import check_coverage, schedule, summary
+from symbolic_schedule import check_coverage, schedule, summary
 
 
 def test_decode_end_is_one_small_partial_tile():
