@@ -14,7 +14,7 @@ import pytest
 from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
-       "bench_kv_layout", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
+       "bench_kv_dma_modes", "bench_kv_layout", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
        "time_flash_sim")
 
 
@@ -51,7 +51,8 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_kv_layout", ["--api", "nki"]), ("bench_kv_layout", ["--targets", "trn3"]),
     ("bench_schedule_whatif", ["--targets", "trn3"]),
     ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"]),
-    ("bench_evidence", ["--markdown", "no-such-folder/page"])])
+    ("bench_evidence", ["--markdown", "no-such-folder/page"]),
+    ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -265,3 +266,29 @@ def test_schedule_whatif_variants_swap_the_schedule_and_restore_it(load_script):
         with mod.variant("bogus"):
             pass
     assert sched._class_schedule is shipped[3]
+
+
+# ------------------------------------------------------------------------- bench_kv_dma_modes
+def test_kv_dma_modes_quick(run_quick, capsys):
+    """Every mode brings the cache's rows (the script checks); a gather is one swdge DMA with
+    GpSimd descriptor work, the scalar-offset modes are 128 / k hwdge DMAs without any."""
+    rows = {r["mode"]: r for r in run_quick("bench_kv_dma_modes")["rows"]}
+    assert list(rows) == ["gather", "per block", "runs of 16", "runs of 128"]
+    assert [rows[m]["dma_instructions_per_load"] for m in rows] == [1, 128, 8, 1]
+    assert rows["gather"]["gpsimd_us"] > 0
+    assert all(rows[m]["gpsimd_us"] == 0 for m in ("per block", "runs of 16", "runs of 128"))
+    assert rows["per block"]["dma_queue_us"] > rows["runs of 16"]["dma_queue_us"] > \
+        rows["runs of 128"]["dma_queue_us"]
+    assert "| per block | 1 | 128 |" in capsys.readouterr().out
+
+
+def test_kv_dma_modes_runs_need_consecutive_block_ids(load_script, monkeypatch):
+    """A run DMA reads k consecutive blocks from its first id: with ids that are not in runs it
+    brings the wrong rows, and the script stops instead of modeling them."""
+    mod = load_script("bench_kv_dma_modes")
+    assert mod.measure("runs of 16", 1)["blocks_per_dma"] == 16
+    monkeypatch.setattr(mod, "block_ids", lambda n, loads, seed: (
+        np.random.default_rng(seed).permutation(n)[:loads * 128].astype(np.int32)))
+    assert mod.measure("gather", 1)["dma_instructions_per_load"] == 1
+    with pytest.raises(SystemExit, match="runs of 16: the loaded rows differ"):
+        mod.measure("runs of 16", 1)
