@@ -80,8 +80,9 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
             ``nki_kernels.toolchain.resolve_api``. The dense kernel is legacy-only (api="nki" raises
             NotImplementedError).
         lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
-            split between the two cores of a logical core); None: ``NEURON_LOGICAL_NC_CONFIG``,
-            else the platform's (``nki_kernels.toolchain.Api.lnc``).
+            split between the two cores of a logical core; an odd Hkv, e.g. 1, splits each
+            class's query groups instead, docs/layouts.md §16.3 "Item parts"); None:
+            ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (``nki_kernels.toolchain.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled.scheduled_attention`` through a host
             schedule (``host.scheduled.schedule``): only (query block, KV tile) pairs of the same sequence,
             masks built in-kernel from per-row bounds, the G query heads of a KV head packed as
@@ -271,7 +272,8 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
         args, inputs = launch_args(launch, qt, kv_arg, overlay)
         out = launch_kernel(scheduled_paged_attention, args,
                             {**part.kernel_kwargs, **extra, **inputs},
-                            grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc)
+                            grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc,
+                            item_parts=launch.cls.item_parts)
         unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
     return result
 

@@ -56,12 +56,14 @@ def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
 
 
 def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
-                  backend: str, api: str | None = None, lnc: int | None = None) -> np.ndarray:
+                  backend: str, api: str | None = None, lnc: int | None = None,
+                  item_parts: int = 1) -> np.ndarray:
     """Run ``kernel`` over ``grid_heads`` KV heads on ``backend`` (already checked); returns its
     output as NumPy. A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
     ``nki_kernels.toolchain.resolve_api(api)`` (legacy: grid ``[1, grid_heads]``; current: one launch
     that loops over the heads) on ``lnc`` physical cores (``Api.lnc``); a legacy-only kernel on
-    grid ``[1, grid_heads]``.
+    grid ``[1, grid_heads]``. ``item_parts``: the parts (one per core) a scheduled-kernel
+    schedule was cut in (``Api.launch``).
 
     Raises:
         RuntimeError: ``backend="neuron"`` while the simulator is the active NKI package.
@@ -78,7 +80,7 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                                f"(NKI_PA_BACKEND={toolchain.BACKEND_REQUEST!r}); use backend='sim' or "
                                "'auto'")
         return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
-                                        device=device, lnc=lnc))
+                                        device=device, lnc=lnc, item_parts=item_parts))
 
     on_device = backend == "neuron" or (backend == "auto" and not toolchain.SIMULATED)
     if on_device:

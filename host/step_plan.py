@@ -226,7 +226,9 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
         gqa_packing, kernel, api, lnc (scheduled kernel: physical cores per launch, 1 or 2;
-        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``),
+        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``;
+        two cores over an odd Hkv cut each class's schedule in two item parts, so the plan's
+        launches must run on two cores),
         kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
             "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
             (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),
@@ -262,10 +264,14 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     kv_layout = check_kv_layout(kv_layout, kernel=kernel, fp8=is_fp8_cache_dtype(cdt))
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
     api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
+    item_parts = 1
     if kernel == "scheduled":
         from nki_kernels import toolchain
 
-        toolchain.resolve_api(api).lnc(lnc, Hkv)      # a bad lnc / combination fails before any work
+        # a bad lnc / combination fails before any work; an odd Hkv on two cores cuts the
+        # schedule in item parts (an even Hkv splits its KV heads instead)
+        cores = toolchain.resolve_api(api).lnc(lnc, Hkv, item_split=True)
+        item_parts = cores if cores == 2 and Hkv % 2 else 1
     elif lnc not in (None, 1):
         raise NotImplementedError("paged_attention: the dense kernel runs on one core; leave lnc "
                                   "None (or 1) with kernel='dense'")
@@ -308,7 +314,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                   variants=None if variants.is_default else variants)
     if kernel == "dense":
         return _dense_plan(bt, q, c, common, gqa_packing)
-    return _scheduled_plan(bt, q, c, common, "auto" if auto_partial else int(partial_tile_size))
+    return _scheduled_plan(bt, q, c, common, "auto" if auto_partial else int(partial_tile_size),
+                           item_parts)
 
 
 def _dtype(arg: str, value: Any) -> np.dtype:
@@ -318,10 +325,11 @@ def _dtype(arg: str, value: Any) -> np.dtype:
         fail(arg, "be a NumPy / ml_dtypes dtype", repr(value))
 
 
-def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
+def _scheduled_plan(bt, q, c, common, partial_tile_size, item_parts) -> AttentionPlan:
     """One :class:`ClassPlan` per class (``class_sequences``): a class's large tile is the
     explicit one or its own ``"auto"`` (``auto_large_tile`` on its sequences: decodes get wider
-    tiles in a mixed batch too), its partial tile the explicit one or its own ``"auto"``."""
+    tiles in a mixed batch too), its partial tile the explicit one or its own ``"auto"``; its
+    items in ``item_parts`` parts (one per core of an LNC=2 launch over an odd Hkv)."""
     v = common["variants"]
     H, Hkv, d, B = (common["num_heads"], common["num_kv_heads"], common["head_size"],
                     common["block_size"])
@@ -356,14 +364,15 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size) -> AttentionPlan:
                                cache_itemsize=cache_itemsize,
                                kernel_itemsize=2 if common["mixed_precision"] else itemsize,
                                group_blocks_cap=None, partial_tile_size=partial_tile_size,
-                               kv_layout=common["kv_layout"], seqs=np.asarray(seqs, np.int64))
+                               kv_layout=common["kv_layout"], seqs=np.asarray(seqs, np.int64),
+                               item_parts=item_parts)
         kwargs = MappingProxyType(dict(options=SchedOptions(
             softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
             LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
             logits_soft_cap=v.logits_soft_cap if v is not None else None,
             alibi=alibi is not None, row_init=with_row_init,
             windowed=sliding_window is not None, kv_layout=common["kv_layout"],
-            prefill_only=prefill_only)))
+            prefill_only=prefill_only, item_parts=item_parts)))
         (launch,) = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
         parts.append(ClassPlan(schedule=sched, launch=launch, kernel_kwargs=kwargs))
     common = dict(common, large_tile_size=max(p.large_tile_size for p in parts))

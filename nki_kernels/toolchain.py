@@ -167,17 +167,19 @@ class Api:
         """The jitted kernel of ``family`` (``nki_kernels.ops.KernelFamily``) for this API."""
         return family.for_api(self.name)
 
-    def lnc(self, lnc=None, num_kv_heads: int = 2) -> int:
+    def lnc(self, lnc=None, num_kv_heads: int = 2, *, item_split: bool = False) -> int:
         """Physical cores a launch uses (the logical core's LNC): ``lnc`` (1 | 2), else the
         environment variable ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (:data:`PLATFORM_LNC`:
         2 on trn2 / trn3, 1 on trn1) when this API can split the launch (the current API: its
-        KV heads by ``nl.program_id(0)``; legacy: ``nl.nc`` SPMD programs) over an even Hkv,
-        else 1. On a device with no explicit choice: the environment's, or the compiler's own.
+        KV heads by ``nl.program_id(0)``; legacy: ``nl.nc`` SPMD programs) over an even Hkv or,
+        with ``item_split`` (a kernel whose host schedule can be cut in item parts, one per
+        core: the scheduled kernel), over any Hkv; else 1. On a device with no explicit choice:
+        the environment's, or the compiler's own.
 
         Raises:
             ValueError: ``lnc`` / the environment variable is not 1 or 2.
-            NotImplementedError: 2 where it cannot run (trn1; an odd Hkv; a legacy front end
-                without ``nl.nc``), saying to use 1.
+            NotImplementedError: 2 where it cannot run (trn1; an odd Hkv without
+                ``item_split``; a legacy front end without ``nl.nc``), saying to use 1.
         """
         source = "lnc"
         if lnc is None:
@@ -188,7 +190,7 @@ class Api:
             if not self.simulated and self.target is None:
                 return None             # the device's (compiler's) LNC
             want = PLATFORM_LNC.get(self.target, 1)
-            return want if want == 1 or self._can_split(num_kv_heads, want) else 1
+            return want if want == 1 or self._can_split(num_kv_heads, want, item_split) else 1
         if str(lnc) not in ("1", "2") or isinstance(lnc, bool):
             raise ValueError(f"{source} must be 1 or 2; got {lnc!r}")
         lnc = int(lnc)
@@ -196,24 +198,33 @@ class Api:
             if self.target == "trn1":
                 raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
                                           "NeuronCore; use lnc=1")
-            if not self._can_split(num_kv_heads, lnc):
+            if not self._can_split(num_kv_heads, lnc, item_split):
+                need = ("nl.nc" if item_split else
+                        "an even Hkv and, on the legacy API, nl.nc")
                 raise NotImplementedError(
                     f"{source}=2: the {self.name!r} API here cannot split a launch over "
-                    f"{num_kv_heads} KV head(s) between two cores (an even Hkv and, on the "
-                    "legacy API, nl.nc are needed); use lnc=1")
+                    f"{num_kv_heads} KV head(s) between two cores ({need} are needed); use "
+                    "lnc=1")
         return lnc
 
-    def _can_split(self, num_kv_heads, lnc):
-        if num_kv_heads % lnc:
+    def _can_split(self, num_kv_heads, lnc, item_split=False):
+        if num_kv_heads % lnc and not item_split:
             return False
         return self.name == CURRENT or hasattr(self.ops.nl, "nc")
 
-    def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool, lnc=None):
+    def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool, lnc=None,
+               item_parts: int = 1):
         """Run ``family`` on this API: legacy one program per KV head (grid ``[1, Hkv]``; with
         LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
-        its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. ``device`` runs it on a
+        its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. A schedule
+        cut in ``item_parts`` > 1 parts runs on exactly that many cores, each core its part of
+        every head (legacy grid ``[1, nl.spmd_dim(nl.nc(2), Hkv)]``). ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
-        kernel's output as returned (NumPy on the simulator)."""
+        kernel's output as returned (NumPy on the simulator).
+
+        Raises:
+            ValueError: ``item_parts`` > 1 and the launch resolves to another core count.
+        """
         k = self.kernel(family)
         if device and self.simulated:
             pkg = "neuronx-cc (neuronxcc.nki)" if self.name == LEGACY else "nki"
@@ -221,9 +232,12 @@ class Api:
                                f"{self.name!r}) and a Trainium device, but the simulator is "
                                f"active (NKI_PA_BACKEND={BACKEND_REQUEST!r}); use backend='sim' "
                                "or 'auto'")
-        cores = self.lnc(lnc, num_kv_heads)
+        cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1)
+        if item_parts > 1 and cores != item_parts:
+            raise ValueError(f"lnc must be {item_parts} for a schedule in {item_parts} item "
+                             f"parts (plan it with the launch's lnc); got {cores}")
         if self.name == LEGACY:
-            grid = k[self.ops.launch_grid(num_kv_heads, cores or 1)]
+            grid = k[self.ops.launch_grid(num_kv_heads, cores or 1, item_parts)]
             return grid(*args, **kwargs) if device else nki.simulate_kernel(grid, *args, **kwargs)
         pkg = load_current()[0]
         if device:

@@ -59,7 +59,7 @@ def variant(name: str):
     saved[(sched, "_class_schedule")] = sched._class_schedule
     try:
         if name == "no fill":
-            sched.fill_partial_padding = lambda full, part, per_tile: (full, part)
+            items.fill_partial_padding = lambda full, part, per_tile: (full, part)
         elif name == "unpadded":
             for m in (sched, items):
                 m.bucket = int
@@ -73,13 +73,13 @@ def variant(name: str):
 
             def one_phase(kind, rows, blocks, qb, **kw):
                 if not decode_layout(rows, blocks):
-                    sched.fill_partial_padding = lambda full, part, per_tile: (
+                    items.fill_partial_padding = lambda full, part, per_tile: (
                         [], sorted(part + [(g, k * per_tile + u) for g, k in full
                                            for u in range(per_tile)]))
                 try:
                     return real(kind, rows, blocks, qb, **kw)
                 finally:
-                    sched.fill_partial_padding = saved[(sched, "fill_partial_padding")]
+                    items.fill_partial_padding = saved[(items, "fill_partial_padding")]
             sched._class_schedule = one_phase
         elif name != "shipped":
             raise ValueError(f"variant must be one of {VARIANTS}; got {name!r}")

@@ -14,7 +14,7 @@ import pytest
 from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
-       "bench_kv_dma_modes", "bench_kv_layout", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
+       "bench_kv_dma_modes", "bench_kv_layout", "bench_lnc_parts", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
        "time_flash_sim")
 
 
@@ -52,7 +52,8 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_schedule_whatif", ["--targets", "trn3"]),
     ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"]),
     ("bench_evidence", ["--markdown", "no-such-folder/page"]),
-    ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"])])
+    ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"]),
+    ("bench_lnc_parts", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -242,10 +243,10 @@ def test_schedule_whatif_variants_swap_the_schedule_and_restore_it(load_script):
     import host.scheduled.schedule_items as items
     from host.scheduled.schedule import make_schedule
     mod = load_script("bench_schedule_whatif")
-    shipped = (sched.bucket, items.bucket, sched.fill_partial_padding, sched._class_schedule)
+    shipped = (sched.bucket, items.bucket, items.fill_partial_padding, sched._class_schedule)
     full, part = [(0, 0), (1, 0)], [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]
     with mod.variant("no fill"):
-        assert sched.fill_partial_padding(full, part, 1) == (full, part)
+        assert items.fill_partial_padding(full, part, 1) == (full, part)
     with mod.variant("unpadded"):
         assert (sched.bucket(13), items.bucket(13)) == (13, 13)
     with mod.variant("fori 8"):
@@ -260,7 +261,7 @@ def test_schedule_whatif_variants_swap_the_schedule_and_restore_it(load_script):
     assert counts([40, 1], [600, 600]) == [("decode", 1, 1), ("prefill", 1, 1)]
     with mod.variant("one phase"):          # the prefill class only: its full tile is masked
         assert counts([40, 1], [600, 600]) == [("decode", 1, 1), ("prefill", 0, 2)]
-    assert (sched.bucket, items.bucket, sched.fill_partial_padding,
+    assert (sched.bucket, items.bucket, items.fill_partial_padding,
             sched._class_schedule) == shipped
     with pytest.raises(ValueError, match="variant must be one of"):
         with mod.variant("bogus"):
@@ -292,3 +293,21 @@ def test_kv_dma_modes_runs_need_consecutive_block_ids(load_script, monkeypatch):
     assert mod.measure("gather", 1)["dma_instructions_per_load"] == 1
     with pytest.raises(SystemExit, match="runs of 16: the loaded rows differ"):
         mod.measure("runs of 16", 1)
+
+
+# ------------------------------------------------------------------------- bench_lnc_parts
+def test_lnc_parts_quick(run_quick, capsys):
+    """One KV head on both APIs: both cores busy, LNC 2 faster than LNC 1 (MODELED; the script
+    itself stops when an LNC 2 output leaves the tolerance of LNC 1's)."""
+    doc = run_quick("bench_lnc_parts")
+    assert (doc["heads"], doc["kv_heads"]) == (4, 1)
+    rows = doc["rows"]
+    assert {(r["workload"], r["api"], r["lnc"]) for r in rows} == {
+        (w, a, n) for w in ("decode_8", "mixed_1x128+6") for a in ("nki", "legacy")
+        for n in (1, 2)}
+    for r in rows:
+        assert len(r["per_core_us"]) == r["lnc"] and all(u > 0 for u in r["per_core_us"])
+        if r["lnc"] == 2:
+            assert r["vs_lnc1"] < 0.9 and r["max_abs_diff_vs_lnc1"] <= 3e-2
+    assert "| decode_8 | nki |" in capsys.readouterr().out
+

@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 
 from host._arrays import readonly
-from host.scheduled.schedule_items import (ITEM_OVERHEAD_KEYS, bucket,
+from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERHEAD_KEYS, bucket,
                                            choose_groups_and_partial_tile, choose_large_tile,
-                                           choose_partial_tile, fill_partial_padding,
-                                           item_geometry, q_blocks, schedule_items)
+                                           choose_partial_tile, item_geometry, q_blocks,
+                                           schedule_items, split_parts)
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
@@ -90,6 +90,9 @@ class PhaseArrays:
     bounds: decode-layout classes, masked phase: (1, items * 2 * rows) float32, item t's
         ``c_q`` (columns ``t*2*rows + q``) and ``r_q`` (``t*2*rows + rows + q``) on ONE
         partition (the kernel broadcasts them); None otherwise.
+    parts: the item parts (docs/layouts.md §16.3): items ``[p * items / parts, (p + 1) * items
+        / parts)`` are part p's (its groups' items, then its padding), run by core p of an
+        LNC=2 launch; 1: one run of items.
     """
 
     items: int
@@ -99,6 +102,7 @@ class PhaseArrays:
     meta_f: np.ndarray = field(repr=False)
     item_block: np.ndarray = field(repr=False, default=None)   # (items,) Q block (-1: padding)
     bounds: np.ndarray = field(repr=False, default=None)       # decode layout, masked: see above
+    parts: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +111,8 @@ class ClassSchedule:
 
     rows: query rows per Q block (partitions); blocks: Q blocks per group; num_blocks: Q blocks
     of the class; decode_layout: the kernel folds this class with keys on partitions; seqs: (n,) sequence ids of the class; row_token / row_head: (num_blocks*rows,)
-    flat token index and head-in-group g of every query row (-1 = padding row).
+    flat token index and head-in-group g of every query row (-1 = padding row); item_parts:
+    the phases' item parts (:class:`PhaseArrays` ``parts``).
     """
 
     kind: str
@@ -122,6 +127,7 @@ class ClassSchedule:
     partial: PhaseArrays = field(repr=False)
     full: PhaseArrays = field(repr=False)
     ov_rows: int = 0
+    item_parts: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +175,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                   cache_itemsize: int = 4, kernel_itemsize: int = 2,
                   group_blocks_cap: int | None = None,
                   partial_tile_size: int | str | None = None,
-                  kv_layout: str = FUSED, seqs: Any = None) -> AttentionSchedule:
+                  kv_layout: str = FUSED, seqs: Any = None,
+                  item_parts: int = 1) -> AttentionSchedule:
     """Build the schedule of one flat batch (validated lens; ``block_tables`` already checked).
 
     Args:
@@ -195,6 +202,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         seqs: the ids of the sequences this schedule covers (None: all). Sequences left out
             get no items and no overlay rows; tokens and sequence ids stay the batch's, so one
             schedule per class (``class_sequences``) gives each class its own tile sizes.
+        item_parts: 1, or 2 to cut every class's items in two parts, one per physical core of
+            an LNC=2 launch (:func:`host.scheduled.schedule_items.split_parts`; any Hkv).
     """
     q = check_lens("query_lens", query_lens, min_value=1)
     c = check_lens("context_lens", context_lens, min_value=0, length=q.shape[0],
@@ -211,13 +220,15 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         fail("kv_layout", f"be one of {KV_LAYOUTS}", repr(kv_layout))
     if seqs is not None:
         seqs = check_seqs(seqs, q.shape[0])
+    if type(item_parts) is not int or item_parts not in (1, 2):
+        fail("item_parts", "be 1 or 2 (the physical cores of the launch)", repr(item_parts))
     return build_schedule(q, c, block_tables, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           head_size=head_size, block_size=B, num_blocks=num_blocks,
                           large_tile_size=LT, sliding_window=sliding_window, alibi=alibi,
                           row_init=row_init, query_itemsize=query_itemsize,
                           cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
                           group_blocks_cap=group_blocks_cap, partial_tile_size=partial_tile_size,
-                          kv_layout=kv_layout, seqs=seqs)
+                          kv_layout=kv_layout, seqs=seqs, item_parts=item_parts)
 
 
 def check_seqs(seqs: Any, num_seqs: int) -> np.ndarray:
@@ -271,11 +282,12 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                    query_itemsize: int, cache_itemsize: int, kernel_itemsize: int,
                    group_blocks_cap: int | None,
                    partial_tile_size: int | str | None,
-                   kv_layout: str = FUSED, seqs: np.ndarray | None = None) -> AttentionSchedule:
+                   kv_layout: str = FUSED, seqs: np.ndarray | None = None,
+                   item_parts: int = 1) -> AttentionSchedule:
     """:func:`make_schedule` on arguments it has validated (``q`` / ``c`` int64 (S,) length
     vectors, ``block_size`` / ``large_tile_size`` / ``partial_tile_size`` / ``sliding_window``
-    / ``seqs`` checked); what ``host.plan_paged_attention`` calls after its own single
-    validation."""
+    / ``seqs`` / ``item_parts`` checked); what ``host.plan_paged_attention`` calls after its own
+    single validation."""
     B, LT = block_size, large_tile_size
     G = num_heads // num_kv_heads
     full_geo = tile_geometry(B, LT)
@@ -300,8 +312,9 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                 fit = max_group_blocks(nc_gen="gen2", block_size=B, large_tile=LT,
                                        head_size=head_size, rows=P, cache_itemsize=cache_itemsize,
                                        query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize)
-            blocks = max(1, min(MAX_GROUP_BLOCKS, fit,
-                                max(-(-int(q[i] * G) // P) for i in seqs)))
+            most = max(-(-int(q[i] * G) // P) for i in seqs)
+            # item parts: the longest sequence in as many groups (a part takes whole groups)
+            blocks = max(1, min(MAX_GROUP_BLOCKS, fit, -(-most // item_parts)))
         qb = q_blocks(seqs, rows, blocks, q=q, c=c, G=G, tok_off=tok_off)
         specs.append((kind, np.array(seqs), rows, blocks, qb))
 
@@ -335,7 +348,8 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                         geo={False: full_geo, True: part_geo}, sliding_window=sliding_window,
                         ov_off=ov_off, block_tables=block_tables, num_blocks=num_blocks,
                         ov_sentinel=2 * ov_rows_total, ov_rows_per_head=max(R_ov, 1),
-                        alibi=alibi, row_init=row_init, seqs=seqs, kv_layout=kv_layout)
+                        alibi=alibi, row_init=row_init, seqs=seqs, kv_layout=kv_layout,
+                        item_parts=item_parts)
         for kind, seqs, rows, blocks, qb in specs)
     return AttentionSchedule(
         num_kv_heads=Hkv, head_size=head_size, block_size=B, large_tile_size=LT,
@@ -349,7 +363,7 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
 
 def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_window, ov_off,
                     block_tables, num_blocks, ov_sentinel, ov_rows_per_head, alibi, row_init,
-                    seqs, kv_layout):
+                    seqs, kv_layout, item_parts):
     """The two phases of one class (``qb``: ``host.scheduled.schedule_items.q_blocks``); see :class:`PhaseArrays` for
     the columns. ``geo[masked]``: the tile geometry of the full (False) and partial (True)
     phase."""
@@ -358,21 +372,24 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
     ngroups = len(groups)          # nblk = ngroups * blocks (group-major block ids)
     full_items, part_items, group_lo = schedule_items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
                                               sliding_window=sliding_window)
-    full_items, part_items = fill_partial_padding(full_items, part_items,
-                                                  geo[False].W // geo[True].W)
-    full_groups = {g for g, _ in full_items}
+    ovh = DECODE_ITEM_OVERHEAD_KEYS if decode_layout(rows, blocks) else ITEM_OVERHEAD_KEYS
+    cut = split_parts(full_items, part_items, item_parts, full_cost=geo[False].W + ovh,
+                      part_cost=geo[True].W + ovh, per_tile=geo[False].W // geo[True].W)
+    full_groups = {g for f, _ in cut for g, _ in f}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.
-    assert {g for g, _ in part_items} == set(range(len(groups))), "internal: group without partial item"
+    assert {g for _, pi in cut for g, _ in pi} == set(range(len(groups))), \
+        "internal: group without partial item"
 
-    def phase(items_list, masked):
+    def phase(parts_lists, masked):
         g = geo[masked]
         T, bp, L, nL, W = g.T, g.bp, g.L, g.nL, g.W
         n_main = c // bp                              # this geometry's rows read from the cache
         n_rows = -(-keys // bp)
         main_sentinel = cache_row_count(kv_layout, num_blocks, Hkv, T)   # past every view row
-        n_real = len(items_list)
-        n_items = bucket(n_real)
+        n_real = sum(len(x) for x in parts_lists)
+        per_part = bucket(max(len(x) for x in parts_lists))
+        n_items = per_part * len(parts_lists)
         kop = decode_layout(rows, blocks)
         lay = meta_layout(loads=nL, blocks=blocks, head_size=d, masked=masked, alibi=alibi,
                           row_init=row_init, keys_on_partitions=kop)
@@ -394,12 +411,13 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         mi[:, :, :, st_col] = ngroups * rows               # state rows (per program)
         mi[:, :, :, st_col + 1:] = Hkv * ngroups * rows    # output rows and init rows
         mf[:, :, lay.reset] = 1.0
-        prev_group = None
-        for t, (gi, k) in enumerate(items_list):
+        placed = [(pp * per_part + u, u, items_list) for pp, items_list in enumerate(parts_lists)
+                  for u in range(len(items_list))]
+        for t, u, items_list in placed:
+            gi, k = items_list[u]
             i, blist = groups[gi]
-            first = gi != prev_group
-            last = t + 1 == n_real or items_list[t + 1][0] != gi
-            prev_group = gi
+            first = u == 0 or items_list[u - 1][0] != gi
+            last = u + 1 == len(items_list) or items_list[u + 1][0] != gi
             mf[:, t, lay.reset] = 1.0 if first else 0.0
             # KV rows of this tile: key row j = k*L + l*128 + p of sequence i
             j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
@@ -460,7 +478,7 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
                     else:
                         mf[:rows, t, lay.bounds + 2 * jj] = (lo + hi - 1) / 2.0
                         mf[:rows, t, lay.bounds + 1 + 2 * jj] = (hi - lo) / 2.0
-        return PhaseArrays(items=n_items, real_items=n_real, masked=masked,
+        return PhaseArrays(items=n_items, real_items=n_real, masked=masked, parts=len(parts_lists),
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
                            meta_f=readonly(mf.reshape(P, n_items * kf)),
                            item_block=readonly(item_block),
@@ -471,8 +489,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
                          seqs=readonly(seqs), row_token=readonly(qb["row_token"]),
                          row_head=readonly(qb["row_head"]),
                          row_pos=readonly(np.where(row_real, row_pos, -1).reshape(-1)),
-                         partial=phase(part_items, True),
-                         full=phase(full_items, False))
+                         partial=phase([pi for _, pi in cut], True),
+                         full=phase([f for f, _ in cut], False), item_parts=item_parts)
 
 
 def _pad_rows(v: np.ndarray, sentinel: int) -> np.ndarray:

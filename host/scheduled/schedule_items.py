@@ -1,8 +1,8 @@
 """Which work a batch needs (``host.scheduled.schedule``, docs/layouts.md §16.2-16.3): tile geometries
 (``nki_kernels.contract.TileGeometry``), Q blocks and groups, FULL / PARTIAL items with exact
-pruning, the phases' static item counts (``bucket``) and the full tiles that fill the partial
-phase's padding slots, and the ``"auto"`` partial tile
-size. Plain NumPy / Python on lengths; ``host.scheduled.schedule`` turns the items into kernel metadata.
+pruning, the phases' static item counts (``bucket``), the full tiles that fill the partial
+phase's padding slots, the cut of a class's groups into item parts (one per core of an LNC=2
+launch) and the ``"auto"`` partial tile size. Plain NumPy / Python on lengths; ``host.scheduled.schedule`` turns the items into kernel metadata.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
-           "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "choose_partial_tile",
+           "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "split_parts",
+           "choose_partial_tile",
            "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile",
            "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS", "AUTO_DECODE_ROW_TOKENS"]
 
@@ -227,3 +228,29 @@ def fill_partial_padding(full_items: list, part_items: list, per_tile: int) -> t
         return full_items, part_items
     moved = [(g, k * per_tile + u) for g, k in full_items[F - m:] for u in range(per_tile)]
     return full_items[:F - m], sorted(part_items + moved)
+
+
+def split_parts(full_items: list, part_items: list, parts: int, *, full_cost: float,
+                part_cost: float, per_tile: int) -> tuple:
+    """Step 2c of a class: its items cut in ``parts`` parts, one per physical core of an LNC=2
+    launch (docs/layouts.md §16.3): ``((full_items, part_items), ...)``, one pair per part,
+    each then given :func:`fill_partial_padding`. Whole groups go to a part (a group's state
+    stays on one core, in SBUF and in that core's scratch); the groups are dealt out largest
+    first, each to the part with the least work so far, a group's work being its full items
+    times ``full_cost`` plus its partial items times ``part_cost`` (keys plus per-item work).
+    Items stay ordered by group, then tile, within a part."""
+    if parts == 1:
+        return (fill_partial_padding(full_items, part_items, per_tile),)
+    cost: dict = {}
+    for items, each in ((full_items, full_cost), (part_items, part_cost)):
+        for g, _ in items:
+            cost[g] = cost.get(g, 0.0) + each
+    load, owner = [0.0] * parts, {}
+    for g in sorted(cost, key=lambda g: (-cost[g], g)):
+        p = min(range(parts), key=lambda j: (load[j], j))
+        owner[g] = p
+        load[p] += cost[g]
+    return tuple(fill_partial_padding([it for it in full_items if owner[it[0]] == p],
+                                      [it for it in part_items if owner[it[0]] == p], per_tile)
+                 for p in range(parts))
+

@@ -77,20 +77,22 @@ def require_toolchain(op: str) -> None:
 
 
 def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | None = None,
-           **kwargs: Any) -> Any:
+           lnc: int | None = None, item_parts: int = 1, **kwargs: Any) -> Any:
     """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)
     and return its output. A legacy-only kernel runs as ``kernel[grid](...)`` (``grid`` None: no
     grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
     ``nki_kernels.toolchain.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
     Hkv)``, current ``kernel(...)`` -- one launch at the logical NeuronCore count of the
-    environment (``NEURON_LOGICAL_NC_CONFIG``), the kernel looping over its KV heads."""
+    environment (``NEURON_LOGICAL_NC_CONFIG``) or ``lnc``, the kernel looping over its KV heads
+    (or, for a schedule cut in ``item_parts`` parts, each core over its part of the items)."""
     from nki_kernels.ops import KernelFamily
 
     if isinstance(kernel, KernelFamily):
         from nki_kernels import toolchain
 
         chosen = toolchain.resolve_api(api)
-        return chosen.launch(kernel, args, kwargs, num_kv_heads=grid[1], device=True)
+        return chosen.launch(kernel, args, kwargs, num_kv_heads=grid[1], device=True, lnc=lnc,
+                             item_parts=item_parts)
     return (kernel[grid] if grid else kernel)(*args, **kwargs)
 
 
@@ -204,7 +206,8 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         args, inputs = launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q)
         on_dev = lambda a: idx(a) if isinstance(a, np.ndarray) else a  # noqa: E731
         out = launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args), api=plan.api,
-                     **part.kernel_kwargs, **{n: on_dev(a) for n, a in inputs.items()})
+                     lnc=plan.lnc, item_parts=cls.item_parts, **part.kernel_kwargs,
+                     **{n: on_dev(a) for n, a in inputs.items()})
         rows, dst = output_index(cls, H, Hkv)
         out = block_major(out, Hkv, cls.blocks, cls.rows, d)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)

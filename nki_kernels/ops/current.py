@@ -103,24 +103,37 @@ def static_range(n):
 parallel_range = sequential_range = static_range
 
 
-def kv_heads(num_kv_heads):
+def kv_heads(num_kv_heads, item_parts=1):
     """The KV heads this launch runs: all of them in a loop, or under LNC=2 (two physical
     cores, ``nl.num_programs(0) == 2``) the ``Hkv / 2`` consecutive heads of this core
-    ``nl.program_id(0)`` (both cores run the same trip count; an odd Hkv cannot be split so)."""
+    ``nl.program_id(0)``; with ``item_parts`` = the cores (the host's schedule cut in that many
+    parts, any Hkv) every head, each core running its part of the items (:func:`item_part`)."""
     cores = nl.num_programs(axes=0)
-    if cores == 1:
+    if item_parts not in (1, cores):
+        raise ValueError(f"a schedule in {item_parts} item parts needs a launch on "
+                         f"{item_parts} cores; this one runs on {cores}")
+    if cores == 1 or item_parts != 1:
         return range(num_kv_heads)
     if num_kv_heads % cores:
         raise NotImplementedError(f"a launch on {cores} cores splits its KV heads evenly; "
-                                  f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1")
+                                  f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1 "
+                                  "or a schedule in item parts")
     per = num_kv_heads // cores
     core = nl.program_id(axis=0)
     return [core * per + j for j in range(per)]
 
 
-def launch_grid(num_kv_heads, lnc=1):
-    """No SPMD grid: one launch covers every KV head (``lnc`` cores split them in-kernel)."""
-    del num_kv_heads, lnc
+def item_part(num_kv_heads, item_parts=1):
+    """The part of every phase's items this program runs (0 .. item_parts - 1): its core
+    ``nl.program_id(0)`` when the schedule is cut in parts, else 0."""
+    del num_kv_heads
+    return 0 if item_parts == 1 else nl.program_id(axis=0)
+
+
+def launch_grid(num_kv_heads, lnc=1, item_parts=1):
+    """No SPMD grid: one launch covers every KV head (``lnc`` cores split them, or the items,
+    in-kernel)."""
+    del num_kv_heads, lnc, item_parts
     return None
 
 

@@ -67,6 +67,10 @@ class SchedOptions:
         the API offers it -- P^T by SBUF -> SBUF DMA transposes
         (``sched_core.StepConfig.probs_by_dma``) and the chunks' row maxima combined on
         GpSimd (``StepConfig.pairwise_max``).
+    item_parts: 1, or the physical cores of an LNC=2 launch whose host schedule is cut in that
+        many item parts (any Hkv; docs/layouts.md §16.3): every phase's items are
+        ``item_parts`` equal runs, core c runs run c of every KV head
+        (``ops.item_part``); 1 leaves the cores to split the KV heads (``ops.kv_heads``).
     """
 
     softmax_scale: float | None = None
@@ -79,6 +83,7 @@ class SchedOptions:
     windowed: bool = True
     kv_layout: str = "fused"
     prefill_only: bool = False
+    item_parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -312,6 +317,11 @@ def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts, value_cache=None) 
     items_p, items_f = check_phase_metadata(
         KERNEL, ins.meta_i[1], ins.meta_f[1], ins.meta_i[0], ins.meta_f[0], programs=Hkv,
         columns=lambda masked: (layouts[masked].ki, layouts[masked].kf))
+    parts = opts.item_parts
+    ck(isinstance(parts, int) and not isinstance(parts, bool) and 1 <= parts <= ops.max_lnc()
+       and items_p % parts == 0 and items_f % parts == 0, "item_parts",
+       f"be an int in [1, {ops.max_lnc()}] (this target's cores per launch) dividing both "
+       f"phases' item counts ({items_f}, {items_p})", parts)
     scale = softmax_scale_value(KERNEL, opts.softmax_scale, d)
     soft_cap = opts.logits_soft_cap
     ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)

@@ -166,13 +166,15 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
                        "skipping needs neuronx-cc from Neuron SDK 2.23)",
                        "upgrade to Neuron SDK >= 2.23")
     const = None
-    for head in ops.kv_heads(num_kv_heads):
+    parts = cfg.opts.item_parts
+    part = ops.item_part(num_kv_heads, parts)
+    for head in ops.kv_heads(num_kv_heads, parts):
         tiles = _group_tiles(ops, cfg, ins.query_t.dtype)
         if const is None:         # once per kernel, after the first head's tiles
             const = _constants(ops, cfg)
         for phase in (cfg.full, cfg.partial):
             if phase.items:
-                _run_phase(ops, cfg, ins, phase, head, tiles, const)
+                _run_phase(ops, cfg, ins, phase, head, tiles, const, part)
 
 
 def _group_tiles(ops, cfg, q_dtype):
@@ -237,14 +239,17 @@ def _key_index(ops, cfg, phase):
     return key_index_tile(ops, cfg.rows, geo.nL, geo.bp)
 
 
-def _run_phase(ops, cfg, ins, phase, head, tiles, const):
-    """The phase's item loop for KV head ``head``, one metadata chunk at a time."""
+def _run_phase(ops, cfg, ins, phase, head, tiles, const, part):
+    """The phase's item loop for KV head ``head``, one metadata chunk at a time: every item,
+    or with ``cfg.opts.item_parts`` > 1 the ``part``-th of that many equal runs of items."""
     masked, m, rows, d = phase.masked, phase.meta, cfg.rows, cfg.d
     ki, kf = m.ki, m.kf
     which = 1 if masked else 0
     mi_all, mf_all = ins.meta_i[which], ins.meta_f[which]
     q_all, i_all = ins.q_items[which], ins.i_items[which]
-    chunk = chunk_size(phase.items)
+    per_part = phase.items // cfg.opts.item_parts
+    chunk = chunk_size(per_part)
+    first = part * (per_part // chunk)        # this part's first chunk
     kv_tiles = None
     if not masked:
         # Full items write every row; padding items (all DMAs skipped) then read the last
@@ -261,7 +266,8 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const):
         # matmul contracts over channels, so a column never mixes into another key's score).
         # V stays zeroed per item (P = 0 times a stale NaN would not be 0).
         kv_tiles = (zeroed(ops, (d, phase.geo.W), cfg.kd, "gpsimd"), None)
-    for ch in ops.sequential_range(phase.items // chunk):
+    for c in ops.sequential_range(per_part // chunk):
+        ch = first + c
         mi = ops.sbuf((P, chunk * ki), ops.int32)
         ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])
         mf = ops.sbuf((P, chunk * kf), ops.float32)

@@ -259,13 +259,13 @@ def simulated_device(monkeypatch):
 
     from nki_kernels.ops import KernelFamily
 
-    def launch(kernel, grid, *a, api=None, **kw):
+    def launch(kernel, grid, *a, api=None, lnc=None, item_parts=1, **kw):
         calls.append((kernel, grid))
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
         kw = {k: x.numpy() if isinstance(x, torch.Tensor) else x for k, x in kw.items()}
         if isinstance(kernel, KernelFamily):          # the API choice of the real path
             out = toolchain.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
-                                               device=False)
+                                                    device=False, lnc=lnc, item_parts=item_parts)
         else:
             out = toolchain.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
         return torch.from_numpy(np.ascontiguousarray(out))

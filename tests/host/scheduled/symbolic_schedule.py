@@ -143,7 +143,8 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
         tl_of = (np.arange(nL)[:, None, None] * P + np.arange(P)[None, :, None]) * bp \
             + np.arange(bp)[None, None, :]             # tile-local key of (l, p, s)
         ki, kf, col0 = columns(cls, nL=nL, d=d, masked=masked, alibi=alibi, row_init=row_init)
-        assert arr.masked == masked and arr.items == bucket(arr.real_items)
+        assert arr.masked == masked and (arr.items == bucket(arr.real_items) if arr.parts == 1
+                                         else arr.items % arr.parts == 0)
         assert arr.meta_i.shape == (Hkv, P, arr.items * ki) and arr.meta_i.dtype == np.int32
         assert arr.meta_f.shape == (P, arr.items * kf) and arr.meta_f.dtype == np.float32
         assert arr.item_block.shape == (arr.items,)
@@ -158,8 +159,9 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
         for t in range(arr.items):
             reset = mf[0, t, 0]
             assert np.all(mf[:, t, 0] == reset) and reset in (0.0, 1.0)
-            if t >= arr.real_items:
-                assert arr.item_block[t] == -1
+            real_t = bool(arr.item_block[t] >= 0)      # padding items carry -1
+            if arr.parts == 1:
+                assert real_t == (t < arr.real_items)
             if reset:
                 group, acc = [None] * blocks, [None] * blocks
             q_slots = []
@@ -187,7 +189,7 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
                             group[jj] = b
                             acc[jj] = np.zeros((rows, Kmax), np.int64)
                             q_slots.append(jj)
-                if t < arr.real_items:
+                if real_t:
                     assert arr.item_block[t] == group[0]
             g_cur = None if group[0] is None else group[0] // blocks
             # q_init ids (row_init only, not kop): (h*ngroups + g)*rows + p for every row, with
@@ -263,9 +265,9 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
             if iseq >= 0:            # the rows sit at their own tile-local index (§16.3)
                 gathered = key_pos >= 0
                 assert np.array_equal(key_pos[gathered] - tile * W, np.arange(W)[gathered])
-            if not masked and t < arr.real_items:
+            if not masked and real_t:
                 assert n_main == nL * P, "a FULL item with a row that is not gathered"
-            if alibi and t < arr.real_items:           # first key position of the tile
+            if alibi and real_t:           # first key position of the tile
                 assert np.all(mf[:, t, kf - 1] == tile * W)
             # fold: every slot with a block, visible keys of its real rows.
             pairs = 0
@@ -301,7 +303,7 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
                 real = real_rows[b * rows:(b + 1) * rows]
                 counts[b][real] += acc[jj][real]
                 writes[b][real] += 1
-            items.append(Item(phase, t < arr.real_items, bool(reset), iseq, tile,
+            items.append(Item(phase, real_t, bool(reset), iseq, tile,
                               tuple(group), tuple(q_slots), tuple(st_slots), tuple(out_slots),
                               n_main, n_ov, pairs))
     assert not saved, "state stored by the full phase and never loaded"
@@ -352,15 +354,17 @@ def check_coverage(sched, *, q, c, bt, N, H, Hkv, d, B, LT, window=None, alibi=F
 
 
 def schedule(q, c, *, H, Hkv, d, B, LT, window=None, seed=0, pad=-1, alibi=False,
-             row_init=False, LTp=None, cap=None):
+             row_init=False, LTp=None, cap=None, parts=1):
     """The schedule and the keywords of ``check_coverage``; ``LTp``: ``partial_tile_size``
     (an int, "auto" -- the size the schedule picked is then checked -- or None); ``cap``:
-    ``group_blocks_cap``."""
+    ``group_blocks_cap``; ``parts``: ``item_parts`` (the parts run one after the other here,
+    as one core would: their groups and state rows are disjoint)."""
     q, c = np.asarray(q, np.int64), np.asarray(c, np.int64)
     bt, N = block_tables_for(c, B, seed, pad=pad)
     s = make_schedule(q, c, bt, num_heads=H, num_kv_heads=Hkv, head_size=d, block_size=B,
                       num_blocks=N, large_tile_size=LT, sliding_window=window, alibi=alibi,
-                      row_init=row_init, partial_tile_size=LTp, group_blocks_cap=cap)
+                      row_init=row_init, partial_tile_size=LTp, group_blocks_cap=cap,
+                      item_parts=parts)
     want = LT if LTp is None else LTp
     if LTp == "auto":
         want = s.partial_tile_size
