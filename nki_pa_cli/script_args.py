@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import subprocess
 from pathlib import Path
 
@@ -59,6 +60,22 @@ def parse_args(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
         if missing:
             ap.error(f"--plot: {missing}")
     return args
+
+
+def add_markdown_arg(ap: argparse.ArgumentParser, help: str = "write the table as a page") -> None:
+    """Add ``--markdown PATH`` (its folder is checked by :func:`parse_args`)."""
+    ap.add_argument("--markdown", type=Path, metavar="PATH", help=help)
+
+
+def write_markdown(args: argparse.Namespace, script: str, argv, page) -> None:
+    """If ``--markdown`` was given: write ``page(command, commit)`` there -- the command line
+    that ran ``script`` with ``argv`` (None: ``sys.argv[1:]``) as :func:`command_line` records
+    it, and the checkout's :func:`git_commit` -- and say so."""
+    if getattr(args, "markdown", None) is None:
+        return
+    cmd = command_line(Path(script).name, sys.argv[1:] if argv is None else argv)
+    args.markdown.write_text(page(cmd, git_commit()))
+    print(f"markdown: {args.markdown}")
 
 
 def write_json(args: argparse.Namespace, script: str, rows: list, **extra) -> None:

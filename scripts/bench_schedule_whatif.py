@@ -38,8 +38,8 @@ for _p in (ROOT, ROOT / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from nki_pa_cli.script_args import (add_common_args, command_line, git_commit,  # noqa: E402
-                                    parse_args, write_json)
+from nki_pa_cli.script_args import (add_common_args, add_markdown_arg,  # noqa: E402
+                                    parse_args, write_json, write_markdown)
 
 VARIANTS = ("shipped", "no fill", "unpadded", "fori 8", "one phase")
 TARGETS = {"trn1": "legacy", "trn2": "nki"}
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap, quick_help="the two small batches of bench_paged_attention --quick "
                                    "(about a minute)")
-    ap.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as a page")
+    add_markdown_arg(ap)
     ap.add_argument("--targets", nargs="+", choices=tuple(TARGETS), default=list(TARGETS))
     a = parse_args(ap, argv)
     t0 = time.perf_counter()
@@ -160,10 +160,7 @@ def main(argv=None) -> int:
     print(table(rows))
     print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     write_json(a, __file__, rows, times="MODELED")
-    if a.markdown:
-        cmd = command_line("bench_schedule_whatif.py", sys.argv[1:] if argv is None else argv)
-        a.markdown.write_text(markdown(rows, a.quick, cmd, git_commit()))
-        print(f"markdown: {a.markdown}")
+    write_markdown(a, __file__, argv, lambda cmd, commit: markdown(rows, a.quick, cmd, commit))
     return 0
 
 

@@ -47,9 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from nki_pa_cli.script_args import (add_api_arg, add_common_args, api_runs,  # noqa: E402
-                                    check_api_targets, command_line, git_commit,
-                                    parse_args, write_json)
+from nki_pa_cli.script_args import (add_api_arg, add_common_args, add_markdown_arg,  # noqa: E402
+                                    api_runs, check_api_targets, parse_args, write_json,
+                                    write_markdown)
 
 D, BLOCK, TILE = 128, 32, 2048
 TARGETS = ("trn1", "trn2")
@@ -324,8 +324,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap, quick_help="4 sequences, H=8, Hkv=2 (about a minute)",
                     plot_help="bar chart of the modeled times")
-    ap.add_argument("--markdown", type=Path, metavar="FILE",
-                    help="write the table, findings and method as a markdown page")
+    add_markdown_arg(ap, "write the table, findings and method as a markdown page")
     ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     add_api_arg(ap, default="auto", what="the scheduled kernel")
     a = parse_args(ap, argv)
@@ -337,10 +336,7 @@ def main(argv=None) -> int:
     print(findings(rows))
     print(f"(simulation wall time {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     write_json(a, __file__, rows, times="MODELED")
-    if a.markdown:
-        cmd = command_line("bench_variants.py", sys.argv[1:] if argv is None else argv)
-        a.markdown.write_text(markdown(rows, a.quick, cmd, git_commit()))
-        print(f"markdown: {a.markdown}")
+    write_markdown(a, __file__, argv, lambda cmd, commit: markdown(rows, a.quick, cmd, commit))
     if a.plot:
         plot(rows, a.plot)
     return 0

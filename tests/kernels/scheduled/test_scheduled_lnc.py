@@ -1,7 +1,8 @@
 """The scheduled kernel on both physical cores of a trn2 logical core (LNC=2): the KV heads split
 between the cores, outputs bit-identical to LNC=1 and within tolerance of the float64 reference,
-garbage in unseen cache slots never reaching the output, calls from worker threads, the modeled
-launch time being the slower core's, and how the LNC is chosen (``Api.lnc``)."""
+garbage in unseen cache slots never reaching the output, calls from worker threads (these two
+also with one KV head, whose schedule is cut in item parts: test_scheduled_lnc_items.py), the
+modeled launch time being the slower core's, and how the LNC is chosen (``Api.lnc``)."""
 
 from __future__ import annotations
 
@@ -53,13 +54,15 @@ def test_two_cores_match_one_core_and_the_reference(on_api, batch_factory, tol):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])     # bf16: K^T by DMA transposes
+@pytest.mark.parametrize("api, hkv", [("nki", 2), ("nki", 1), ("legacy", 1)])  # 1: item parts
 def test_garbage_where_no_query_looks_never_reaches_the_output_on_two_cores(on_api,
-                                                                           batch_factory, dtype):
+                                                                           batch_factory, dtype,
+                                                                           api, hkv):
     import ml_dtypes
 
-    q, c, B = [1, 3, 40, 1], [50, 7, 300, 33], 16
+    q, c, B = [1, 3, 40, 1, 1], [50, 7, 300, 33, 90], 16
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
-    b = batch_factory(32, q, c, H=4, Hkv=2, d=16, block_size=B, spare_blocks=3, dtype=dt)
+    b = batch_factory(32, q, c, H=2 * hkv, Hkv=hkv, d=16, block_size=B, spare_blocks=3, dtype=dt)
     # NaN in every cache slot no query may see: each context's last block past its end, and
     # every block no table lists
     dirty = np.full_like(b.kv_cache, np.nan)
@@ -68,14 +71,15 @@ def test_garbage_where_no_query_looks_never_reaches_the_output_on_two_cores(on_a
         seen = b.block_tables[i, :n]
         dirty[:, seen[:-1]] = b.kv_cache[:, seen[:-1]]
         dirty[:, seen[-1], :, :ci - (n - 1) * B] = b.kv_cache[:, seen[-1], :, :ci - (n - 1) * B]
-    with on_api("nki"):
+    with on_api(api):
         clean, out = _run(b, 2), _run(b, 2, kv_cache=dirty)
-    assert out.tobytes() == clean.tobytes()
+    assert out.tobytes() == clean.tobytes() and np.isfinite(out).all()
 
 
-def test_two_core_launches_from_a_thread_pool_are_bit_identical(on_api, batch_factory):
-    batches = [batch_factory(40 + i, [1, 2 + i], [90 + 40 * i, 20], H=4, Hkv=2, d=16,
-                             block_size=16) for i in range(3)]
+@pytest.mark.parametrize("hkv", [2, 1])          # 1: the schedule in item parts
+def test_two_core_launches_from_a_thread_pool_are_bit_identical(on_api, batch_factory, hkv):
+    batches = [batch_factory(40 + i, [1, 2 + i, 1], [90 + 40 * i, 20, 300], H=2 * hkv, Hkv=hkv,
+                             d=16, block_size=16) for i in range(3)]
     with on_api("nki"):
         serial = [_run(b, 2) for b in batches]
         with ThreadPoolExecutor(max_workers=3) as pool:

@@ -2,12 +2,10 @@
 be split between them (an odd Hkv: 1 is what a tensor-parallel rank of a GQA model usually
 holds): the host cuts each class's items in two parts by group, core c runs part c of every
 head (docs/layouts.md §16.3). Both APIs; outputs within tolerance of the float64 reference,
-garbage in unseen cache slots never reaching them, calls from worker threads, each core running
-its own part, and how the launch is chosen and refused."""
+each core running its own part, and how the launch is chosen and refused (garbage safety and
+worker threads with one KV head: test_scheduled_lnc.py)."""
 
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -60,32 +58,6 @@ def test_legacy_item_parts_place_every_head_on_both_cores(on_api, batch_factory)
     for e in trace.events:
         programs.setdefault(e.attr("core", 0), set()).add(e.program_id[1])
     assert programs == {0: {0, 1, 2}, 1: {3, 4, 5}}
-
-
-@pytest.mark.parametrize("api", ["nki", "legacy"])
-def test_garbage_where_no_query_looks_never_reaches_the_output_with_item_parts(api, on_api,
-                                                                              batch_factory):
-    q, c, B = [1, 3, 40, 1, 1], [50, 7, 300, 33, 90], 16
-    b = batch_factory(53, q, c, H=4, Hkv=1, d=16, block_size=B, spare_blocks=3)
-    dirty = np.full_like(b.kv_cache, np.nan)
-    for i, ci in enumerate(c):
-        n = -(-ci // B)
-        seen = b.block_tables[i, :n]
-        dirty[:, seen[:-1]] = b.kv_cache[:, seen[:-1]]
-        dirty[:, seen[-1], :, :ci - (n - 1) * B] = b.kv_cache[:, seen[-1], :, :ci - (n - 1) * B]
-    with on_api(api):
-        clean, out = _run(b, 2), _run(b, 2, kv_cache=dirty)
-    assert out.tobytes() == clean.tobytes() and np.isfinite(out).all()
-
-
-def test_item_part_launches_from_a_thread_pool_are_bit_identical(on_api, batch_factory):
-    batches = [batch_factory(60 + i, [1, 2 + i, 1], [90 + 40 * i, 20, 300], H=4, Hkv=1, d=16,
-                             block_size=16) for i in range(3)]
-    with on_api("nki"):
-        serial = [_run(b, 2) for b in batches]
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            threaded = list(pool.map(lambda b: _run(b, 2), batches))
-    assert all(s.tobytes() == t.tobytes() for s, t in zip(serial, threaded))
 
 
 def _api(name, target):
