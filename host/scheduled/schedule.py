@@ -364,17 +364,17 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
 def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_window, ov_off,
                     block_tables, num_blocks, ov_sentinel, ov_rows_per_head, alibi, row_init,
                     seqs, kv_layout, item_parts):
-    """The two phases of one class (``qb``: ``host.scheduled.schedule_items.q_blocks``); see :class:`PhaseArrays` for
-    the columns. ``geo[masked]``: the tile geometry of the full (False) and partial (True)
-    phase."""
+    """The two phases of one class (``qb``: ``schedule_items.q_blocks``; columns: :class:`PhaseArrays`).
+    ``geo[masked]``: the tile geometry of the full (False) and partial (True) phase."""
     keys = c + q
     nblk, row_real, row_pos, groups = qb["nblk"], qb["row_real"], qb["row_pos"], qb["groups"]
     ngroups = len(groups)          # nblk = ngroups * blocks (group-major block ids)
     full_items, part_items, group_lo = schedule_items(qb, c=c, keys=keys, fg=geo[False], pg=geo[True],
                                               sliding_window=sliding_window)
-    ovh = DECODE_ITEM_OVERHEAD_KEYS if decode_layout(rows, blocks) else ITEM_OVERHEAD_KEYS
-    cut = split_parts(full_items, part_items, item_parts, full_cost=geo[False].W + ovh,
-                      part_cost=geo[True].W + ovh, per_tile=geo[False].W // geo[True].W)
+    cut = split_parts(full_items, part_items, item_parts,
+                      group_keys=[keys[i] for i, _ in groups], widths=(geo[False].W, geo[True].W),
+                      overhead=DECODE_ITEM_OVERHEAD_KEYS if decode_layout(rows, blocks)
+                      else ITEM_OVERHEAD_KEYS, per_tile=geo[False].W // geo[True].W)
     full_groups = {g for f, _ in cut for g, _ in f}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.

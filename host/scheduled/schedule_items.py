@@ -230,27 +230,28 @@ def fill_partial_padding(full_items: list, part_items: list, per_tile: int) -> t
     return full_items[:F - m], sorted(part_items + moved)
 
 
-def split_parts(full_items: list, part_items: list, parts: int, *, full_cost: float,
-                part_cost: float, per_tile: int) -> tuple:
+def split_parts(full_items: list, part_items: list, parts: int, *, group_keys, widths: tuple,
+                overhead: float, per_tile: int) -> tuple:
     """Step 2c of a class: its items cut in ``parts`` parts, one per physical core of an LNC=2
     launch (docs/layouts.md §16.3): ``((full_items, part_items), ...)``, one pair per part,
     each then given :func:`fill_partial_padding`. Whole groups go to a part (a group's state
     stays on one core, in SBUF and in that core's scratch); the groups are dealt out largest
-    first, each to the part with the least work so far, a group's work being its full items
-    times ``full_cost`` plus its partial items times ``part_cost`` (keys plus per-item work).
-    Items stay ordered by group, then tile, within a part."""
+    first, each to the part with the least work so far. A group's work: over its items, the
+    keys the tile holds of its sequence (``group_keys[g]`` keys in all; tile k of the full
+    (partial) phase covers keys ``[k W, (k + 1) W)``, ``widths = (W, W_p)``) plus ``overhead``
+    (the per-item work in keys). Items stay ordered by group, then tile, within a part."""
     if parts == 1:
         return (fill_partial_padding(full_items, part_items, per_tile),)
-    cost: dict = {}
-    for items, each in ((full_items, full_cost), (part_items, part_cost)):
-        for g, _ in items:
-            cost[g] = cost.get(g, 0.0) + each
+    work: dict = {}
+    for items, W in ((full_items, widths[0]), (part_items, widths[1])):
+        for g, k in items:
+            seen = min(W, max(0, int(group_keys[g]) - k * W))
+            work[g] = work.get(g, 0.0) + seen + overhead
     load, owner = [0.0] * parts, {}
-    for g in sorted(cost, key=lambda g: (-cost[g], g)):
+    for g in sorted(work, key=lambda g: (-work[g], g)):
         p = min(range(parts), key=lambda j: (load[j], j))
         owner[g] = p
-        load[p] += cost[g]
+        load[p] += work[g]
     return tuple(fill_partial_padding([it for it in full_items if owner[it[0]] == p],
                                       [it for it in part_items if owner[it[0]] == p], per_tile)
                  for p in range(parts))
-

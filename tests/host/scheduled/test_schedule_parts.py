@@ -21,7 +21,9 @@ def test_split_parts_deals_whole_groups_by_work():
     # group: (full items, partial items): 0: (3, 1), 1: (0, 1), 2: (1, 1), 3: (2, 1), 4: (0, 2)
     full = [(0, 0), (0, 1), (0, 2), (2, 0), (3, 0), (3, 1)]
     part = [(0, 12), (1, 0), (2, 4), (3, 8), (4, 0), (4, 1)]
-    cut = split_parts(full, part, 2, full_cost=10.0, part_cost=3.0, per_tile=4)
+    # every tile whole (each sequence has 10**6 keys): full items 8 + 2, partial 1 + 2
+    cut = split_parts(full, part, 2, group_keys=[10 ** 6] * 5, widths=(8, 1), overhead=2,
+                      per_tile=4)
     # work 33, 3, 13, 23, 6, largest first, each to the lighter part: 0 -> part 0 (33, 0),
     # 3 -> 1 (33, 23), 2 -> 1 (33, 36), 4 -> 0 (39, 36), 1 -> 1 (39, 39)
     owner = {g: p for p, (f, pi) in enumerate(cut) for g in _groups(f) | _groups(pi)}
@@ -31,12 +33,13 @@ def test_split_parts_deals_whole_groups_by_work():
         want_f = [it for it in full if it[0] in mine]
         want_p = [it for it in part if it[0] in mine]
         assert (f, pi) == fill_partial_padding(want_f, want_p, 4)      # order kept, then filled
-    assert split_parts(full, part, 1, full_cost=1.0, part_cost=1.0, per_tile=4) == (
-        fill_partial_padding(full, part, 4),)
+    assert split_parts(full, part, 1, group_keys=[1] * 5, widths=(8, 1), overhead=2,
+                       per_tile=4) == (fill_partial_padding(full, part, 4),)
 
 
 def test_split_parts_with_fewer_groups_than_parts_leaves_a_part_empty():
-    cut = split_parts([(0, 0)], [(0, 4)], 2, full_cost=1.0, part_cost=1.0, per_tile=4)
+    cut = split_parts([(0, 0)], [(0, 4)], 2, group_keys=[100], widths=(8, 2), overhead=1,
+                      per_tile=4)
     assert cut[1] == ([], []) and _groups(cut[0][0]) | _groups(cut[0][1]) == {0}
 
 
