@@ -115,8 +115,10 @@ def entrywise_events(trace, entry_size: int, itemsize: int):
     return out
 
 
-def simulate(batch: dict, entry_size: int, target: str, api: str = "auto"):
-    """Run the MLA kernel on nki_sim under tracing on ``api`` -> (output, trace, seconds)."""
+def simulate(batch: dict, entry_size: int, target: str, api: str = "auto", lnc: int = 1):
+    """Run the MLA kernel on nki_sim under tracing on ``api`` with ``lnc`` physical cores
+    (this benchmark: 1, one NeuronCore; both cores of trn2: bench_lnc_parts.py) -> (output,
+    trace, seconds)."""
     import nki_sim
     from host import mla_paged_attention
     cache = np.ascontiguousarray(batch["cache"][:, :, :entry_size])
@@ -124,7 +126,7 @@ def simulate(batch: dict, entry_size: int, target: str, api: str = "auto"):
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         out = mla_paged_attention(batch["q"], cache, batch["block_tables"], batch["query_lens"],
                                   batch["context_lens"], large_tile_size=LARGE_TILE, backend="sim",
-                                  api=api)
+                                  api=api, lnc=lnc)
     return out, trace, time.perf_counter() - t0
 
 

@@ -297,17 +297,19 @@ def test_kv_dma_modes_runs_need_consecutive_block_ids(load_script, monkeypatch):
 
 # ------------------------------------------------------------------------- bench_lnc_parts
 def test_lnc_parts_quick(run_quick, capsys):
-    """One KV head on both APIs: both cores busy, LNC 2 faster than LNC 1 (MODELED; the script
-    itself stops when an LNC 2 output leaves the tolerance of LNC 1's)."""
+    """One KV head (the scheduled kernel at Hkv = 1, MLA's latent cache) on both APIs: both
+    cores busy, LNC 2 faster than LNC 1 (MODELED; the script itself stops when an LNC 2 output
+    leaves the tolerance of LNC 1's)."""
     doc = run_quick("bench_lnc_parts")
     assert (doc["heads"], doc["kv_heads"]) == (4, 1)
     rows = doc["rows"]
-    assert {(r["workload"], r["api"], r["lnc"]) for r in rows} == {
-        (w, a, n) for w in ("decode_8", "mixed_1x128+6") for a in ("nki", "legacy")
-        for n in (1, 2)}
+    assert {(r["kernel"], r["workload"], r["api"], r["lnc"]) for r in rows} == {
+        (k, w, a, n) for k, w in (("scheduled", "decode_8"), ("scheduled", "mixed_1x128+6"),
+                                  ("mla", "2 x 2K"))
+        for a in ("nki", "legacy") for n in (1, 2)}
     for r in rows:
         assert len(r["per_core_us"]) == r["lnc"] and all(u > 0 for u in r["per_core_us"])
         if r["lnc"] == 2:
             assert r["vs_lnc1"] < 0.9 and r["max_abs_diff_vs_lnc1"] <= 3e-2
-    assert "| decode_8 | nki |" in capsys.readouterr().out
+    assert "| scheduled | decode_8 | nki |" in capsys.readouterr().out
 

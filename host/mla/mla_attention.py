@@ -39,17 +39,18 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 
 def mla_schedule(plan, block_tables: np.ndarray, large_tile_size: int, max_group_blocks: int,
-                 partial_tile_size="auto") -> AttentionSchedule:
+                 partial_tile_size="auto", item_parts: int = 1) -> AttentionSchedule:
     """The schedule of a validated :class:`host.MLAPlan`: one KV head, G = H, D = R + P, context
     ``context_lens - query_lens`` (the new tokens are the last cached ones); the partial phase's
     tile size as ``host.scheduled.schedule.make_schedule`` takes it (the kernel's ``PARTIAL_TILE_SZ`` must
-    be the schedule's ``partial_tile_size``)."""
+    be the schedule's ``partial_tile_size``); ``item_parts``: 2 for both cores of an LNC=2
+    launch (docs/layouts.md §16.3)."""
     return make_schedule(plan.query_lens, plan.context_lens - plan.query_lens, block_tables,
                          num_heads=plan.num_heads, num_kv_heads=1,
                          head_size=plan.kv_lora_rank + plan.qk_rope_head_dim,
                          block_size=plan.block_size, num_blocks=plan.num_blocks,
                          large_tile_size=large_tile_size, group_blocks_cap=max_group_blocks,
-                         partial_tile_size=partial_tile_size)
+                         partial_tile_size=partial_tile_size, item_parts=item_parts)
 
 
 def mla_max_group_blocks(plan, large_tile_size: int, mixed_precision: bool, itemsize: int) -> int:
@@ -131,7 +132,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
                         context_lens: Any, *, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                         softmax_scale: float | None = None, mixed_precision: bool = True,
                         large_tile_size: int = 2048, backend: str = "auto",
-                        api: str | None = None) -> Any:
+                        api: str | None = None, lnc: int | None = None) -> Any:
     """MLA attention of a flat batch of new tokens over a paged latent cache.
 
     Same arguments, convention and result as :func:`host.mla_paged_attention_ref` (the new tokens
@@ -152,6 +153,10 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
         api: "legacy" | "nki" | None / "auto": the NKI API of the kernel
             (``nki_kernels.toolchain.resolve_api``: the installed toolchain, else the simulator
             target's API), validated with ``host.launch.check_api``.
+        lnc: physical cores per launch, 1 or 2 (trn2 / trn3: each class's query groups split
+            between the two cores of a logical core, the latent cache being one KV head,
+            docs/layouts.md §16.3 "Item parts"); None: ``NEURON_LOGICAL_NC_CONFIG``, else the
+            platform's (``nki_kernels.toolchain.Api.lnc``).
 
     Returns:
         (T, H, R) in q's dtype (a torch tensor if ``q`` was one).
@@ -172,7 +177,7 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
                              kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
                              softmax_scale=softmax_scale)
     plan = _step_plan(batch, block_tables, mixed_precision=mixed_precision,
-                      large_tile_size=large_tile_size, backend=backend, api=api)
+                      large_tile_size=large_tile_size, backend=backend, api=api, lnc=lnc)
     q_np, was_torch = to_numpy(q, "q")
     return from_numpy_like(_run(plan, q_np, to_numpy(kv_cache, "kv_cache")[0]), was_torch, like=q)
 
@@ -181,8 +186,9 @@ def mla_paged_attention(q: Any, kv_cache: Any, block_tables: Any, query_lens: An
 class MLAStepPlan:
     """The frozen plan of one MLA step (all layers): ``batch`` (the validated
     :class:`host.MLAPlan`: geometry, lengths, scale), the schedule (one KV head, G = H), the
-    block tables (read-only int64), the kernel's keyword arguments (read-only mapping), backend
-    and api."""
+    block tables (read-only int64), the kernel's keyword arguments (read-only mapping), backend,
+    api and lnc (as given: None = ``Api.lnc``'s choice per launch, which the item parts of the
+    schedule were cut for)."""
 
     batch: MLAPlan
     schedule: AttentionSchedule = field(repr=False)
@@ -190,6 +196,7 @@ class MLAStepPlan:
     kernel_kwargs: Mapping[str, Any] = field(repr=False)
     backend: str = "auto"
     api: str | None = None
+    lnc: int | None = None
 
 
 def plan_mla_attention(block_tables: Any, query_lens: Any, context_lens: Any, *, num_heads: int,
@@ -197,7 +204,7 @@ def plan_mla_attention(block_tables: Any, query_lens: Any, context_lens: Any, *,
                        kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                        softmax_scale: float | None = None, mixed_precision: bool = True,
                        large_tile_size: int = 2048, backend: str = "auto",
-                       api: str | None = None) -> MLAStepPlan:
+                       api: str | None = None, lnc: int | None = None) -> MLAStepPlan:
     """Validate an MLA step once and build its frozen :class:`MLAStepPlan` (schedule, SBUF group
     size, kernel options), shared by every layer: ``run_mla_attention(plan, q, kv_cache)`` per
     layer. Arguments as :func:`mla_paged_attention`, with the tensors' geometry given instead:
@@ -222,16 +229,20 @@ def plan_mla_attention(block_tables: Any, query_lens: Any, context_lens: Any, *,
                       num_blocks=N, block_size=B, entry_size=E, kv_lora_rank=R,
                       qk_rope_head_dim=P, softmax_scale=softmax_scale, dtype=dt.name)
     return _step_plan(batch, block_tables, mixed_precision=mixed_precision,
-                      large_tile_size=large_tile_size, backend=backend, api=api)
+                      large_tile_size=large_tile_size, backend=backend, api=api, lnc=lnc)
 
 
 def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile_size, backend,
-               api) -> MLAStepPlan:
+               api, lnc=None) -> MLAStepPlan:
     """The step plan of a validated batch (options checked here)."""
+    from nki_kernels import toolchain
+
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
     check_backend(backend)
     api = check_api(api, kernel="MLA attention", both_apis=True)
+    # one latent head: two cores split each class's query groups (a bad lnc fails here)
+    parts = 2 if toolchain.resolve_api(api).lnc(lnc, 1, item_split=True) == 2 else 1
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
     B = batch.block_size
     if B & (B - 1) or B > MAX_BLOCK_SIZE:
@@ -240,7 +251,7 @@ def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile
     bt = check_integer_array("block_tables", to_numpy(block_tables, "block_tables")[0], ndim=2)
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[batch.dtype]
     blocks = mla_max_group_blocks(batch, LT, bool(mixed_precision), itemsize)
-    sched = mla_schedule(batch, bt, LT, blocks)
+    sched = mla_schedule(batch, bt, LT, blocks, item_parts=parts)
     if 2 * batch.num_blocks * max(sched.tiling_factor, sched.partial_tiling_factor) > _INT32_MAX:
         raise NotImplementedError("kv_cache: num_blocks * rows per block is beyond the int32 row-id "
                                   "range of the gathers; split the cache into smaller tensors")
@@ -249,9 +260,9 @@ def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile
     kwargs = MappingProxyType(dict(options=MLAOptions(
         kv_lora_rank=batch.kv_lora_rank, qk_rope_head_dim=batch.qk_rope_head_dim,
         softmax_scale=batch.softmax_scale, mixed_precision=bool(mixed_precision),
-        LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size)))
+        LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size, item_parts=parts)))
     return MLAStepPlan(batch=batch, schedule=sched, block_tables=readonly(bt.copy()),
-                       kernel_kwargs=kwargs, backend=backend, api=api)
+                       kernel_kwargs=kwargs, backend=backend, api=api, lnc=lnc)
 
 
 def run_mla_attention(plan: MLAStepPlan, q: Any, kv_cache: Any) -> Any:
@@ -283,6 +294,7 @@ def _run(plan: MLAStepPlan, q: np.ndarray, kv_cache: np.ndarray) -> np.ndarray:
     for cls in plan.schedule.classes:
         args, inputs = mla_kernel_inputs(cls, q, cache, overlay)
         out = launch_kernel(kernel, args, {**plan.kernel_kwargs, **inputs}, grid_heads=1,
-                            backend=plan.backend, api=plan.api)
+                            backend=plan.backend, api=plan.api, lnc=plan.lnc,
+                            item_parts=cls.item_parts)
         unpack_output(cls, out, result)
     return result

@@ -50,7 +50,8 @@ def _build(ops):
     def mla_paged_attention(query_t, kv_cache, overlay, meta_pi, meta_pf, meta_fi, meta_ff, rows,
                             blocks, options=MLAOptions(), q_full=None, q_part=None,
                             bounds_p=None):
-        """MLA paged attention of one class of Q blocks (legacy grid ``[1, 1]``; current: one launch).
+        """MLA paged attention of one class of Q blocks (legacy grid ``[1, 1]``, with
+        ``options.item_parts = 2`` ``[1, nl.spmd_dim(nl.nc(2), 1)]``; current: one launch).
 
         Args:
             query_t: (ngroups * D, blocks * rows) float32/bfloat16/float16, group-major: row
@@ -121,10 +122,11 @@ def _body(ops, cfg: MLAConfig, ins: MLAInputs):
         [masked] out rows out[t] <- o / max(l, L_FLOOR)   (skipped unless the group ends here)
     """
     require_oob_skip(ops, KERNEL)
+    part = ops.item_part(1, cfg.parts)         # the one latent head; 0 without item parts
     tiles = _tiles(ops, cfg, ins.query_t.dtype)
     for phase in (cfg.full, cfg.partial):
         if phase.items:
-            _run_phase(ops, cfg, ins, phase, tiles)
+            _run_phase(ops, cfg, ins, phase, tiles, part)
 
 
 def _tiles(ops, cfg, q_dtype) -> MLATiles:
@@ -164,14 +166,17 @@ def _tiles(ops, cfg, q_dtype) -> MLATiles:
                     consts=consts)
 
 
-def _run_phase(ops, cfg, ins, phase, tiles):
-    """The phase's item loop, one metadata chunk at a time."""
+def _run_phase(ops, cfg, ins, phase, tiles, part):
+    """The phase's item loop, one metadata chunk at a time: every item, or with ``cfg.parts`` > 1
+    the ``part``-th of that many equal runs of items."""
     masked, rows, f32 = phase.masked, cfg.rows, ops.float32
     ki, kf = phase.meta.ki, phase.meta.kf
     mi_all, mf_all = ins.meta_i[int(masked)], ins.meta_f[int(masked)]
     q_all = ins.q_items[int(masked)]
-    chunk = mla_chunk(phase.items, cfg.chunk_cap)
-    for ch in ops.sequential_range(phase.items // chunk):
+    per_part = phase.items // cfg.parts
+    chunk = mla_chunk(per_part, cfg.chunk_cap)
+    for c in ops.sequential_range(per_part // chunk):
+        ch = part * (per_part // chunk) + c
         mi = ops.sbuf((P, chunk * ki), ops.int32)
         ops.load(mi, mi_all[0, :, ops.ds(ch * chunk * ki, chunk * ki)])
         mf = ops.sbuf((P, chunk * kf), f32)

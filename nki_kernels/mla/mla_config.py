@@ -43,6 +43,8 @@ class MLAOptions:
         512..8192).
     PARTIAL_TILE_SZ: the same for the partial phase (power of two, 512..LARGE_TILE_SZ; None:
         LARGE_TILE_SZ); its rows (b'_p entries) and overlay rows are of this geometry.
+    item_parts: 1, or the physical cores of an LNC=2 launch: the host's schedule cut in that
+        many item parts (docs/layouts.md §16.3), core c running part c (``ops.item_part``).
     """
 
     kv_lora_rank: int = 512
@@ -51,6 +53,7 @@ class MLAOptions:
     mixed_precision: bool = True
     LARGE_TILE_SZ: int = 2048
     PARTIAL_TILE_SZ: int | None = None
+    item_parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class MLAConfig:
     blocks: int
     decode: bool
     chunk_cap: int
+    parts: int
     cache_dtype: Any
     full: MLAPhase
     partial: MLAPhase
@@ -183,6 +187,11 @@ def configure(ops, ins: MLAInputs, kv_cache, rows, blocks, opts) -> MLAConfig:
         KERNEL, ins.meta_i[1], ins.meta_f[1], ins.meta_i[0], ins.meta_f[0], programs=1,
         columns=lambda masked: (layouts[masked].ki, layouts[masked].kf))
     _check_decode_inputs(ins, decode, D, rows, (items_f, items_p), q_dt)
+    parts = opts.item_parts
+    ck(type(parts) is int and 1 <= parts <= ops.max_lnc() and items_p % parts == 0
+       and items_f % parts == 0, "item_parts",
+       f"be an int in [1, {ops.max_lnc()}] (this target's cores per launch) dividing both "
+       f"phases' item counts ({items_f}, {items_p})", parts)
     scale = softmax_scale_value(KERNEL, opts.softmax_scale, D)
     ck(isinstance(opts.mixed_precision, bool), "mixed_precision", "be a bool",
        opts.mixed_precision)
@@ -206,7 +215,8 @@ def configure(ops, ins: MLAInputs, kv_cache, rows, blocks, opts) -> MLAConfig:
                               kv_flat=kv_cache.reshape((geo.flat_rows(N, 1), geo.bp * E)))
                      for masked, geo, n in ((False, g_full, items_f), (True, g_part, items_p)))
     return MLAConfig(R=R, D=D, E=E, nd=channel_slices(D), kd=kd, scale=scale, rows=rows,
-                     blocks=blocks, decode=decode, chunk_cap=cap, cache_dtype=kv_cache.dtype,
+                     blocks=blocks, decode=decode, chunk_cap=cap, parts=parts,
+                     cache_dtype=kv_cache.dtype,
                      full=full, partial=partial)
 
 

@@ -50,13 +50,14 @@ def make_mla_batch(seed, query_lens, context_lens, *, H, block_size, entry_size,
 
 
 def check(batch, tol, *, mixed_precision=True, target="trn2", large_tile_size=2048, api=None,
-          **kw):
-    """Run the kernel on ``target`` (and ``api``: None = the target's) and compare with the
-    reference; returns the output."""
+          lnc=None, **kw):
+    """Run the kernel on ``target`` (and ``api``: None = the target's; ``lnc``: None = the
+    platform's) and compare with the reference; returns the output."""
     q, cache, bt, ql, cl = batch
     with nki_sim.use_target(target):
         out = mla_paged_attention(q, cache, bt, ql, cl, mixed_precision=mixed_precision,
-                                  large_tile_size=large_tile_size, backend="sim", api=api, **kw)
+                                  large_tile_size=large_tile_size, backend="sim", api=api,
+                                  lnc=lnc, **kw)
     ref = mla_paged_attention_ref(q, cache, bt, ql, cl, **kw)
     assert out.shape == ref.shape and out.dtype == q.dtype
     atol, rtol = tol("mixed" if mixed_precision else "fp32", q.dtype)
@@ -243,3 +244,24 @@ def test_the_requested_api_runs(monkeypatch, target, api, want, tol):
     batch = make_mla_batch(4, [1, 2], [30, 60], H=16, block_size=16, entry_size=640)
     check(batch, tol, target=target, large_tile_size=512, api=api)
     assert asked and set(asked) == {want}
+
+
+@pytest.mark.parametrize("api", ["nki", "legacy"])
+def test_two_cores_split_the_query_groups(api, tol):
+    """LNC 2 on trn2 (the latent cache is one KV head): each core runs its part of every class's
+    items (docs/layouts.md §16.3 "Item parts"); both match the reference, NaN in every slot no
+    query may see included, and the modeled launch (the slower core) is shorter."""
+    from nki_sim import cost
+
+    batch = make_mla_batch(21, [1, 1, 5, 1, 1], [700, 1500, 300, 90, 1100], H=16, block_size=32,
+                           entry_size=576, fill=np.nan)
+    traces = {}
+    for lnc in (1, 2):
+        with nki_sim.tracing() as traces[lnc]:
+            check(batch, tol, api=api, large_tile_size=512, lnc=lnc)
+    assert {lnc: {e.attr("core", 0) for e in traces[lnc].events} for lnc in (1, 2)} == {
+        1: {0}, 2: {0, 1}}
+    one, two = (cost.estimate_cores(traces[n], "trn2").launch_us for n in (1, 2))
+    assert two < 0.8 * one
+    with pytest.raises(NotImplementedError, match="trn1 logical core is one NeuronCore"):
+        check(batch, tol, target="trn1", lnc=2)
