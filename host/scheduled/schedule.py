@@ -44,8 +44,8 @@ import numpy as np
 from host._arrays import readonly
 from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERHEAD_KEYS, bucket,
                                            choose_groups_and_partial_tile, choose_large_tile,
-                                           choose_partial_tile, item_geometry, q_blocks,
-                                           schedule_items, split_parts)
+                                           choose_partial_tile, group_blocks_for_parts,
+                                           item_geometry, q_blocks, schedule_items, split_parts)
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
@@ -312,9 +312,8 @@ def build_schedule(q: np.ndarray, c: np.ndarray, block_tables: np.ndarray, *, nu
                 fit = max_group_blocks(nc_gen="gen2", block_size=B, large_tile=LT,
                                        head_size=head_size, rows=P, cache_itemsize=cache_itemsize,
                                        query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize)
-            most = max(-(-int(q[i] * G) // P) for i in seqs)
-            # item parts: the longest sequence in as many groups (a part takes whole groups)
-            blocks = max(1, min(MAX_GROUP_BLOCKS, fit, -(-most // item_parts)))
+            blocks = group_blocks_for_parts([-(-int(q[i] * G) // P) for i in seqs],
+                                            min(MAX_GROUP_BLOCKS, fit), item_parts)
         qb = q_blocks(seqs, rows, blocks, q=q, c=c, G=G, tok_off=tok_off)
         specs.append((kind, np.array(seqs), rows, blocks, qb))
 

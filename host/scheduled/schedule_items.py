@@ -13,6 +13,7 @@ from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
            "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "split_parts",
+           "group_blocks_for_parts",
            "choose_partial_tile",
            "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile",
            "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS", "AUTO_DECODE_ROW_TOKENS"]
@@ -255,3 +256,17 @@ def split_parts(full_items: list, part_items: list, parts: int, *, group_keys, w
     return tuple(fill_partial_padding([it for it in full_items if owner[it[0]] == p],
                                       [it for it in part_items if owner[it[0]] == p], per_tile)
                  for p in range(parts))
+
+
+def group_blocks_for_parts(need: list, cap: int, parts: int) -> int:
+    """Q blocks per group of a prefill class whose sequences need ``need`` 128-row blocks each,
+    at most ``cap``: the longest sequence in one group (``parts`` = 1); cut in item parts
+    (:func:`split_parts`, whole groups per part) the longest in ``parts`` groups at least, then
+    halved while the class has fewer than two groups per part, so that the parts can balance
+    (MODELED, H=4, Hkv=1, trn2 current API: a 2K prefill on 2K context LNC 2 / LNC 1 0.584 ->
+    0.524 with four groups instead of two)."""
+    blocks = max(1, min(cap, -(-max(need) // parts)))
+    while parts > 1 and blocks > 1 and sum(-(-n // blocks) for n in need) < 2 * parts:
+        blocks = -(-blocks // 2)
+    return blocks
+

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from host.scheduled.schedule import bucket
-from host.scheduled.schedule_items import fill_partial_padding, split_parts
+from host.scheduled.schedule_items import fill_partial_padding, group_blocks_for_parts, split_parts
 from symbolic_schedule import check_coverage, schedule
 
 
@@ -74,11 +74,21 @@ def _check_parts(cls):
     assert not groups[0] & groups[1], "a group in both parts"
 
 
-def test_a_prefill_sequence_gets_a_group_per_part():
-    # 96 tokens x G = 4 -> 3 Q blocks: one group of 3 with one part, groups of 2 with two
+@pytest.mark.parametrize("need, cap, parts, blocks", [
+    ([64], 32, 1, 32), ([64], 32, 2, 16),      # 2 groups of 32 -> 4 of 16
+    ([12, 8], 32, 2, 6),                       # 2 + 2 groups of 6 blocks
+    ([3], 8, 2, 1), ([5, 5, 5, 5], 8, 2, 3),   # halved to 1 block; already 8 groups of 3
+])
+def test_group_blocks_for_parts(need, cap, parts, blocks):
+    assert group_blocks_for_parts(need, cap, parts) == blocks
+
+
+def test_a_prefill_sequence_gets_groups_for_both_parts():
+    # 96 tokens x G = 4 -> 3 Q blocks: one group of 3 with one part; with two, groups of 1
+    # (two per part at least)
     s1, _ = schedule([96], [500], H=4, Hkv=1, d=32, B=16, LT=512)
     s2, kw = schedule([96], [500], H=4, Hkv=1, d=32, B=16, LT=512, parts=2)
-    assert (s1.classes[0].blocks, s2.classes[0].blocks) == (3, 2)
+    assert (s1.classes[0].blocks, s2.classes[0].blocks) == (3, 1)
     check_coverage(s2, **kw)
     assert all(len(set(r[r >= 0].tolist())) > 0 for r in _part_rows(s2.classes[0].partial))
 
