@@ -11,10 +11,9 @@ import numpy as np
 
 from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
 
-__all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "TileGeometry", "item_geometry",
-           "q_blocks", "schedule_items", "bucket", "fill_partial_padding", "split_parts",
-           "group_blocks_for_parts",
-           "choose_partial_tile",
+__all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "MASKED_KEY_WEIGHT",
+           "TileGeometry", "item_geometry", "q_blocks", "schedule_items", "bucket",
+           "fill_partial_padding", "split_parts", "group_blocks_for_parts", "choose_partial_tile",
            "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile",
            "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS", "AUTO_DECODE_ROW_TOKENS"]
 
@@ -39,6 +38,14 @@ def bucket(n: int) -> int:
 # each workload of scripts/bench_paged_attention.py and scripts/bench_variants.py (2048 missed
 # the 4 x 512-token mixed batch, 1024 also the sliding window).
 ITEM_OVERHEAD_KEYS = 4096
+# A masked key of a query-rows (prefill) class costs more than a full item's: the mask work, and
+# the natural-order P^T on TensorE + ScalarE where full steps transpose P on the DMA queues
+# (trn2, current API). Fitted on the cost model (MODELED): 1.25 makes the "auto" choice halve
+# the prefill groups of a causal-only prefill (1K new tokens, no context: 32-block groups and
+# 1024-key partial tiles -> 16 blocks and 512 keys, trn2 current API 690 -> 604 us, trn1 929 ->
+# 848), and changes no other choice on the batches of scripts/bench_paged_attention.py,
+# bench_variants.py, bench_mla.py or the nki-pa demo (1.0 kept the 32-block groups).
+MASKED_KEY_WEIGHT = 1.25
 # The same for an item of a decode class (one block of <= 64 rows, keys on partitions): its
 # fixed work is a fraction of a 128-row group's. Calibrated on the cost model (MODELED, every
 # decode class of scripts/bench_paged_attention.py, bench_variants.py, bench_mla.py and the
@@ -113,7 +120,8 @@ def _cheapest_partial_tile(specs, *, B, LT, c, keys, sliding_window, with_full=F
             full, part, _ = schedule_items(qb, c=c, keys=keys, fg=fg, pg=pg,
                                            sliding_window=sliding_window)
             nblk = [len(qb["groups"][g][1]) for g, _ in part]
-            cost += sum(nblk) * pg.W + len(part) * overhead
+            weight = 1.0 if kind == "decode" else MASKED_KEY_WEIGHT
+            cost += weight * sum(nblk) * pg.W + len(part) * overhead
             if with_full:
                 nblk = [len(qb["groups"][g][1]) for g, _ in full]
                 cost += sum(nblk) * fg.W + len(full) * overhead
@@ -133,8 +141,9 @@ def choose_groups_and_partial_tile(specs, regroup, *, B, LT, c, keys, sliding_wi
     most ``blocks`` Q blocks. Halving a prefill class's groups (down to
     ``MIN_AUTO_GROUP_BLOCKS``) re-reads each full tile once per group but lets a causal
     diagonal's partial tiles skip the groups that see none of them; the cost of each option is
-    every item's keys times its Q blocks plus ``ITEM_OVERHEAD_KEYS`` per item, full items
-    included, at the option's cheapest partial tile. Returns ``(LTp, specs)`` (the first, i.e.
+    every item's keys times its Q blocks (a partial item's weighted ``MASKED_KEY_WEIGHT``) plus
+    ``ITEM_OVERHEAD_KEYS`` per item, full items included, at the option's cheapest partial
+    tile. Returns ``(LTp, specs)`` (the first, i.e.
     largest, groups on a tie)."""
     kw = dict(B=B, LT=LT, c=c, keys=keys, sliding_window=sliding_window)
     best = None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from host.scheduled.schedule import ITEM_OVERHEAD_KEYS, make_schedule
-from host.scheduled.schedule_items import DECODE_ITEM_OVERHEAD_KEYS
+from host.scheduled.schedule_items import DECODE_ITEM_OVERHEAD_KEYS, MASKED_KEY_WEIGHT
 from symbolic_schedule import check_coverage, schedule, summary
 
 
@@ -130,7 +130,8 @@ def test_auto_group_choice_is_the_cheapest_option():
             cost = 0
             for ph in (cls.full, cls.partial):
                 n = ph.real_items
-                cost += n * (cls.blocks * W[ph.masked] + ITEM_OVERHEAD_KEYS)
+                weight = MASKED_KEY_WEIGHT if ph.masked else 1.0
+                cost += n * (weight * cls.blocks * W[ph.masked] + ITEM_OVERHEAD_KEYS)
             costs[(blocks, ltp)] = cost
         blocks //= 2
     s, _ = schedule(q, c, H=4, Hkv=1, d=16, B=32, LT=2048, LTp="auto")
@@ -138,3 +139,18 @@ def test_auto_group_choice_is_the_cheapest_option():
     best = min(costs.values())
     assert costs[(cls.blocks, s.partial_tile_size)] == best
     assert costs[(64, 2048)] > best           # the one large group is not the cheapest here
+
+
+@pytest.mark.parametrize("weight, blocks, ltp", [(MASKED_KEY_WEIGHT, 16, 512), (1.0, 32, 1024)])
+def test_masked_keys_weigh_more_in_the_auto_choice(weight, blocks, ltp, monkeypatch):
+    """A causal-only prefill (1K new tokens x G = 4, no context) at the benchmark's geometry:
+    with masked keys weighted, "auto" halves the 32-block groups and picks 512-key partial
+    tiles (the faster choice under the cost model); weighted like full keys it keeps them."""
+    import host.scheduled.schedule_items as items
+
+    monkeypatch.setattr(items, "MASKED_KEY_WEIGHT", weight)
+    s, kw = schedule([1024], [0], H=32, Hkv=8, d=128, B=32, LT=2048, LTp="auto")
+    (cls,) = s.classes
+    assert (cls.blocks, s.partial_tile_size) == (blocks, ltp)
+    check_coverage(s, **kw)
+
