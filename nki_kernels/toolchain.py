@@ -218,7 +218,7 @@ class Api:
         LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
         its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. A schedule
         cut in ``item_parts`` > 1 parts runs on exactly that many cores, each core its part of
-        every head (legacy grid ``[1, nl.spmd_dim(nl.nc(2), Hkv)]``). ``device`` runs it on a
+        every head (legacy grid ``[nl.nc(2), Hkv]``). ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator).
 

@@ -51,7 +51,7 @@ def _build(ops):
                             blocks, options=MLAOptions(), q_full=None, q_part=None,
                             bounds_p=None):
         """MLA paged attention of one class of Q blocks (legacy grid ``[1, 1]``, with
-        ``options.item_parts = 2`` ``[1, nl.spmd_dim(nl.nc(2), 1)]``; current: one launch).
+        ``options.item_parts = 2`` ``[nl.nc(2), 1]``; current: one launch).
 
         Args:
             query_t: (ngroups * D, blocks * rows) float32/bfloat16/float16, group-major: row

@@ -110,25 +110,26 @@ sequential_range = nl.sequential_range
 
 
 def kv_heads(num_kv_heads, item_parts=1):
-    """The KV heads this program runs: one per program of the ``[1, Hkv]`` SPMD grid; on the
-    ``[1, item_parts * Hkv]`` grid of a schedule cut in item parts, head ``program_id(1) %
-    Hkv``."""
-    j = nl.program_id(axis=1)
-    return (j,) if item_parts == 1 else (j % num_kv_heads,)
+    """The KV heads this program runs: one per program, ``program_id(1)`` of the ``[1, Hkv]``
+    SPMD grid (or of the ``[nl.nc(2), Hkv]`` grid of a schedule cut in item parts)."""
+    del num_kv_heads, item_parts
+    return (nl.program_id(axis=1),)
 
 
 def item_part(num_kv_heads, item_parts=1):
-    """The part of every phase's items this program runs: ``program_id(1) // Hkv`` on the grid
-    of a schedule cut in ``item_parts`` parts (:func:`launch_grid`), else 0."""
-    return 0 if item_parts == 1 else nl.program_id(axis=1) // num_kv_heads
+    """The part of every phase's items this program runs: ``program_id(0)``, its physical core,
+    on the ``[nl.nc(2), Hkv]`` grid of a schedule cut in item parts (:func:`launch_grid`), else
+    0."""
+    del num_kv_heads
+    return 0 if item_parts == 1 else nl.program_id(axis=0)
 
 
 def launch_grid(num_kv_heads, lnc=1, item_parts=1):
     """The SPMD grid of a launch over ``num_kv_heads`` KV heads: ``[1, Hkv]``; with ``lnc=2``
     ``[1, nl.spmd_dim(nl.nc(2), Hkv / 2)]`` (physical core 0 runs programs ``0 .. Hkv/2 - 1``,
     core 1 the rest; ``program_id(1)`` is still the KV head), or with ``item_parts=2`` (a
-    schedule cut in two item parts, any Hkv) ``[1, nl.spmd_dim(nl.nc(2), Hkv)]``: core c runs
-    part c of every head (programs ``c*Hkv .. c*Hkv + Hkv - 1``)."""
+    schedule cut in two item parts, any Hkv) ``[nl.nc(2), Hkv]``: program ``(c, h)`` on core c
+    runs part c of head h."""
     if lnc == 1:
         if item_parts != 1:
             raise ValueError(f"a schedule in {item_parts} item parts needs lnc={item_parts}; "
@@ -139,7 +140,7 @@ def launch_grid(num_kv_heads, lnc=1, item_parts=1):
             f"lnc={lnc}: this legacy NKI front end cannot place programs on two physical cores "
             "(nl.nc needs neuronxcc on a NeuronCore-v3 target); use lnc=1")
     if item_parts == lnc:
-        return (1, nl.spmd_dim(nl.nc(lnc), num_kv_heads))
+        return (nl.nc(lnc), num_kv_heads)
     if item_parts != 1:
         raise ValueError(f"a schedule in {item_parts} item parts needs lnc={item_parts}; "
                          f"got lnc={lnc}")

@@ -49,15 +49,14 @@ def test_odd_kv_heads_run_on_both_cores(api, hkv, on_api, batch_factory, tol):
 
 
 def test_legacy_item_parts_place_every_head_on_both_cores(on_api, batch_factory):
-    # grid [1, nl.spmd_dim(nl.nc(2), Hkv)]: programs 0..Hkv-1 (part 0 of each head) on core 0,
-    # Hkv..2Hkv-1 (part 1) on core 1
+    # grid [nl.nc(2), Hkv]: program (c, h) -- part c of head h -- on core c
     b = batch_factory(52, QLENS, CLENS, H=6, Hkv=3, d=16, block_size=16)
     with on_api("legacy"), nki_sim.tracing() as trace:
         _run(b, 2)
     programs = {}
     for e in trace.events:
-        programs.setdefault(e.attr("core", 0), set()).add(e.program_id[1])
-    assert programs == {0: {0, 1, 2}, 1: {3, 4, 5}}
+        programs.setdefault(e.attr("core", 0), set()).add(tuple(e.program_id))
+    assert programs == {c: {(c, h) for h in range(3)} for c in (0, 1)}
 
 
 def _api(name, target):
