@@ -176,6 +176,15 @@ Q_INIT_COLUMNS = 4
 Q_INIT_NEG_M, Q_INIT_L, Q_INIT_SLOPE, Q_INIT_SLOPE_POS = 0, 1, 2, 3
 # A state row is o (d fp32) followed by -m and l.
 STATE_EXTRA_COLUMNS = 2
+# The state scratch holds one slab of (groups x rows) state rows per physical core of a launch
+# (at most MAX_LAUNCH_CORES), so the cores never share rows whether private HBM is per core or
+# per logical core; a skipped state DMA's row id is past every slab (twice the rows of all).
+MAX_LAUNCH_CORES = 2
+
+
+def state_row_sentinel(num_rows: int) -> int:
+    """Row id of a skipped state load / store for a scratch of ``num_rows`` rows per slab."""
+    return 2 * MAX_LAUNCH_CORES * max(num_rows, 1)
 
 
 # ---- metadata columns -------------------------------------------------------------------------

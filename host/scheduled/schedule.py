@@ -50,7 +50,7 @@ from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
                                   cache_row_count, chunk_size, channel_slices, decode_layout,
-                                  main_cache_row, meta_layout, tile_geometry)
+                                  main_cache_row, meta_layout, state_row_sentinel, tile_geometry)
 from nki_kernels.contract import PARTITIONS as P
 from nki_kernels.scheduled.sched_plan import max_group_blocks, meta_columns
 
@@ -407,7 +407,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         if masked:
             mi[:, :, :, lay.ov:lay.ov + nL] = ov_sentinel
         mi[:, :, :, q_col:st_col] = Hkv * ngroups * d      # Q^T sentinel (first-axis size)
-        mi[:, :, :, st_col] = ngroups * rows               # state rows (per program)
+        st_skip = state_row_sentinel(ngroups * rows)       # state rows (per core slab)
+        mi[:, :, :, st_col] = st_skip
         mi[:, :, :, st_col + 1:] = Hkv * ngroups * rows    # output rows and init rows
         mf[:, :, lay.reset] = 1.0
         placed = [(pp * per_part + u, u, items_list) for pp, items_list in enumerate(parts_lists)
@@ -456,8 +457,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
             # full phase (first): the group's state goes to the scratch after its last full
             # item; partial phase: loaded at its first partial item, output after its last.
             if (not masked and last) or (masked and first and gi in full_groups):
-                v = np.where(real_any, g_rows, ngroups * rows)
-                mi[:, :, t, st_col] = _pad_rows(v, ngroups * rows)[None, :]
+                v = np.where(real_any, g_rows, st_skip)
+                mi[:, :, t, st_col] = _pad_rows(v, st_skip)[None, :]
             if masked and last:
                 for h in range(Hkv):
                     v = np.where(real_any, h * ngroups * rows + g_rows, Hkv * ngroups * rows)

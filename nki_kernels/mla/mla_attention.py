@@ -95,8 +95,8 @@ def _build(ops):
         ngroups = query_t.shape[0] // cfg.D
         out = ops.ndarray((ngroups * rows, blocks * cfg.R), dtype=query_t.dtype,
                           buffer=ops.SHARED_HBM)
-        state = ops.ndarray((ngroups * rows, blocks * (cfg.R + 2)), dtype=ops.float32,
-                            buffer=ops.PRIVATE_HBM)
+        state = ops.ndarray((ops.launch_core()[1], ngroups * rows, blocks * (cfg.R + 2)),
+                            dtype=ops.float32, buffer=ops.PRIVATE_HBM)     # a slab per core
         _body(ops, cfg, replace(ins, out=out, state=state))
         return out
 
@@ -212,7 +212,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles):
         q_scaled = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, scale=cfg.scale,
                                  kernel_dtype=kd)
     if masked:          # Step 3: the group's state left by the full phase
-        load_state(ops, st, mi, ci + m.st, ins.state)
+        load_state(ops, st, mi, ci + m.st, ins.state, ops.launch_core()[0])
     # Step 4: ONE gather per 128 rows of b' entries; keys and values are the same rows.
     x = tiles.x_rows
     for l in ops.static_range(nL):
@@ -239,7 +239,8 @@ def _item(ops, cfg, ins, phase, data, it, tiles):
               chunk_bounds=data.bounds, it=it)
     # Step 6: stores (row ids out of bounds -> skipped): full phase the state, masked the output.
     store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
-                 blocks=blocks, d=R, masked=masked, engine="vector")   # ScalarE: the busier
+                 blocks=blocks, d=R, masked=masked, engine="vector",   # ScalarE: the busier
+                 core=ops.launch_core()[0])
 
 
 def mla_chunk(n_items, cap):

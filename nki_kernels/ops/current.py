@@ -104,10 +104,8 @@ parallel_range = sequential_range = static_range
 
 
 def kv_heads(num_kv_heads, item_parts=1):
-    """The KV heads this launch runs: all of them in a loop, or under LNC=2 (two physical
-    cores, ``nl.num_programs(0) == 2``) the ``Hkv / 2`` consecutive heads of this core
-    ``nl.program_id(0)``; with ``item_parts`` = the cores (the host's schedule cut in that many
-    parts, any Hkv) every head, each core running its part of the items (:func:`item_part`)."""
+    """The KV heads this launch runs: all; under LNC=2 (``nl.num_programs(0) == 2``) the Hkv / 2
+    of core ``nl.program_id(0)``, or all with ``item_parts`` = 2 (each core its part of the items)."""
     cores = nl.num_programs(axes=0)
     if item_parts not in (1, cores):
         raise ValueError(f"a schedule in {item_parts} item parts needs a launch on "
@@ -119,20 +117,23 @@ def kv_heads(num_kv_heads, item_parts=1):
                                   f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1 "
                                   "or a schedule in item parts")
     per = num_kv_heads // cores
-    core = nl.program_id(axis=0)
-    return [core * per + j for j in range(per)]
+    return [nl.program_id(axis=0) * per + j for j in range(per)]
 
 
 def item_part(num_kv_heads, item_parts=1):
-    """The part of every phase's items this program runs (0 .. item_parts - 1): its core
-    ``nl.program_id(0)`` when the schedule is cut in parts, else 0."""
+    """The part of every phase's items this program runs: its core when cut in parts, else 0."""
     del num_kv_heads
     return 0 if item_parts == 1 else nl.program_id(axis=0)
 
 
+def launch_core():
+    """``(core, cores)``: this physical core ``nl.program_id(0)`` and the launch's cores."""
+    cores = nl.num_programs(axes=0)
+    return (0 if cores == 1 else nl.program_id(axis=0)), cores
+
+
 def launch_grid(num_kv_heads, lnc=1, item_parts=1):
-    """No SPMD grid: one launch covers every KV head (``lnc`` cores split them, or the items,
-    in-kernel)."""
+    """No SPMD grid: one launch covers every KV head (``lnc`` cores split them or the items)."""
     del num_kv_heads, lnc, item_parts
     return None
 

@@ -124,6 +124,12 @@ def item_part(num_kv_heads, item_parts=1):
     return 0 if item_parts == 1 else nl.program_id(axis=0)
 
 
+def launch_core():
+    """``(0, 1)``: every program of a legacy grid has its own ``private_hbm``, so a scratch
+    needs no slab per physical core."""
+    return 0, 1
+
+
 def launch_grid(num_kv_heads, lnc=1, item_parts=1):
     """The SPMD grid of a launch over ``num_kv_heads`` KV heads: ``[1, Hkv]``; with ``lnc=2``
     ``[1, nl.spmd_dim(nl.nc(2), Hkv / 2)]`` (physical core 0 runs programs ``0 .. Hkv/2 - 1``,

@@ -131,12 +131,12 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
     return scaled
 
 
-def load_state(ops, st, mi, st_col, state):
-    """Masked items: the group's state ``st`` (rows, blocks * (d + 2)) fp32 from the scratch
-    ``state`` (one row per query row of the group, every block's d + 2 columns side by side,
-    left by the full phase): one gather, skipped unless the group starts here and had full
-    items."""
-    ops.gather(st, state, mi, st_col)
+def load_state(ops, st, mi, st_col, state, core=0):
+    """Masked items: the group's state ``st`` (rows, blocks * (d + 2)) fp32 from this core's
+    slab ``state[core]`` of the scratch (one row per query row of the group, every block's
+    d + 2 columns side by side, left by the full phase): one gather, skipped unless the group
+    starts here and had full items."""
+    ops.gather(st, state, mi, st_col, lead=(core,))
 
 
 def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts=None,
@@ -255,15 +255,15 @@ def _rows_to_free_axis(ops, cols, rows, consts):
     return tuple(bc[:, ops.ds(i * rows, rows)] for i in range(n))
 
 
-def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked, engine=None):
-    """Full items: the group's state ``st`` to the scratch ``state`` (one scatter, state column
-    ``col``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
+def store_blocks(ops, st, mi, col, out, state, *, rows, blocks, d, masked, engine=None, core=0):
+    """Full items: the group's state ``st`` to this core's slab ``state[core]`` of the scratch
+    (one scatter, state column ``col``; skipped unless this is the group's last full item). Masked items: ``o / max(l,
     L_FLOOR)`` of every block side by side, ``(rows, blocks * d)``, to the group-major ``out``
     (one scatter, output column ``col``; skipped unless the group ends here; the divisors of all
     blocks in one pass, the division on ``engine``: ``ops.floored_divisors`` /
     ``ops.divide_by``)."""
     if not masked:
-        ops.scatter(state, mi, col, st)
+        ops.scatter(state, mi, col, st, lead=(core,))
         return
     sw = d + STATE_EXTRA_COLUMNS
     # every block's max(l, L_FLOOR) (current API: its reciprocal) at once

@@ -128,7 +128,9 @@ def _build(ops):
         ngroups, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1] // blocks
         out = ops.ndarray((Hkv * ngroups * rows, blocks * d), dtype=query_t.dtype,
                           buffer=ops.SHARED_HBM)
-        state = ops.ndarray((max(ngroups * rows, 1), blocks * (d + STATE_EXTRA_COLUMNS)),
+        # one slab per physical core (contract.MAX_LAUNCH_CORES): the cores never share rows
+        state = ops.ndarray((ops.launch_core()[1], max(ngroups * rows, 1),
+                             blocks * (d + STATE_EXTRA_COLUMNS)),
                             dtype=ops.float32, buffer=ops.PRIVATE_HBM)
         ins = Inputs(query_t=query_t, q_items=(q_full, q_part), i_items=(i_full, i_part),
                      bounds_p=bounds_p, q_init=q_init, overlay=overlay,
@@ -322,7 +324,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
                            kernel_dtype=cfg.kd)
     # Step 2 (partial phase): the group's state left by the full phase.
     if masked:
-        load_state(ops, st, mi, ci + m.st, ins.state)
+        load_state(ops, st, mi, ci + m.st, ins.state, ops.launch_core()[0])
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
     k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, head,
                                            kv_tiles)
@@ -346,5 +348,5 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
     # phase the output.
     # (the output division, SBUF only, on GpSimd: idle here, VectorE / ScalarE carry the steps)
     store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
-                 blocks=blocks, d=d, masked=masked, engine="gpsimd")
+                 blocks=blocks, d=d, masked=masked, engine="gpsimd", core=ops.launch_core()[0])
 

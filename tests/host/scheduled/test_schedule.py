@@ -16,6 +16,7 @@ from host.scheduled.schedule import (AttentionSchedule, bucket, class_sequences,
                                     make_schedule)
 from host.scheduled.schedule_items import fill_partial_padding
 from nki_kernels.constants import tile_geometry
+from nki_kernels.contract import MAX_LAUNCH_CORES
 from nki_kernels.scheduled.sched_plan import max_group_blocks
 from symbolic_schedule import (P, block_tables_for, check_coverage, columns, geometry, schedule,
                                summary)
@@ -225,7 +226,8 @@ def _padding_ids_all_out_of_bounds(s, kw):
             limits[nL:col0["q"]] = 2 * Hkv * R_ov                       # overlay (partial)
             ngroups = nblk // blocks
             limits[col0["q"]:col0["st"]] = Hkv * ngroups * d             # Q^T (query-rows path)
-            limits[col0["st"]] = ngroups * rows                          # state scratch
+            # state scratch: every core's slab (MAX_LAUNCH_CORES of ngroups * rows rows)
+            limits[col0["st"]] = MAX_LAUNCH_CORES * ngroups * rows
             limits[col0["st"] + 1:] = Hkv * ngroups * rows               # output, q_init
             assert np.all(mi >= limits[None, None, None, :])
             assert np.all(arr.item_block[arr.real_items:] == -1)
