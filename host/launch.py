@@ -55,6 +55,17 @@ def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
     return api
 
 
+def item_parts_for(api: str | None, lnc: Any, num_kv_heads: int) -> int:
+    """The item parts of a schedule-driven launch (scheduled and MLA kernels; docs/layouts.md
+    §16.3): the launch's cores (``nki_kernels.toolchain.Api.lnc``, which validates ``lnc`` and
+    raises before any work) when they cannot split the KV heads evenly, else 1 (one core, or
+    the cores split the heads)."""
+    from nki_kernels import toolchain
+
+    cores = toolchain.resolve_api(api).lnc(lnc, num_kv_heads, item_split=True)
+    return cores if cores is not None and cores > 1 and num_kv_heads % cores else 1
+
+
 def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                   backend: str, api: str | None = None, lnc: int | None = None,
                   item_parts: int = 1) -> np.ndarray:

@@ -34,7 +34,7 @@ from host._arrays import readonly, to_numpy
 from host.dense.block_tables import active_table_of, check_block_tables
 from host.fp8 import is_fp8_cache_dtype
 from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
-from host.launch import check_api, check_backend
+from host.launch import check_api, check_backend, item_parts_for
 from host.dense.masks import build_attention_mask
 from host.dense.plan import PagedAttentionPlan, make_plan
 from host.scheduled.schedule import (AttentionSchedule, auto_large_tile, build_schedule,
@@ -266,12 +266,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
     item_parts = 1
     if kernel == "scheduled":
-        from nki_kernels import toolchain
-
-        # a bad lnc / combination fails before any work; an odd Hkv on two cores cuts the
-        # schedule in item parts (an even Hkv splits its KV heads instead)
-        cores = toolchain.resolve_api(api).lnc(lnc, Hkv, item_split=True)
-        item_parts = cores if cores == 2 and Hkv % 2 else 1
+        item_parts = item_parts_for(api, lnc, Hkv)     # a bad lnc fails here, before any work
     elif lnc not in (None, 1):
         raise NotImplementedError("paged_attention: the dense kernel runs on one core; leave lnc "
                                   "None (or 1) with kernel='dense'")

@@ -199,12 +199,11 @@ class Api:
                 raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
                                           "NeuronCore; use lnc=1")
             if not self._can_split(num_kv_heads, lnc, item_split):
-                need = ("nl.nc" if item_split else
-                        "an even Hkv and, on the legacy API, nl.nc")
+                need = ("nl.nc is needed" if item_split else
+                        "an even Hkv and, on the legacy API, nl.nc are needed")
                 raise NotImplementedError(
                     f"{source}=2: the {self.name!r} API here cannot split a launch over "
-                    f"{num_kv_heads} KV head(s) between two cores ({need} are needed); use "
-                    "lnc=1")
+                    f"{num_kv_heads} KV head(s) between two cores ({need}); use lnc=1")
         return lnc
 
     def _can_split(self, num_kv_heads, lnc, item_split=False):

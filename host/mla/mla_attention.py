@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from host._arrays import from_numpy_like, readonly, to_numpy
-from host.launch import check_api, check_backend, launch_kernel
+from host.launch import check_api, check_backend, item_parts_for, launch_kernel
 from host.mla.mla import MAX_MLA_HEADS, MLA_DTYPES, MLAPlan, check_mla_inputs, mla_batch
 from host.scheduled.schedule import AttentionSchedule, make_schedule
 from host.scheduled.scheduled import item_queries, pack_queries, unpack_output
@@ -235,14 +235,12 @@ def plan_mla_attention(block_tables: Any, query_lens: Any, context_lens: Any, *,
 def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile_size, backend,
                api, lnc=None) -> MLAStepPlan:
     """The step plan of a validated batch (options checked here)."""
-    from nki_kernels import toolchain
-
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
     check_backend(backend)
     api = check_api(api, kernel="MLA attention", both_apis=True)
     # one latent head: two cores split each class's query groups (a bad lnc fails here)
-    parts = 2 if toolchain.resolve_api(api).lnc(lnc, 1, item_split=True) == 2 else 1
+    parts = item_parts_for(api, lnc, 1)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)
     B = batch.block_size
     if B & (B - 1) or B > MAX_BLOCK_SIZE:

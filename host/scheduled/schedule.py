@@ -48,10 +48,10 @@ from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERH
                                            item_geometry, q_blocks, schedule_items, split_parts)
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
-                                  MAX_GROUP_BLOCKS, MAX_TILE_SIZE, MIN_BLOCK_SIZE, MIN_TILE_SIZE,
+                                  MAX_GROUP_BLOCKS, MAX_LAUNCH_CORES as CORES, MAX_TILE_SIZE,
+                                  MIN_BLOCK_SIZE, MIN_TILE_SIZE, PARTITIONS as P,
                                   cache_row_count, chunk_size, channel_slices, decode_layout,
                                   main_cache_row, meta_layout, state_row_sentinel, tile_geometry)
-from nki_kernels.contract import PARTITIONS as P
 from nki_kernels.scheduled.sched_plan import max_group_blocks, meta_columns
 
 __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule", "bucket",
@@ -220,8 +220,8 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
         fail("kv_layout", f"be one of {KV_LAYOUTS}", repr(kv_layout))
     if seqs is not None:
         seqs = check_seqs(seqs, q.shape[0])
-    if type(item_parts) is not int or item_parts not in (1, 2):
-        fail("item_parts", "be 1 or 2 (the physical cores of the launch)", repr(item_parts))
+    if type(item_parts) is not int or not 1 <= item_parts <= CORES:
+        fail("item_parts", f"be 1 .. {CORES} (the physical cores of the launch)", repr(item_parts))
     return build_schedule(q, c, block_tables, num_heads=num_heads, num_kv_heads=num_kv_heads,
                           head_size=head_size, block_size=B, num_blocks=num_blocks,
                           large_tile_size=LT, sliding_window=sliding_window, alibi=alibi,

@@ -17,7 +17,8 @@ from nki_kernels.contract import (PARTITIONS as P, PSUM_BANK_F32, STEP_KEYS, Met
                                   TileGeometry, channel_slices, decode_layout, meta_layout)
 from nki_kernels.mla.mla_sbuf import MAX_CHUNK_ITEMS, SBUF_USABLE, decode_chunk_cap, mla_sbuf_bytes
 from nki_kernels.ops import dtype_name, itemsize
-from nki_kernels.scheduled.sched_checks import (check_item_inputs, check_phase_metadata,
+from nki_kernels.scheduled.sched_checks import (check_item_inputs, check_item_parts,
+                                                check_phase_metadata,
                                       softmax_scale_value, tile_geometries)
 from nki_kernels.scheduled.sched_core import StepConfig
 from nki_kernels.scheduled.sched_item import FoldConfig, decode_step_keys
@@ -187,11 +188,7 @@ def configure(ops, ins: MLAInputs, kv_cache, rows, blocks, opts) -> MLAConfig:
         KERNEL, ins.meta_i[1], ins.meta_f[1], ins.meta_i[0], ins.meta_f[0], programs=1,
         columns=lambda masked: (layouts[masked].ki, layouts[masked].kf))
     _check_decode_inputs(ins, decode, D, rows, (items_f, items_p), q_dt)
-    parts = opts.item_parts
-    ck(type(parts) is int and 1 <= parts <= ops.max_lnc() and items_p % parts == 0
-       and items_f % parts == 0, "item_parts",
-       f"be an int in [1, {ops.max_lnc()}] (this target's cores per launch) dividing both "
-       f"phases' item counts ({items_f}, {items_p})", parts)
+    parts = check_item_parts(KERNEL, opts.item_parts, ops.max_lnc(), items_f, items_p)
     scale = softmax_scale_value(KERNEL, opts.softmax_scale, D)
     ck(isinstance(opts.mixed_precision, bool), "mixed_precision", "be a bool",
        opts.mixed_precision)

@@ -44,6 +44,16 @@ def check_phase_metadata(kernel, meta_pi, meta_pf, meta_fi, meta_ff, *, programs
     return items[0], items[1]
 
 
+def check_item_parts(kernel, parts, max_cores, items_f, items_p):
+    """``options.item_parts``: an int in ``[1, max_cores]`` (the target's cores per launch)
+    dividing both phases' item counts (the host's schedule in that many equal runs)."""
+    kernel_check(type(parts) is int and 1 <= parts <= max_cores and items_p % parts == 0
+                 and items_f % parts == 0, kernel, "item_parts",
+                 f"be an int in [1, {max_cores}] (this target's cores per launch) dividing both "
+                 f"phases' item counts ({items_f}, {items_p})", parts)
+    return parts
+
+
 def softmax_scale_value(kernel, softmax_scale, key_width):
     """``softmax_scale`` as a float: 1 / sqrt(key_width) when None, else a finite real number."""
     if softmax_scale is None:

@@ -20,7 +20,8 @@ from nki_kernels.contract import (BLOCK_KV, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_GROU
                                   cache_row_count, channel_slices, decode_layout, meta_layout)
 from nki_kernels.ops import dtype_name, itemsize
 from nki_kernels.sbuf_plan import SbufBudgetWarning
-from nki_kernels.scheduled.sched_checks import (check_item_inputs, check_phase_metadata,
+from nki_kernels.scheduled.sched_checks import (check_item_inputs, check_item_parts,
+                                                check_phase_metadata,
                                       softmax_scale_value, tile_geometries)
 from nki_kernels.scheduled.sched_core import StepConfig
 from nki_kernels.scheduled.sched_item import FoldConfig, decode_step_keys
@@ -317,11 +318,7 @@ def configure(ops, ins: Inputs, kv_cache, rows, blocks, opts, value_cache=None) 
     items_p, items_f = check_phase_metadata(
         KERNEL, ins.meta_i[1], ins.meta_f[1], ins.meta_i[0], ins.meta_f[0], programs=Hkv,
         columns=lambda masked: (layouts[masked].ki, layouts[masked].kf))
-    parts = opts.item_parts
-    ck(isinstance(parts, int) and not isinstance(parts, bool) and 1 <= parts <= ops.max_lnc()
-       and items_p % parts == 0 and items_f % parts == 0, "item_parts",
-       f"be an int in [1, {ops.max_lnc()}] (this target's cores per launch) dividing both "
-       f"phases' item counts ({items_f}, {items_p})", parts)
+    check_item_parts(KERNEL, opts.item_parts, ops.max_lnc(), items_f, items_p)
     scale = softmax_scale_value(KERNEL, opts.softmax_scale, d)
     soft_cap = opts.logits_soft_cap
     ck(soft_cap is None or (isinstance(soft_cap, (int, float)) and not isinstance(soft_cap, bool)
