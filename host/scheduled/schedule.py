@@ -398,7 +398,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         item_block = np.full(n_items, -1, np.int64)
         bnd = np.zeros((n_items, 2 * rows), np.float32) if (masked and kop) else None
         p = np.arange(P)
-        # defaults: every DMA skipped, reset on (padding items do nothing visible); the column
+        # defaults: every DMA skipped, reset off (padding items only follow a part's last real
+        # item: they do nothing visible and move no bytes); the column
         # offsets are the contract's (meta_layout): kv, ov (masked), q (query-rows classes), st,
         # out (masked), ini (row_init on query-rows classes)
         kv_col, st_col = lay.kv, lay.st
@@ -410,7 +411,6 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         st_skip = state_row_sentinel(ngroups * rows)       # state rows (per core slab)
         mi[:, :, :, st_col] = st_skip
         mi[:, :, :, st_col + 1:] = Hkv * ngroups * rows    # output rows and init rows
-        mf[:, :, lay.reset] = 1.0
         placed = [(pp * per_part + u, u, items_list) for pp, items_list in enumerate(parts_lists)
                   for u in range(len(items_list))]
         for t, u, items_list in placed:

@@ -66,8 +66,11 @@ class SchedOptions:
         DMA queues and GpSimd have room that a decode class would use (streaming the cache,
         zeroing V tiles, generating descriptors): the query-rows steps move work there where
         the API offers it -- P^T by SBUF -> SBUF DMA transposes
-        (``sched_core.StepConfig.probs_by_dma``) and the chunks' row maxima combined on
-        GpSimd (``StepConfig.pairwise_max``).
+        (``sched_core.StepConfig.probs_by_dma``), the chunks' row maxima combined on
+        GpSimd (``StepConfig.pairwise_max``) and a group's state reset by DMA
+        (``sched_item.reset_state``) instead of a VectorE select: MODELED, prefill 2K on 2K
+        trn2 current API 3755 -> 3668 us, legacy 4509 -> 4422; 1K on 0 trn1 848 -> 820; 2K
+        on 2K trn1 5008 -> 5035 (its PSUM port, not VectorE, is the busiest there).
     item_parts: 1, or the physical cores of an LNC=2 launch whose host schedule is cut in that
         many item parts (any Hkv; docs/layouts.md §16.3): every phase's items are
         ``item_parts`` equal runs, core c runs run c of every KV head
@@ -211,12 +214,14 @@ class Constants:
     eye: Any
     mask_eye: Any = None      # partial query-rows items: sched_core.mask_eye_tile, or None
     ones: Any = None          # query-rows classes: (128, 2) ones of the kernel dtype (row sums)
+    reset: Any = None         # query-rows classes: sched_item.StateReset (state reset by DMA)
 
 
 @dataclass(frozen=True)
 class Chunk:
     """One metadata chunk of a phase in SBUF: ``mi`` int32 / ``mf`` fp32 columns, the items'
-    reset flags as predicates (``ops.flags``), and in the decode layout the chunk's scaled Q^T
+    resets (decode layout: flags as predicates, ``ops.flags``; query-rows classes: the reset
+    DMAs' row ids, ``sched_item.reset_ids``), and in the decode layout the chunk's scaled Q^T
     slices, bounds (masked) and init rows (row_init)."""
 
     mi: Any

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from nki_kernels.contract import (L_FLOOR, PARTITIONS as P, PSUM_BANK_F32, STATE_EXTRA_COLUMNS,
-                                  channel_slices)
+                                  channel_slices, state_row_sentinel)
 from nki_kernels.ops import itemsize
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, mask_form,
                                               step_bounds)
@@ -129,6 +129,52 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
                           engine=q_scale_engine(ops, q_raw[k].dtype, kernel_dtype))
         scaled.append(q_sc)
     return scaled
+
+
+@dataclass(frozen=True)
+class StateReset:
+    """Query-rows classes: a group's state reset as a DMA instead of a select (no compute
+    engine touches the state): ``table`` (cores, rows, blocks * (d + 2)) fp32 private HBM holds
+    the initial state of every row (:func:`state_reset_table`, one slab per physical core);
+    ``p_oob`` (128, 1) fp32 holds ``p + oob`` (``oob`` = ``contract.state_row_sentinel(rows)``,
+    past every slab), from which :func:`reset_ids` builds each chunk's row ids."""
+
+    table: object
+    p_oob: object
+    oob: float
+
+
+def state_reset_table(ops, init, core):
+    """:class:`StateReset` of the kernel: a private HBM table of ``init``'s rows (rows,
+    blocks * (d + 2)) fp32, one slab per physical core of the launch, written once from ``init``
+    into this core's slab (one scatter)."""
+    rows, width = init.shape
+    f32 = ops.float32
+    table = ops.ndarray((ops.launch_core()[1], rows, width), dtype=f32, buffer=ops.PRIVATE_HBM)
+    oob = float(state_row_sentinel(rows))
+    p_oob = ops.sbuf((P, 1), f32)
+    ops.iota(p_oob, step=0, offset=int(oob), partition_step=1)
+    p_ids = ops.sbuf((P, 1), ops.int32)
+    ops.tensor_scalar(p_ids, p_oob, "add", -oob, engine="gpsimd")
+    ops.scatter(table, p_ids, 0, init, lead=(core,))
+    return StateReset(table=table, p_oob=p_oob, oob=oob)
+
+
+def reset_ids(ops, reset: StateReset, mf, col, stride, count):
+    """``(128, count)`` int32 row ids of a chunk's resets: column t is ``p`` where the fp32 flag
+    ``mf[:, col + t * stride]`` is 1 (item t starts a group), else ``p + oob`` (out of bounds:
+    the reset DMA is skipped); one GpSimd instruction per chunk."""
+    ids = ops.sbuf((P, count), ops.int32)
+    ops.tensor_scalar(ids, ops.free_view(mf, ((stride, count),), col0=col), "multiply",
+                      -reset.oob, op1="add", operand1=reset.p_oob, engine="gpsimd")
+    return ids
+
+
+def reset_state(ops, st, reset: StateReset, ids, it, core):
+    """Item ``it``'s reset: every row of ``st`` (rows, blocks * (d + 2)) fp32 from the initial
+    table if the item starts a group, else nothing (one gather; skipped rows keep ``st``). A DMA
+    overwrite, like the select it replaces: a stale NaN cannot leak into the new group."""
+    ops.gather(st, reset.table, ids, it, lead=(core,))
 
 
 def load_state(ops, st, mi, st_col, state, core=0):

@@ -55,7 +55,9 @@ from nki_kernels.scheduled.sched_config import (KERNEL, MAX_D, Chunk, Constants,
 from nki_kernels.scheduled.sched_core import (KVTile, additive_mask_ok, key_index_tile,
                                               mask_eye_tile)
 from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
-from nki_kernels.scheduled.sched_item import chunk_queries, fold_tile, load_q_slices, load_state, store_blocks
+from nki_kernels.scheduled.sched_item import (chunk_queries, fold_tile, load_q_slices, load_state,
+                                              reset_ids, reset_state, state_reset_table,
+                                              store_blocks)
 from nki_kernels.scheduled.sched_range import natural_order
 from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys, zeroed
 from nki_kernels.tile_ops import identity_tile
@@ -154,7 +156,10 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
                                                           (keys on partitions: item t's
                                                           preloaded i_full / i_part columns)
                                                           (skipped unless a group starts here)
-            if reset[t]: st = init for every row          (select, NaN-safe)
+            if reset[t]: st = init for every row          (select, NaN-safe; without a decode
+                                                          class a DMA from the initial table,
+                                                          skipped unless a group starts, then
+                                                          the q_init rows straight into st)
             [partial] st <- state rows st[t]  (skipped unless the group starts here and had
                                                full items)
             K, V <- kv rows kv[t] (+ overlay rows ov[t], partial phase; tile zeroed first)
@@ -173,7 +178,7 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
     for head in ops.kv_heads(num_kv_heads, parts):
         tiles = _group_tiles(ops, cfg, ins.query_t.dtype)
         if const is None:         # once per kernel, after the first head's tiles
-            const = _constants(ops, cfg)
+            const = _constants(ops, cfg, tiles.init)
         for phase in (cfg.full, cfg.partial):
             if phase.items:
                 _run_phase(ops, cfg, ins, phase, head, tiles, const, part)
@@ -202,7 +207,7 @@ def _group_tiles(ops, cfg, q_dtype):
     return GroupTiles(st=st, init=init, al=al, q_raw=tuple(q_raw))
 
 
-def _constants(ops, cfg):
+def _constants(ops, cfg, init):
     kidx = []
     for phase in (cfg.full, cfg.partial):
         kidx.append(_key_index(ops, cfg, phase)
@@ -225,7 +230,12 @@ def _constants(ops, cfg):
     if not cfg.full.keys_on_partitions:     # query-rows steps: row sums as P 1 on TensorE
         ones = ops.sbuf((P, 2), cfg.kd)
         ops.memset(ones, 1.0, engine="gpsimd")
-    return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones)
+    # a batch without a decode class resets a group's state by DMA from a table of init's rows,
+    # off VectorE (DMA has room there); with one, DMA streams the cache and the select stays
+    reset = (state_reset_table(ops, init, ops.launch_core()[0])
+             if cfg.opts.prefill_only and not cfg.decode else None)
+    return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones,
+                     reset=reset)
 
 
 def _key_index(ops, cfg, phase):
@@ -285,8 +295,11 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const, part):
             init = ops.sbuf((rows, chunk * Q_INIT_COLUMNS), ops.float32)
             ops.load(init, i_all[ops.ds(head * rows, rows),
                                  ops.ds(ch * chunk * Q_INIT_COLUMNS, chunk * Q_INIT_COLUMNS)])
-        data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init,
-                     resets=ops.flags(mf, m.reset, kf, chunk))
+        if const.reset is None:
+            resets = ops.flags(mf, m.reset, kf, chunk)
+        else:
+            resets = reset_ids(ops, const.reset, mf, m.reset, kf, chunk)
+        data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init, resets=resets)
         for it in ops.sequential_range(chunk):
             _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head)
 
@@ -300,8 +313,13 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
     st, init, al = tiles.st, tiles.init, tiles.al
     mi, mf = data.mi, data.mf
     sw = d + STATE_EXTRA_COLUMNS
-    # Step 1: a group starting here loads its Q^T and its rows' initial values (skipped rows
-    # keep the group's values), then every row's state is reset (a select: stale NaN cannot leak).
+    # Step 1: a group starting here resets every row's state and loads its Q^T and its rows'
+    # initial values (skipped rows keep the group's values). Decode layout: the values into
+    # init, then a select (stale NaN cannot leak); query-rows classes: a DMA from the initial
+    # table, then the values straight into the state (both skipped unless a group starts).
+    core = ops.launch_core()[0]
+    if const.reset is not None:
+        reset_state(ops, st, const.reset, data.resets, it, core)
     if cfg.opts.row_init and cfg.decode:    # one block; this item's values, preloaded
         ops.copy(init[:, ops.ds(d, 2)], data.init[:, ops.ds(it * Q_INIT_COLUMNS, 2)])
         if cfg.opts.alibi:
@@ -309,14 +327,16 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
                      data.init[:, ops.ds(it * Q_INIT_COLUMNS + Q_INIT_SLOPE, 2)])
     elif cfg.opts.row_init:
         # one gather per group start (skipped otherwise) for every block's (-m, l), straight
-        # into the blocks' init columns (d + 2 apart), one for every block's ALiBi (slope,
-        # slope * position), already in al's layout
-        ops.gather(init[:, ops.ds(d, (blocks - 1) * sw + 2)], ins.q_init, mi, ci + m.ini,
+        # into the blocks' init columns (d + 2 apart; the state's after a reset DMA), one for
+        # every block's ALiBi (slope, slope * position), already in al's layout
+        into = st if const.reset is not None else init
+        ops.gather(into[:, ops.ds(d, (blocks - 1) * sw + 2)], ins.q_init, mi, ci + m.ini,
                    tokens=blocks, step=Q_INIT_COLUMNS, width=2, dst_step=sw)
         if cfg.opts.alibi:
             ops.gather(al, ins.q_init, mi, ci + m.ini, col0=Q_INIT_SLOPE, tokens=blocks,
                        step=Q_INIT_COLUMNS)
-    ops.where(st, data.resets.column(it, rows), init, st)
+    if const.reset is None:
+        ops.where(st, data.resets.column(it, rows), init, st)
     if cfg.decode:       # decode layout: one block, Q^T preloaded per chunk
         qs = [q[:, ops.ds(it * rows, rows)] for q in data.q]
     else:
@@ -324,7 +344,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
                            kernel_dtype=cfg.kd)
     # Step 2 (partial phase): the group's state left by the full phase.
     if masked:
-        load_state(ops, st, mi, ci + m.st, ins.state, ops.launch_core()[0])
+        load_state(ops, st, mi, ci + m.st, ins.state, core)
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
     k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, head,
                                            kv_tiles)
@@ -348,5 +368,5 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
     # phase the output.
     # (the output division, SBUF only, on GpSimd: idle here, VectorE / ScalarE carry the steps)
     store_blocks(ops, st, mi, ci + (m.out if masked else m.st), ins.out, ins.state, rows=rows,
-                 blocks=blocks, d=d, masked=masked, engine="gpsimd", core=ops.launch_core()[0])
+                 blocks=blocks, d=d, masked=masked, engine="gpsimd", core=core)
 

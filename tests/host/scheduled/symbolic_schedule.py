@@ -162,7 +162,9 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
             real_t = bool(arr.item_block[t] >= 0)      # padding items carry -1
             if arr.parts == 1:
                 assert real_t == (t < arr.real_items)
-            if reset:
+            if reset or not real_t:
+                # a padding item (no reset) folds what its skipped DMAs left in the tiles: the
+                # state is garbage from here on, and no later item may store or load it
                 group, acc = [None] * blocks, [None] * blocks
             q_slots = []
             if kop:      # the item's Q^T comes from item_block (preloaded per chunk)

@@ -231,7 +231,7 @@ def _padding_ids_all_out_of_bounds(s, kw):
             limits[col0["st"] + 1:] = Hkv * ngroups * rows               # output, q_init
             assert np.all(mi >= limits[None, None, None, :])
             assert np.all(arr.item_block[arr.real_items:] == -1)
-            assert np.all(mf[:, :, 0] == 1.0)                  # reset: a padding item is its own group
+            assert np.all(mf[:, :, 0] == 0.0)                  # no reset: a padding item moves no state
             if arr.masked and cls.decode_layout:               # r <= 0: no key is seen
                 bnd = arr.bounds.reshape(arr.items, 2 * rows)[arr.real_items:]
                 assert np.all(bnd[:, rows:] <= 0)

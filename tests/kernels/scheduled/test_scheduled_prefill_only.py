@@ -1,9 +1,11 @@
-"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): the
-query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
+"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): a group's
+state is reset by a DMA from a table of initial rows instead of a VectorE select (both APIs),
+the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
 (NeuronCore-v3) transpose P by SBUF -> SBUF DMA transposes, eight 128-key blocks per DMA; the
 legacy API keeps the PE transposes. The outputs match the float64 reference, and the prefill
 rows are bit-identical to the same sequences run beside a decode (which turns both off), so the
-two transposes and the two folds agree to the bit.
+two transposes, the two folds and the two resets agree to the bit; a sequence's own NaN stays in
+that sequence with the DMA reset as with the select.
 
 The op-layer transform itself (``ops.transpose_on_dma``) is checked against NumPy, with its
 inverse, and must fail on NeuronCore-v2 and on the legacy layer."""
@@ -41,7 +43,24 @@ def _combines(trace):
                  or (e.op == "tensor_scalar" and e.engine == "gpsimd" and e.free_elems == 2))]
 
 
+def _state_selects(trace, d):
+    """Selects over whole group states (fp32, every block's d + 2 columns): the reset of a
+    batch with a decode class (``tensor_copy_predicated`` on the current API, ``where`` on the
+    legacy one); mask selects are 512 or 128 columns wide, never a multiple of d + 2 here."""
+    return [e for e in trace.events if e.op in ("tensor_copy_predicated", "where")
+            and e.out_dtype == "float32" and e.out_shape[-1] % (d + 2) == 0]
+
+
+def _reset_gathers(trace, d):
+    """Indirect fp32 gathers of whole group states from HBM: the state loads of the partial
+    phase and, without a decode class, the resets (skipped, 0 bytes, unless a group starts)."""
+    return [e for e in trace.events if e.engine == "dma" and e.dma_kind == "indirect"
+            and e.src_buffer == "hbm" and e.dst_buffer == "sbuf" and e.out_dtype == "float32"
+            and e.out_shape[-1] % (d + 2) == 0]
+
+
 N_PREFILL = 500          # tokens of the two prefill chunks
+D = 32
 
 
 @pytest.fixture
@@ -51,7 +70,7 @@ def prefill_batch(batch_factory, poison_unseen):
     cache slot no query may see."""
     import dataclasses
 
-    mixed = batch_factory(61, [300, 200, 1], [2500, 4200, 900], H=8, Hkv=2, d=32, block_size=16,
+    mixed = batch_factory(61, [300, 200, 1], [2500, 4200, 900], H=8, Hkv=2, d=D, block_size=16,
                           dtype=BF16)
     mixed = dataclasses.replace(mixed, kv_cache=poison_unseen(mixed))
 
@@ -84,6 +103,12 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
     comb = {k: set(_combines(t)) for k, t in traces.items()}
     assert comb == {False: {("gpsimd", "tensor_scalar", 2)},
                     True: {("vector", "tensor_reduce", 4)}}
+    # both APIs: the state reset is a DMA without a decode class (no select; more state-sized
+    # gathers, most of them skipped), a select with one
+    assert not _state_selects(traces[False], D) and _state_selects(traces[True], D)
+    gathers = {k: _reset_gathers(t, D) for k, t in traces.items()}
+    assert len(gathers[False]) > len(gathers[True])
+    assert any(e.bytes == 0 for e in gathers[False]) and any(e.bytes for e in gathers[False])
     on_dma = _sbuf_transposes(traces[False])
     if (target, api) != ("trn2", "nki"):
         assert not on_dma                            # no SBUF DMA transpose on this layer
@@ -94,6 +119,32 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
     nt = {k: sum(e.op == "nc_transpose" for e in t.events) for k, t in traces.items()}
     assert nt[False] < nt[True]
 
+
+
+@pytest.mark.parametrize("target, api, lnc", [("trn2", "nki", 1), ("trn2", "nki", 2),
+                                              ("trn1", "legacy", None)])
+@pytest.mark.parametrize("seq", [0, 1])
+def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, seq, on_api,
+                                                             prefill_batch):
+    # the two chunks' groups follow each other through one state tile per KV head: a NaN state
+    # left by one group must not survive the DMA reset into the next (either order)
+    import dataclasses
+
+    b = prefill_batch(False)
+    cache = b.kv_cache.copy()
+    cache[1, b.block_tables[seq, 0], 0, 0, :] = np.nan      # V of a key every query sees
+    bad = dataclasses.replace(b, kv_cache=cache)
+    kw = dict(backend="sim", kernel="scheduled", large_tile_size=2048, partial_tile_size=512,
+              lnc=lnc)
+    with on_api(api, target):
+        clean = np.asarray(paged_attention(*b.args(), **kw))
+        out = np.asarray(paged_attention(*bad.args(), **kw))
+    rows = slice(0, 300) if seq == 0 else slice(300, N_PREFILL)
+    G = b.query.shape[1] // b.kv_cache.shape[2]
+    hit = np.zeros(out.shape[:2], bool)
+    hit[rows, :G] = True                             # the query heads of KV head 0
+    assert np.isnan(out[hit].astype(np.float32)).all()          # must-fail side: it is read
+    assert out[~hit].tobytes() == clean[~hit].tobytes()
 
 
 @pytest.mark.parametrize("variant", ["window", "softcap", "alibi", "sinks"])
