@@ -14,8 +14,8 @@ import pytest
 from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
-       "bench_kv_dma_modes", "bench_kv_layout", "bench_lnc_parts", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
-       "time_flash_sim")
+       "bench_kv_dma_modes", "bench_kv_layout", "bench_lnc_parts", "bench_masked_weight",
+       "bench_schedule_whatif", "bench_sim_speed", "bench_variants", "time_flash_sim")
 
 
 @pytest.fixture
@@ -53,7 +53,8 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"]),
     ("bench_evidence", ["--markdown", "no-such-folder/page"]),
     ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"]),
-    ("bench_lnc_parts", ["--markdown", "no-such-folder/page"])])
+    ("bench_lnc_parts", ["--markdown", "no-such-folder/page"]),
+    ("bench_masked_weight", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -313,3 +314,25 @@ def test_lnc_parts_quick(run_quick, capsys):
             assert r["vs_lnc1"] < 0.9 and r["max_abs_diff_vs_lnc1"] <= 3e-2
     assert "| scheduled | decode_8 | nki |" in capsys.readouterr().out
 
+
+
+# --------------------------------------------------------------------- bench_masked_weight
+def test_masked_weight_quick(run_quick, load_script, capsys):
+    """Both weights on both targets; the weight is restored after each run (also on error)."""
+    doc = run_quick("bench_masked_weight")
+    import host.scheduled.schedule_items as items
+
+    rows = doc["rows"]
+    assert {(r["batch"], r["target"], r["api"]) for r in rows} == {
+        (b, t, a) for b in ("256 on 0", "128 on 128, window 64")
+        for t, a in (("trn2", "nki"), ("trn1", "legacy"))}
+    for r in rows:
+        assert r["unweighted"]["weight"] == 1.0
+        assert r["shipped"]["weight"] == items.MASKED_KEY_WEIGHT
+        assert r["ratio"] == r["shipped"]["modeled_us"] / r["unweighted"]["modeled_us"] > 0
+    assert "| 256 on 0 | trn2 (nki) |" in capsys.readouterr().out
+    with pytest.raises(RuntimeError):
+        with load_script("bench_masked_weight").masked_key_weight(3.0):
+            assert items.MASKED_KEY_WEIGHT == 3.0
+            raise RuntimeError
+    assert items.MASKED_KEY_WEIGHT != 3.0

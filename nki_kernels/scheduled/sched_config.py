@@ -67,10 +67,13 @@ class SchedOptions:
         zeroing V tiles, generating descriptors): the query-rows steps move work there where
         the API offers it -- P^T by SBUF -> SBUF DMA transposes
         (``sched_core.StepConfig.probs_by_dma``), the chunks' row maxima combined on
-        GpSimd (``StepConfig.pairwise_max``) and a group's state reset by DMA
-        (``sched_item.reset_state``) instead of a VectorE select: MODELED, prefill 2K on 2K
-        trn2 current API 3755 -> 3668 us, legacy 4509 -> 4422; 1K on 0 trn1 848 -> 820; 2K
-        on 2K trn1 5008 -> 5035 (its PSUM port, not VectorE, is the busiest there).
+        GpSimd (``StepConfig.pairwise_max``) and, on NeuronCore-v3+, a group's state reset
+        by DMA (``sched_item.reset_state``) instead of a VectorE select. MODELED, trn2 current
+        API: prefill 2K on 2K 3755 -> 3668 us, 1536 on 4096 4610 -> 4361, shorter prefills
+        0.2-0.7 % slower (a reset DMA of the whole state takes longer than the select it
+        replaces, so it pays where VectorE is the busiest engine or a group has many items);
+        on trn1, whose shared PSUM / SBUF ports bind, it was a wash (-3.3 % to +1.6 % over ten
+        prefill batches), so v2 keeps the select.
     item_parts: 1, or the physical cores of an LNC=2 launch whose host schedule is cut in that
         many item parts (any Hkv; docs/layouts.md §16.3): every phase's items are
         ``item_parts`` equal runs, core c runs run c of every KV head

@@ -156,8 +156,8 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
                                                           (keys on partitions: item t's
                                                           preloaded i_full / i_part columns)
                                                           (skipped unless a group starts here)
-            if reset[t]: st = init for every row          (select, NaN-safe; without a decode
-                                                          class a DMA from the initial table,
+            if reset[t]: st = init for every row          (select, NaN-safe; v3+ without a
+                                                          decode class a DMA from the initial table,
                                                           skipped unless a group starts, then
                                                           the q_init rows straight into st)
             [partial] st <- state rows st[t]  (skipped unless the group starts here and had
@@ -230,10 +230,12 @@ def _constants(ops, cfg, init):
     if not cfg.full.keys_on_partitions:     # query-rows steps: row sums as P 1 on TensorE
         ones = ops.sbuf((P, 2), cfg.kd)
         ops.memset(ones, 1.0, engine="gpsimd")
-    # a batch without a decode class resets a group's state by DMA from a table of init's rows,
-    # off VectorE (DMA has room there); with one, DMA streams the cache and the select stays
+    # on NeuronCore-v3+ a batch without a decode class resets a group's state by DMA from a
+    # table of init's rows, off VectorE (DMA has room there); with a decode class DMA streams
+    # the cache, and on v2 the shared ports, not VectorE, bind: the select stays (MODELED,
+    # SchedOptions.prefill_only)
     reset = (state_reset_table(ops, init, ops.launch_core()[0])
-             if cfg.opts.prefill_only and not cfg.decode else None)
+             if cfg.opts.prefill_only and not cfg.decode and ops.nc_gen() != "gen2" else None)
     return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones,
                      reset=reset)
 

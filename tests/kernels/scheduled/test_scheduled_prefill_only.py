@@ -1,5 +1,6 @@
-"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): a group's
-state is reset by a DMA from a table of initial rows instead of a VectorE select (both APIs),
+"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): on
+NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
+VectorE select (both APIs),
 the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
 (NeuronCore-v3) transpose P by SBUF -> SBUF DMA transposes, eight 128-key blocks per DMA; the
 legacy API keeps the PE transposes. The outputs match the float64 reference, and the prefill
@@ -103,12 +104,16 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
     comb = {k: set(_combines(t)) for k, t in traces.items()}
     assert comb == {False: {("gpsimd", "tensor_scalar", 2)},
                     True: {("vector", "tensor_reduce", 4)}}
-    # both APIs: the state reset is a DMA without a decode class (no select; more state-sized
-    # gathers, most of them skipped), a select with one
-    assert not _state_selects(traces[False], D) and _state_selects(traces[True], D)
+    # NeuronCore-v3, both APIs: the state reset is a DMA without a decode class (no select;
+    # more state-sized gathers, most of them skipped), a select with one; v2 keeps the select
     gathers = {k: _reset_gathers(t, D) for k, t in traces.items()}
-    assert len(gathers[False]) > len(gathers[True])
-    assert any(e.bytes == 0 for e in gathers[False]) and any(e.bytes for e in gathers[False])
+    assert _state_selects(traces[True], D)
+    if target == "trn1":
+        assert _state_selects(traces[False], D) and all(e.bytes for e in gathers[False])
+    else:
+        assert not _state_selects(traces[False], D)
+        assert len(gathers[False]) > len(gathers[True])
+        assert any(e.bytes == 0 for e in gathers[False]) and any(e.bytes for e in gathers[False])
     on_dma = _sbuf_transposes(traces[False])
     if (target, api) != ("trn2", "nki"):
         assert not on_dma                            # no SBUF DMA transpose on this layer
@@ -122,7 +127,7 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
 
 
 @pytest.mark.parametrize("target, api, lnc", [("trn2", "nki", 1), ("trn2", "nki", 2),
-                                              ("trn1", "legacy", None)])
+                                              ("trn2", "legacy", 1), ("trn1", "legacy", None)])
 @pytest.mark.parametrize("seq", [0, 1])
 def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, seq, on_api,
                                                              prefill_batch):
