@@ -152,6 +152,35 @@ def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, s
     assert out[~hit].tobytes() == clean[~hit].tobytes()
 
 
+@pytest.mark.parametrize("api", ["nki", "legacy"])
+def test_prefill_only_item_parts_reset_on_each_core(api, on_api, batch_factory, poison_unseen,
+                                                    tol):
+    # one KV head on both cores of trn2 (item parts, docs/layouts.md §16.3): each core resets
+    # its groups from its own slab of the table; NaN in one sequence's data stays there
+    import dataclasses
+
+    b = batch_factory(64, [300, 200, 90], [2500, 0, 700], H=4, Hkv=1, d=D, block_size=16,
+                      dtype=BF16)
+    b = dataclasses.replace(b, kv_cache=poison_unseen(b))
+    cache = b.kv_cache.copy()
+    cache[1, b.block_tables[0, 0], 0, 0, :] = np.nan        # V of a key sequence 0 always sees
+    bad = dataclasses.replace(b, kv_cache=cache)
+    kw = dict(backend="sim", kernel="scheduled", large_tile_size=2048, partial_tile_size=512)
+    outs = {}
+    with on_api(api, "trn2"):
+        for lnc in (1, 2):
+            with nki_sim.tracing() as trace:
+                outs[lnc] = np.asarray(paged_attention(*b.args(), lnc=lnc, **kw), np.float64)
+            assert not _state_selects(trace, D)
+        poisoned = np.asarray(paged_attention(*bad.args(), lnc=2, **kw))
+    ref = paged_attention_ref(*b.args())
+    atol, rtol = tol("mixed", b.query.dtype)
+    for out in outs.values():
+        assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
+    assert np.isnan(poisoned[:300].astype(np.float32)).all()    # must-fail side: it is read
+    assert np.array_equal(poisoned[300:].astype(np.float64), outs[2][300:])
+
+
 @pytest.mark.parametrize("variant", ["window", "softcap", "alibi", "sinks"])
 def test_prefill_only_variants_match_the_reference(variant, on_api, prefill_batch, tol):
     # the DMA-transposed P and the GpSimd fold under every score variant (trn2, current API):
