@@ -217,14 +217,14 @@ class Constants:
     eye: Any
     mask_eye: Any = None      # partial query-rows items: sched_core.mask_eye_tile, or None
     ones: Any = None          # query-rows classes: (128, 2) ones of the kernel dtype (row sums)
-    reset: Any = None         # query-rows classes: sched_item.StateReset (state reset by DMA)
+    reset: Any = None         # v3+, no decode class: sched_item.StateReset (reset by DMA)
 
 
 @dataclass(frozen=True)
 class Chunk:
     """One metadata chunk of a phase in SBUF: ``mi`` int32 / ``mf`` fp32 columns, the items'
-    resets (decode layout: flags as predicates, ``ops.flags``; query-rows classes: the reset
-    DMAs' row ids, ``sched_item.reset_ids``), and in the decode layout the chunk's scaled Q^T
+    resets (flags as predicates, ``ops.flags``; with ``Constants.reset`` the reset DMAs' row
+    ids, ``sched_item.reset_ids``), and in the decode layout the chunk's scaled Q^T
     slices, bounds (masked) and init rows (row_init)."""
 
     mi: Any

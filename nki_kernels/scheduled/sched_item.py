@@ -133,8 +133,8 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
 
 @dataclass(frozen=True)
 class StateReset:
-    """Query-rows classes: a group's state reset as a DMA instead of a select (no compute
-    engine touches the state): ``table`` (cores, rows, blocks * (d + 2)) fp32 private HBM holds
+    """A group's state reset as a DMA instead of a select, no compute engine touching the
+    state (query-rows classes of a batch without a decode class, NeuronCore-v3+): ``table`` (cores, rows, blocks * (d + 2)) fp32 private HBM holds
     the initial state of every row (:func:`state_reset_table`, one slab per physical core);
     ``p_oob`` (128, 1) fp32 holds ``p + oob`` (``oob`` = ``contract.state_row_sentinel(rows)``,
     past every slab), from which :func:`reset_ids` builds each chunk's row ids."""

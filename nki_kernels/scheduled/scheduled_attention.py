@@ -316,9 +316,10 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
     mi, mf = data.mi, data.mf
     sw = d + STATE_EXTRA_COLUMNS
     # Step 1: a group starting here resets every row's state and loads its Q^T and its rows'
-    # initial values (skipped rows keep the group's values). Decode layout: the values into
-    # init, then a select (stale NaN cannot leak); query-rows classes: a DMA from the initial
-    # table, then the values straight into the state (both skipped unless a group starts).
+    # initial values (skipped rows keep the group's values): the values into init, then a
+    # select (stale NaN cannot leak); with const.reset (NeuronCore-v3+, no decode class) a DMA
+    # from the initial table, then the values straight into the state (both skipped unless a
+    # group starts).
     core = ops.launch_core()[0]
     if const.reset is not None:
         reset_state(ops, st, const.reset, data.resets, it, core)
