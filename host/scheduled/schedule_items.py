@@ -44,7 +44,8 @@ ITEM_OVERHEAD_KEYS = 4096
 # the prefill groups of a causal-only prefill (1K new tokens, no context: 32-block groups and
 # 1024-key partial tiles -> 16 blocks and 512 keys, trn2 current API 690 -> 604 us, trn1 929 ->
 # 848), and changes no other choice on the batches of scripts/bench_paged_attention.py,
-# bench_variants.py, bench_mla.py or the nki-pa demo (1.0 kept the 32-block groups).
+# bench_variants.py, bench_mla.py or the nki-pa demo (1.0 kept the 32-block groups). Held-out
+# batches it was not fitted on: scripts/bench_masked_weight.py (docs/bench-masked-weight.md).
 MASKED_KEY_WEIGHT = 1.25
 # The same for an item of a decode class (one block of <= 64 rows, keys on partitions): its
 # fixed work is a fraction of a 128-row group's. Calibrated on the cost model (MODELED, every
@@ -278,4 +279,3 @@ def group_blocks_for_parts(need: list, cap: int, parts: int) -> int:
     while parts > 1 and blocks > 1 and sum(-(-n // blocks) for n in need) < 2 * parts:
         blocks = -(-blocks // 2)
     return blocks
-

@@ -155,7 +155,7 @@ def state_reset_table(ops, init, core):
     p_oob = ops.sbuf((P, 1), f32)
     ops.iota(p_oob, step=0, offset=int(oob), partition_step=1)
     p_ids = ops.sbuf((P, 1), ops.int32)
-    ops.tensor_scalar(p_ids, p_oob, "add", -oob, engine="gpsimd")
+    ops.iota(p_ids, step=0, partition_step=1)
     ops.scatter(table, p_ids, 0, init, lead=(core,))
     return StateReset(table=table, p_oob=p_oob, oob=oob)
 
