@@ -27,6 +27,7 @@ from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, flash_step, ma
                                               step_bounds)
 from nki_kernels.scheduled.sched_decode import decode_step
 from nki_kernels.scheduled.sched_range import natural_order, offset_bounds_of, range_offset_bounds
+from nki_kernels.scheduled.sched_tile import keys_by_dma
 from nki_kernels.tile_ops import transpose_bank_cols, transpose_copies
 
 # P^T copy engines of 128-row blocks (query-rows steps) when the caller does not choose, by
@@ -129,6 +130,31 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
                           engine=q_scale_engine(ops, q_raw[k].dtype, kernel_dtype))
         scaled.append(q_sc)
     return scaled
+
+
+# A group's state reset by DMA (:class:`StateReset`) instead of the VectorE select takes one
+# pass over the state per item off VectorE, and puts a gather per item (skipped unless the
+# group starts: no bytes, but a descriptor) and the whole state per group start on the DMA
+# queues. It pays where VectorE is the busiest engine and DMA has room (:func:`reset_by_dma`):
+# NeuronCore-v3+ (v2's shared PSUM / SBUF ports bind instead), no decode class (its cache
+# gathers keep DMA the busiest engine), a full phase (the full steps' row maxima keep VectorE
+# above ScalarE, which carries the masked steps' P^T copies) and, where K^T arrives by DMA
+# transposes (current API), groups of at least this many Q blocks: VectorE's work per full
+# tile grows with the group, the tile's gathers do not, and at 16 blocks the two were level.
+# MODELED, trn2, prefill-only batches: current API with a full phase, groups of 2-16 blocks
+# 2.1-6.2 % slower by DMA, 20 blocks 1.6 % faster, 32-48 blocks 0.1-5.4 % faster (24 blocks
+# with one full item: 0.4 % slower, ScalarE binds); legacy API with a full phase 1.4-4.1 %
+# faster; without a full phase -0.4 % to +3.7 % (scripts/bench_state_reset.py).
+RESET_BY_DMA_MIN_BLOCKS = 20
+
+
+def reset_by_dma(ops, cfg) -> bool:
+    """Whether the kernel of ``cfg`` (``sched_config.SchedConfig``) resets group states by DMA
+    (:class:`StateReset`) rather than a VectorE select (see :data:`RESET_BY_DMA_MIN_BLOCKS`):
+    a trace-time choice of the target, the API and the launch's static shapes."""
+    if not cfg.opts.prefill_only or cfg.decode or ops.nc_gen() == "gen2" or cfg.full.items == 0:
+        return False
+    return cfg.blocks >= RESET_BY_DMA_MIN_BLOCKS or not keys_by_dma(ops, cfg, cfg.full)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ from nki_kernels.scheduled.sched_core import (KVTile, additive_mask_ok, key_inde
                                               mask_eye_tile)
 from nki_kernels.scheduled.sched_decode import decode_constants, key_index_columns
 from nki_kernels.scheduled.sched_item import (chunk_queries, fold_tile, load_q_slices, load_state,
-                                              reset_ids, reset_state, state_reset_table,
-                                              store_blocks)
+                                              reset_by_dma, reset_ids, reset_state,
+                                              state_reset_table, store_blocks)
 from nki_kernels.scheduled.sched_range import natural_order
 from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys, zeroed
 from nki_kernels.tile_ops import identity_tile
@@ -230,12 +230,10 @@ def _constants(ops, cfg, init):
     if not cfg.full.keys_on_partitions:     # query-rows steps: row sums as P 1 on TensorE
         ones = ops.sbuf((P, 2), cfg.kd)
         ops.memset(ones, 1.0, engine="gpsimd")
-    # on NeuronCore-v3+ a batch without a decode class resets a group's state by DMA from a
-    # table of init's rows, off VectorE (DMA has room there); with a decode class DMA streams
-    # the cache, and on v2 the shared ports, not VectorE, bind: the select stays (MODELED,
-    # SchedOptions.prefill_only)
-    reset = (state_reset_table(ops, init, ops.launch_core()[0])
-             if cfg.opts.prefill_only and not cfg.decode and ops.nc_gen() != "gen2" else None)
+    # a group's state reset: by DMA from a table of init's rows where that pays
+    # (sched_item.reset_by_dma: NeuronCore-v3+, no decode class, VectorE the busier engine),
+    # else a VectorE select per item
+    reset = state_reset_table(ops, init, ops.launch_core()[0]) if reset_by_dma(ops, cfg) else None
     return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones,
                      reset=reset)
 

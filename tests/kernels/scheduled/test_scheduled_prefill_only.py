@@ -1,7 +1,8 @@
 """Batches without a decode class (``SchedOptions.prefill_only``, set by the host): on
 NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
-VectorE select (both APIs),
-the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
+VectorE select where ``sched_item.reset_by_dma`` says so (a full phase; on the current API
+groups of at least ``RESET_BY_DMA_MIN_BLOCKS`` Q blocks, lowered here to exercise that path on
+small batches), the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
 (NeuronCore-v3) transpose P by SBUF -> SBUF DMA transposes, eight 128-key blocks per DMA; the
 legacy API keeps the PE transposes. The outputs match the float64 reference, and the prefill
 rows are bit-identical to the same sequences run beside a decode (which turns both off), so the
@@ -85,10 +86,30 @@ def prefill_batch(batch_factory, poison_unseen):
     return make
 
 
-@pytest.mark.parametrize("target, api, lnc", [("trn2", "nki", 1), ("trn2", "nki", 2),
-                                              ("trn2", "legacy", 1), ("trn1", "legacy", None)])
-def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api, prefill_batch,
+@pytest.fixture
+def reset_min_blocks(monkeypatch):
+    """Set ``sched_item.RESET_BY_DMA_MIN_BLOCKS`` (the current API's group size for a DMA
+    reset) for one test; None leaves the shipped value."""
+    import nki_kernels.scheduled.sched_item as si
+
+    def set_to(blocks):
+        if blocks is not None:
+            monkeypatch.setattr(si, "RESET_BY_DMA_MIN_BLOCKS", blocks)
+    return set_to
+
+
+# (target, api, lnc, min blocks or None, reset by DMA without a decode class): the test batch
+# has a full phase and groups of fewer than 20 Q blocks
+RESET_CASES = [("trn2", "nki", 1, None, False), ("trn2", "nki", 1, 1, True),
+               ("trn2", "nki", 2, 1, True), ("trn2", "legacy", 1, None, True),
+               ("trn1", "legacy", None, 1, False)]
+
+
+@pytest.mark.parametrize("target, api, lnc, min_blocks, by_dma", RESET_CASES)
+def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, min_blocks, by_dma,
+                                                       on_api, prefill_batch, reset_min_blocks,
                                                        tol):
+    reset_min_blocks(min_blocks)
     outs, traces = {}, {}
     for with_decode in (False, True):
         b = prefill_batch(with_decode)
@@ -104,11 +125,11 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
     comb = {k: set(_combines(t)) for k, t in traces.items()}
     assert comb == {False: {("gpsimd", "tensor_scalar", 2)},
                     True: {("vector", "tensor_reduce", 4)}}
-    # NeuronCore-v3, both APIs: the state reset is a DMA without a decode class (no select;
-    # more state-sized gathers, most of them skipped), a select with one; v2 keeps the select
+    # the state reset: a DMA where the rule says so (no select; more state-sized gathers, most
+    # of them skipped), else a select; always a select beside a decode
     gathers = {k: _reset_gathers(t, D) for k, t in traces.items()}
     assert _state_selects(traces[True], D)
-    if target == "trn1":
+    if not by_dma:
         assert _state_selects(traces[False], D) and all(e.bytes for e in gathers[False])
     else:
         assert not _state_selects(traces[False], D)
@@ -126,14 +147,16 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, on_api,
 
 
 
-@pytest.mark.parametrize("target, api, lnc", [("trn2", "nki", 1), ("trn2", "nki", 2),
-                                              ("trn2", "legacy", 1), ("trn1", "legacy", None)])
+@pytest.mark.parametrize("target, api, lnc, min_blocks, by_dma", RESET_CASES)
 @pytest.mark.parametrize("seq", [0, 1])
-def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, seq, on_api,
-                                                             prefill_batch):
+def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, min_blocks,
+                                                             by_dma, seq, on_api, prefill_batch,
+                                                             reset_min_blocks):
     # the two chunks' groups follow each other through one state tile per KV head: a NaN state
-    # left by one group must not survive the DMA reset into the next (either order)
+    # left by one group must not survive the reset (DMA or select) into the next (either order)
     import dataclasses
+
+    reset_min_blocks(min_blocks)
 
     b = prefill_batch(False)
     cache = b.kv_cache.copy()
@@ -154,10 +177,12 @@ def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, s
 
 @pytest.mark.parametrize("api", ["nki", "legacy"])
 def test_prefill_only_item_parts_reset_on_each_core(api, on_api, batch_factory, poison_unseen,
-                                                    tol):
+                                                    reset_min_blocks, tol):
     # one KV head on both cores of trn2 (item parts, docs/layouts.md §16.3): each core resets
     # its groups from its own slab of the table; NaN in one sequence's data stays there
     import dataclasses
+
+    reset_min_blocks(1)
 
     b = batch_factory(64, [300, 200, 90], [2500, 0, 700], H=4, Hkv=1, d=D, block_size=16,
                       dtype=BF16)
@@ -182,9 +207,13 @@ def test_prefill_only_item_parts_reset_on_each_core(api, on_api, batch_factory, 
 
 
 @pytest.mark.parametrize("variant", ["window", "softcap", "alibi", "sinks"])
-def test_prefill_only_variants_match_the_reference(variant, on_api, prefill_batch, tol):
-    # the DMA-transposed P and the GpSimd fold under every score variant (trn2, current API):
-    # the reference of the same variant, NaN in every unseen slot, and DMA transposes issued
+@pytest.mark.parametrize("min_blocks", [None, 1])
+def test_prefill_only_variants_match_the_reference(variant, min_blocks, on_api, prefill_batch,
+                                                   reset_min_blocks, tol):
+    # the DMA-transposed P, the GpSimd fold and either reset (the DMA one writes sinks' and
+    # ALiBi's initial rows straight into the state) under every score variant (trn2, current
+    # API): the reference of the same variant, NaN in every unseen slot, DMA transposes issued
+    reset_min_blocks(min_blocks)
     b = prefill_batch(False)
     H = b.query.shape[1]
     rng = np.random.default_rng(63)
@@ -199,6 +228,7 @@ def test_prefill_only_variants_match_the_reference(variant, on_api, prefill_batc
     atol, rtol = tol("mixed", b.query.dtype)
     assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
     assert _sbuf_transposes(trace)
+    assert (not _state_selects(trace, D)) == (min_blocks == 1)
 
 # ---- the op-layer transform -------------------------------------------------------------------
 ROWS, BLOCKS, LEAD = 96, 3, 2
@@ -251,3 +281,30 @@ def test_transpose_on_dma_is_refused_by_the_legacy_layer():
     assert not ops.for_api("legacy").has_sbuf_dma_transpose(BF16)
     with nki_sim.use_target("trn2"), pytest.raises(NotImplementedError, match="has_sbuf_dma"):
         launch_kernel(BY_DMA, (_input(),), {}, grid_heads=1, backend="sim", api="legacy")
+
+
+@pytest.mark.parametrize("api, q, c, by_dma", [
+    ("legacy", [300, 200], [0, 100], False),        # no full phase: the select
+    ("legacy", [300, 200], [2500, 4200], True),     # a full phase, no DMA transposes of K
+    ("nki", [300, 200], [2500, 4200], False),       # K^T by DMA, 10-block groups
+    ("nki", [512], [2100], False),                  # K^T by DMA, 16-block groups
+    ("nki", [640], [2100], True)])                  # K^T by DMA, 20-block groups
+def test_reset_rule_picks_the_dma_where_vector_e_binds(api, q, c, by_dma, on_api, batch_factory,
+                                                       poison_unseen, tol):
+    # sched_item.reset_by_dma on trn2 with the shipped group size, and the reference either way
+    import dataclasses
+
+    import nki_kernels.scheduled.sched_item as si
+
+    b = batch_factory(65, q, c, H=4, Hkv=1, d=D, block_size=16, dtype=BF16)
+    b = dataclasses.replace(b, kv_cache=poison_unseen(b))
+    with on_api(api, "trn2"), nki_sim.tracing() as trace:
+        out = np.asarray(paged_attention(*b.args(), backend="sim", kernel="scheduled",
+                                         large_tile_size=2048, lnc=1), np.float64)
+    k_by_dma = [e for e in trace.events if e.op == "dma_transpose" and e.src_buffer == "hbm"]
+    assert bool(k_by_dma) == (api == "nki")
+    assert (not _state_selects(trace, D)) == by_dma
+    assert si.RESET_BY_DMA_MIN_BLOCKS == 20         # the shipped value these cases straddle
+    ref = paged_attention_ref(*b.args())
+    atol, rtol = tol("mixed", b.query.dtype)
+    assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))

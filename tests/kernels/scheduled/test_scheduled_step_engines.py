@@ -221,14 +221,22 @@ def test_step_copies_per_psum_bank_and_state_ops_on_gpsimd(target, api, on_api, 
     assert steps > 0 and one_col.count(("gpsimd", "tensor_copy")) == steps
 
 
-@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn1", "legacy")])
-def test_query_rows_groups_move_in_one_dma_per_item(target, api, on_api, batch_factory):
+@pytest.mark.parametrize("target, api, reset_by_dma", [("trn2", "nki", False), ("trn2", "nki", True),
+                                                      ("trn1", "legacy", False)])
+def test_query_rows_groups_move_in_one_dma_per_item(target, api, reset_by_dma, on_api,
+                                                    batch_factory, monkeypatch):
     """Group-major layouts (docs/layouts.md §16.2): every item of a query-rows class moves its
     group's Q^T with one gather per channel slice, its row init values with one gather, its
     state with one DMA and (partial phase) its output with one scatter, whatever the number of
-    Q blocks per group -- here 10, and a second group of 3 real blocks padded to 10. The output
-    (with attention sinks: row init values) matches the float64 reference."""
+    Q blocks per group -- here 10, and a second group of 3 real blocks padded to 10; with the
+    state reset by DMA (forced here: ``sched_item.reset_by_dma`` picks the select for this
+    batch, which has no full phase) one more gather per item. The output (with attention
+    sinks: row init values) matches the float64 reference."""
+    import nki_kernels.scheduled.scheduled_attention as sa
     from host.attention import paged_attention
+
+    if reset_by_dma:
+        monkeypatch.setattr(sa, "reset_by_dma", lambda ops, cfg: True)
 
     batch = batch_factory(3, [300, 70], [200, 0], H=8, Hkv=2, d=16, block_size=16, dtype=BF16)
     sinks = np.linspace(-1.0, 2.0, 8).astype(np.float32)
@@ -245,10 +253,9 @@ def test_query_rows_groups_move_in_one_dma_per_item(target, api, on_api, batch_f
                               if e.engine == "dma" and e.dma_kind == "indirect")
     items = cls.full.items + cls.partial.items
     assert ind[(d, blocks * rows)] == Hkv * items                       # Q^T, nd = 1
-    # state store / load, and on trn2 (no decode class) the state reset, a gather per item
-    # (skipped unless a group starts) from a table each program writes once (current API: one
-    # per core of the LNC-2 launch)
-    resets = Hkv * items + 2 if target == "trn2" else 0
+    # state store / load, and with the reset by DMA a gather per item (skipped unless a group
+    # starts) from a table each program writes once (one per core of the LNC-2 launch)
+    resets = Hkv * items + 2 if reset_by_dma else 0
     assert ind[(rows, blocks * (d + 2))] == Hkv * items + resets
     assert ind[(rows, blocks * d)] == Hkv * cls.partial.items           # output
     assert ind[(rows, blocks, 2)] == Hkv * items                        # row init (-m, l)
