@@ -15,7 +15,7 @@ from nki_pa_cli import script_args
 
 OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
        "bench_kv_dma_modes", "bench_kv_layout", "bench_lnc_parts", "bench_masked_weight",
-       "bench_schedule_whatif", "bench_sim_speed", "bench_state_reset", "bench_variants",
+       "bench_prefill_choices", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
        "time_flash_sim")
 
 
@@ -56,7 +56,7 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"]),
     ("bench_lnc_parts", ["--markdown", "no-such-folder/page"]),
     ("bench_masked_weight", ["--markdown", "no-such-folder/page"]),
-    ("bench_state_reset", ["--markdown", "no-such-folder/page"])])
+    ("bench_prefill_choices", ["--markdown", "no-such-folder/page"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -340,30 +340,40 @@ def test_masked_weight_quick(run_quick, load_script, capsys):
     assert items.MASKED_KEY_WEIGHT != 3.0
 
 
-# ----------------------------------------------------------------------- bench_state_reset
-def test_state_reset_quick(run_quick, load_script, capsys):
-    """Both resets on each target, the rule's pick as the kernel made it (the select on trn1
-    and without a full phase, the DMA on trn2's legacy API beside a full phase, the select on
-    its current API for 8-block groups), and the rule restored after each run (also on error)."""
-    doc = run_quick("bench_state_reset")
+# ------------------------------------------------------------------- bench_prefill_choices
+def test_prefill_choices_quick(run_quick, load_script, capsys):
+    """Each choice as shipped and its alternative, what each run did as the kernel did it (the
+    reset: the select on trn1 and without a full phase, the DMA on trn2's legacy API beside a
+    full phase, the select on its current API for 8-block groups; the P^T copies of a 2048-key
+    masked-only launch: one in four on VectorE), and the patched values restored after each run
+    (also on error)."""
+    doc = run_quick("bench_prefill_choices")
     import nki_kernels.scheduled.scheduled_attention as sa
+    import nki_kernels.scheduled.sched_item as si
 
-    picks = {(r["batch"], r["target"], r["api"]): r["pick"] for r in doc["rows"]}
-    assert picks == {("256 on 4K", "trn2", "nki"): "select",
-                     ("256 on 4K", "trn2", "legacy"): "DMA",
-                     ("256 on 4K", "trn1", "legacy"): "select",
-                     ("256 on 0", "trn2", "nki"): "select",
-                     ("256 on 0", "trn2", "legacy"): "select",
-                     ("256 on 0", "trn1", "legacy"): "select"}
+    did = {(r["choice"], r["batch"], r["target"], r["api"]): (r["shipped"]["form"],
+                                                            r["alternative"]["form"])
+           for r in doc["rows"]}
+    assert did == {
+        ("state reset", "256 on 4K", "trn2", "nki"): ("select", "DMA"),
+        ("state reset", "256 on 4K", "trn2", "legacy"): ("DMA", "select"),
+        ("state reset", "256 on 4K", "trn1", "legacy"): ("select", "DMA"),
+        ("state reset", "256 on 0", "trn2", "nki"): ("select", "DMA"),
+        ("state reset", "256 on 0", "trn2", "legacy"): ("select", "DMA"),
+        ("state reset", "256 on 0", "trn1", "legacy"): ("select", "DMA"),
+        ("P^T copies", "512 on 1536", "trn2", "nki"): ("8 of 32 bf16 PSUM copies on VectorE",
+                                                       "all 32 on ScalarE"),
+        ("P^T copies", "512 on 1536", "trn2", "legacy"): (      # + 2 K^T copies
+            "8 of 34 bf16 PSUM copies on VectorE", "all 34 on ScalarE")}
     for r in doc["rows"]:
-        assert r["shipped"]["dma"] == [r["pick"] == "DMA"]
-        assert r["other"]["dma"] == [r["pick"] != "DMA"]
-        assert r["pick_over_best"] >= 1.0
+        assert r["ratio"] == r["shipped"]["modeled_us"] / r["alternative"]["modeled_us"] > 0
         assert r["shape"][0]["full"] == (2 if r["batch"] == "256 on 4K" else 0)
-    assert "| 256 on 4K | trn2 (legacy) | 8; 2 / 1 |" in capsys.readouterr().out
-    shipped = sa.reset_by_dma
-    with pytest.raises(RuntimeError):
-        with load_script("bench_state_reset").reset_rule(lambda ops, cfg, s: not s):
-            assert sa.reset_by_dma is not shipped
-            raise RuntimeError
-    assert sa.reset_by_dma is shipped
+    assert "| 256 on 4K | trn2 (legacy) | 8; 2 / 1; " in capsys.readouterr().out
+    script = load_script("bench_prefill_choices")
+    rule, table = sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY
+    for form in (script.reset_rule(lambda ops, cfg, s: not s), script.p_copy_engines(())):
+        with pytest.raises(RuntimeError):
+            with form:
+                assert (sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY) != (rule, table)
+                raise RuntimeError
+        assert sa.reset_by_dma is rule and si.P_EVAC_GEN3_MASKED_ONLY is table

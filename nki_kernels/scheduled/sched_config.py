@@ -67,13 +67,8 @@ class SchedOptions:
         zeroing V tiles, generating descriptors): the query-rows steps move work there where
         the API offers it -- P^T by SBUF -> SBUF DMA transposes
         (``sched_core.StepConfig.probs_by_dma``), the chunks' row maxima combined on
-        GpSimd (``StepConfig.pairwise_max``) and, on NeuronCore-v3+, a group's state reset
-        by DMA (``sched_item.reset_state``) instead of a VectorE select. MODELED, trn2 current
-        API: prefill 2K on 2K 3755 -> 3668 us, 1536 on 4096 4610 -> 4361, shorter prefills
-        0.2-0.7 % slower (a reset DMA of the whole state takes longer than the select it
-        replaces, so it pays where VectorE is the busiest engine or a group has many items);
-        on trn1, whose shared PSUM / SBUF ports bind, it was a wash (-3.3 % to +1.6 % over ten
-        prefill batches), so v2 keeps the select.
+        GpSimd (``StepConfig.pairwise_max``) and, on NeuronCore-v3+ where VectorE binds, a
+        group's state reset by DMA instead of a VectorE select (``sched_item.reset_by_dma``).
     item_parts: 1, or the physical cores of an LNC=2 launch whose host schedule is cut in that
         many item parts (any Hkv; docs/layouts.md §16.3): every phase's items are
         ``item_parts`` equal runs, core c runs run c of every KV head
@@ -174,7 +169,8 @@ class SchedConfig:
         return FoldConfig(step=self.step_config(phase, keys_by_dma), rows=self.rows,
                           blocks=self.blocks,
                           width=phase.geo.W, step_keys=phase.step_keys, masked=phase.masked,
-                          keys_on_partitions=phase.keys_on_partitions)
+                          keys_on_partitions=phase.keys_on_partitions,
+                          only_phase=phase.masked and self.full.items == 0)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ from nki_kernels.tile_ops import transpose_bank_cols, transpose_copies
 # put one copy in three on VectorE, masked steps whose mask TensorE adds
 # (sched_core.additive_mask_ok) one in four, masked steps that select on VectorE none; on v3
 # (two 16-bit copies of 1024 keys per step) range_select and the max keep VectorE the busier
-# engine, so every copy is on ScalarE.
+# engine wherever a launch has full tiles, so every copy is on ScalarE (launches without a full
+# phase: P_EVAC_GEN3_MASKED_ONLY).
 P_EVAC_GEN2 = ("scalar", "scalar", "vector")
 # On v3, full steps whose chunk maxima fold on GpSimd (``StepConfig.pairwise_max``: batches
 # without a decode class) and whose P^T is not by DMA (legacy API) send one copy in two to
@@ -51,12 +52,29 @@ P_EVAC_GEN3_FOLDED = ("scalar", "vector")
 P_EVAC_GEN2_ADDITIVE = ("scalar", "scalar", "scalar", "vector")
 P_EVAC_GEN2_SELECT = "scalar"
 P_EVAC_GEN3 = "scalar"
+# v3 masked steps whose chunk maxima fold on GpSimd (no decode class) in a launch without a full
+# phase (causal prefills on little or no cached context): the exponentials plus every P^T copy
+# keep ScalarE 10-35 % above VectorE, so one copy in four (tiles of >= 2048 keys: one step per
+# item, VectorE's per-step work spread widest) or in eight (1024-key tiles) goes to VectorE;
+# 512-key tiles keep every copy on ScalarE. MODELED, trn2, 12 such prefills x both APIs:
+# 2048-key tiles 7.7-8.4 % faster (one in eight: 3.9-4.2 %), 1024-key tiles 2.4-4.2 % (one in
+# four: 1.0-3.5 %); on 512-key tiles one in eight was -1.8 % to +1.0 % and one in four up to
+# 5.3 % slower. Launches with a full phase lose (VectorE binds there: one in four 2.8-3.7 %
+# slower on the 2K prefill on 2K context). scripts/bench_prefill_choices.py runs it against
+# every copy on ScalarE.
+P_EVAC_GEN3_MASKED_ONLY = ((2048, ("scalar", "scalar", "scalar", "vector")),
+                           (1024, ("scalar",) * 7 + ("vector",)))
 
 
-def default_p_evac(nc_gen, *, masked, additive, folded=False):
+def default_p_evac(nc_gen, *, masked, additive, folded=False, only_width=None):
     """The P^T copy engines of a 128-row query-rows step (see ``P_EVAC_*``; ``folded``: the
-    step's chunk maxima fold on GpSimd)."""
+    step's chunk maxima fold on GpSimd; ``only_width``: the tile width of a masked phase that
+    is its launch's only phase, else None)."""
     if nc_gen != "gen2":
+        if masked and folded and only_width is not None:
+            for width, engines in P_EVAC_GEN3_MASKED_ONLY:
+                if only_width >= width:
+                    return engines
         return P_EVAC_GEN3_FOLDED if folded and not masked else P_EVAC_GEN3
     if not masked:
         return P_EVAC_GEN2
@@ -69,7 +87,8 @@ class FoldConfig:
     ``sched_core.StepConfig``; ``rows`` rows per Q block; ``blocks`` Q blocks per group;
     ``width`` keys per tile; ``step_keys`` keys per step; ``masked`` the phase builds masks;
     ``keys_on_partitions`` decode layout (``sched_decode``) instead of query rows
-    (``sched_core``)."""
+    (``sched_core``); ``only_phase`` the launch has no other phase with items (a masked phase
+    without a full phase)."""
 
     step: StepConfig
     rows: int
@@ -78,6 +97,7 @@ class FoldConfig:
     step_keys: int
     masked: bool
     keys_on_partitions: bool
+    only_phase: bool = False
 
 
 def decode_step_keys(rows):
@@ -144,7 +164,7 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
 # MODELED, trn2, prefill-only batches: current API with a full phase, groups of 2-16 blocks
 # 2.1-6.2 % slower by DMA, 20 blocks 1.6 % faster, 32-48 blocks 0.1-5.4 % faster (24 blocks
 # with one full item: 0.4 % slower, ScalarE binds); legacy API with a full phase 1.4-4.1 %
-# faster; without a full phase -0.4 % to +3.7 % (scripts/bench_state_reset.py).
+# faster; without a full phase -0.4 % to +3.7 % (scripts/bench_prefill_choices.py).
 RESET_BY_DMA_MIN_BLOCKS = 20
 
 
@@ -160,7 +180,8 @@ def reset_by_dma(ops, cfg) -> bool:
 @dataclass(frozen=True)
 class StateReset:
     """A group's state reset as a DMA instead of a select, no compute engine touching the
-    state (query-rows classes of a batch without a decode class, NeuronCore-v3+): ``table`` (cores, rows, blocks * (d + 2)) fp32 private HBM holds
+    state (query-rows classes where :func:`reset_by_dma` picks it): ``table`` (cores, rows,
+    blocks * (d + 2)) fp32 private HBM holds
     the initial state of every row (:func:`state_reset_table`, one slab per physical core);
     ``p_oob`` (128, 1) fp32 holds ``p + oob`` (``oob`` = ``contract.state_row_sentinel(rows)``,
     past every slab), from which :func:`reset_ids` builds each chunk's row ids."""
@@ -262,7 +283,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     if step.p_evac is None and rows == P:
         step = dataclasses.replace(step, p_evac=default_p_evac(
             ops.nc_gen(), masked=fc.masked, additive=tile.mask_eye is not None,
-            folded=step.pairwise_max))
+            folded=step.pairwise_max, only_width=fc.width if fc.only_phase else None))
     derived = None
     by_offset = False
     if fc.masked:

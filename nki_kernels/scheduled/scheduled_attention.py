@@ -156,10 +156,11 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
                                                           (keys on partitions: item t's
                                                           preloaded i_full / i_part columns)
                                                           (skipped unless a group starts here)
-            if reset[t]: st = init for every row          (select, NaN-safe; v3+ without a
-                                                          decode class a DMA from the initial table,
-                                                          skipped unless a group starts, then
-                                                          the q_init rows straight into st)
+            if reset[t]: st = init for every row          (select, NaN-safe; or, where
+                                                          sched_item.reset_by_dma says so, a DMA
+                                                          from the initial table, skipped unless
+                                                          a group starts, then the q_init rows
+                                                          straight into st)
             [partial] st <- state rows st[t]  (skipped unless the group starts here and had
                                                full items)
             K, V <- kv rows kv[t] (+ overlay rows ov[t], partial phase; tile zeroed first)

@@ -308,3 +308,25 @@ def test_reset_rule_picks_the_dma_where_vector_e_binds(api, q, c, by_dma, on_api
     ref = paged_attention_ref(*b.args())
     atol, rtol = tol("mixed", b.query.dtype)
     assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
+
+
+@pytest.mark.parametrize("api, context, partial_tile, on_vector", [
+    (api, 0, tile, share) for api in ("nki", "legacy")
+    for tile, share in ((2048, 1 / 4), (1024, 1 / 8), (512, 0.0))] + [   # no full phase
+    ("nki", 2100, 2048, 0.0)])     # a full phase (its P^T by DMA): VectorE binds, none moves
+def test_masked_only_launches_send_some_p_copies_to_vector_e(api, context, partial_tile,
+                                                             on_vector, on_api, batch_factory,
+                                                             tol):
+    # sched_item.P_EVAC_GEN3_MASKED_ONLY: the masked steps' P^T PSUM copies (16-bit, 1024
+    # columns at most) of a prefill-only launch without a full phase, trn2 (both APIs)
+    b = batch_factory(66, [512], [context], H=4, Hkv=1, d=D, block_size=16, dtype=BF16)
+    with on_api(api, "trn2"), nki_sim.tracing() as trace:
+        out = np.asarray(paged_attention(*b.args(), backend="sim", kernel="scheduled",
+                                         large_tile_size=2048, partial_tile_size=partial_tile,
+                                         lnc=1), np.float64)
+    ref = paged_attention_ref(*b.args())
+    atol, rtol = tol("mixed", b.query.dtype)
+    assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
+    copies = [e.engine for e in trace.events if e.op == "tensor_copy" and e.src_buffer == "psum"
+              and e.partitions == P and e.out_dtype == "bfloat16"]
+    assert copies and copies.count("vector") == on_vector * len(copies)
