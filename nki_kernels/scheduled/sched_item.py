@@ -56,12 +56,12 @@ P_EVAC_GEN3 = "scalar"
 # phase (causal prefills on little or no cached context): the exponentials plus every P^T copy
 # keep ScalarE 10-35 % above VectorE, so one copy in four (tiles of >= 2048 keys: one step per
 # item, VectorE's per-step work spread widest) or in eight (1024-key tiles) goes to VectorE;
-# 512-key tiles keep every copy on ScalarE. MODELED, trn2, 12 such prefills x both APIs:
-# 2048-key tiles 7.7-8.4 % faster (one in eight: 3.9-4.2 %), 1024-key tiles 2.4-4.2 % (one in
-# four: 1.0-3.5 %); on 512-key tiles one in eight was -1.8 % to +1.0 % and one in four up to
-# 5.3 % slower. Launches with a full phase lose (VectorE binds there: one in four 2.8-3.7 %
-# slower on the 2K prefill on 2K context). scripts/bench_prefill_choices.py runs it against
-# every copy on ScalarE.
+# 512-key tiles keep every copy on ScalarE. MODELED, trn2, both APIs, against every copy on
+# ScalarE (docs/bench-prefill-choices.md, 14 prefill-only batches): 2048-key tiles 7.7-8.4 %
+# faster, 1024-key tiles 3.6-4.0 %, bit-identical outputs. Tried while choosing: one in eight
+# on 2048-key tiles 3.9-4.2 %, one in four on 1024-key tiles 1.0-3.5 %; on 512-key tiles one
+# in eight -1.8 % to +1.0 % and one in four up to 5.3 % slower; launches with a full phase
+# lose (VectorE binds there: one in four 2.8-3.7 % slower on the 2K prefill on 2K context).
 P_EVAC_GEN3_MASKED_ONLY = ((2048, ("scalar", "scalar", "scalar", "vector")),
                            (1024, ("scalar",) * 7 + ("vector",)))
 
@@ -161,20 +161,31 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
 # above ScalarE, which carries the masked steps' P^T copies) and, where K^T arrives by DMA
 # transposes (current API), groups of at least this many Q blocks: VectorE's work per full
 # tile grows with the group, the tile's gathers do not, and at 16 blocks the two were level.
-# MODELED, trn2, prefill-only batches: current API with a full phase, groups of 2-16 blocks
-# 2.1-6.2 % slower by DMA, 20 blocks 1.6 % faster, 32-48 blocks 0.1-5.4 % faster (24 blocks
-# with one full item: 0.4 % slower, ScalarE binds); legacy API with a full phase 1.4-4.1 %
-# faster; without a full phase -0.4 % to +3.7 % (scripts/bench_prefill_choices.py).
+# MODELED, 20 prefill-only batches (docs/bench-prefill-choices.md): trn2 current API with a
+# full phase, groups of 4-16 blocks 2.0-6.2 % slower by DMA, 20 blocks 1.6 % faster, 32-48
+# blocks 1.1-5.4 % faster (24 blocks with one full item: 0.4 % slower, ScalarE binds); legacy
+# API with a full phase 1.0-4.1 % faster (that batch: 0.6 % slower); without a full phase -0.4 %
+# to +3.5 % on both. trn1 keeps the select: the DMA was 0.1-2.2 % slower on 16 of 20 batches
+# and 1.6-4.9 % faster on four (two of them 48-block groups).
 RESET_BY_DMA_MIN_BLOCKS = 20
+# The same where the items of each KV head are cut between the two cores of an LNC-2 launch
+# (item parts: an odd Hkv), whose host halves the groups so both cores get some. MODELED, trn2
+# current API, H = 4, Hkv = 1, LNC 2, DMA against select: 12- and 16-block groups 4.7-5.5 %
+# faster (2K on 2K 249 -> 236 us, 2K on 4K 374 -> 356, 1536 on 2K 190 -> 180), 8 blocks 2.8-
+# 4.8 % slower (1K on 2K, 1K on 4K), 4 blocks 4.5 % slower (512 on 4K), 24 blocks 0.6 % slower
+# (3K on 3K).
+RESET_BY_DMA_MIN_BLOCKS_PARTS = 12
 
 
 def reset_by_dma(ops, cfg) -> bool:
     """Whether the kernel of ``cfg`` (``sched_config.SchedConfig``) resets group states by DMA
-    (:class:`StateReset`) rather than a VectorE select (see :data:`RESET_BY_DMA_MIN_BLOCKS`):
+    (:class:`StateReset`) rather than a VectorE select (see :data:`RESET_BY_DMA_MIN_BLOCKS` and
+    :data:`RESET_BY_DMA_MIN_BLOCKS_PARTS`):
     a trace-time choice of the target, the API and the launch's static shapes."""
     if not cfg.opts.prefill_only or cfg.decode or ops.nc_gen() == "gen2" or cfg.full.items == 0:
         return False
-    return cfg.blocks >= RESET_BY_DMA_MIN_BLOCKS or not keys_by_dma(ops, cfg, cfg.full)
+    least = RESET_BY_DMA_MIN_BLOCKS if cfg.opts.item_parts == 1 else RESET_BY_DMA_MIN_BLOCKS_PARTS
+    return cfg.blocks >= least or not keys_by_dma(ops, cfg, cfg.full)
 
 
 @dataclass(frozen=True)

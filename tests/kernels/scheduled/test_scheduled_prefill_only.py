@@ -95,6 +95,7 @@ def reset_min_blocks(monkeypatch):
     def set_to(blocks):
         if blocks is not None:
             monkeypatch.setattr(si, "RESET_BY_DMA_MIN_BLOCKS", blocks)
+            monkeypatch.setattr(si, "RESET_BY_DMA_MIN_BLOCKS_PARTS", blocks)
     return set_to
 
 
@@ -283,14 +284,16 @@ def test_transpose_on_dma_is_refused_by_the_legacy_layer():
         launch_kernel(BY_DMA, (_input(),), {}, grid_heads=1, backend="sim", api="legacy")
 
 
-@pytest.mark.parametrize("api, q, c, by_dma", [
-    ("legacy", [300, 200], [0, 100], False),        # no full phase: the select
-    ("legacy", [300, 200], [2500, 4200], True),     # a full phase, no DMA transposes of K
-    ("nki", [300, 200], [2500, 4200], False),       # K^T by DMA, 10-block groups
-    ("nki", [512], [2100], False),                  # K^T by DMA, 16-block groups
-    ("nki", [640], [2100], True)])                  # K^T by DMA, 20-block groups
-def test_reset_rule_picks_the_dma_where_vector_e_binds(api, q, c, by_dma, on_api, batch_factory,
-                                                       poison_unseen, tol):
+@pytest.mark.parametrize("api, q, c, lnc, by_dma", [
+    ("legacy", [300, 200], [0, 100], 1, False),        # no full phase: the select
+    ("legacy", [300, 200], [2500, 4200], 1, True),     # a full phase, no DMA transposes of K
+    ("nki", [300, 200], [2500, 4200], 1, False),       # K^T by DMA, 10-block groups
+    ("nki", [512], [2100], 1, False),                  # K^T by DMA, 16-block groups
+    ("nki", [640], [2100], 1, True),                   # K^T by DMA, 20-block groups
+    ("nki", [1024], [2100], 2, False),                 # item parts, 8-block groups
+    ("nki", [2048], [2100], 2, True)])                 # item parts, 16-block groups
+def test_reset_rule_picks_the_dma_where_vector_e_binds(api, q, c, lnc, by_dma, on_api,
+                                                       batch_factory, poison_unseen, tol):
     # sched_item.reset_by_dma on trn2 with the shipped group size, and the reference either way
     import dataclasses
 
@@ -300,11 +303,12 @@ def test_reset_rule_picks_the_dma_where_vector_e_binds(api, q, c, by_dma, on_api
     b = dataclasses.replace(b, kv_cache=poison_unseen(b))
     with on_api(api, "trn2"), nki_sim.tracing() as trace:
         out = np.asarray(paged_attention(*b.args(), backend="sim", kernel="scheduled",
-                                         large_tile_size=2048, lnc=1), np.float64)
+                                         large_tile_size=2048, lnc=lnc), np.float64)
     k_by_dma = [e for e in trace.events if e.op == "dma_transpose" and e.src_buffer == "hbm"]
     assert bool(k_by_dma) == (api == "nki")
     assert (not _state_selects(trace, D)) == by_dma
-    assert si.RESET_BY_DMA_MIN_BLOCKS == 20         # the shipped value these cases straddle
+    # the shipped values these cases straddle
+    assert (si.RESET_BY_DMA_MIN_BLOCKS, si.RESET_BY_DMA_MIN_BLOCKS_PARTS) == (20, 12)
     ref = paged_attention_ref(*b.args())
     atol, rtol = tol("mixed", b.query.dtype)
     assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
