@@ -22,6 +22,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT, ROOT / "scripts"):
@@ -54,12 +55,8 @@ def masked_key_weight(weight: float):
     """The host's masked-key weight set to ``weight`` for the block (restored on exit)."""
     import host.scheduled.schedule_items as items
 
-    saved = items.MASKED_KEY_WEIGHT
-    items.MASKED_KEY_WEIGHT = weight
-    try:
+    with mock.patch.object(items, "MASKED_KEY_WEIGHT", weight):
         yield
-    finally:
-        items.MASKED_KEY_WEIGHT = saved
 
 
 def run(case, target: str, api: str) -> dict:

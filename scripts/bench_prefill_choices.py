@@ -27,6 +27,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT, ROOT / "scripts"):
@@ -72,18 +73,14 @@ def reset_rule(choose):
     kernel made (True: by DMA), one per launch traced in the block."""
     import nki_kernels.scheduled.scheduled_attention as sa
 
-    saved = sa.reset_by_dma
-    made = []
+    shipped, made = sa.reset_by_dma, []
 
     def rule(ops, cfg):
-        made.append(bool(choose(ops, cfg, saved(ops, cfg))))
+        made.append(bool(choose(ops, cfg, shipped(ops, cfg))))
         return made[-1]
 
-    sa.reset_by_dma = rule
-    try:
+    with mock.patch.object(sa, "reset_by_dma", rule):
         yield made
-    finally:
-        sa.reset_by_dma = saved
 
 
 @contextlib.contextmanager
@@ -92,12 +89,8 @@ def p_copy_engines(table):
     ``()``: every copy on ScalarE). Yields an empty list (the copies are counted in the trace)."""
     import nki_kernels.scheduled.sched_item as si
 
-    saved = si.P_EVAC_GEN3_MASKED_ONLY
-    si.P_EVAC_GEN3_MASKED_ONLY = table
-    try:
+    with mock.patch.object(si, "P_EVAC_GEN3_MASKED_ONLY", table):
         yield []
-    finally:
-        si.P_EVAC_GEN3_MASKED_ONLY = saved
 
 
 def _forms(choice: str):
