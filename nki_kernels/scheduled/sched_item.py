@@ -192,8 +192,8 @@ def reset_by_dma(ops, cfg) -> bool:
 class StateReset:
     """A group's state reset as a DMA instead of a select, no compute engine touching the
     state (query-rows classes where :func:`reset_by_dma` picks it): ``table`` (cores, rows,
-    blocks * (d + 2)) fp32 private HBM holds
-    the initial state of every row (:func:`state_reset_table`, one slab per physical core);
+    blocks * (d + 2)) fp32 private HBM holds the initial state of every row
+    (:func:`state_reset_table`, one slab per physical core);
     ``p_oob`` (128, 1) fp32 holds ``p + oob`` (``oob`` = ``contract.state_row_sentinel(rows)``,
     past every slab), from which :func:`reset_ids` builds each chunk's row ids."""
 
