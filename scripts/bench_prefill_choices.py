@@ -68,15 +68,15 @@ TARGETS = {"state reset": (("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy
 
 @contextlib.contextmanager
 def reset_rule(choose):
-    """The kernel's reset rule replaced for the block by ``choose(ops, cfg, shipped)`` (the
-    shipped rule's answer passed in; restored on exit). Yields the list of the resets the
+    """The kernel's reset rule replaced for the block by ``choose(shipped)`` (the shipped rule's
+    answer passed in; restored on exit). Yields the list of the resets the
     kernel made (True: by DMA), one per launch traced in the block."""
     import nki_kernels.scheduled.scheduled_attention as sa
 
     shipped, made = sa.reset_by_dma, []
 
-    def rule(ops, cfg):
-        made.append(bool(choose(ops, cfg, shipped(ops, cfg))))
+    def rule(*args):
+        made.append(bool(choose(shipped(*args))))
         return made[-1]
 
     with mock.patch.object(sa, "reset_by_dma", rule):
@@ -96,8 +96,7 @@ def p_copy_engines(table):
 def _forms(choice: str):
     """``(shipped, alternative)``: the context managers of a choice's two forms."""
     if choice == "state reset":
-        return (lambda: reset_rule(lambda ops, cfg, s: s),
-                lambda: reset_rule(lambda ops, cfg, s: not s))
+        return (lambda: reset_rule(lambda s: s), lambda: reset_rule(lambda s: not s))
     import nki_kernels.scheduled.sched_item as si
 
     shipped = si.P_EVAC_GEN3_MASKED_ONLY
@@ -188,10 +187,12 @@ def markdown(rows: list, cmd: str, commit: str) -> str:
             "`sched_item.reset_by_dma`: the select costs VectorE one pass over the group's state "
             "(Q blocks x (d + 2) fp32 columns per row) per item; the DMA costs a gather per item "
             "(skipped, no bytes, unless the group starts) and the whole state per group start on "
-            "the DMA queues. The kernel picks the DMA on NeuronCore-v3+ without a decode class "
-            "where the launch has a full phase and, on the current API (K^T by DMA "
-            "transposes), groups of at least `RESET_BY_DMA_MIN_BLOCKS` Q blocks; the "
-            "alternative is the other reset."),
+            "the DMA queues. The kernel picks the DMA only without a decode class: on "
+            "NeuronCore-v3+ where the launch has a full phase and, on the current API (K^T by "
+            "DMA transposes), groups of at least `RESET_BY_DMA_MIN_BLOCKS` Q blocks; on "
+            "NeuronCore-v2 where it has no full phase, partial tiles of at most "
+            "`RESET_BY_DMA_GEN2_MAX_KEYS` keys and at least two KV heads. The alternative is "
+            "the other reset."),
         "P^T copies": (
             "## P^T copies of masked-only launches: some on VectorE", "",
             "`sched_item.P_EVAC_GEN3_MASKED_ONLY`: on NeuronCore-v3, a launch without a full "

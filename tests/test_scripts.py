@@ -371,7 +371,7 @@ def test_prefill_choices_quick(run_quick, load_script, capsys):
     assert "| 256 on 4K | trn2 (legacy) | 8; 2 / 1; " in capsys.readouterr().out
     script = load_script("bench_prefill_choices")
     rule, table = sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY
-    for form in (script.reset_rule(lambda ops, cfg, s: not s), script.p_copy_engines(())):
+    for form in (script.reset_rule(lambda s: not s), script.p_copy_engines(())):
         with pytest.raises(RuntimeError):
             with form:
                 assert (sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY) != (rule, table)

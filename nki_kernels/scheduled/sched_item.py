@@ -156,17 +156,16 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
 # pass over the state per item off VectorE, and puts a gather per item (skipped unless the
 # group starts: no bytes, but a descriptor) and the whole state per group start on the DMA
 # queues. It pays where VectorE is the busiest engine and DMA has room (:func:`reset_by_dma`):
-# NeuronCore-v3+ (v2's shared PSUM / SBUF ports bind instead), no decode class (its cache
-# gathers keep DMA the busiest engine), a full phase (the full steps' row maxima keep VectorE
-# above ScalarE, which carries the masked steps' P^T copies) and, where K^T arrives by DMA
-# transposes (current API), groups of at least this many Q blocks: VectorE's work per full
-# tile grows with the group, the tile's gathers do not, and at 16 blocks the two were level.
+# NeuronCore-v3+ without a decode class (its cache gathers keep DMA the busiest engine), a full
+# phase (the full steps' row maxima keep VectorE above ScalarE, which carries the masked steps'
+# P^T copies) and, where K^T arrives by DMA transposes (current API), groups of at least this
+# many Q blocks: VectorE's work per full tile grows with the group, the tile's gathers do not,
+# and at 16 blocks the two were level.
 # MODELED, 20 prefill-only batches (docs/bench-prefill-choices.md): trn2 current API with a
 # full phase, groups of 4-16 blocks 2.0-6.2 % slower by DMA, 20 blocks 1.6 % faster, 32-48
 # blocks 1.1-5.4 % faster (24 blocks with one full item: 0.4 % slower, ScalarE binds); legacy
 # API with a full phase 1.0-4.1 % faster (that batch: 0.6 % slower); without a full phase -0.4 %
-# to +3.5 % on both. trn1 keeps the select: the DMA was 0.1-2.2 % slower on 16 of 20 batches
-# and 1.6-4.9 % faster on four (two of them 48-block groups).
+# to +3.5 % on both.
 RESET_BY_DMA_MIN_BLOCKS = 20
 # The same where the items of each KV head are cut between the two cores of an LNC-2 launch
 # (item parts: an odd Hkv), whose host halves the groups so both cores get some. MODELED, trn2
@@ -175,14 +174,31 @@ RESET_BY_DMA_MIN_BLOCKS = 20
 # 4.8 % slower (1K on 2K, 1K on 4K), 4 blocks 4.5 % slower (512 on 4K), 24 blocks 0.6 % slower
 # (3K on 3K).
 RESET_BY_DMA_MIN_BLOCKS_PARTS = 12
+# NeuronCore-v2 (trn1): VectorE and GpSimd share an SBUF port, which binds these launches; the
+# DMA trades the select's VectorE pass for descriptor work on GpSimd and pays where the selects
+# are a large share of VectorE: no full phase (the full items' wide tiles dilute them) and
+# partial tiles of at most this many keys (a select per item whatever the item's width), in
+# launches of at least two KV heads (the table write's round trip before the first reset is
+# exposed once per launch, about 4 us, against about 5 us of the port saved per KV head of a
+# 1K prefill). MODELED, trn1, DMA against select: 1K on 0 848 -> 820 us (Hkv = 8), 216 -> 212
+# (Hkv = 2), Hkv = 1 level; 1536 on 1K 4.9 % faster, 4 x 256 on 0 3.4 %; 1024- and 2048-key
+# tiles 0.3-1.2 % slower (2K on 1K, 3K on 0, 1K on 1K); with a full phase and 512-key partial
+# tiles 0.3-0.7 % slower on four batches of five.
+RESET_BY_DMA_GEN2_MAX_KEYS = 512
 
 
-def reset_by_dma(ops, cfg) -> bool:
-    """Whether the kernel of ``cfg`` (``sched_config.SchedConfig``) resets group states by DMA
-    (:class:`StateReset`) rather than a VectorE select (see :data:`RESET_BY_DMA_MIN_BLOCKS` and
-    :data:`RESET_BY_DMA_MIN_BLOCKS_PARTS`):
-    a trace-time choice of the target, the API and the launch's static shapes."""
-    if not cfg.opts.prefill_only or cfg.decode or ops.nc_gen() == "gen2" or cfg.full.items == 0:
+def reset_by_dma(ops, cfg, num_kv_heads) -> bool:
+    """Whether the kernel of ``cfg`` (``sched_config.SchedConfig``), launched over
+    ``num_kv_heads`` KV heads, resets group states by DMA (:class:`StateReset`) rather than a
+    VectorE select (see :data:`RESET_BY_DMA_MIN_BLOCKS`, :data:`RESET_BY_DMA_MIN_BLOCKS_PARTS`
+    and :data:`RESET_BY_DMA_GEN2_MAX_KEYS`): a trace-time choice of the target, the API and the
+    launch's static shapes."""
+    if not cfg.opts.prefill_only or cfg.decode:
+        return False
+    if ops.nc_gen() == "gen2":
+        return (cfg.full.items == 0 and cfg.partial.geo.W <= RESET_BY_DMA_GEN2_MAX_KEYS
+                and num_kv_heads >= 2)
+    if cfg.full.items == 0:
         return False
     least = RESET_BY_DMA_MIN_BLOCKS if cfg.opts.item_parts == 1 else RESET_BY_DMA_MIN_BLOCKS_PARTS
     return cfg.blocks >= least or not keys_by_dma(ops, cfg, cfg.full)

@@ -179,7 +179,7 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
     for head in ops.kv_heads(num_kv_heads, parts):
         tiles = _group_tiles(ops, cfg, ins.query_t.dtype)
         if const is None:         # once per kernel, after the first head's tiles
-            const = _constants(ops, cfg, tiles.init)
+            const = _constants(ops, cfg, tiles.init, num_kv_heads)
         for phase in (cfg.full, cfg.partial):
             if phase.items:
                 _run_phase(ops, cfg, ins, phase, head, tiles, const, part)
@@ -208,7 +208,7 @@ def _group_tiles(ops, cfg, q_dtype):
     return GroupTiles(st=st, init=init, al=al, q_raw=tuple(q_raw))
 
 
-def _constants(ops, cfg, init):
+def _constants(ops, cfg, init, num_kv_heads):
     kidx = []
     for phase in (cfg.full, cfg.partial):
         kidx.append(_key_index(ops, cfg, phase)
@@ -232,9 +232,10 @@ def _constants(ops, cfg, init):
         ones = ops.sbuf((P, 2), cfg.kd)
         ops.memset(ones, 1.0, engine="gpsimd")
     # a group's state reset: by DMA from a table of init's rows where that pays
-    # (sched_item.reset_by_dma: NeuronCore-v3+, no decode class, VectorE the busier engine),
-    # else a VectorE select per item
-    reset = state_reset_table(ops, init, ops.launch_core()[0]) if reset_by_dma(ops, cfg) else None
+    # (sched_item.reset_by_dma: no decode class, VectorE or its SBUF port the busier), else a
+    # VectorE select per item
+    reset = (state_reset_table(ops, init, ops.launch_core()[0])
+             if reset_by_dma(ops, cfg, num_kv_heads) else None)
     return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones,
                      reset=reset)
 

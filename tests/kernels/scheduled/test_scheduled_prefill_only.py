@@ -2,7 +2,7 @@
 NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
 VectorE select where ``sched_item.reset_by_dma`` says so (a full phase; on the current API
 groups of at least ``RESET_BY_DMA_MIN_BLOCKS`` Q blocks, lowered here to exercise that path on
-small batches), the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
+small batches; on NeuronCore-v2 no full phase, 512-key partial tiles, two KV heads), the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
 (NeuronCore-v3) transpose P by SBUF -> SBUF DMA transposes, eight 128-key blocks per DMA; the
 legacy API keeps the PE transposes. The outputs match the float64 reference, and the prefill
 rows are bit-identical to the same sequences run beside a decode (which turns both off), so the
@@ -176,6 +176,34 @@ def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, m
     assert out[~hit].tobytes() == clean[~hit].tobytes()
 
 
+@pytest.mark.parametrize("seq", [0, 1])
+def test_trn1_dma_reset_keeps_a_sequences_nan_there(seq, on_api, batch_factory, poison_unseen,
+                                                     tol):
+    # NeuronCore-v2's DMA reset (no full phase, 512-key partial tiles, two KV heads): a NaN in
+    # one sequence's V reaches that sequence's rows of its KV head and nothing else
+    import dataclasses
+
+    b = batch_factory(67, [300, 200], [0, 100], H=8, Hkv=2, d=D, block_size=16, dtype=BF16)
+    b = dataclasses.replace(b, kv_cache=poison_unseen(b))
+    value = b.value.copy()
+    value[0 if seq == 0 else 300, 0, :] = np.nan     # V of the sequence's first (new) key
+    bad = dataclasses.replace(b, value=value)
+    kw = dict(backend="sim", kernel="scheduled", large_tile_size=2048, partial_tile_size=512)
+    with on_api("legacy", "trn1"), nki_sim.tracing() as trace:
+        clean = np.asarray(paged_attention(*b.args(), **kw))
+    with on_api("legacy", "trn1"):
+        out = np.asarray(paged_attention(*bad.args(), **kw))
+    assert not _state_selects(trace, D)              # the DMA reset ran
+    ref = paged_attention_ref(*b.args())
+    atol, rtol = tol("mixed", b.query.dtype)
+    assert np.all(np.abs(clean.astype(np.float64) - ref) <= atol + rtol * np.abs(ref))
+    rows = slice(0, 300) if seq == 0 else slice(300, N_PREFILL)
+    hit = np.zeros(out.shape[:2], bool)
+    hit[rows, :4] = True                             # the query heads of KV head 0
+    assert np.isnan(out[hit].astype(np.float32)).all()
+    assert out[~hit].tobytes() == clean[~hit].tobytes()
+
+
 @pytest.mark.parametrize("api", ["nki", "legacy"])
 def test_prefill_only_item_parts_reset_on_each_core(api, on_api, batch_factory, poison_unseen,
                                                     reset_min_blocks, tol):
@@ -284,31 +312,38 @@ def test_transpose_on_dma_is_refused_by_the_legacy_layer():
         launch_kernel(BY_DMA, (_input(),), {}, grid_heads=1, backend="sim", api="legacy")
 
 
-@pytest.mark.parametrize("api, q, c, lnc, by_dma", [
-    ("legacy", [300, 200], [0, 100], 1, False),        # no full phase: the select
-    ("legacy", [300, 200], [2500, 4200], 1, True),     # a full phase, no DMA transposes of K
-    ("nki", [300, 200], [2500, 4200], 1, False),       # K^T by DMA, 10-block groups
-    ("nki", [512], [2100], 1, False),                  # K^T by DMA, 16-block groups
-    ("nki", [640], [2100], 1, True),                   # K^T by DMA, 20-block groups
-    ("nki", [1024], [2100], 2, False),                 # item parts, 8-block groups
-    ("nki", [2048], [2100], 2, True)])                 # item parts, 16-block groups
-def test_reset_rule_picks_the_dma_where_vector_e_binds(api, q, c, lnc, by_dma, on_api,
-                                                       batch_factory, poison_unseen, tol):
-    # sched_item.reset_by_dma on trn2 with the shipped group size, and the reference either way
+@pytest.mark.parametrize("target, api, q, c, lnc, hkv, tile, by_dma", [
+    ("trn2", "legacy", [300, 200], [0, 100], 1, 1, 2048, False),   # no full phase: the select
+    ("trn2", "legacy", [300, 200], [2500, 4200], 1, 1, 2048, True),  # a full phase, no DMA Ts
+    ("trn2", "nki", [300, 200], [2500, 4200], 1, 1, 2048, False),  # K^T by DMA, 10-block groups
+    ("trn2", "nki", [512], [2100], 1, 1, 2048, False),             # K^T by DMA, 16-block groups
+    ("trn2", "nki", [640], [2100], 1, 1, 2048, True),              # K^T by DMA, 20-block groups
+    ("trn2", "nki", [1024], [2100], 2, 1, 2048, False),            # item parts, 8-block groups
+    ("trn2", "nki", [2048], [2100], 2, 1, 2048, True),             # item parts, 16-block groups
+    ("trn1", "legacy", [300, 200], [0, 100], 1, 2, 512, True),     # no full phase, 512 keys
+    ("trn1", "legacy", [300, 200], [0, 100], 1, 1, 512, False),    # one KV head
+    ("trn1", "legacy", [300, 200], [0, 100], 1, 2, 1024, False),   # 1024-key partial tiles
+    ("trn1", "legacy", [300, 200], [2500, 4200], 1, 2, 512, False)])   # a full phase
+def test_reset_rule_picks_the_dma_where_vector_e_binds(target, api, q, c, lnc, hkv, tile, by_dma,
+                                                       on_api, batch_factory, poison_unseen,
+                                                       tol):
+    # sched_item.reset_by_dma with the shipped thresholds, and the reference either way
     import dataclasses
 
     import nki_kernels.scheduled.sched_item as si
 
-    b = batch_factory(65, q, c, H=4, Hkv=1, d=D, block_size=16, dtype=BF16)
+    b = batch_factory(65, q, c, H=4 * hkv, Hkv=hkv, d=D, block_size=16, dtype=BF16)
     b = dataclasses.replace(b, kv_cache=poison_unseen(b))
-    with on_api(api, "trn2"), nki_sim.tracing() as trace:
+    with on_api(api, target), nki_sim.tracing() as trace:
         out = np.asarray(paged_attention(*b.args(), backend="sim", kernel="scheduled",
-                                         large_tile_size=2048, lnc=lnc), np.float64)
+                                         large_tile_size=2048, partial_tile_size=tile,
+                                         lnc=lnc), np.float64)
     k_by_dma = [e for e in trace.events if e.op == "dma_transpose" and e.src_buffer == "hbm"]
     assert bool(k_by_dma) == (api == "nki")
     assert (not _state_selects(trace, D)) == by_dma
     # the shipped values these cases straddle
-    assert (si.RESET_BY_DMA_MIN_BLOCKS, si.RESET_BY_DMA_MIN_BLOCKS_PARTS) == (20, 12)
+    assert (si.RESET_BY_DMA_MIN_BLOCKS, si.RESET_BY_DMA_MIN_BLOCKS_PARTS,
+            si.RESET_BY_DMA_GEN2_MAX_KEYS) == (20, 12, 512)
     ref = paged_attention_ref(*b.args())
     atol, rtol = tol("mixed", b.query.dtype)
     assert np.all(np.abs(out - ref) <= atol + rtol * np.abs(ref))
