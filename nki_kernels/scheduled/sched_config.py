@@ -67,8 +67,9 @@ class SchedOptions:
         zeroing V tiles, generating descriptors): the query-rows steps move work there where
         the API offers it -- P^T by SBUF -> SBUF DMA transposes
         (``sched_core.StepConfig.probs_by_dma``), the chunks' row maxima combined on
-        GpSimd (``StepConfig.pairwise_max``) and, on NeuronCore-v3+ where VectorE binds, a
-        group's state reset by DMA instead of a VectorE select (``sched_item.reset_by_dma``).
+        GpSimd (``StepConfig.pairwise_max``) and, where VectorE (or on NeuronCore-v2 its
+        SBUF port) binds, a group's state reset by DMA instead of a VectorE select
+        (``sched_item.reset_by_dma``).
     item_parts: 1, or the physical cores of an LNC=2 launch whose host schedule is cut in that
         many item parts (any Hkv; docs/layouts.md §16.3): every phase's items are
         ``item_parts`` equal runs, core c runs run c of every KV head

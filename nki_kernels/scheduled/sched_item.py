@@ -180,10 +180,11 @@ RESET_BY_DMA_MIN_BLOCKS_PARTS = 12
 # partial tiles of at most this many keys (a select per item whatever the item's width), in
 # launches of at least two KV heads (the table write's round trip before the first reset is
 # exposed once per launch, about 4 us, against about 5 us of the port saved per KV head of a
-# 1K prefill). MODELED, trn1, DMA against select: 1K on 0 848 -> 820 us (Hkv = 8), 216 -> 212
-# (Hkv = 2), Hkv = 1 level; 1536 on 1K 4.9 % faster, 4 x 256 on 0 3.4 %; 1024- and 2048-key
-# tiles 0.3-1.2 % slower (2K on 1K, 3K on 0, 1K on 1K); with a full phase and 512-key partial
-# tiles 0.3-0.7 % slower on four batches of five.
+# 1K prefill). MODELED, trn1 (docs/bench-prefill-choices.md), DMA against select: 1K on 0
+# 848 -> 820 us (Hkv = 8), 216 -> 212 (Hkv = 2), Hkv = 1 level; 1536 on 1K 4.9 % faster,
+# 4 x 256 on 0 3.4 %, 2K on 2K with a 1024-key window (16-block groups, twelve items) 0.1 %
+# slower; 1024- and 2048-key tiles 0.3-1.2 % slower (2K on 1K, 3K on 0, 1K on 1K); with a
+# full phase and 512-key partial tiles 0.3-0.7 % slower on four batches of five.
 RESET_BY_DMA_GEN2_MAX_KEYS = 512
 
 
