@@ -7,9 +7,10 @@ Two choices the kernel makes from the target, the API and the launch's static sh
 * **state reset** (``nki_kernels.scheduled.sched_item.reset_by_dma``): a group's fp32 state is
   reset by a gather from a table of the initial rows, or by a VectorE select over the whole
   state. Alternative: the other one.
-* **P^T copies** (``sched_item.P_EVAC_GEN3_MASKED_ONLY``): on NeuronCore-v3, the masked steps
-  of a launch without a full phase send one P^T PSUM copy in four (2048-key tiles) or in eight
-  (1024-key tiles) to VectorE. Alternative: every copy on ScalarE.
+* **P^T copies** (``sched_item.P_EVAC_GEN3_MASKED_ONLY`` and ``P_EVAC_GEN3_MASKED_HEAVY``): on
+  NeuronCore-v3, the masked steps of a launch without a full phase send one P^T PSUM copy in
+  four (2048-key tiles) or in eight (1024-key tiles) to VectorE, those of a launch with at least
+  as many masked keys as full ones one in eight. Alternative: every copy on ScalarE.
 
 Each batch (chunked prefills on context, causal prefills, sliding windows; H = 4 x Hkv, d=128,
 bf16, mixed precision, block 32, large_tile_size="auto", LNC 1) runs through
@@ -57,6 +58,8 @@ COPY_BATCHES = (
     ("1536 on 512", (1536,), (512,), None, 8), ("384 on 1K", (384,), (1024,), None, 8),
     ("640 on 1K", (640,), (1024,), None, 8), ("2K on 0", (2048,), (0,), None, 8),
     ("2K on 1K", (2048,), (1024,), None, 8), ("3K on 0", (3072,), (0,), None, 8),
+    ("768 on 3K", (768,), (3072,), None, 8), ("3K on 3K", (3072,), (3072,), None, 8),
+    ("1536 on 3K", (1536,), (3072,), None, 8), ("1K on 2K", (1024,), (2048,), None, 8),
     ("4 x 512 on 256", (512,) * 4, (256,) * 4, None, 8), ("1K on 0", (1024,), (0,), None, 8),
     ("2K on 2K, window 1024", (2048,), (2048,), 1024, 8), ("2K on 2K", (2048,), (2048,), None, 8),
     ("1K on 1K, Hkv 1", (1024,), (1024,), None, 1), ("2K on 0, Hkv 1", (2048,), (0,), None, 1))
@@ -84,12 +87,14 @@ def reset_rule(choose):
 
 
 @contextlib.contextmanager
-def p_copy_engines(table):
-    """``sched_item.P_EVAC_GEN3_MASKED_ONLY`` set to ``table`` for the block (restored on exit;
-    ``()``: every copy on ScalarE). Yields an empty list (the copies are counted in the trace)."""
+def p_copy_engines(table, heavy):
+    """``sched_item.P_EVAC_GEN3_MASKED_ONLY`` and ``P_EVAC_GEN3_MASKED_HEAVY`` set to ``table``
+    and ``heavy`` for the block (restored on exit; ``()`` and ``"scalar"``: every copy on
+    ScalarE). Yields an empty list (the copies are counted in the trace)."""
     import nki_kernels.scheduled.sched_item as si
 
-    with mock.patch.object(si, "P_EVAC_GEN3_MASKED_ONLY", table):
+    with mock.patch.object(si, "P_EVAC_GEN3_MASKED_ONLY", table), \
+            mock.patch.object(si, "P_EVAC_GEN3_MASKED_HEAVY", heavy):
         yield []
 
 
@@ -99,8 +104,8 @@ def _forms(choice: str):
         return (lambda: reset_rule(lambda s: s), lambda: reset_rule(lambda s: not s))
     import nki_kernels.scheduled.sched_item as si
 
-    shipped = si.P_EVAC_GEN3_MASKED_ONLY
-    return lambda: p_copy_engines(shipped), lambda: p_copy_engines(())
+    shipped = si.P_EVAC_GEN3_MASKED_ONLY, si.P_EVAC_GEN3_MASKED_HEAVY
+    return lambda: p_copy_engines(*shipped), lambda: p_copy_engines((), "scalar")
 
 
 def _form_name(choice: str, made: list, trace) -> str:
@@ -194,11 +199,14 @@ def markdown(rows: list, cmd: str, commit: str) -> str:
             "`RESET_BY_DMA_GEN2_MAX_KEYS` keys and at least two KV heads. The alternative is "
             "the other reset."),
         "P^T copies": (
-            "## P^T copies of masked-only launches: some on VectorE", "",
+            "## P^T copies of masked steps: some on VectorE", "",
             "`sched_item.P_EVAC_GEN3_MASKED_ONLY`: on NeuronCore-v3, a launch without a full "
             "phase puts one masked-step P^T PSUM copy in four (tiles of 2048 keys or more) or "
-            "in eight (1024-key tiles) on VectorE; 512-key tiles and launches with a full phase "
-            "keep every copy on ScalarE. The alternative keeps every copy on ScalarE.")}
+            "in eight (1024-key tiles) on VectorE; 512-key tiles keep every copy on ScalarE. "
+            "`P_EVAC_GEN3_MASKED_HEAVY`: a launch with a full phase and at least as many "
+            "masked keys as full ones (items x tile width per phase) puts one in eight on "
+            "VectorE; with fewer, every copy stays on ScalarE. The alternative keeps every copy "
+            "on ScalarE.")}
     for choice in TARGETS:
         sub = [r for r in rows if r["choice"] == choice]
         if sub:

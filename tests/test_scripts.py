@@ -370,10 +370,14 @@ def test_prefill_choices_quick(run_quick, load_script, capsys):
         assert r["shape"][0]["full"] == (2 if r["batch"] == "256 on 4K" else 0)
     assert "| 256 on 4K | trn2 (legacy) | 8; 2 / 1; " in capsys.readouterr().out
     script = load_script("bench_prefill_choices")
-    rule, table = sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY
-    for form in (script.reset_rule(lambda s: not s), script.p_copy_engines(())):
+
+    def now():
+        return sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY, si.P_EVAC_GEN3_MASKED_HEAVY
+
+    shipped = now()
+    for form in (script.reset_rule(lambda s: not s), script.p_copy_engines((), "scalar")):
         with pytest.raises(RuntimeError):
             with form:
-                assert (sa.reset_by_dma, si.P_EVAC_GEN3_MASKED_ONLY) != (rule, table)
+                assert now() != shipped
                 raise RuntimeError
-        assert sa.reset_by_dma is rule and si.P_EVAC_GEN3_MASKED_ONLY is table
+        assert now() == shipped

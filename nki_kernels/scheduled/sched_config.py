@@ -171,7 +171,9 @@ class SchedConfig:
                           blocks=self.blocks,
                           width=phase.geo.W, step_keys=phase.step_keys, masked=phase.masked,
                           keys_on_partitions=phase.keys_on_partitions,
-                          only_phase=phase.masked and self.full.items == 0)
+                          only_phase=phase.masked and self.full.items == 0,
+                          masked_heavy=phase.masked and (self.partial.items * self.partial.geo.W
+                                                         >= self.full.items * self.full.geo.W))
 
 
 @dataclass(frozen=True)

@@ -64,17 +64,29 @@ P_EVAC_GEN3 = "scalar"
 # lose (VectorE binds there: one in four 2.8-3.7 % slower on the 2K prefill on 2K context).
 P_EVAC_GEN3_MASKED_ONLY = ((2048, ("scalar", "scalar", "scalar", "vector")),
                            (1024, ("scalar",) * 7 + ("vector",)))
+# The same steps in a launch with a full phase whose masked keys (partial items x partial tile)
+# are at least its full keys (full items x full tile): the masked steps' exponentials and P^T
+# copies keep ScalarE above VectorE's full-step row maxima, so one copy in eight goes to VectorE.
+# MODELED, trn2, against every copy on ScalarE (current / legacy API): 3K on 3K (masked / full
+# keys 1.5) 2.9 / 2.5 % faster, 768 on 3K (1.0) 2.5 / 2.1 %, 1536 on 3K (1.25) 1.5 % faster /
+# 0.4 % slower; below 1.0 it loses (2K on 2K, 0.75, 0.9 %; 1K on 2K and 4 x 768 on 2K, 0.5,
+# 1.8-2.3 %; 2K on 5K, 0.625, 2.2-2.4 %) and one in four loses more except on 3K on 3K.
+P_EVAC_GEN3_MASKED_HEAVY = ("scalar",) * 7 + ("vector",)
 
 
-def default_p_evac(nc_gen, *, masked, additive, folded=False, only_width=None):
+def default_p_evac(nc_gen, *, masked, additive, folded=False, only_width=None,
+                   masked_heavy=False):
     """The P^T copy engines of a 128-row query-rows step (see ``P_EVAC_*``; ``folded``: the
     step's chunk maxima fold on GpSimd; ``only_width``: the tile width of a masked phase that
-    is its launch's only phase, else None)."""
+    is its launch's only phase, else None; ``masked_heavy``: the step's launch has at least as
+    many masked keys as full ones, :attr:`FoldConfig.masked_heavy`)."""
     if nc_gen != "gen2":
         if masked and folded and only_width is not None:
             for width, engines in P_EVAC_GEN3_MASKED_ONLY:
                 if only_width >= width:
                     return engines
+        elif masked and folded and masked_heavy:
+            return P_EVAC_GEN3_MASKED_HEAVY
         return P_EVAC_GEN3_FOLDED if folded and not masked else P_EVAC_GEN3
     if not masked:
         return P_EVAC_GEN2
@@ -88,7 +100,8 @@ class FoldConfig:
     ``width`` keys per tile; ``step_keys`` keys per step; ``masked`` the phase builds masks;
     ``keys_on_partitions`` decode layout (``sched_decode``) instead of query rows
     (``sched_core``); ``only_phase`` the launch has no other phase with items (a masked phase
-    without a full phase)."""
+    without a full phase); ``masked_heavy`` a masked phase whose launch has at least as many
+    masked keys as full ones (items x tile width per phase)."""
 
     step: StepConfig
     rows: int
@@ -98,6 +111,7 @@ class FoldConfig:
     masked: bool
     keys_on_partitions: bool
     only_phase: bool = False
+    masked_heavy: bool = False
 
 
 def decode_step_keys(rows):
@@ -311,7 +325,8 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     if step.p_evac is None and rows == P:
         step = dataclasses.replace(step, p_evac=default_p_evac(
             ops.nc_gen(), masked=fc.masked, additive=tile.mask_eye is not None,
-            folded=step.pairwise_max, only_width=fc.width if fc.only_phase else None))
+            folded=step.pairwise_max, only_width=fc.width if fc.only_phase else None,
+            masked_heavy=fc.masked_heavy))
     derived = None
     by_offset = False
     if fc.masked:

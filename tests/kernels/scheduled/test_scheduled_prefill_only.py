@@ -352,12 +352,14 @@ def test_reset_rule_picks_the_dma_where_vector_e_binds(target, api, q, c, lnc, h
 @pytest.mark.parametrize("api, context, partial_tile, on_vector", [
     (api, 0, tile, share) for api in ("nki", "legacy")
     for tile, share in ((2048, 1 / 4), (1024, 1 / 8), (512, 0.0))] + [   # no full phase
-    ("nki", 2100, 2048, 0.0)])     # a full phase (its P^T by DMA): VectorE binds, none moves
+    # a full phase (its P^T by DMA on this API): as many masked keys as full ones (one 2048-key
+    # item each), one copy in eight moves; four times as many full keys, VectorE binds, none
+    ("nki", 2100, 2048, 1 / 8), ("nki", 4200, 1024, 0.0)])
 def test_masked_only_launches_send_some_p_copies_to_vector_e(api, context, partial_tile,
                                                              on_vector, on_api, batch_factory,
                                                              tol):
-    # sched_item.P_EVAC_GEN3_MASKED_ONLY: the masked steps' P^T PSUM copies (16-bit, 1024
-    # columns at most) of a prefill-only launch without a full phase, trn2 (both APIs)
+    # sched_item.P_EVAC_GEN3_MASKED_ONLY / _MASKED_HEAVY: the masked steps' P^T PSUM copies
+    # (16-bit, 1024 columns at most) of a prefill-only launch, trn2
     b = batch_factory(66, [512], [context], H=4, Hkv=1, d=D, block_size=16, dtype=BF16)
     with on_api(api, "trn2"), nki_sim.tracing() as trace:
         out = np.asarray(paged_attention(*b.args(), backend="sim", kernel="scheduled",
