@@ -176,10 +176,8 @@ def load_q_slices(ops, q_raw, query_t, mi, q_col, *, scale, kernel_dtype):
 # many Q blocks: VectorE's work per full tile grows with the group, the tile's gathers do not,
 # and at 16 blocks the two were level.
 # MODELED, 20 prefill-only batches (docs/bench-prefill-choices.md): trn2 current API with a
-# full phase, groups of 4-16 blocks 2.0-6.2 % slower by DMA, 20 blocks 1.6 % faster, 32-48
-# blocks 1.1-5.4 % faster (24 blocks with one full item: 0.4 % slower, ScalarE binds); legacy
-# API with a full phase 1.0-4.1 % faster (that batch: 0.6 % slower); without a full phase -0.4 %
-# to +3.5 % on both.
+# full phase, groups of 4-16 blocks 2.0-6.2 % slower by DMA, 20-48 blocks 1.1-5.4 % faster;
+# legacy API with a full phase 1.1-4.1 % faster; without a full phase -0.4 % to +3.5 % on both.
 RESET_BY_DMA_MIN_BLOCKS = 20
 # The same where the items of each KV head are cut between the two cores of an LNC-2 launch
 # (item parts: an odd Hkv), whose host halves the groups so both cores get some. MODELED, trn2
