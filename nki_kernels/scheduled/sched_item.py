@@ -70,7 +70,8 @@ P_EVAC_GEN3_MASKED_ONLY = ((2048, ("scalar", "scalar", "scalar", "vector")),
 # MODELED, trn2, against every copy on ScalarE (current / legacy API): 3K on 3K (masked / full
 # keys 1.5) 2.9 / 2.5 % faster, 768 on 3K (1.0) 2.5 / 2.1 %, 1536 on 3K (1.25) 1.5 % faster /
 # 0.4 % slower; below 1.0 it loses (2K on 2K, 0.75, 0.9 %; 1K on 2K and 4 x 768 on 2K, 0.5,
-# 1.8-2.3 %; 2K on 5K, 0.625, 2.2-2.4 %) and one in four loses more except on 3K on 3K.
+# 1.8-2.3 %; 2K on 5K, 0.625, 2.2-2.4 %) and one in four loses more except on 3K on 3K. One in
+# six against one in eight: 3K on 3K 0.4-0.8 % faster, 768 on 3K and 1536 on 3K 0.1-1.2 % slower.
 P_EVAC_GEN3_MASKED_HEAVY = ("scalar",) * 7 + ("vector",)
 
 
