@@ -65,6 +65,17 @@ N_PREFILL = 500          # tokens of the two prefill chunks
 D = 32
 
 
+def _assert_nan_only_in(out, clean, seq, group):
+    """``out`` (tokens, H, d) is NaN on prefill sequence ``seq``'s rows (0: the first 300
+    tokens, 1: the rest of N_PREFILL) of KV head 0's ``group`` query heads -- the must-fail
+    side: the NaN is read -- and bit-equal to ``clean`` everywhere else."""
+    rows = slice(0, 300) if seq == 0 else slice(300, N_PREFILL)
+    hit = np.zeros(out.shape[:2], bool)
+    hit[rows, :group] = True
+    assert np.isnan(out[hit].astype(np.float32)).all()
+    assert out[~hit].tobytes() == clean[~hit].tobytes()
+
+
 @pytest.fixture
 def prefill_batch(batch_factory, poison_unseen):
     """Two prefill chunks (2048-key steps: 16 blocks, two DMAs each) beside a decode
@@ -168,12 +179,7 @@ def test_prefill_only_a_sequences_nan_stays_in_that_sequence(target, api, lnc, m
     with on_api(api, target):
         clean = np.asarray(paged_attention(*b.args(), **kw))
         out = np.asarray(paged_attention(*bad.args(), **kw))
-    rows = slice(0, 300) if seq == 0 else slice(300, N_PREFILL)
-    G = b.query.shape[1] // b.kv_cache.shape[2]
-    hit = np.zeros(out.shape[:2], bool)
-    hit[rows, :G] = True                             # the query heads of KV head 0
-    assert np.isnan(out[hit].astype(np.float32)).all()          # must-fail side: it is read
-    assert out[~hit].tobytes() == clean[~hit].tobytes()
+    _assert_nan_only_in(out, clean, seq, b.query.shape[1] // b.kv_cache.shape[2])
 
 
 @pytest.mark.parametrize("seq", [0, 1])
@@ -197,11 +203,7 @@ def test_trn1_dma_reset_keeps_a_sequences_nan_there(seq, on_api, batch_factory, 
     ref = paged_attention_ref(*b.args())
     atol, rtol = tol("mixed", b.query.dtype)
     assert np.all(np.abs(clean.astype(np.float64) - ref) <= atol + rtol * np.abs(ref))
-    rows = slice(0, 300) if seq == 0 else slice(300, N_PREFILL)
-    hit = np.zeros(out.shape[:2], bool)
-    hit[rows, :4] = True                             # the query heads of KV head 0
-    assert np.isnan(out[hit].astype(np.float32)).all()
-    assert out[~hit].tobytes() == clean[~hit].tobytes()
+    _assert_nan_only_in(out, clean, seq, 4)
 
 
 @pytest.mark.parametrize("api", ["nki", "legacy"])
