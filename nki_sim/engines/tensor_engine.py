@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 
 from .. import dtypes as D
+from ..target import get_target
 from ..tensor import Tensor
 from .common import emit, operand, write_dst
 
@@ -55,6 +56,28 @@ def matmul(dst: Tensor, stationary: Tensor, moving: Tensor, *, accumulate: bool 
          attrs=matmul_attrs(s_shape, m_shape, fp32))
 
 
+def pe_transpose_values(vals: np.ndarray) -> np.ndarray:
+    """``vals.T`` of a 2-D ``[P, F]`` array as the PE array of the current target returns it.
+
+    NeuronCore-v3 on: bit-accurate. NeuronCore-v2 (trn1): the PE transpose is a matmul of the
+    data (stationary) with an identity (moving), and the ``nki.isa.nc_transpose`` reference says
+    it "is not bit-accurate if the input data contains NaN/Inf": modeled as that matmul, every
+    non-finite element ``vals[p, j]`` contributes ``vals[p, j] * 0 = NaN`` to every other
+    element of its output row j, so ``out[j, i]`` is NaN when some ``vals[p, j]``, p != i, is
+    NaN or +-Inf, and ``vals[i, j]`` otherwise (an Inf alone in its column stays Inf). Finite
+    data moves exactly (bf16 / fp32 values times 1 plus zeros)."""
+    out = np.asarray(vals).T
+    if get_target().nc_version != "gen2" or not D.is_float(out.dtype):
+        return out
+    bad = ~np.isfinite(np.asarray(vals, np.float32))            # [P, F]
+    others = bad.sum(axis=0)[:, None] - bad.T                    # [F, P]: non-finite p != i
+    if not others.any():
+        return out
+    out = out.copy()
+    out[others > 0] = np.nan
+    return out
+
+
 def transpose(dst: Tensor, data: Tensor, *, engine: str = "tensor", op: str = "nc_transpose",
               name: str = "") -> None:
     """``dst = data.T`` of a 2-D tile (more dims flattened into the free dim)."""
@@ -62,7 +85,8 @@ def transpose(dst: Tensor, data: Tensor, *, engine: str = "tensor", op: str = "n
     a = operand(data, "data", op)
     if engine == "tensor":
         _warn_int(op, a)
-    r = np.asarray(a.v).reshape(shape2).T
+    r = np.asarray(a.v).reshape(shape2)
+    r = pe_transpose_values(r) if engine == "tensor" else r.T
     write_dst(dst, r, op, pe=(engine == "tensor"))
     attrs = matmul_attrs(shape2, (shape2[0], shape2[0]), a.dtype == D.float32) if engine == "tensor" else {}
     emit(engine, op, (a,), dst, name=name, free_elems=shape2[0], attrs=attrs)

@@ -161,6 +161,44 @@ def test_nc_transpose_tensor_engine_from_psum_fails_vector_engine_passes(rng, re
         nki.simulate_kernel(nc_transpose_engine, x, engine_name="tensor_engine", from_psum=True)
 
 
+# NeuronCore-v2's PE transpose is a matmul of the data with an identity, "not bit-accurate if the
+# input data contains NaN/Inf" (nki.isa.nc_transpose reference): x * 0 = NaN for x = NaN or +-Inf
+# reaches every element of the non-finite element's output row. NeuronCore-v3 on, and VectorE
+# transposes, are bit-accurate.
+@pytest.mark.parametrize("tgt", ["trn1", "trn2"])
+def test_pe_transpose_of_finite_data_is_exact_on_both_generations(rng, target, tgt):
+    x = rng.standard_normal((128, 96)).astype(np.float32)
+    x[3, 7] = np.finfo(np.float32).max
+    with target(tgt):
+        out = nki.simulate_kernel(nc_transpose_engine, x, engine_name="tensor_engine",
+                                  from_psum=False)
+    assert out.tobytes() == np.ascontiguousarray(x.T).tobytes()
+
+
+@pytest.mark.parametrize("engine,tgt", [("tensor_engine", "trn2"), ("vector_engine", "trn1")])
+def test_nan_and_inf_transpose_bit_accurately_on_gen3_and_on_vector_engine(rng, target, engine,
+                                                                           tgt):
+    x = rng.standard_normal((32, 24)).astype(np.float32)
+    x[5, 2], x[9, 11] = np.nan, np.inf
+    with target(tgt):
+        out = nki.simulate_kernel(nc_transpose_engine, x, engine_name=engine, from_psum=False)
+    np.testing.assert_array_equal(out, x.T)      # NaN where x.T has NaN, nowhere else
+
+
+def test_gen2_pe_transpose_spreads_nan_and_inf_along_their_output_rows(rng, target):
+    x = rng.standard_normal((32, 24)).astype(np.float32)
+    x[5, 2] = np.nan                   # output row 2: NaN everywhere
+    x[9, 11] = np.inf                  # output row 11: Inf stays in place, NaN elsewhere
+    x[4, 20] = x[6, 20] = -np.inf      # two in one column: every element of row 20 NaN
+    with target("trn1"):
+        out = nki.simulate_kernel(nc_transpose_engine, x, engine_name="tensor_engine",
+                                  from_psum=False)
+    assert np.isnan(out[2]).all() and np.isnan(out[20]).all()
+    assert out[11, 9] == np.inf and np.isnan(np.delete(out[11], 9)).all()
+    clean = np.delete(np.arange(24), [2, 11, 20])
+    assert out[clean].tobytes() == np.ascontiguousarray(x.T[clean]).tobytes()
+
+
 # --------------------------------------------------------------------------- affine_range checker
 @nki.jit
 def accumulate_rows(x, *, loop):

@@ -20,6 +20,7 @@ from ...indexing import mask_array
 from ...state import state
 from ...target import get_target
 from ...tensor import Tensor
+from ...engines.tensor_engine import pe_transpose_values
 
 
 def _limit(op, pname, shape, dim, limit):
@@ -133,7 +134,8 @@ def transpose_core(op, x, *, dtype=None, mask=None, engine="tensor", buffer="sbu
         _, pm = state.implied.pop()
         pt = pm.reshape(shape2).T
         m = pt if m is None else (m & pt)
-    r = np.asarray(a.v).reshape(shape2).T
+    r = np.asarray(a.v).reshape(shape2)
+    r = pe_transpose_values(r) if engine == "tensor" else r.T
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     attrs = {}
     if engine == "tensor":
