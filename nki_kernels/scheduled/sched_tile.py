@@ -89,7 +89,8 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
                 ops.gather(v_rows[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l, lead=(1,))
         return k_t, v_rows, None, None
     if masked:
-        k_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
+        k_rows = (kv_tiles[0] if stale_keys_ok(ops, cfg, phase)
+                  else zeroed(ops, (P, nL * rw), cdt, "gpsimd"))
         v_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
         if direct:
             k_ov = zeroed(ops, (P, nL * rw), kd, "gpsimd")
@@ -113,6 +114,19 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
             for l in ops.static_range(nL):
                 _gather_overlay(ops, k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
     return k_rows, v_rows, k_ov, v_ov
+
+
+def stale_keys_ok(ops, cfg, phase) -> bool:
+    """Whether a masked item's K rows that no DMA writes may keep what the tile held before
+    (NaN possibly, from another sequence) instead of being zeroed per item -- the phase then
+    keeps one K rows tile, zeroed once (``scheduled_attention._run_phase``): keys-on-partitions steps
+    (their masks are selects, ``sched_decode``) on NeuronCore-v3 on, whose PE transposes are
+    bit-accurate (NeuronCore-v2's spread a NaN / Inf along the transposed row: every key of its
+    128-key block and channel), with K transposed by ``nc_transpose`` (an fp8 cache used
+    directly goes through identity matmuls, in which ``NaN * 0`` spreads alike). A stale row
+    then reaches only its own key's score (QK contracts over channels), a key no row of the item
+    sees, and the select replaces it before the max and the exponentials."""
+    return phase.keys_on_partitions and ops.nc_gen() != "gen2" and not cfg.fp8_direct
 
 
 def zeroed(ops, shape, dtype, engine):

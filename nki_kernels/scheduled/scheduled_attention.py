@@ -59,7 +59,8 @@ from nki_kernels.scheduled.sched_item import (chunk_queries, fold_tile, load_q_s
                                               reset_by_dma, reset_ids, reset_state,
                                               state_reset_table, store_blocks)
 from nki_kernels.scheduled.sched_range import natural_order
-from nki_kernels.scheduled.sched_tile import gather_kv, keys_by_dma, transpose_keys, zeroed
+from nki_kernels.scheduled.sched_tile import (gather_kv, keys_by_dma, stale_keys_ok,
+                                              transpose_keys, zeroed)
 from nki_kernels.tile_ops import identity_tile
 
 
@@ -280,6 +281,12 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const, part):
         # matmul contracts over channels, so a column never mixes into another key's score).
         # V stays zeroed per item (P = 0 times a stale NaN would not be 0).
         kv_tiles = (zeroed(ops, (d, phase.geo.W), cfg.kd, "gpsimd"), None)
+    elif stale_keys_ok(ops, cfg, phase):
+        # Masked keys-on-partitions items on NeuronCore-v3+: one K rows tile for the phase,
+        # zeroed once; rows an item's DMAs skip keep an earlier item's keys, which reach only
+        # their own keys' scores and are selected away (sched_tile.stale_keys_ok).
+        rw_all = phase.geo.nL * phase.geo.bp * d
+        kv_tiles = (zeroed(ops, (P, rw_all), phase.kv.dtype, "gpsimd"), None)
     for c in ops.sequential_range(per_part // chunk):
         ch = first + c
         mi = ops.sbuf((P, chunk * ki), ops.int32)

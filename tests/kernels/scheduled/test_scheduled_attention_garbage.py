@@ -219,3 +219,50 @@ def test_trn1_prefill_garbage_stays_in_its_sequence(what, batch_factory):
     for i in range(len(QLENS)):
         if i != 2:
             assert out[_rows_of(i)].tobytes() == clean[_rows_of(i)].tobytes(), i
+
+
+# Masked decode items on NeuronCore-v3+ share one K rows tile per phase, zeroed once
+# (sched_tile.stale_keys_ok): rows a later item's DMAs skip keep an earlier item's keys. Sequence
+# 0 (31 cache blocks in its one tile) sees a NaN key in its block 20; sequence 1 (2 cache blocks)
+# comes after it in the same phase, so row 20 of its tile still holds that NaN key.
+STALE_QLENS, STALE_CLENS = [1, 1], [500, 40]
+
+
+def _stale_run(b, cache, target):
+    import nki_sim
+    with nki_sim.use_target(target):
+        return paged_attention(b.query, b.key, b.value, cache, b.block_tables, b.query_lens,
+                               b.context_lens, backend="sim", large_tile_size=LT)
+
+
+def _stale_batch(batch_factory):
+    b = batch_factory(8, STALE_QLENS, STALE_CLENS, H=H, Hkv=HKV, d=D, block_size=B,
+                      dtype=ml_dtypes.bfloat16)
+    cache = b.kv_cache.copy()
+    cache[0, b.block_tables[0, 20], 0, 3, :] = np.nan       # K of a key sequence 0 sees
+    return b, cache
+
+
+@pytest.mark.parametrize("api,target", [("legacy", "trn2"), ("nki", "trn2"), ("legacy", "trn1")])
+def test_an_earlier_sequences_nan_key_left_in_a_tile_reaches_no_later_sequence(
+        api, target, on_api, batch_factory):
+    b, cache = _stale_batch(batch_factory)
+    with on_api(api, target):
+        clean = _stale_run(b, b.kv_cache, target)
+        out = _stale_run(b, cache, target)
+    assert np.isnan(out[0, :H // HKV].astype(np.float32)).all()     # read by sequence 0
+    assert out[1].tobytes() == clean[1].tobytes()
+    assert out[0, H // HKV:].tobytes() == clean[0, H // HKV:].tobytes()
+
+
+def test_a_stale_key_row_would_reach_the_later_sequence_through_gen2_transposes(
+        on_api, batch_factory, monkeypatch):
+    # must-fail side: on NeuronCore-v2 with the stale rows kept (the rule forced on), the PE
+    # transpose spreads the NaN along its K^T row, into sequence 1's scores
+    from nki_kernels.scheduled import sched_tile, scheduled_attention
+    for mod in (sched_tile, scheduled_attention):
+        monkeypatch.setattr(mod, "stale_keys_ok", lambda ops, cfg, phase: True)
+    b, cache = _stale_batch(batch_factory)
+    with on_api("legacy", "trn1"):
+        out = _stale_run(b, cache, "trn1")
+    assert np.isnan(out[1, :H // HKV].astype(np.float32)).all()
