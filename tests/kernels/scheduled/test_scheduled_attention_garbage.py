@@ -228,11 +228,11 @@ def test_trn1_prefill_garbage_stays_in_its_sequence(what, batch_factory):
 STALE_QLENS, STALE_CLENS = [1, 1], [500, 40]
 
 
-def _stale_run(b, cache, target):
+def _stale_run(b, cache, target, lnc=1):
     import nki_sim
     with nki_sim.use_target(target):
         return paged_attention(b.query, b.key, b.value, cache, b.block_tables, b.query_lens,
-                               b.context_lens, backend="sim", large_tile_size=LT)
+                               b.context_lens, backend="sim", large_tile_size=LT, lnc=lnc)
 
 
 def _stale_batch(batch_factory):
@@ -243,13 +243,14 @@ def _stale_batch(batch_factory):
     return b, cache
 
 
-@pytest.mark.parametrize("api,target", [("legacy", "trn2"), ("nki", "trn2"), ("legacy", "trn1")])
+@pytest.mark.parametrize("api,target,lnc", [("legacy", "trn2", 1), ("legacy", "trn2", 2),
+                                            ("nki", "trn2", 1), ("legacy", "trn1", 1)])
 def test_an_earlier_sequences_nan_key_left_in_a_tile_reaches_no_later_sequence(
-        api, target, on_api, batch_factory):
+        api, target, lnc, on_api, batch_factory):
     b, cache = _stale_batch(batch_factory)
     with on_api(api, target):
-        clean = _stale_run(b, b.kv_cache, target)
-        out = _stale_run(b, cache, target)
+        clean = _stale_run(b, b.kv_cache, target, lnc)
+        out = _stale_run(b, cache, target, lnc)
     assert np.isnan(out[0, :H // HKV].astype(np.float32)).all()     # read by sequence 0
     assert out[1].tobytes() == clean[1].tobytes()
     assert out[0, H // HKV:].tobytes() == clean[0, H // HKV:].tobytes()
