@@ -53,8 +53,9 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     per load and per overlay load.
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
-    zeroed tile (masked items: rows no DMA writes must be exact zeros) or ``kv_tiles``, the
-    phase's persistent tiles (full items write every row). A 16-bit cache (or any cache of the
+    zeroed tile (masked items: rows no DMA writes must be exact zeros; K rows where
+    :func:`stale_keys_ok` go to ``kv_tiles[0]``, the phase's K rows tile, zeroed once) or
+    ``kv_tiles``, the phase's persistent tiles (full items write every row). A 16-bit cache (or any cache of the
     kernel dtype) is used as gathered and the overlay rows land in the same tile (``k_ov = v_ov
     = None``).
 
