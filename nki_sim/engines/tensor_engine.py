@@ -70,9 +70,9 @@ def pe_transpose_values(vals: np.ndarray) -> np.ndarray:
     if get_target().nc_version != "gen2" or not D.is_float(out.dtype):
         return out
     bad = ~np.isfinite(np.asarray(vals, np.float32))            # [P, F]
-    others = bad.sum(axis=0)[:, None] - bad.T                    # [F, P]: non-finite p != i
-    if not others.any():
+    if not bad.any():
         return out
+    others = bad.sum(axis=0)[:, None] - bad.T                    # [F, P]: non-finite p != i
     out = out.copy()
     out[others > 0] = np.nan
     return out
