@@ -266,14 +266,14 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const, part):
     chunk = chunk_size(per_part)
     first = part * (per_part // chunk)        # this part's first chunk
     kv_tiles = None
+    rows_shape = (P, phase.geo.nL * phase.geo.bp * d)      # a tile's K or V cache rows
     if not masked:
         # Full items write every row; padding items (all DMAs skipped) then read the last
         # real item's rows: allocated (and zeroed, on GpSimd: VectorE is the busier engine of
         # prefill and mixed batches) once so nothing is ever uninitialised.
-        rw_all = phase.geo.nL * phase.geo.bp * d
-        k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else (P, rw_all)    # K^T / K
+        k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else rows_shape    # K^T / K
         kv_tiles = (zeroed(ops, k_shape, phase.kv.dtype, "gpsimd"),
-                    zeroed(ops, (P, rw_all), phase.kv.dtype, "gpsimd"))
+                    zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"))
     elif keys_by_dma(ops, cfg, phase):
         # Masked items with K^T by DMA transpose: one K^T tile for the phase, zeroed once.
         # Columns an item's DMAs skip keep an earlier item's keys (or NaN garbage), which
@@ -285,8 +285,7 @@ def _run_phase(ops, cfg, ins, phase, head, tiles, const, part):
         # Masked keys-on-partitions items on NeuronCore-v3+: one K rows tile for the phase,
         # zeroed once; rows an item's DMAs skip keep an earlier item's keys, which reach only
         # their own keys' scores and are selected away (sched_tile.stale_keys_ok).
-        rw_all = phase.geo.nL * phase.geo.bp * d
-        kv_tiles = (zeroed(ops, (P, rw_all), phase.kv.dtype, "gpsimd"), None)
+        kv_tiles = (zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"), None)
     for c in ops.sequential_range(per_part // chunk):
         ch = first + c
         mi = ops.sbuf((P, chunk * ki), ops.int32)
