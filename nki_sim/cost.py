@@ -7,7 +7,8 @@ Nothing here is a measurement; docs/cost-model.md explains the model and prints 
 (:data:`TRN1`, :data:`TRN2`), each field carrying its unit, its source and whether it is
 documented, derived or an estimate.
 
-Model (all SPMD programs of the trace run on ONE physical NeuronCore, summed):
+Model (all SPMD programs of a launch run on ONE physical NeuronCore, summed; the trace's
+kernel launches, ``Event.launch``, run one after the other and their reports add up):
 
 * Compute engines (tensor/vector/scalar/gpsimd): per instruction, the documented cycle formula
   (:func:`compute_cycles`), divided by the engine clock; summed per engine.
@@ -38,9 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -55,6 +56,8 @@ from .cost_constants import (  # noqa: E402,F401
     API, CONSTANTS, DERIVED, DOC, ESTIMATE, FIT, STATUSES, TRN1, TRN2, ApiConstants,
     HardwareConstants, api_constants_table, constants_table, get_constants)
 from .cost_constants import SCALAR_AFFINE as _SCALAR_AFFINE  # noqa: E402
+from .cost_report import CostReport, LaunchReport, combine  # noqa: E402,F401
+from .trace import split_launches  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,59 +294,23 @@ def dma_instruction_cost(ev: Any, hw: HardwareConstants, first_engine: int = 0) 
 # ----------------------------------------------------------------------------------------------
 # whole-trace estimate
 # ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CostReport:
-    """Modeled cost of a trace on one NeuronCore. Times in microseconds; all figures MODELED."""
-
-    target: str
-    per_engine_us: Mapping[str, float]   # tensor, vector, scalar, gpsimd, dma
-    lower_bound_us: float                # busiest engine
-    upper_bound_us: float                # sum of all engines + fill/drain latency (no overlap)
-    modeled_us: float                    # busiest + beta * others + DMA fill/drain latency
-    hbm_bytes: int
-    flops: int
-    roofline_us: float                   # max(HBM bytes / HBM BW per core, FLOPs / TensorE peak)
-    fraction_of_roofline: float          # roofline_us / modeled_us
-    dma_instructions: int = 0
-    dma_descriptors: int = 0
-    dma_bytes: int = 0
-    dma_engine_max_us: float = 0.0       # busiest of the 16 DMA engines
-    dma_queue_us: float = 0.0            # sum(DMA latency) / dma_inflight
-    dma_hbm_cap_us: float = 0.0          # HBM bytes / HBM bandwidth per core
-    exposed_latency_us: float = 0.0      # fill + drain latency added to modeled_us
-    dependency_stall_us: float = 0.0     # VectorE / ScalarE waits for a result of the same engine
-    stall_by_engine_us: Mapping[str, float] = field(default_factory=dict)   # the same, per engine
-    instructions: Mapping[str, int] = field(default_factory=dict)
-    sync_us: float = 0.0                 # fori_loop iteration barriers (added serially)
-    port_us: Mapping[str, float] = field(default_factory=dict)   # shared ports (PORTS) busy
-    method: str = ("modeled_us = busiest resource (engine or shared port) + overlap_inefficiency"
-                   " * engine time outside it + latency of the first and the last DMA instruction")
-
-    @property
-    def bottleneck(self) -> str:
-        """Name of the busiest resource: an engine, or a shared port (:data:`PORTS`, e.g.
-        ``"vector+gpsimd"``) when its engines' turns on it take longer than any engine."""
-        name = max(self.per_engine_us, key=self.per_engine_us.get)
-        port = max(self.port_us, key=self.port_us.get, default=None)
-        if port is not None and self.port_us[port] > self.per_engine_us[name]:
-            return port
-        return name
-
-    def as_dict(self) -> dict:
-        """Plain dict (JSON-serialisable)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["per_engine_us"] = dict(self.per_engine_us)
-        d["instructions"] = dict(self.instructions)
-        d["stall_by_engine_us"] = dict(self.stall_by_engine_us)
-        d["port_us"] = dict(self.port_us)
-        d["bottleneck"] = self.bottleneck
-        return d
-
-
 def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
-    """Model the cost of a trace (``nki_sim.trace.Trace`` or iterable of Events) on ``target``."""
+    """Model the cost of a trace (``nki_sim.trace.Trace`` or iterable of Events) on ``target``.
+
+    Kernel launches run one after the other: each launch (``Event.launch``) is modeled on its
+    own (its busiest resource, overlap and DMA fill / drain) and the launches' reports are
+    summed (:func:`combine`), so two launches with different bottlenecks -- a decode class
+    bound by DMA and a prefill class bound by ScalarE -- never overlap in the model."""
     hw = get_constants(target)
-    events: Iterable[Any] = getattr(trace_or_events, "events", trace_or_events)
+    events = getattr(trace_or_events, "events", trace_or_events)
+    launches = split_launches(events)
+    if len(launches) > 1:
+        return combine([_estimate_launch(evs, hw) for evs in launches])
+    return _estimate_launch(launches[0] if launches else [], hw)
+
+
+def _estimate_launch(events: Iterable[Any], hw: HardwareConstants) -> CostReport:
+    """:func:`estimate` of the events of one launch."""
     busy_ns = dict.fromkeys(ENGINES[:-1], 0.0)
     counts = dict.fromkeys(ENGINES, 0)
     dma_engine_ns = np.zeros(hw.dma_engines)
@@ -427,28 +394,28 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
         dependency_stall_us=stall_ns / 1e3,
         stall_by_engine_us=MappingProxyType({e: v / 1e3 for e, v in stall_by_engine.items()}),
         instructions=MappingProxyType(counts), sync_us=sync_ns / 1e3,
-        port_us=MappingProxyType(port_us))
-
-
-@dataclass(frozen=True)
-class LaunchReport:
-    """A logical-core launch (LNC=2): one CostReport per core; the launch takes as long as the
-    slower core (plus :data:`API` ``lnc_launch_ns``).  All figures MODELED."""
-
-    per_core: Mapping[int, CostReport]
-    launch_us: float
-    slowest_core: int
+        port_us=MappingProxyType(port_us), compute_floor_us=compute_floor_ns / 1e3)
 
 
 def estimate_cores(trace_or_events: Any, target: Any = "trn2") -> LaunchReport:
     """Model each logical core of a trace separately (events carry their core in ``attrs``
-    ``core``; events without one belong to core 0)."""
+    ``core``; events without one belong to core 0), launch by launch: a launch takes as long as
+    its slower core (plus :data:`API` ``lnc_launch_ns``) and launches run one after the other,
+    so ``launch_us`` is the sum over launches; ``per_core`` holds each core's reports combined
+    over the launches (:func:`combine`), ``slowest_core`` the core with the largest of those."""
+    hw = get_constants(target)
     events = list(getattr(trace_or_events, "events", trace_or_events))
-    cores: dict = {}
-    for ev in events:
-        cores.setdefault(int(_attr(ev, "core", 0) or 0), []).append(ev)
-    per = {c: estimate(evs, target) for c, evs in sorted(cores.items())}
-    if not per:
-        per = {0: estimate([], target)}
+    launch_us = 0.0
+    per_launch: dict = {}
+    for evs in split_launches(events) or [[]]:
+        cores: dict = {}
+        for ev in evs:
+            cores.setdefault(int(_attr(ev, "core", 0) or 0), []).append(ev)
+        reps = {c: _estimate_launch(e, hw) for c, e in sorted(cores.items())} or {
+            0: _estimate_launch([], hw)}
+        launch_us += max(r.modeled_us for r in reps.values()) + API.lnc_launch_ns / 1e3
+        for c, r in reps.items():
+            per_launch.setdefault(c, []).append(r)
+    per = {c: combine(rs) for c, rs in sorted(per_launch.items())}
     slow = max(per, key=lambda c: per[c].modeled_us)
-    return LaunchReport(MappingProxyType(per), per[slow].modeled_us + API.lnc_launch_ns / 1e3, slow)
+    return LaunchReport(MappingProxyType(per), launch_us, slow)

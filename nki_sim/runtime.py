@@ -25,7 +25,7 @@ from .memory import Live
 from .state import KernelContext, state
 from .target import get_target, use_target
 from .tensor import Tensor
-from .trace import in_simulator
+from .trace import begin_launch, in_simulator
 
 
 def _is_mutable_annotation(ann) -> bool:
@@ -159,8 +159,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
         ctx = KernelContext(name=func.__name__, grid=grid, target=get_target(),
                             code=getattr(inspect.unwrap(func), "__code__", None),
                             tensor_type=tensor_type)
-        for tr in state.traces:
-            tr._note_run(ctx.target)
+        begin_launch(ctx.target)
         programs = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
         state.kernel = ctx
         ret = None

@@ -54,6 +54,7 @@ class Event:
     descriptor_bytes: tuple = ()
     skipped_rows: int = 0
     attrs: tuple = ()
+    launch: int = 0            # the trace's kernel launch that issued it (``begin_launch``)
 
     def attr(self, key, default=None):
         for k, v in self.attrs:
@@ -70,9 +71,16 @@ class Trace:
         self.peak_bytes_per_partition = {"sbuf": 0, "psum": 0}
         self.targets: dict = {}      # target name -> {"sbuf": peak, "psum": peak} of runs on it
         self.writers: dict = {}      # allocation id -> seq of the event that last wrote it
+        self.launch = 0              # kernel launches begun while tracing (Event.launch)
 
     def _note_run(self, target):
         self.targets.setdefault(target.name, {"sbuf": 0, "psum": 0})
+        self.launch += 1
+
+    def launches(self) -> list:
+        """The events split by kernel launch (``Event.launch``), in issue order: one list per
+        launch, e.g. the class launches of a mixed batch. Launches run one after the other."""
+        return split_launches(self.events)
 
     def _note_live(self, buffer, nbytes):
         if nbytes > self.peak_bytes_per_partition[buffer]:
@@ -140,6 +148,23 @@ class Trace:
             with open(path, "w") as f:
                 json.dump(doc, f)
         return doc
+
+
+def begin_launch(target) -> None:
+    """A kernel launch starts (both front ends call this once per launch, before its first
+    instruction; an LNC=2 launch is one launch): every active trace counts it, and the events
+    it records next carry that count as ``Event.launch``."""
+    for tr in state.traces:
+        tr._note_run(target)
+
+
+def split_launches(events) -> list:
+    """``events`` grouped by ``Event.launch`` (first-appearance order), each group in issue
+    order; events without the field (built elsewhere) count as one launch."""
+    groups: dict = {}
+    for ev in events:
+        groups.setdefault(getattr(ev, "launch", 0), []).append(ev)
+    return list(groups.values())
 
 
 @contextlib.contextmanager
@@ -281,6 +306,7 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
         ev = _new(Event)                    # the frozen dataclass, without its per-field __init__
         d = fields if t is last else dict(fields)
         d["seq"] = seq = len(t.events)
+        d["launch"] = t.launch
         if reads:
             w = t.writers
             deps = tuple(sorted({w[a] for a in reads if a in w}))

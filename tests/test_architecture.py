@@ -117,7 +117,7 @@ SIM_MODULE_LAYERS = {
     "nki_sim.target": "settings", "nki_sim.config": "settings", "nki_sim.sdk": "settings",
     "nki_sim.blas": "settings",
     "nki_sim.trace": "observation", "nki_sim.cost": "observation",
-    "nki_sim.cost_constants": "observation",
+    "nki_sim.cost_constants": "observation", "nki_sim.cost_report": "observation",
     "nki_sim.indexing": "core", "nki_sim.memory": "core", "nki_sim.positions": "core",
     "nki_sim.deps": "core", "nki_sim.access": "core", "nki_sim.tensor": "core", "nki_sim.alu": "core",
     "nki_sim.runtime": "runtime", "nki_sim.loops": "runtime", "nki_sim.arguments": "runtime",

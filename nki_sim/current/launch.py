@@ -28,6 +28,7 @@ from ..blas import single_threaded
 from ..memory import Live
 from ..state import KernelContext, state
 from ..target import get_target
+from ..trace import begin_launch
 from . import version
 from .ndarray import NkiTensor, wrap_alloc
 from . import dtypes as T
@@ -133,8 +134,7 @@ def run(func, lnc, args, kwargs):
         bound, inputs, torch_in = _convert_args(func, args, kwargs, "shared_hbm" if lnc == 2 else "hbm")
         ctx_args = dict(name=func.__name__, grid=(lnc,), target=tgt,
                         code=getattr(inspect.unwrap(func), "__code__", None))
-        for tr in state.traces:
-            tr._note_run(tgt)
+        begin_launch(tgt)
         if lnc > 1:
             from .lnc import run_cores
             ret = run_cores(func, bound, ctx_args, lnc)

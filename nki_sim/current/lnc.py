@@ -92,7 +92,7 @@ def run_cores(func, bound, ctx_args: dict, lnc: int):
     for tr in traces:
         for ct in core_traces:
             for ev in ct.events:
-                tr.events.append(dataclasses.replace(ev, seq=len(tr.events)))
+                tr.events.append(dataclasses.replace(ev, seq=len(tr.events), launch=tr.launch))
             for b, v in ct.peak_bytes_per_partition.items():
                 tr.peak_bytes_per_partition[b] = max(tr.peak_bytes_per_partition[b], v)
             for name, per in ct.targets.items():

@@ -17,7 +17,8 @@ from test_core_helpers import f32, nisa, nl, run
 
 REQUIRED_FIELDS = ["seq", "engine", "op", "name", "in_shapes", "out_shape", "in_dtypes", "out_dtype",
                    "partitions", "free_elems", "bytes", "src_loc", "loop_indices", "program_id",
-                   "dma_kind", "src_buffer", "dst_buffer", "descriptor_bytes", "skipped_rows", "attrs"]
+                   "dma_kind", "src_buffer", "dst_buffer", "descriptor_bytes", "skipped_rows", "attrs",
+                   "launch"]
 
 
 def test_event_schema_is_frozen_with_contract_fields():

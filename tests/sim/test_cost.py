@@ -44,6 +44,7 @@ class Ev:
     descriptor_bytes: tuple = ()
     skipped_rows: int = 0
     attrs: tuple = ()
+    launch: int = 0
 
 
 def dma(partitions, bytes_per_partition, *, kind="direct", contiguous=False, op="load",
@@ -440,3 +441,17 @@ def test_strided_1kib_rows_match_the_matmul_tutorial_rate_trn1():
     rate = r.dma_bytes / (r.per_engine_us["dma"] * 1e3)       # B/ns = GB/s
     measured = 32768 * 128 * 1024 / 42.96e6
     assert 0.75 <= measured / rate <= 1.25
+
+
+def test_combine_adds_launches_and_takes_the_roofline_of_the_totals():
+    a = cost.estimate([dma(128, 4096) for _ in range(4)], "trn2")
+    b = cost.estimate([matmul() for _ in range(50)], "trn2")
+    both = cost.combine([a, b])
+    assert both.launches == 2 and both.modeled_us == a.modeled_us + b.modeled_us
+    assert both.lower_bound_us == a.lower_bound_us + b.lower_bound_us
+    assert both.hbm_bytes == a.hbm_bytes and both.flops == b.flops
+    assert both.roofline_us == pytest.approx(max(a.dma_hbm_cap_us, b.compute_floor_us))
+    assert both.fraction_of_roofline < max(a.fraction_of_roofline, b.fraction_of_roofline)
+    assert cost.combine([a]) is a
+    with pytest.raises(ValueError, match="reports"):
+        cost.combine([])

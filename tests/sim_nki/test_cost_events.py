@@ -127,3 +127,61 @@ def test_legacy_nc_grids_run_on_two_cores():
     rep = cost.estimate_cores(tr)
     assert rep.launch_us < cost.estimate(tr).modeled_us
     assert cost.api_constants_table().count("|") > 10
+
+
+def _dma_bound(x):
+    for _ in range(8):
+        load(x)
+    return nl.num_programs(0)
+
+
+def _scalar_bound(x):
+    t = load(x)
+    e = sb(x.shape)
+    for _ in range(64):
+        nisa.activation(dst=e, op=nl.exp, data=t)
+    return nl.num_programs(0)
+
+
+def test_kernel_launches_run_one_after_the_other():
+    """Two launches in one trace are modeled as the sum of each launch modeled alone (their
+    own busiest resource, overlap and DMA fill / drain), not as one mix in which a DMA-bound
+    launch would overlap a ScalarE-bound one."""
+    dma_k, act_k = nki.jit(_dma_bound), nki.jit(_scalar_bound)
+    with nki_sim.tracing() as both:
+        dma_k(X)
+        act_k(X)
+    assert [e.launch for e in both.events] == sorted(e.launch for e in both.events)
+    assert [len(g) for g in both.launches()] == [
+        len(_trace(dma_k, X).events), len(_trace(act_k, X).events)]
+    alone = [cost.estimate(_trace(k, X)) for k in (dma_k, act_k)]
+    assert [r.bottleneck for r in alone] == ["dma", "scalar"]
+    rep = cost.estimate(both)
+    assert rep.launches == 2 and rep.modeled_us == alone[0].modeled_us + alone[1].modeled_us
+    assert rep.per_engine_us == {k: alone[0].per_engine_us[k] + alone[1].per_engine_us[k]
+                                 for k in alone[0].per_engine_us}
+    assert rep.instructions["scalar"] == 64 and rep.hbm_bytes == 9 * X.nbytes
+    # must-fail side: the same events as ONE launch overlap the two and model less time
+    import dataclasses
+    merged = cost.estimate([dataclasses.replace(e, launch=0) for e in both.events])
+    assert merged.launches == 1 and merged.modeled_us < rep.modeled_us - 1.0
+    # the cores of an LNC=2 launch stay one launch; two of them add their slower cores
+    with nki_sim.tracing() as two, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        nki.jit(_halves)[2](X)
+        nki.jit(_halves)[2](X)
+    assert sorted({(e.launch, e.attr("core")) for e in two.events}) == [
+        (1, 0), (1, 1), (2, 0), (2, 1)]
+    one = cost.estimate_cores(_trace(nki.jit(_halves), X, lnc=2)).launch_us
+    assert cost.estimate_cores(two).launch_us == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_nested_traces_count_their_own_launches():
+    k = nki.jit(_dma_bound)
+    with nki_sim.tracing() as outer:
+        k(X)
+        with nki_sim.tracing() as inner:
+            k(X)
+    assert {e.launch for e in inner.events} == {1}
+    assert [sorted({e.launch for e in g}) for g in outer.launches()] == [[1], [2]]
+    assert cost.estimate(outer).modeled_us == 2 * cost.estimate(inner).modeled_us
