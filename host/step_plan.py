@@ -58,6 +58,15 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Largest head size per kernel: the dense kernel keeps one SBUF partition per channel, the
 # scheduled kernel accumulates QK^T over 128-channel slices.
 MAX_HEAD_SIZE = MappingProxyType({"dense": MAX_HEAD_SIZE_DENSE, "scheduled": MAX_HEAD_SIZE_SCHEDULED})
+
+# Every class is its own launch and launches run one after the other, so a prefill class's
+# launch has the DMA queues and GpSimd to itself: its query-rows steps move work there
+# (SchedOptions.prefill_only) whether or not the batch also has a decode class. MODELED, trn2
+# current API / trn2 legacy / trn1, us: 2 + 30 decodes 2201 -> 2091 / 2548 -> 2474 / 2950 ->
+# 2955, 4 x 512 + 60 decodes 8436 -> 8261 / 9106 -> 8868 / 10820 -> 10827 (batches without a
+# decode class had it before: prefill 2K on 2K trn2 current 4527 -> 3755 when it came).
+PREFILL_CLASS_OFFLOAD = True
+
 # Variant values that may differ per layer (run_paged_attention keywords).
 LAYER_VALUES = ("alibi_slopes", "sinks", "k_scale", "v_scale")
 _VARIANT_OPTIONS = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "k_scale",
@@ -338,12 +347,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size, item_parts) -> Attentio
     cache_itemsize = np.dtype(common["kv_cache_dtype"]).itemsize
     parts = []
     classes = class_sequences(q, H // Hkv)
-    # without a decode class the query-rows steps move work onto the DMA queues and GpSimd
-    # (SchedOptions.prefill_only); with one, those stay the busier engines (MODELED, trn2
-    # current API: prefill 2K on 2K 4527 -> 3755 us; 4 x 512 + 60 decodes 6040 -> 6395 with P^T
-    # by DMA, 2 + 30 decodes 1772 -> 1794 with the maxima on GpSimd)
-    prefill_only = all(kind == "prefill" for kind, _ in classes)
-    for _, seqs in classes:
+    for kind, seqs in classes:
         LT = common["large_tile_size"]
         if LT is None:
             LT = auto_large_tile(q[seqs], num_heads=H, num_kv_heads=Hkv, head_size=d,
@@ -367,7 +371,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size, item_parts) -> Attentio
             logits_soft_cap=v.logits_soft_cap if v is not None else None,
             alibi=alibi is not None, row_init=with_row_init,
             windowed=sliding_window is not None, kv_layout=common["kv_layout"],
-            prefill_only=prefill_only, item_parts=item_parts)))
+            prefill_only=PREFILL_CLASS_OFFLOAD and kind == "prefill", item_parts=item_parts)))
         (launch,) = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
         parts.append(ClassPlan(schedule=sched, launch=launch, kernel_kwargs=kwargs))
     common = dict(common, large_tile_size=max(p.large_tile_size for p in parts))

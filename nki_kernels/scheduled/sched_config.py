@@ -62,9 +62,10 @@ class SchedOptions:
         (2, N, Hkv, B, d); "block_kv", vLLM's key cache (N, B, Hkv, d) as ``kv_cache`` and its
         value cache as ``value_cache`` (read in place; only the gathers' access patterns and
         the metadata's row ids differ, docs/layouts.md §18).
-    prefill_only: the batch has no decode class (the host's ``class_sequences``), so the
-        DMA queues and GpSimd have room that a decode class would use (streaming the cache,
-        zeroing V tiles, generating descriptors): the query-rows steps move work there where
+    prefill_only: the launch's class is a prefill class (the host's ``class_sequences``; each
+        class is its own launch), so the DMA queues and GpSimd have room that a decode class
+        would use (streaming the cache, zeroing V tiles, generating descriptors): the
+        query-rows steps move work there where
         the API offers it -- P^T by SBUF -> SBUF DMA transposes
         (``sched_core.StepConfig.probs_by_dma``), the chunks' row maxima combined on
         GpSimd (``StepConfig.pairwise_max``) and, where VectorE (or on NeuronCore-v2 its

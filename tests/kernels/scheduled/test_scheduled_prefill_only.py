@@ -1,13 +1,14 @@
-"""Batches without a decode class (``SchedOptions.prefill_only``, set by the host): on
-NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
+"""Prefill class launches (``SchedOptions.prefill_only``, set by the host for every prefill
+class: each class is its own launch): on NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
 VectorE select where ``sched_item.reset_by_dma`` says so (a full phase; on the current API
 groups of at least ``RESET_BY_DMA_MIN_BLOCKS`` Q blocks, lowered here to exercise that path on
 small batches; on NeuronCore-v2 no full phase, 512-key partial tiles, two KV heads), the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
 (NeuronCore-v3) transpose P by SBUF -> SBUF DMA transposes, eight 128-key blocks per DMA; the
 legacy API keeps the PE transposes. The outputs match the float64 reference, and the prefill
-rows are bit-identical to the same sequences run beside a decode (which turns both off), so the
-two transposes, the two folds and the two resets agree to the bit; a sequence's own NaN stays in
-that sequence with the DMA reset as with the select.
+rows are bit-identical to the same sequences run with the host's ``PREFILL_CLASS_OFFLOAD``
+turned off, so the two transposes, the two folds and the two resets agree to the bit, and to the
+same sequences beside a decode (whose launch leaves the prefill launch as it is); a sequence's
+own NaN stays in that sequence with the DMA reset as with the select.
 
 The op-layer transform itself (``ops.transpose_on_dma``) is checked against NumPy, with its
 inverse, and must fail on NeuronCore-v2 and on the legacy layer."""
@@ -46,8 +47,8 @@ def _combines(trace):
 
 
 def _state_selects(trace, d):
-    """Selects over whole group states (fp32, every block's d + 2 columns): the reset of a
-    batch with a decode class (``tensor_copy_predicated`` on the current API, ``where`` on the
+    """Selects over whole group states (fp32, every block's d + 2 columns): the reset without
+    the prefill-class offload and of decode classes (``tensor_copy_predicated`` on the current API, ``where`` on the
     legacy one); mask selects are 512 or 128 columns wide, never a multiple of d + 2 here."""
     return [e for e in trace.events if e.op in ("tensor_copy_predicated", "where")
             and e.out_dtype == "float32" and e.out_shape[-1] % (d + 2) == 0]
@@ -120,25 +121,34 @@ RESET_CASES = [("trn2", "nki", 1, None, False), ("trn2", "nki", 1, 1, True),
 @pytest.mark.parametrize("target, api, lnc, min_blocks, by_dma", RESET_CASES)
 def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, min_blocks, by_dma,
                                                        on_api, prefill_batch, reset_min_blocks,
-                                                       tol):
+                                                       monkeypatch, tol):
+    import host.step_plan as step_plan
+
     reset_min_blocks(min_blocks)
     outs, traces = {}, {}
-    for with_decode in (False, True):
+    # False: the prefill chunks alone; True: beside a decode with the offload turned off;
+    # "mixed": beside a decode as shipped (the prefill launch offloads all the same)
+    for key, with_decode, offload in ((False, False, True), (True, True, False),
+                                      ("mixed", True, True)):
+        monkeypatch.setattr(step_plan, "PREFILL_CLASS_OFFLOAD", offload)
         b = prefill_batch(with_decode)
-        with on_api(api, target), nki_sim.tracing() as traces[with_decode]:
-            outs[with_decode] = np.asarray(paged_attention(
+        with on_api(api, target), nki_sim.tracing() as traces[key]:
+            outs[key] = np.asarray(paged_attention(
                 *b.args(), backend="sim", kernel="scheduled", large_tile_size=2048,
                 partial_tile_size=2048, lnc=lnc), np.float64)
         ref = paged_attention_ref(*b.args())
         atol, rtol = tol("mixed", b.query.dtype)
-        assert np.all(np.abs(outs[with_decode] - ref) <= atol + rtol * np.abs(ref))
+        assert np.all(np.abs(outs[key] - ref) <= atol + rtol * np.abs(ref))
     assert np.array_equal(outs[False], outs[True][:N_PREFILL])
-    # both APIs: the maxima fold on GpSimd without a decode class, on VectorE with one
+    assert np.array_equal(outs["mixed"], outs[True])
+    # both APIs: the maxima fold on GpSimd with the offload, on VectorE without
     comb = {k: set(_combines(t)) for k, t in traces.items()}
     assert comb == {False: {("gpsimd", "tensor_scalar", 2)},
-                    True: {("vector", "tensor_reduce", 4)}}
+                    True: {("vector", "tensor_reduce", 4)},
+                    "mixed": {("gpsimd", "tensor_scalar", 2)}}
+    assert len(_sbuf_transposes(traces["mixed"])) == len(_sbuf_transposes(traces[False]))
     # the state reset: a DMA where the rule says so (no select; more state-sized gathers, most
-    # of them skipped), else a select; always a select beside a decode
+    # of them skipped), else a select; always a select without the offload
     gathers = {k: _reset_gathers(t, D) for k, t in traces.items()}
     assert _state_selects(traces[True], D)
     if not by_dma:
@@ -151,7 +161,7 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, min_blo
     if (target, api) != ("trn2", "nki"):
         assert not on_dma                            # no SBUF DMA transpose on this layer
         return
-    assert on_dma and not _sbuf_transposes(traces[True])      # a decode class turns it off
+    assert on_dma and not _sbuf_transposes(traces[True])      # no offload: PE transposes
     rows = {tuple(e.out_shape) for e in on_dma}
     assert rows == {(P, 1, BLOCKS_PER_DMA, P)}                # 8 blocks of 128 rows per DMA
     nt = {k: sum(e.op == "nc_transpose" for e in t.events) for k, t in traces.items()}

@@ -198,27 +198,40 @@ def test_prefill_row_sums_come_from_tensore(d, batch_factory):
 
 
 @pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
-def test_step_copies_per_psum_bank_and_state_ops_on_gpsimd(target, api, on_api, batch_factory):
+def test_step_copies_per_psum_bank_and_state_ops_on_gpsimd(target, api, on_api, batch_factory,
+                                                           monkeypatch):
     """Engine placement of the query-rows steps (2048-key steps, bf16 kernel dtype): on
     NeuronCore-v3 the P^T transposes land in a 16-bit PSUM dtype, eight 128-key blocks per bank,
     so every P^T copy out of PSUM is 1024 columns wide; on v2 (fp32 PSUM) 512. Every step's
     -m' = min(-max, -m) and its copy into the state run on GpSimd (SBUF operands only): one
-    of each per step. The output matches the float64 reference."""
+    of each per step (the prefill-class offload, ``host.step_plan.PREFILL_CLASS_OFFLOAD``,
+    turned off; with it GpSimd also folds the chunks' maxima, one more tensor_scalar per step
+    of two chunks). The output matches the float64 reference."""
+    import host.step_plan as step_plan
     from host.attention import paged_attention
 
     batch = batch_factory(3, [300, 1], [200, 700], H=8, Hkv=2, d=16, block_size=16, dtype=BF16)
-    with on_api(api, target), nki_sim.tracing() as trace:
-        out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
-                              large_tile_size=2048, partial_tile_size=2048)
-    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max() < 3e-2
-    p_copies = [e.free_elems for e in trace.events if e.op == "tensor_copy"
-                and e.engine in ("scalar", "vector") and e.src_buffer == "psum"
-                and e.partitions == P and e.out_dtype == "bfloat16"]
-    assert p_copies and set(p_copies) == {1024 if target == "trn2" else 512}
-    one_col = [(e.engine, e.op) for e in trace.events if e.free_elems == 1
-               and e.op in ("tensor_scalar", "tensor_copy") and e.in_dtypes[0] == "float32"]
-    steps = one_col.count(("gpsimd", "tensor_scalar"))
-    assert steps > 0 and one_col.count(("gpsimd", "tensor_copy")) == steps
+    state_ops = {}
+    for offload in (False, True):
+        monkeypatch.setattr(step_plan, "PREFILL_CLASS_OFFLOAD", offload)
+        with on_api(api, target), nki_sim.tracing() as trace:
+            out = paged_attention(*batch.args(), backend="sim", kernel="scheduled",
+                                  large_tile_size=2048, partial_tile_size=2048)
+        err = np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max()
+        assert err < 3e-2
+        one_col = [(e.engine, e.op) for e in trace.events if e.free_elems == 1
+                   and e.op in ("tensor_scalar", "tensor_copy") and e.in_dtypes[0] == "float32"]
+        state_ops[offload] = (one_col.count(("gpsimd", "tensor_scalar")),
+                              one_col.count(("gpsimd", "tensor_copy")))
+        if offload:
+            continue
+        p_copies = [e.free_elems for e in trace.events if e.op == "tensor_copy"
+                    and e.engine in ("scalar", "vector") and e.src_buffer == "psum"
+                    and e.partitions == P and e.out_dtype == "bfloat16"]
+        assert p_copies and set(p_copies) == {1024 if target == "trn2" else 512}
+    steps, copies = state_ops[False]
+    assert steps > 0 and copies == steps
+    assert state_ops[True][1] == copies and state_ops[True][0] > steps
 
 
 @pytest.mark.parametrize("target, api, force, reset_by_dma", [
