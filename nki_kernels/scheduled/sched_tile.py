@@ -165,7 +165,9 @@ def zeroed(ops, shape, dtype, engine):
 # thirds on ScalarE (no K^T copies on this path), a third on GpSimd, off VectorE. MODELED, trn2
 # current API, with the decode masks' compares on GpSimd (sched_decode), half / two thirds on
 # ScalarE: 4 x 512 + 60 decodes 6040 / 6040 us, 2 + 30 1834 / 1772, 32 decodes 2513 / 2513
-# (three fills, two of them on ScalarE, cost 2 + 30 another 34 us).
+# (three fills, two of them on ScalarE, cost 2 + 30 another 34 us); with the class launches
+# added one after the other (nki_sim.cost): 8261 / 8261, 2117 / 2091, 2513 / 2513 (all on
+# ScalarE: 8253, 2087, 2509 -- within 0.2 %, not taken).
 V_ZERO_ENGINES = ("scalar", "scalar", "gpsimd")
 
 
