@@ -303,10 +303,7 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     bound by DMA and a prefill class bound by ScalarE -- never overlap in the model."""
     hw = get_constants(target)
     events = getattr(trace_or_events, "events", trace_or_events)
-    launches = split_launches(events)
-    if len(launches) > 1:
-        return combine([_estimate_launch(evs, hw) for evs in launches])
-    return _estimate_launch(launches[0] if launches else [], hw)
+    return combine([_estimate_launch(evs, hw) for evs in split_launches(events) or [[]]])
 
 
 def _estimate_launch(events: Iterable[Any], hw: HardwareConstants) -> CostReport:
