@@ -455,3 +455,20 @@ def test_combine_adds_launches_and_takes_the_roofline_of_the_totals():
     assert cost.combine([a]) is a
     with pytest.raises(ValueError, match="reports"):
         cost.combine([])
+
+
+def test_events_without_a_launch_field_are_one_launch():
+    """Event-like objects built elsewhere (no ``launch`` attribute) model as one launch, and
+    the same events split over two launches model as the two reports combined."""
+    import types
+    evs = [dma(128, 4096) for _ in range(4)] + [matmul() for _ in range(50)]
+    bare = [types.SimpleNamespace(**{k: v for k, v in vars(e).items() if k != "launch"})
+            for e in evs]
+    assert not hasattr(bare[0], "launch")
+    one = cost.estimate(bare, "trn2")
+    assert one.launches == 1 and one.modeled_us == cost.estimate(evs, "trn2").modeled_us
+    split = [dataclasses.replace(e, launch=int(e.engine == "tensor")) for e in evs]
+    two = cost.estimate(split, "trn2")
+    assert two.launches == 2 and two.modeled_us == pytest.approx(
+        cost.estimate(evs[:4], "trn2").modeled_us + cost.estimate(evs[4:], "trn2").modeled_us)
+    assert two.modeled_us > one.modeled_us
