@@ -53,6 +53,9 @@ MASKED_KEY_WEIGHT = 1.25
 # nki-pa demo): 2048 keeps 4096-key partial tiles where the large tile is 4096 (32-token rows)
 # and gives the demo's decodes 1024-key tiles at LT 2048 (trn2 866 -> 811 us, trn1 791 -> 763),
 # which 4096 (the query-rows value) set to 2048; 1024 would cut the 4 x 512 + 60 batch's to 2048.
+# Re-checked with the class launches charged one after the other (nki_sim.cost): 1024 makes
+# 4 x 512 + 60 3.1 % slower on trn2's current API (8261 -> 8519 us) and 1.5 % on trn1; 512
+# also 2 + 30 (trn2 2091 -> 3738, trn1 2955 -> 4049) and 32 decodes (2513 -> 2699).
 DECODE_ITEM_OVERHEAD_KEYS = 2048
 
 
