@@ -118,6 +118,7 @@ class Trace:
             "psum_over_capacity": over["psum"],
             "target": t.name,                      # target of the (last) simulated run
             "targets": names,
+            "launches": len(split_launches(ev)),   # kernel launches with events (Event.launch)
         }
 
     def to_chrome_json(self, path=None) -> dict:
@@ -140,7 +141,8 @@ class Trace:
                 "args": {"seq": e.seq, "shape": list(e.out_shape), "dtype": e.out_dtype,
                          "bytes": e.bytes, "src": f"{e.src_loc[0]}:{e.src_loc[1]}",
                          "loop": list(e.loop_indices), "program_id": list(e.program_id),
-                         "descriptors": len(e.descriptor_bytes), "dma_kind": e.dma_kind},
+                         "descriptors": len(e.descriptor_bytes), "dma_kind": e.dma_kind,
+                         "launch": e.launch},
             })
         doc = {"traceEvents": out, "displayTimeUnit": "ns",
                "otherData": {"note": "nki_sim issue order; no timing model"}}

@@ -152,6 +152,9 @@ def test_kernel_launches_run_one_after_the_other():
         dma_k(X)
         act_k(X)
     assert [e.launch for e in both.events] == sorted(e.launch for e in both.events)
+    assert both.summary()["launches"] == 2
+    assert {e["args"]["launch"] for e in both.to_chrome_json()["traceEvents"]
+            if e["ph"] == "X"} == {1, 2}
     assert [len(g) for g in both.launches()] == [
         len(_trace(dma_k, X).events), len(_trace(act_k, X).events)]
     alone = [cost.estimate(_trace(k, X)) for k in (dma_k, act_k)]
