@@ -405,11 +405,10 @@ def estimate_cores(trace_or_events: Any, target: Any = "trn2") -> LaunchReport:
     launch_us = 0.0
     per_launch: dict = {}
     for evs in split_launches(events) or [[]]:
-        cores: dict = {}
+        cores: dict = {0: []} if not evs else {}
         for ev in evs:
             cores.setdefault(int(_attr(ev, "core", 0) or 0), []).append(ev)
-        reps = {c: _estimate_launch(e, hw) for c, e in sorted(cores.items())} or {
-            0: _estimate_launch([], hw)}
+        reps = {c: _estimate_launch(e, hw) for c, e in sorted(cores.items())}
         launch_us += max(r.modeled_us for r in reps.values()) + API.lnc_launch_ns / 1e3
         for c, r in reps.items():
             per_launch.setdefault(c, []).append(r)
