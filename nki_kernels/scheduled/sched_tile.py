@@ -75,7 +75,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     direct = cfg.fp8_direct
     k_ov = v_ov = None
     if keys_by_dma(ops, cfg, phase):
-        k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention._run_phase)
+        k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention.phase_tiles)
         # ScalarE has no K^T PSUM copies on this path: it zeroes two thirds of V and GpSimd
         # the rest, off the busier VectorE (V_ZERO_ENGINES)
         v_rows = zeroed(ops, (P, nL * rw), cdt, V_ZERO_ENGINES) if masked else kv_tiles[1]
@@ -120,7 +120,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
 def stale_keys_ok(ops, cfg, phase) -> bool:
     """Whether a masked item's K rows that no DMA writes may keep what the tile held before
     (NaN possibly, from another sequence) instead of being zeroed per item -- the phase then
-    keeps one K rows tile, zeroed once (``scheduled_attention._run_phase``): keys-on-partitions steps
+    keeps one K rows tile, zeroed once (``scheduled_attention.phase_tiles``): keys-on-partitions steps
     (their masks are selects, ``sched_decode``) on NeuronCore-v3 on, whose PE transposes are
     bit-accurate (NeuronCore-v2's spread a NaN / Inf along the transposed row: every key of its
     128-key block and channel), with K transposed by ``nc_transpose`` (an fp8 cache used

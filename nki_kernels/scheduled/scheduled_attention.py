@@ -45,6 +45,9 @@ keys per item.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.contract import (M_FLOOR, PARTITIONS as P, Q_INIT_COLUMNS, Q_INIT_SLOPE,
                                   STATE_EXTRA_COLUMNS, chunk_size)
@@ -121,28 +124,52 @@ def _build(ops):
             NotImplementedError: a cache dtype that is neither the query's nor fp8, or a
                 toolchain without out-of-bounds DMA skipping.
         """
-        _, _, Hkv, d = cache_dims(kv_cache, value_cache, options)
-        kernel_check(isinstance(blocks, int) and blocks >= 1, KERNEL, "blocks",
-                     "be an int >= 1", blocks)
-        kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0
-                     and query_t.shape[1] % blocks == 0, KERNEL, "query_t.shape",
-                     f"be (Hkv*ngroups*d, blocks*rows) with Hkv*d = {Hkv * d}, blocks = {blocks}",
-                     tuple(query_t.shape))
-        ngroups, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1] // blocks
-        out = ops.ndarray((Hkv * ngroups * rows, blocks * d), dtype=query_t.dtype,
-                          buffer=ops.SHARED_HBM)
-        # one slab per physical core (contract.MAX_LAUNCH_CORES): the cores never share rows
-        state = ops.ndarray((ops.launch_core()[1], max(ngroups * rows, 1),
-                             blocks * (d + STATE_EXTRA_COLUMNS)),
-                            dtype=ops.float32, buffer=ops.PRIVATE_HBM)
-        ins = Inputs(query_t=query_t, q_items=(q_full, q_part), i_items=(i_full, i_part),
-                     bounds_p=bounds_p, q_init=q_init, overlay=overlay,
-                     meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf), out=out, state=state)
-        cfg = configure(ops, ins, kv_cache, rows, blocks, options, value_cache)
+        # the output is created here: shared-HBM outputs only at the kernel's top level
+        out = ops.ndarray(output_shape(query_t, kv_cache, value_cache, blocks, options),
+                          dtype=query_t.dtype, buffer=ops.SHARED_HBM)
+        cfg, ins, Hkv = class_setup(ops, query_t, q_init, kv_cache, overlay,
+                                    (meta_pi, meta_pf, meta_fi, meta_ff), blocks, options,
+                                    (q_full, q_part, i_full, i_part, bounds_p), value_cache, out)
         scheduled_body(ops, cfg, ins, Hkv)
         return out
 
     return scheduled_paged_attention
+
+
+def output_shape(query_t, kv_cache, value_cache, blocks, options) -> tuple:
+    """The class's output shape ``(Hkv * ngroups * rows, blocks * d)``, its inputs' shapes
+    checked (``blocks``, ``query_t.shape``)."""
+    _, _, Hkv, d = cache_dims(kv_cache, value_cache, options)
+    kernel_check(isinstance(blocks, int) and blocks >= 1, KERNEL, "blocks",
+                 "be an int >= 1", blocks)
+    kernel_check(len(query_t.shape) == 2 and query_t.shape[0] % max(Hkv * d, 1) == 0
+                 and query_t.shape[1] % blocks == 0, KERNEL, "query_t.shape",
+                 f"be (Hkv*ngroups*d, blocks*rows) with Hkv*d = {Hkv * d}, blocks = {blocks}",
+                 tuple(query_t.shape))
+    ngroups, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1] // blocks
+    return (Hkv * ngroups * rows, blocks * d)
+
+
+def class_setup(ops, query_t, q_init, kv_cache, overlay, metas, blocks, options, items,
+                value_cache, out):
+    """One class's state scratch and checked configuration: ``(cfg, ins, Hkv)``.
+
+    ``metas`` = (meta_pi, meta_pf, meta_fi, meta_ff), ``items`` = (q_full, q_part, i_full,
+    i_part, bounds_p); every input as :func:`scheduled_paged_attention` documents it; ``out``
+    the class's output (:func:`output_shape`, the query dtype, shared HBM)."""
+    meta_pi, meta_pf, meta_fi, meta_ff = metas
+    q_full, q_part, i_full, i_part, bounds_p = items
+    _, _, Hkv, d = cache_dims(kv_cache, value_cache, options)
+    ngroups, rows = query_t.shape[0] // (Hkv * d), query_t.shape[1] // blocks
+    # one slab per physical core (contract.MAX_LAUNCH_CORES): the cores never share rows
+    state = ops.ndarray((ops.launch_core()[1], max(ngroups * rows, 1),
+                         blocks * (d + STATE_EXTRA_COLUMNS)),
+                        dtype=ops.float32, buffer=ops.PRIVATE_HBM)
+    ins = Inputs(query_t=query_t, q_items=(q_full, q_part), i_items=(i_full, i_part),
+                 bounds_p=bounds_p, q_init=q_init, overlay=overlay,
+                 meta_i=(meta_fi, meta_pi), meta_f=(meta_ff, meta_pf), out=out, state=state)
+    cfg = configure(ops, ins, kv_cache, rows, blocks, options, value_cache)
+    return cfg, ins, Hkv
 
 
 scheduled_paged_attention = KernelFamily(_build, KERNEL)
@@ -178,15 +205,18 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
     parts = cfg.opts.item_parts
     part = ops.item_part(num_kv_heads, parts)
     for head in ops.kv_heads(num_kv_heads, parts):
-        tiles = _group_tiles(ops, cfg, ins.query_t.dtype)
+        tiles = group_tiles(ops, cfg, ins.query_t.dtype)
         if const is None:         # once per kernel, after the first head's tiles
-            const = _constants(ops, cfg, tiles.init, num_kv_heads)
+            const = constants(ops, cfg, tiles.init, num_kv_heads)
         for phase in (cfg.full, cfg.partial):
             if phase.items:
-                _run_phase(ops, cfg, ins, phase, head, tiles, const, part)
+                run = PhaseRun(cfg, ins, phase, head, tiles, const, phase_tiles(ops, cfg, phase))
+                n = part_items(cfg, phase)
+                run_items(ops, run, part * n, n)
 
 
-def _group_tiles(ops, cfg, q_dtype):
+def group_tiles(ops, cfg, q_dtype):
+    """A class's per-head SBUF tiles: state, initial state, ALiBi columns, raw Q^T slices."""
     d, rows, blocks = cfg.d, cfg.rows, cfg.blocks
     sw = d + STATE_EXTRA_COLUMNS
     f32 = ops.float32
@@ -209,7 +239,8 @@ def _group_tiles(ops, cfg, q_dtype):
     return GroupTiles(st=st, init=init, al=al, q_raw=tuple(q_raw))
 
 
-def _constants(ops, cfg, init, num_kv_heads):
+def constants(ops, cfg, init, num_kv_heads):
+    """A class's constants, built once per kernel (key indices, masks, identities, resets)."""
     kidx = []
     for phase in (cfg.full, cfg.partial):
         kidx.append(_key_index(ops, cfg, phase)
@@ -254,62 +285,90 @@ def _key_index(ops, cfg, phase):
     return key_index_tile(ops, cfg.rows, geo.nL, geo.bp)
 
 
-def _run_phase(ops, cfg, ins, phase, head, tiles, const, part):
-    """The phase's item loop for KV head ``head``, one metadata chunk at a time: every item,
-    or with ``cfg.opts.item_parts`` > 1 the ``part``-th of that many equal runs of items."""
-    masked, m, rows, d = phase.masked, phase.meta, cfg.rows, cfg.d
-    ki, kf = m.ki, m.kf
-    which = 1 if masked else 0
-    mi_all, mf_all = ins.meta_i[which], ins.meta_f[which]
-    q_all, i_all = ins.q_items[which], ins.i_items[which]
-    per_part = phase.items // cfg.opts.item_parts
-    chunk = chunk_size(per_part)
-    first = part * (per_part // chunk)        # this part's first chunk
-    kv_tiles = None
-    rows_shape = (P, phase.geo.nL * phase.geo.bp * d)      # a tile's K or V cache rows
-    if not masked:
+@dataclass(frozen=True)
+class PhaseRun:
+    """What the items of one phase of one KV head share: the class's configuration and inputs,
+    the phase, the head, the class's group tiles and constants, the phase's persistent KV tiles
+    (:func:`phase_tiles`)."""
+
+    cfg: Any
+    ins: Any
+    phase: Any
+    head: Any
+    tiles: Any
+    const: Any
+    kv_tiles: Any
+
+
+def part_items(cfg, phase) -> int:
+    """Items of ``phase`` per item part (all of them with ``cfg.opts.item_parts`` == 1)."""
+    return phase.items // cfg.opts.item_parts
+
+
+def phase_tiles(ops, cfg, phase):
+    """The phase's persistent KV tiles, zeroed once (None where each item zeroes its own)."""
+    rows_shape = (P, phase.geo.nL * phase.geo.bp * cfg.d)      # a tile's K or V cache rows
+    if not phase.masked:
         # Full items write every row; padding items (all DMAs skipped) then read the last
         # real item's rows: allocated (and zeroed, on GpSimd: VectorE is the busier engine of
         # prefill and mixed batches) once so nothing is ever uninitialised.
-        k_shape = (d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else rows_shape    # K^T / K
-        kv_tiles = (zeroed(ops, k_shape, phase.kv.dtype, "gpsimd"),
-                    zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"))
-    elif keys_by_dma(ops, cfg, phase):
+        k_shape = (cfg.d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else rows_shape  # K^T / K
+        return (zeroed(ops, k_shape, phase.kv.dtype, "gpsimd"),
+                zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"))
+    if keys_by_dma(ops, cfg, phase):
         # Masked items with K^T by DMA transpose: one K^T tile for the phase, zeroed once.
         # Columns an item's DMAs skip keep an earlier item's keys (or NaN garbage), which
         # only ever reach scores of keys no row sees: the mask SELECTS those away (the QK
         # matmul contracts over channels, so a column never mixes into another key's score).
         # V stays zeroed per item (P = 0 times a stale NaN would not be 0).
-        kv_tiles = (zeroed(ops, (d, phase.geo.W), cfg.kd, "gpsimd"), None)
-    elif stale_keys_ok(ops, cfg, phase):
+        return (zeroed(ops, (cfg.d, phase.geo.W), cfg.kd, "gpsimd"), None)
+    if stale_keys_ok(ops, cfg, phase):
         # Masked keys-on-partitions items on NeuronCore-v3+: one K rows tile for the phase,
         # zeroed once; rows an item's DMAs skip keep an earlier item's keys, which reach only
         # their own keys' scores and are selected away (sched_tile.stale_keys_ok).
-        kv_tiles = (zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"), None)
-    for c in ops.sequential_range(per_part // chunk):
-        ch = first + c
-        mi = ops.sbuf((P, chunk * ki), ops.int32)
-        ops.load(mi, mi_all[head, :, ops.ds(ch * chunk * ki, chunk * ki)])
-        mf = ops.sbuf((P, chunk * kf), ops.float32)
-        ops.load(mf, mf_all[:, ops.ds(ch * chunk * kf, chunk * kf)])
-        q = bounds = init = None
-        if cfg.decode and masked:      # the chunk's bounds, one partition
-            bounds = ops.sbuf((1, chunk * 2 * rows), ops.float32)
-            ops.load(bounds, ins.bounds_p[0:1, ops.ds(ch * chunk * 2 * rows, chunk * 2 * rows)])
-        if cfg.decode:       # the chunk's Q^T, scaled once into the kernel dtype
-            q = chunk_queries(ops, q_all, head * d, d, ch * chunk * rows, chunk * rows,
-                              scale=cfg.scale, kernel_dtype=cfg.kd)
-        if cfg.decode and cfg.opts.row_init:      # the chunk's row init values (rows, chunk * 4)
-            init = ops.sbuf((rows, chunk * Q_INIT_COLUMNS), ops.float32)
-            ops.load(init, i_all[ops.ds(head * rows, rows),
-                                 ops.ds(ch * chunk * Q_INIT_COLUMNS, chunk * Q_INIT_COLUMNS)])
-        if const.reset is None:
-            resets = ops.flags(mf, m.reset, kf, chunk)
-        else:
-            resets = reset_ids(ops, const.reset, mf, m.reset, kf, chunk)
-        data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init, resets=resets)
-        for it in ops.sequential_range(chunk):
-            _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head)
+        return (zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"), None)
+    return None
+
+
+def run_items(ops, run, first, count):
+    """Items ``[first, first + count)`` of ``run``'s phase (``count`` static; ``first`` an int
+    or a loop / program index), in metadata chunks of ``contract.chunk_size(count)`` items."""
+    chunk = chunk_size(count)
+    for c in ops.sequential_range(count // chunk):
+        run_chunk(ops, run, first + c * chunk, chunk)
+
+
+def run_chunk(ops, run, item0, chunk):
+    """One metadata chunk: items ``[item0, item0 + chunk)`` of ``run``'s phase (``chunk`` <=
+    ``contract.MAX_CHUNK``, static) preloaded, then each item."""
+    cfg, ins, phase, head, const = run.cfg, run.ins, run.phase, run.head, run.const
+    masked, m, rows, d = phase.masked, phase.meta, cfg.rows, cfg.d
+    ki, kf = m.ki, m.kf
+    which = 1 if masked else 0
+    mi_all, mf_all = ins.meta_i[which], ins.meta_f[which]
+    q_all, i_all = ins.q_items[which], ins.i_items[which]
+    mi = ops.sbuf((P, chunk * ki), ops.int32)
+    ops.load(mi, mi_all[head, :, ops.ds(item0 * ki, chunk * ki)])
+    mf = ops.sbuf((P, chunk * kf), ops.float32)
+    ops.load(mf, mf_all[:, ops.ds(item0 * kf, chunk * kf)])
+    q = bounds = init = None
+    if cfg.decode and masked:      # the chunk's bounds, one partition
+        bounds = ops.sbuf((1, chunk * 2 * rows), ops.float32)
+        ops.load(bounds, ins.bounds_p[0:1, ops.ds(item0 * 2 * rows, chunk * 2 * rows)])
+    if cfg.decode:       # the chunk's Q^T, scaled once into the kernel dtype
+        q = chunk_queries(ops, q_all, head * d, d, item0 * rows, chunk * rows,
+                          scale=cfg.scale, kernel_dtype=cfg.kd)
+    if cfg.decode and cfg.opts.row_init:      # the chunk's row init values (rows, chunk * 4)
+        init = ops.sbuf((rows, chunk * Q_INIT_COLUMNS), ops.float32)
+        ops.load(init, i_all[ops.ds(head * rows, rows),
+                             ops.ds(item0 * Q_INIT_COLUMNS, chunk * Q_INIT_COLUMNS)])
+    if const.reset is None:
+        resets = ops.flags(mf, m.reset, kf, chunk)
+    else:
+        resets = reset_ids(ops, const.reset, mf, m.reset, kf, chunk)
+    data = Chunk(mi=mi, mf=mf, q=q, bounds=bounds, init=init, resets=resets)
+    for it in ops.sequential_range(chunk):
+        _item(ops, cfg, ins, phase, data, it, run.tiles, const, run.kv_tiles, head)
 
 
 def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
