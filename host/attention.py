@@ -26,7 +26,7 @@ from host.cache.block_kv import check_pair, is_block_kv, kv_dims
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
 from host.dense.gqa_packing import pack_kv, pack_query, unpack_output
 from host.launch import BACKENDS, check_api, launch_kernel
-from host.scheduled.scheduled import build_overlay, launch_args, pack_queries
+from host.scheduled.scheduled import build_overlay, launch_args, pack_queries, pair_launch_args
 from host.scheduled.scheduled import unpack_output as unpack_class_output
 from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
                             layer_launches, plan_paged_attention)
@@ -253,6 +253,7 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     """The scheduled kernel on one layer: per class, its overlay and packed Q^T, launch,
     scatter."""
     from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled.scheduled_pair import scheduled_pair_attention
 
     variants, launches = layer_launches(plan, **layer)
     Hkv = plan.num_kv_heads
@@ -265,16 +266,26 @@ def _run_scheduled(plan, query, key, value, kv_cache, layer) -> np.ndarray:
     fp8 = variants is not None and variants.is_fp8
     scales = (variants.k_scale, variants.v_scale) if fp8 else None
     result = np.zeros((plan.num_tokens, plan.num_heads, plan.head_size), dtype=query.dtype)
+    built = []
     for part, launch in zip(plan.parts, launches):
         overlay = build_overlay(part.schedule, cache, key, value, plan.block_tables,
                                 dtype=plan.kernel_dtype if fp8 else None, kv_scale=scales)
         qt = pack_queries(launch.cls, query, Hkv, k_scale=scales[0] if fp8 else None)
-        args, inputs = launch_args(launch, qt, kv_arg, overlay)
-        out = launch_kernel(scheduled_paged_attention, args,
-                            {**part.kernel_kwargs, **extra, **inputs},
-                            grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc,
-                            item_parts=launch.cls.item_parts)
-        unpack_class_output(launch.cls, out, result, v_scale=scales[1] if fp8 else None)
+        built.append(launch_args(launch, qt, kv_arg, overlay))
+    run = dict(grid_heads=Hkv, backend=plan.backend, api=plan.api, lnc=plan.lnc,
+               item_parts=launches[0].cls.item_parts)
+    if plan.fused:        # both classes in one launch (plan.fused)
+        args, inputs = pair_launch_args(*built)
+        first, second = (part.kernel_kwargs["options"] for part in plan.parts)
+        outs = launch_kernel(scheduled_pair_attention, args,
+                             {"options": first, "options_b": second, **extra, **inputs}, **run)
+    else:
+        outs = [launch_kernel(scheduled_paged_attention, args,
+                              {**part.kernel_kwargs, **extra, **inputs}, **run)
+                for part, (args, inputs) in zip(plan.parts, built)]
+    for launch, out in zip(launches, outs):
+        unpack_class_output(launch.cls, np.asarray(out), result,
+                            v_scale=scales[1] if fp8 else None)
     return result
 
 

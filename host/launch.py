@@ -68,13 +68,14 @@ def item_parts_for(api: str | None, lnc: Any, num_kv_heads: int) -> int:
 
 def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                   backend: str, api: str | None = None, lnc: int | None = None,
-                  item_parts: int = 1) -> np.ndarray:
+                  item_parts: int = 1) -> Any:
     """Run ``kernel`` over ``grid_heads`` KV heads on ``backend`` (already checked); returns its
     output as NumPy. A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
     ``nki_kernels.toolchain.resolve_api(api)`` (legacy: grid ``[1, grid_heads]``; current: one launch
     that loops over the heads) on ``lnc`` physical cores (``Api.lnc``); a legacy-only kernel on
     grid ``[1, grid_heads]``. ``item_parts``: the parts (one per core) a scheduled-kernel
-    schedule was cut in (``Api.launch``).
+    schedule was cut in (``Api.launch``). A kernel returning several outputs gives a tuple
+    of NumPy arrays.
 
     Raises:
         RuntimeError: ``backend="neuron"`` while the simulator is the active NKI package.
@@ -90,8 +91,8 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
                                "NKI package) and a Trainium device, but nki_sim is active "
                                f"(NKI_PA_BACKEND={toolchain.BACKEND_REQUEST!r}); use backend='sim' or "
                                "'auto'")
-        return np.asarray(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
-                                        device=device, lnc=lnc, item_parts=item_parts))
+        return _as_numpy(chosen.launch(kernel, args, kwargs, num_kv_heads=grid_heads,
+                                       device=device, lnc=lnc, item_parts=item_parts))
 
     on_device = backend == "neuron" or (backend == "auto" and not toolchain.SIMULATED)
     if on_device:
@@ -99,5 +100,10 @@ def launch_kernel(kernel: Any, args: tuple, kwargs: dict, *, grid_heads: int,
             raise RuntimeError("backend='neuron' needs the real Neuron toolchain (neuronx-cc) and a "
                                "Trainium device, but nki_sim is active (NKI_PA_BACKEND="
                                f"{toolchain.BACKEND_REQUEST!r}); use backend='sim' or 'auto'")
-        return np.asarray(kernel[1, grid_heads](*args, **kwargs))
-    return np.asarray(toolchain.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))
+        return _as_numpy(kernel[1, grid_heads](*args, **kwargs))
+    return _as_numpy(toolchain.nki.simulate_kernel(kernel[1, grid_heads], *args, **kwargs))
+
+
+def _as_numpy(out: Any) -> Any:
+    """A kernel's output as NumPy: an array, or a tuple of arrays for a kernel with several."""
+    return tuple(np.asarray(x) for x in out) if isinstance(out, tuple) else np.asarray(out)

@@ -44,13 +44,15 @@ from host.scheduled.scheduled import ClassLaunch, class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
+from nki_kernels.scheduled.sched_plan import working_set_bytes
 from nki_kernels.contract import (BLOCK_KV, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_HEAD_SIZE_DENSE,
                                   MAX_HEAD_SIZE_SCHEDULED, MAX_TILE_SIZE, MIN_BLOCK_SIZE,
                                   MIN_TILE_SIZE)
 
 __all__ = ["AttentionPlan", "ClassPlan", "DenseInputs", "plan_paged_attention", "class_launches",
            "KERNELS", "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "KV_LAYOUTS",
-           "check_attention_options", "check_kv_layout", "layer_launches"]
+           "check_attention_options", "check_kv_layout", "layer_launches", "pair_fits",
+           "FUSE_CLASSES"]
 
 KERNELS = ("scheduled", "dense")
 GQA_PACKING = ("auto", True, False)
@@ -66,6 +68,13 @@ MAX_HEAD_SIZE = MappingProxyType({"dense": MAX_HEAD_SIZE_DENSE, "scheduled": MAX
 # 2955, 4 x 512 + 60 decodes 8436 -> 8261 / 9106 -> 8868 / 10820 -> 10827 (batches without a
 # decode class had it before: prefill 2K on 2K trn2 current 4527 -> 3755 when it came).
 PREFILL_CLASS_OFFLOAD = True
+
+# A plan with a decode class and a prefill class runs them as ONE launch whose item loops
+# interleave the two (nki_kernels.scheduled.scheduled_pair: the decode items' gathers beside
+# the prefill items' compute) when both working sets fit the SBUF together (NeuronCore-v2's,
+# the smaller); the prefill class then shares the DMA queues and GpSimd, so it does not offload
+# (PREFILL_CLASS_OFFLOAD applies to prefill classes launched alone).
+FUSE_CLASSES = True
 
 # Variant values that may differ per layer (run_paged_attention keywords).
 LAYER_VALUES = ("alibi_slopes", "sinks", "k_scale", "v_scale")
@@ -119,7 +128,8 @@ class AttentionPlan:
     softmax_scale (resolved), mixed_precision, large_tile_size (dense: the kernel's; scheduled:
     the largest of its classes' tiles), variants (validated ``host.variants.AttentionVariants``).
     Scheduled kernel: parts (one :class:`ClassPlan` per class: schedule, launch inputs and
-    keyword arguments), block_tables (S, max_blocks) int64 read-only (the overlays read it per
+    keyword arguments), fused (True: the two classes run as one launch, their items
+    interleaved, ``nki_kernels.scheduled.scheduled_pair``; :data:`FUSE_CLASSES`), block_tables (S, max_blocks) int64 read-only (the overlays read it per
     layer). Dense kernel: dense (:class:`DenseInputs`), kernel_kwargs (its keyword arguments,
     read-only mapping).
     """
@@ -147,6 +157,7 @@ class AttentionPlan:
     block_tables: np.ndarray | None = field(default=None, repr=False)
     dense: DenseInputs | None = field(default=None, repr=False)
     kv_layout: str = FUSED
+    fused: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -345,7 +356,7 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size, item_parts) -> Attentio
 
     itemsize = np.dtype(common["dtype"]).itemsize
     cache_itemsize = np.dtype(common["kv_cache_dtype"]).itemsize
-    parts = []
+    built = []
     classes = class_sequences(q, H // Hkv)
     for kind, seqs in classes:
         LT = common["large_tile_size"]
@@ -365,18 +376,43 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size, item_parts) -> Attentio
                                group_blocks_cap=None, partial_tile_size=partial_tile_size,
                                kv_layout=common["kv_layout"], seqs=np.asarray(seqs, np.int64),
                                item_parts=item_parts)
+        built.append((kind, LT, sched))
+    fused = FUSE_CLASSES and len(built) == 2 and pair_fits(
+        [sched.classes[0] for _, _, sched in built], [LT for _, LT, _ in built],
+        block_size=B, head_size=d, query_itemsize=itemsize, cache_itemsize=cache_itemsize,
+        kernel_itemsize=2 if common["mixed_precision"] else itemsize)
+    parts = []
+    for kind, LT, sched in built:
         kwargs = MappingProxyType(dict(options=SchedOptions(
             softmax_scale=common["softmax_scale"], mixed_precision=common["mixed_precision"],
             LARGE_TILE_SZ=LT, PARTIAL_TILE_SZ=sched.partial_tile_size,
             logits_soft_cap=v.logits_soft_cap if v is not None else None,
             alibi=alibi is not None, row_init=with_row_init,
             windowed=sliding_window is not None, kv_layout=common["kv_layout"],
-            prefill_only=PREFILL_CLASS_OFFLOAD and kind == "prefill", item_parts=item_parts)))
+            prefill_only=PREFILL_CLASS_OFFLOAD and kind == "prefill" and not fused,
+            item_parts=item_parts)))
         (launch,) = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
         parts.append(ClassPlan(schedule=sched, launch=launch, kernel_kwargs=kwargs))
     common = dict(common, large_tile_size=max(p.large_tile_size for p in parts))
     return AttentionPlan(kernel="scheduled", parts=tuple(parts), block_tables=readonly(bt.copy()),
-                         **common)
+                         fused=fused, **common)
+
+
+def pair_fits(classes, large_tiles, *, block_size: int, head_size: int, query_itemsize: int,
+              cache_itemsize: int, kernel_itemsize: int) -> bool:
+    """Whether the working sets of two classes (``host.scheduled.schedule.ClassSchedule``, each
+    with its large tile) fit NeuronCore-v2's SBUF together
+    (``nki_kernels.scheduled.sched_plan.working_set_bytes``): the condition for one launch of
+    both (:data:`FUSE_CLASSES`)."""
+    total = usable = 0
+    for cls, lt in zip(classes, large_tiles):
+        need, usable = working_set_bytes(
+            nc_gen="gen2", block_size=block_size, large_tile=lt, head_size=head_size,
+            rows=cls.rows, blocks=cls.blocks, cache_itemsize=cache_itemsize,
+            query_itemsize=query_itemsize, kernel_itemsize=kernel_itemsize,
+            keys_on_partitions=cls.decode_layout)
+        total += need
+    return total <= usable
 
 
 def class_launches(schedule: AttentionSchedule, num_heads: int, num_kv_heads: int, *,

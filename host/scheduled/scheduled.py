@@ -26,6 +26,7 @@ from nki_kernels.contract import (M_FLOOR, Q_INIT_COLUMNS, Q_INIT_L, Q_INIT_NEG_
 
 __all__ = ["build_overlay", "pack_queries", "unpack_output", "kernel_inputs", "row_init",
            "item_queries", "item_row_init", "ClassLaunch", "class_launch", "launch_args",
+           "pair_launch_args",
            "group_major", "block_major"]
 
 
@@ -260,3 +261,14 @@ def kernel_inputs(cls: ClassSchedule, query_t: np.ndarray, q_init: np.ndarray,
                   row_init: bool = False) -> tuple[tuple, dict]:
     """``(args, inputs)`` of one class launch (:func:`class_launch` + :func:`launch_args`)."""
     return launch_args(class_launch(cls, q_init, row_init=row_init), query_t, kv_cache, overlay)
+
+
+def pair_launch_args(first: tuple, second: tuple) -> tuple[tuple, dict]:
+    """``(args, inputs)`` of ``nki_kernels.scheduled.scheduled_pair.scheduled_pair_attention``
+    from two classes' :func:`launch_args` (both on the same cache): the first class's Q^T,
+    q_init, overlay and metadata, the second's, the cache, both ``blocks``; the keyword inputs
+    of the second class with the suffix ``_b``."""
+    (a, in_a), (b, in_b) = first, second
+    per_class = lambda x: (x[0], x[1], x[3], x[4], x[5], x[6], x[7])  # noqa: E731
+    args = (*per_class(a), *per_class(b), a[2], a[8], b[8])
+    return args, {**in_a, **{f"{n}_b": v for n, v in in_b.items()}}

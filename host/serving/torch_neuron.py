@@ -40,7 +40,7 @@ import numpy as np
 from host.cache.cache_ops import (block_copy_row_pairs, block_row_len, cache_write_row_index,
                             check_block_mapping)
 from host.plan_cache import cached_plan
-from host.scheduled.scheduled import block_major, group_major, launch_args
+from host.scheduled.scheduled import block_major, group_major, launch_args, pair_launch_args
 from host.scheduled.scheduled_index import output_index, overlay_index, query_index
 from host.step_plan import layer_launches
 from host.validation import check_slot_mapping, fail
@@ -183,6 +183,7 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
     import torch
 
     from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
+    from nki_kernels.scheduled.scheduled_pair import scheduled_pair_attention
 
     _, launches = layer_launches(plan, **layer)
     T, H, d = query.shape
@@ -194,6 +195,8 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
                      kv_cache.new_zeros((2, 1, d))], dim=1)
     qflat = torch.cat([query.reshape(T * H, d), query.new_zeros((1, d))])
     result = query.new_zeros((T * H, d))
+    on_dev = lambda a: idx(a) if isinstance(a, np.ndarray) else a  # noqa: E731
+    built = []
     for part, launch_in in zip(plan.parts, launches):
         ov = overlay_index(part.schedule, plan.block_tables, num_blocks=N, num_tokens=T)
         overlay = src[:, idx(ov.reshape(-1))].reshape(2, ov.shape[0], ov.shape[1] * d)
@@ -203,11 +206,19 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         qt = group_major(qt.permute(0, 1, 3, 2), cls.blocks).contiguous()
         item_q = (tuple(_item_queries(cls, qt, p, Hkv, idx) for p in (cls.full, cls.partial))
                   if cls.decode_layout else None)
-        args, inputs = launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q)
-        on_dev = lambda a: idx(a) if isinstance(a, np.ndarray) else a  # noqa: E731
-        out = launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args), api=plan.api,
-                     lnc=plan.lnc, item_parts=cls.item_parts, **part.kernel_kwargs,
-                     **{n: on_dev(a) for n, a in inputs.items()})
+        built.append(launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q))
+    run = dict(api=plan.api, lnc=plan.lnc, item_parts=launches[0].cls.item_parts)
+    if plan.fused:        # both classes in one launch, their items interleaved
+        args, inputs = pair_launch_args(*built)
+        first, second = (part.kernel_kwargs["options"] for part in plan.parts)
+        outs = launch(scheduled_pair_attention, (1, Hkv), *map(on_dev, args), options=first,
+                      options_b=second, **run, **{n: on_dev(a) for n, a in inputs.items()})
+    else:
+        outs = [launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args),
+                       **part.kernel_kwargs, **run, **{n: on_dev(a) for n, a in inputs.items()})
+                for part, (args, inputs) in zip(plan.parts, built)]
+    for launch_in, out in zip(launches, outs):
+        cls = launch_in.cls
         rows, dst = output_index(cls, H, Hkv)
         out = block_major(out, Hkv, cls.blocks, cls.rows, d)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)

@@ -25,7 +25,7 @@ from nki_kernels.scheduled.sched_checks import (check_item_inputs, check_item_pa
                                       softmax_scale_value, tile_geometries)
 from nki_kernels.scheduled.sched_core import StepConfig
 from nki_kernels.scheduled.sched_item import FoldConfig, decode_step_keys
-from nki_kernels.scheduled.sched_plan import SBUF_USABLE, block_bytes, fixed_bytes, max_group_blocks
+from nki_kernels.scheduled.sched_plan import SBUF_USABLE, working_set_bytes
 
 KERNEL = "scheduled_paged_attention"
 MAX_D = MAX_HEAD_SIZE_SCHEDULED
@@ -369,25 +369,26 @@ def _check_decode_inputs(ins, decode, row_init, Hkv, d, rows, items, q_dt):
     check_item_inputs(KERNEL, need)
 
 
+def sbuf_need(ops, cfg, kv_cache, query_t, block_size) -> tuple:
+    """``(need, usable)``: the estimated per-partition SBUF working set of the kernel of ``cfg``
+    (``nki_kernels.scheduled.sched_plan.working_set_bytes``) and the target's usable SBUF."""
+    return working_set_bytes(
+        nc_gen="gen2" if ops.nc_gen() == "gen2" else "gen3", block_size=block_size,
+        large_tile=cfg.opts.LARGE_TILE_SZ, head_size=cfg.d, rows=cfg.rows, blocks=cfg.blocks,
+        cache_itemsize=itemsize(kv_cache.dtype), query_itemsize=itemsize(query_t.dtype),
+        kernel_itemsize=itemsize(cfg.kd), keys_on_partitions=cfg.decode)
+
+
 def check_sbuf(ops, cfg, kv_cache, query_t, block_size):
     """Warn (``SbufBudgetWarning``, as the dense kernel) when the estimated working set
-    (``nki_kernels.scheduled.sched_plan``) exceeds the target's usable SBUF: the kernel still runs (the
+    (:func:`sbuf_need`) exceeds the target's usable SBUF: the kernel still runs (the
     compiler spills) but the message names the fix."""
     gen = "gen2" if ops.nc_gen() == "gen2" else "gen3"
-    LT, rows, blocks = cfg.opts.LARGE_TILE_SZ, cfg.rows, cfg.blocks
-    c_size, k_size, q_size = itemsize(kv_cache.dtype), itemsize(cfg.kd), itemsize(query_t.dtype)
-    fits = max_group_blocks(nc_gen=gen, block_size=block_size, large_tile=LT,
-                            head_size=cfg.d, rows=rows, keys_on_partitions=cfg.decode,
-                            query_itemsize=q_size, cache_itemsize=c_size, kernel_itemsize=k_size)
-    if blocks <= fits:
+    need, usable = sbuf_need(ops, cfg, kv_cache, query_t, block_size)
+    if need <= usable:
         return
-    need = (fixed_bytes(block_size=block_size, large_tile=LT, head_size=cfg.d,
-                        keys_on_partitions=cfg.decode, rows=rows, cache_itemsize=c_size,
-                        kernel_itemsize=k_size)
-            + blocks * block_bytes(head_size=cfg.d, rows=rows, query_itemsize=q_size,
-                                   kernel_itemsize=k_size))
     warnings.warn(f"{KERNEL}: a working set of about {need} SBUF bytes per partition ({gen}: "
-                  f"{blocks} Q block(s) of {rows} rows per group, head size {cfg.d}, "
-                  f"LARGE_TILE_SZ={LT}) exceeds the {SBUF_USABLE[gen]} usable: the compiler "
-                  "will spill; use a smaller LARGE_TILE_SZ or mixed_precision=True",
-                  SbufBudgetWarning, stacklevel=4)
+                  f"{cfg.blocks} Q block(s) of {cfg.rows} rows per group, head size {cfg.d}, "
+                  f"LARGE_TILE_SZ={cfg.opts.LARGE_TILE_SZ}) exceeds the {SBUF_USABLE[gen]} "
+                  "usable: the compiler will spill; use a smaller LARGE_TILE_SZ or "
+                  "mixed_precision=True", SbufBudgetWarning, stacklevel=4)

@@ -76,3 +76,15 @@ def meta_columns(*, loads, blocks, head_size, masked, alibi=False, row_init=Fals
                     row_init=row_init,
                     keys_on_partitions=rows is not None and decode_layout(rows, blocks))
     return m.ki, m.kf
+
+
+def working_set_bytes(*, nc_gen, block_size, large_tile, head_size, rows, blocks, cache_itemsize,
+                      query_itemsize, kernel_itemsize, keys_on_partitions=False) -> tuple:
+    """``(need, usable)``: per-partition bytes of one class's working set (:func:`fixed_bytes`
+    plus ``blocks`` x :func:`block_bytes`) and what ``nc_gen`` leaves usable after the margin."""
+    need = (fixed_bytes(block_size=block_size, large_tile=large_tile, head_size=head_size,
+                        cache_itemsize=cache_itemsize, kernel_itemsize=kernel_itemsize,
+                        keys_on_partitions=keys_on_partitions, rows=rows)
+            + blocks * block_bytes(head_size=head_size, rows=rows, query_itemsize=query_itemsize,
+                                   kernel_itemsize=kernel_itemsize))
+    return need, SBUF_USABLE[nc_gen] - SBUF_MARGIN

@@ -197,10 +197,7 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
             [full] state rows st[t] <- st     (skipped unless this is the group's last full item)
             [partial] out rows out[t] <- o / max(l, L_FLOOR)  (skipped unless the group ends)
     """
-    kernel_unsupported(ops.has_oob_skip(), KERNEL,
-                       "this NKI toolchain (nki.isa has no oob_mode: indirect-DMA out-of-bounds "
-                       "skipping needs neuronx-cc from Neuron SDK 2.23)",
-                       "upgrade to Neuron SDK >= 2.23")
+    require_oob_skip(ops)
     const = None
     parts = cfg.opts.item_parts
     part = ops.item_part(num_kv_heads, parts)
@@ -213,6 +210,15 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
                 run = PhaseRun(cfg, ins, phase, head, tiles, const, phase_tiles(ops, cfg, phase))
                 n = part_items(cfg, phase)
                 run_items(ops, run, part * n, n)
+
+
+def require_oob_skip(ops):
+    """NotImplementedError on a toolchain without indirect-DMA out-of-bounds skipping (every
+    padding item, row and unchanged state of the scheduled kernels is a skipped DMA)."""
+    kernel_unsupported(ops.has_oob_skip(), KERNEL,
+                       "this NKI toolchain (nki.isa has no oob_mode: indirect-DMA out-of-bounds "
+                       "skipping needs neuronx-cc from Neuron SDK 2.23)",
+                       "upgrade to Neuron SDK >= 2.23")
 
 
 def group_tiles(ops, cfg, q_dtype):

@@ -18,6 +18,9 @@ LEGACY_ONLY = {"dense/flash_paged_attention.py", "dense/flash_core.py", "dense/k
                "cache/mla_cache_update.py", "mla/mla_attention.py", "row_tiles.py", "baselines/per_block_paged_attention.py",
                "baselines/kv_write_per_token.py", "baselines/block_copy_batched.py"}
 MAX_PARAMS = 16
+# Kernel entry points wider than MAX_PARAMS, each with its reason: every HBM tensor of a kernel
+# is an argument of its own (the legacy API documents no tuples of tensors as arguments).
+WIDE_KERNELS = {"scheduled_pair_attention": "two classes' tensors, one argument each"}
 
 
 def _modules():
@@ -58,7 +61,7 @@ def wide_signatures(tree) -> list:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             a = node.args
             n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
-            if n > MAX_PARAMS:
+            if n > MAX_PARAMS and getattr(node, "name", None) not in WIDE_KERNELS:
                 wide.append(f"line {node.lineno} {getattr(node, 'name', 'lambda')}: {n}")
     return wide
 
@@ -194,3 +197,16 @@ def test_the_checks_can_fail(tmp_path, monkeypatch):
     for check in (test_signatures_have_at_most_16_parameters, test_no_dict_state_in_device_code):
         with pytest.raises(AssertionError):
             check(tmp_path / "k.py")
+
+
+def test_every_wide_kernel_exemption_names_a_wide_kernel():
+    """Each WIDE_KERNELS entry is a function of nki_kernels/ that is wider than MAX_PARAMS (an
+    exemption cannot outlive its reason), and the rule still holds for every other function."""
+    widths = {}
+    for p in _modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in WIDE_KERNELS:
+                a = node.args
+                widths[node.name] = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+    assert set(widths) == set(WIDE_KERNELS)
+    assert all(n > MAX_PARAMS for n in widths.values())

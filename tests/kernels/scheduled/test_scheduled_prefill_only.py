@@ -1,5 +1,5 @@
 """Prefill class launches (``SchedOptions.prefill_only``, set by the host for every prefill
-class: each class is its own launch): on NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
+class launched alone: a mixed batch's pair launch leaves it off): on NeuronCore-v3 a group's state is reset by a DMA from a table of initial rows instead of a
 VectorE select where ``sched_item.reset_by_dma`` says so (a full phase; on the current API
 groups of at least ``RESET_BY_DMA_MIN_BLOCKS`` Q blocks, lowered here to exercise that path on
 small batches; on NeuronCore-v2 no full phase, 512-key partial tiles, two KV heads), the query-rows steps fold their chunks' row maxima on GpSimd (both APIs), and on the current API
@@ -126,11 +126,15 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, min_blo
 
     reset_min_blocks(min_blocks)
     outs, traces = {}, {}
-    # False: the prefill chunks alone; True: beside a decode with the offload turned off;
-    # "mixed": beside a decode as shipped (the prefill launch offloads all the same)
-    for key, with_decode, offload in ((False, False, True), (True, True, False),
-                                      ("mixed", True, True)):
+    # False: the prefill chunks alone; True: beside a decode in two launches with the offload
+    # turned off; "apart": beside a decode in two launches (the prefill launch offloads all the
+    # same); "mixed": beside a decode as shipped -- one pair launch, whose prefill class shares
+    # the DMA queues and GpSimd with the decodes and does not offload
+    for key, with_decode, offload, fuse in ((False, False, True, True), (True, True, False, False),
+                                            ("apart", True, True, False),
+                                            ("mixed", True, True, True)):
         monkeypatch.setattr(step_plan, "PREFILL_CLASS_OFFLOAD", offload)
+        monkeypatch.setattr(step_plan, "FUSE_CLASSES", fuse)
         b = prefill_batch(with_decode)
         with on_api(api, target), nki_sim.tracing() as traces[key]:
             outs[key] = np.asarray(paged_attention(
@@ -140,13 +144,15 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, min_blo
         atol, rtol = tol("mixed", b.query.dtype)
         assert np.all(np.abs(outs[key] - ref) <= atol + rtol * np.abs(ref))
     assert np.array_equal(outs[False], outs[True][:N_PREFILL])
-    assert np.array_equal(outs["mixed"], outs[True])
+    assert np.array_equal(outs["mixed"], outs[True]) and np.array_equal(outs["apart"], outs[True])
     # both APIs: the maxima fold on GpSimd with the offload, on VectorE without
     comb = {k: set(_combines(t)) for k, t in traces.items()}
     assert comb == {False: {("gpsimd", "tensor_scalar", 2)},
                     True: {("vector", "tensor_reduce", 4)},
-                    "mixed": {("gpsimd", "tensor_scalar", 2)}}
-    assert len(_sbuf_transposes(traces["mixed"])) == len(_sbuf_transposes(traces[False]))
+                    "apart": {("gpsimd", "tensor_scalar", 2)},
+                    "mixed": {("vector", "tensor_reduce", 4)}}
+    assert len(_sbuf_transposes(traces["apart"])) == len(_sbuf_transposes(traces[False]))
+    assert not _sbuf_transposes(traces["mixed"])
     # the state reset: a DMA where the rule says so (no select; more state-sized gathers, most
     # of them skipped), else a select; always a select without the offload
     gathers = {k: _reset_gathers(t, D) for k, t in traces.items()}

@@ -204,14 +204,15 @@ def test_step_copies_per_psum_bank_and_state_ops_on_gpsimd(target, api, on_api, 
     NeuronCore-v3 the P^T transposes land in a 16-bit PSUM dtype, eight 128-key blocks per bank,
     so every P^T copy out of PSUM is 1024 columns wide; on v2 (fp32 PSUM) 512. Every step's
     -m' = min(-max, -m) and its copy into the state run on GpSimd (SBUF operands only): one
-    of each per step (the prefill-class offload, ``host.step_plan.PREFILL_CLASS_OFFLOAD``,
-    turned off; with it GpSimd also folds the chunks' maxima, one more tensor_scalar per step
+    of each per step (the prefill-class offload, ``host.step_plan.PREFILL_CLASS_OFFLOAD``, of a
+    prefill class launched alone, turned off; with it GpSimd also folds the chunks' maxima, one more tensor_scalar per step
     of two chunks). The output matches the float64 reference."""
     import host.step_plan as step_plan
     from host.attention import paged_attention
 
     batch = batch_factory(3, [300, 1], [200, 700], H=8, Hkv=2, d=16, block_size=16, dtype=BF16)
     state_ops = {}
+    monkeypatch.setattr(step_plan, "FUSE_CLASSES", False)   # two launches: the prefill's offloads
     for offload in (False, True):
         monkeypatch.setattr(step_plan, "PREFILL_CLASS_OFFLOAD", offload)
         with on_api(api, target), nki_sim.tracing() as trace:

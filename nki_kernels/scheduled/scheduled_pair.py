@@ -1,0 +1,167 @@
+"""Two classes of a batch in ONE launch, their items interleaved: a mixed batch's decode class
+and prefill class (``nki_kernels.scheduled.scheduled_attention``, one class each) share a
+kernel call, so the decode items' gathers (DMA-bound) run beside the prefill items' compute
+(ScalarE / VectorE-bound) instead of one launch after the other.
+
+Per KV head, phase by phase (the two classes' full phases, then their partial phases; each
+class keeps its own order, full before partial), the two phases' items are interleaved by
+:func:`interleave`: the phase with fewer items (n) runs one item per step of a sequential
+loop of n steps, the other ``k = its items // n`` items in the same step, its remaining items
+after the loop. Everything else is each class's own: configuration, group tiles, constants,
+persistent KV tiles, state scratch and output (both created by the same code as a one-class
+launch, ``scheduled_attention.class_setup``), so the outputs are bit-identical to two launches
+with the same options.
+
+Dimensions and layouts: those of ``scheduled_paged_attention`` per class (the second
+class's arguments with the suffix ``_b``); both classes read the
+same cache (``kv_cache`` / ``value_cache``) and run on the same item parts
+(``options.item_parts``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from nki_kernels._assert import kernel_check
+from nki_kernels.contract import MAX_CHUNK
+from nki_kernels.ops import KernelFamily
+from nki_kernels.scheduled.sched_config import SchedOptions, sbuf_need
+from nki_kernels.scheduled.scheduled_attention import (PhaseRun, class_setup, constants,
+                                                       group_tiles, output_shape, part_items,
+                                                       phase_tiles, require_oob_skip, run_chunk,
+                                                       run_items)
+from nki_kernels.sbuf_plan import SbufBudgetWarning
+
+KERNEL = "scheduled_pair_attention"
+
+
+def interleave(n_a: int, n_b: int) -> tuple:
+    """How two phases of ``n_a`` and ``n_b`` items (per item part) interleave (plain Python):
+    ``(steps, k_a, k_b, rest_a, rest_b)`` -- a loop of ``steps`` steps, each running ``k_a``
+    items of the first phase then ``k_b`` of the second (one of them 1), then ``rest_a`` /
+    ``rest_b`` items of each alone (one of them 0). A phase without items: ``steps`` = 0 and
+    the other phase's items all in its rest."""
+    if n_a < 0 or n_b < 0:
+        raise ValueError(f"interleave: item counts must be >= 0; got {n_a}, {n_b}")
+    if n_a == 0 or n_b == 0:
+        return 0, 0, 0, n_a, n_b
+    steps = min(n_a, n_b)
+    k_a, k_b = n_a // steps, n_b // steps
+    return steps, k_a, k_b, n_a - steps * k_a, n_b - steps * k_b
+
+
+def step_chunk(k: int) -> int:
+    """Metadata chunk of one interleaved step of ``k`` items: the largest divisor of ``k`` that
+    is at most ``contract.MAX_CHUNK``."""
+    return max(c for c in range(1, min(k, MAX_CHUNK) + 1) if k % c == 0)
+
+
+def _build(ops):
+    # every HBM tensor is an argument of its own (no tuples of tensors: the legacy API documents
+    # none), so this entry point is wider than the project's 16-parameter rule
+    def scheduled_pair_attention(query_t, q_init, overlay, meta_pi, meta_pf, meta_fi, meta_ff,
+                                 query_t_b, q_init_b, overlay_b, meta_pi_b, meta_pf_b,
+                                 meta_fi_b, meta_ff_b, kv_cache, blocks, blocks_b,
+                                 options=SchedOptions(), options_b=SchedOptions(), q_full=None,
+                                 q_part=None, i_full=None, i_part=None, bounds_p=None,
+                                 q_full_b=None, q_part_b=None, i_full_b=None, i_part_b=None,
+                                 bounds_p_b=None, value_cache=None):
+        """Scheduled paged attention of two classes of Q blocks in one launch.
+
+        Args: per class those of ``scheduled_paged_attention`` (the second class's with the
+        suffix ``_b``); ``kv_cache`` / ``value_cache`` shared; the two ``options`` share
+        ``item_parts`` and ``kv_layout``.
+
+        Returns:
+            ``(out, out_b)``: each class's output as ``scheduled_paged_attention`` returns it.
+
+        Raises:
+            ValueError: a bad input of either class (named), or options the two classes must
+                share that differ.
+        """
+        kernel_check(options.item_parts == options_b.item_parts, KERNEL, "options_b.item_parts",
+                     f"equal options.item_parts = {options.item_parts}", options_b.item_parts)
+        kernel_check(options.kv_layout == options_b.kv_layout, KERNEL, "options_b.kv_layout",
+                     f"equal options.kv_layout = {options.kv_layout!r}", options_b.kv_layout)
+        # the outputs are created here: shared-HBM outputs only at the kernel's top level
+        out = ops.ndarray(output_shape(query_t, kv_cache, value_cache, blocks, options),
+                          dtype=query_t.dtype, buffer=ops.SHARED_HBM)
+        out_b = ops.ndarray(output_shape(query_t_b, kv_cache, value_cache, blocks_b, options_b),
+                            dtype=query_t_b.dtype, buffer=ops.SHARED_HBM)
+        a = class_setup(ops, query_t, q_init, kv_cache, overlay,
+                        (meta_pi, meta_pf, meta_fi, meta_ff), blocks, options,
+                        (q_full, q_part, i_full, i_part, bounds_p), value_cache, out)
+        b = class_setup(ops, query_t_b, q_init_b, kv_cache, overlay_b,
+                        (meta_pi_b, meta_pf_b, meta_fi_b, meta_ff_b), blocks_b, options_b,
+                        (q_full_b, q_part_b, i_full_b, i_part_b, bounds_p_b), value_cache, out_b)
+        _check_pair_sbuf(ops, a[0], b[0], kv_cache, query_t, query_t_b)
+        pair_body(ops, a[:2], b[:2], a[2])
+        return out, out_b
+
+    return scheduled_pair_attention
+
+
+scheduled_pair_attention = KernelFamily(_build, KERNEL)
+
+
+def _check_pair_sbuf(ops, cfg_a, cfg_b, kv_cache, query_t, query_t_b):
+    """Warn (``SbufBudgetWarning``) when the two classes' working sets together exceed the
+    target's usable SBUF (each is checked alone by ``class_setup``)."""
+    B = kv_cache.shape[1] if cfg_a.opts.kv_layout == "block_kv" else kv_cache.shape[3]
+    need_a, usable = sbuf_need(ops, cfg_a, kv_cache, query_t, B)
+    need_b, _ = sbuf_need(ops, cfg_b, kv_cache, query_t_b, B)
+    if need_a + need_b > usable:
+        warnings.warn(f"{KERNEL}: the two classes' working sets, about {need_a} + {need_b} SBUF "
+                      f"bytes per partition, exceed the {usable} usable: the compiler will "
+                      "spill; launch the classes one at a time (scheduled_paged_attention)",
+                      SbufBudgetWarning, stacklevel=4)
+
+
+def pair_body(ops, a, b, num_kv_heads: int):
+    """Body of :func:`scheduled_pair_attention`: ``a`` / ``b`` are each class's ``(cfg, ins)``.
+
+    Pseudocode (per KV head; the full phases, then the partial phases):
+        steps, k_a, k_b, rest_a, rest_b = interleave(items of a's phase, items of b's phase)
+        for s in sequential_range(steps):
+            a's items [s*k_a, (s+1)*k_a)      (metadata chunks of step_chunk(k_a) items)
+            b's items [s*k_b, (s+1)*k_b)
+        a's last rest_a items; b's last rest_b items   (run_items)
+    Each item is the one-class kernel's item (``scheduled_attention``), on its class's tiles.
+    """
+    require_oob_skip(ops)
+    (cfg_a, ins_a), (cfg_b, ins_b) = a, b
+    parts = cfg_a.opts.item_parts
+    part = ops.item_part(num_kv_heads, parts)
+    const = None
+    for head in ops.kv_heads(num_kv_heads, parts):
+        tiles = (group_tiles(ops, cfg_a, ins_a.query_t.dtype),
+                 group_tiles(ops, cfg_b, ins_b.query_t.dtype))
+        if const is None:         # once per kernel, after the first head's tiles
+            const = (constants(ops, cfg_a, tiles[0].init, num_kv_heads),
+                     constants(ops, cfg_b, tiles[1].init, num_kv_heads))
+        for which in ("full", "partial"):
+            runs, counts = [], []
+            for (cfg, ins), t, c in zip((a, b), tiles, const):
+                phase = getattr(cfg, which)
+                n = part_items(cfg, phase)
+                counts.append(n)
+                runs.append(PhaseRun(cfg, ins, phase, head, t, c, phase_tiles(ops, cfg, phase))
+                            if n else None)
+            _interleaved(ops, runs, counts, part)
+
+
+def _interleaved(ops, runs, counts, part):
+    """The two classes' items of one phase (``runs`` / ``counts``: per class its
+    :class:`PhaseRun` and items per part), interleaved (:func:`interleave`)."""
+    steps, k_a, k_b, rest_a, rest_b = interleave(*counts)
+    firsts = [part * n for n in counts]          # each class's first item of this part
+    ks = (k_a, k_b)
+    if steps:
+        chunks = [step_chunk(k) for k in ks]
+        for s in ops.sequential_range(steps):
+            for run, first, k, chunk in zip(runs, firsts, ks, chunks):
+                for j in ops.static_range(k // chunk):
+                    run_chunk(ops, run, first + s * k + j * chunk, chunk)
+    for run, first, k, rest in zip(runs, firsts, ks, (rest_a, rest_b)):
+        if rest:
+            run_items(ops, run, first + steps * k, rest)
