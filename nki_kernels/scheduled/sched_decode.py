@@ -51,10 +51,8 @@ def key_index_columns(ops, loads, tiled_block_size):
     index ``(l*128 + p)*b' + s`` of the key that K^T column ``u*128 + p`` carries."""
     bp = tiled_block_size
     kidx = ops.sbuf((P, loads * bp), ops.float32)
-    for l in ops.static_range(loads):
-        for s in ops.static_range(bp):
-            ops.iota(kidx[:, ops.ds(l * bp + s, 1)], step=0, offset=l * P * bp + s,
-                     partition_step=bp)
+    for l in ops.static_range(loads):       # one iota per load: columns s = 0 .. b'-1
+        ops.iota(kidx[:, ops.ds(l * bp, bp)], step=1, offset=l * P * bp, partition_step=bp)
     return kidx
 
 
@@ -76,8 +74,12 @@ def decode_constants(ops, rows, width, kernel_dtype):
     eye = ops.sbuf((rows, rows), ops.FLAG)
     ops.tensor_tensor(eye, diff, 0.0, "equal")
     eye_rep = ops.sbuf((rows, nch * rows), ops.FLAG)
-    for u in ops.static_range(nch):
-        ops.copy(eye_rep[:, ops.ds(u * rows, rows)], eye)
+    ops.copy(eye_rep[:, ops.ds(0, rows)], eye)
+    done = 1                    # chunks filled; each copy doubles them (log2(nch) copies)
+    while done < nch:
+        more = min(done, nch - done)
+        ops.copy(eye_rep[:, ops.ds(done * rows, more * rows)], eye_rep[:, ops.ds(0, more * rows)])
+        done += more
     return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_r=ones_r, eye_rep=eye_rep)
 
 
