@@ -61,9 +61,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 # scheduled kernel accumulates QK^T over 128-channel slices.
 MAX_HEAD_SIZE = MappingProxyType({"dense": MAX_HEAD_SIZE_DENSE, "scheduled": MAX_HEAD_SIZE_SCHEDULED})
 
-# Every class is its own launch and launches run one after the other, so a prefill class's
-# launch has the DMA queues and GpSimd to itself: its query-rows steps move work there
-# (SchedOptions.prefill_only) whether or not the batch also has a decode class. MODELED, trn2
+# A prefill class launched alone (no decode class, or FUSE_CLASSES off / not fitting) has the
+# DMA queues and GpSimd to itself: its query-rows steps move work there
+# (SchedOptions.prefill_only). As two launches one after the other, MODELED, trn2
 # current API / trn2 legacy / trn1, us: 2 + 30 decodes 2201 -> 2091 / 2548 -> 2474 / 2950 ->
 # 2955, 4 x 512 + 60 decodes 8436 -> 8261 / 9106 -> 8868 / 10820 -> 10827 (batches without a
 # decode class had it before: prefill 2K on 2K trn2 current 4527 -> 3755 when it came).
@@ -73,7 +73,10 @@ PREFILL_CLASS_OFFLOAD = True
 # interleave the two (nki_kernels.scheduled.scheduled_pair: the decode items' gathers beside
 # the prefill items' compute) when both working sets fit the SBUF together (NeuronCore-v2's,
 # the smaller); the prefill class then shares the DMA queues and GpSimd, so it does not offload
-# (PREFILL_CLASS_OFFLOAD applies to prefill classes launched alone).
+# (PREFILL_CLASS_OFFLOAD applies to prefill classes launched alone). MODELED, two launches ->
+# one pair launch, trn2 current API / trn2 legacy / trn1, us: 2 + 30 decodes 2091 -> 1773 /
+# 2474 -> 2482 / 2955 -> 2948, 4 x 512 + 60 decodes 8261 -> 6089 / 8868 -> see
+# docs/performance.md / 10827 -> 9362.
 FUSE_CLASSES = True
 
 # Variant values that may differ per layer (run_paged_attention keywords).

@@ -1,4 +1,5 @@
-"""Kernel inputs of the scheduled paged-attention kernel (one launch per class of a schedule).
+"""Kernel inputs of the scheduled paged-attention kernel (one launch per class of a schedule,
+or a mixed batch's two classes in one pair launch, :func:`pair_launch_args`).
 
 Step-constant (built once per step by ``host.plan_paged_attention``): the per-row initial values
 (:func:`row_init`), their per-item form for keys-on-partitions classes (:func:`item_row_init`),

@@ -25,7 +25,7 @@ import warnings
 from nki_kernels._assert import kernel_check
 from nki_kernels.contract import MAX_CHUNK
 from nki_kernels.ops import KernelFamily
-from nki_kernels.scheduled.sched_config import SchedOptions, sbuf_need
+from nki_kernels.scheduled.sched_config import SchedOptions, cache_dims, sbuf_need
 from nki_kernels.scheduled.scheduled_attention import (PhaseRun, class_setup, constants,
                                                        group_tiles, output_shape, part_items,
                                                        phase_tiles, require_oob_skip, run_chunk,
@@ -94,7 +94,7 @@ def _build(ops):
         b = class_setup(ops, query_t_b, q_init_b, kv_cache, overlay_b,
                         (meta_pi_b, meta_pf_b, meta_fi_b, meta_ff_b), blocks_b, options_b,
                         (q_full_b, q_part_b, i_full_b, i_part_b, bounds_p_b), value_cache, out_b)
-        _check_pair_sbuf(ops, a[0], b[0], kv_cache, query_t, query_t_b)
+        _check_pair_sbuf(ops, a[0], b[0], (kv_cache, value_cache), query_t, query_t_b)
         pair_body(ops, a[:2], b[:2], a[2])
         return out, out_b
 
@@ -104,10 +104,12 @@ def _build(ops):
 scheduled_pair_attention = KernelFamily(_build, KERNEL)
 
 
-def _check_pair_sbuf(ops, cfg_a, cfg_b, kv_cache, query_t, query_t_b):
+def _check_pair_sbuf(ops, cfg_a, cfg_b, caches, query_t, query_t_b):
     """Warn (``SbufBudgetWarning``) when the two classes' working sets together exceed the
-    target's usable SBUF (each is checked alone by ``class_setup``)."""
-    B = kv_cache.shape[1] if cfg_a.opts.kv_layout == "block_kv" else kv_cache.shape[3]
+    target's usable SBUF (each is checked alone by ``class_setup``); ``caches`` = (kv_cache,
+    value_cache)."""
+    kv_cache = caches[0]
+    _, B, _, _ = cache_dims(*caches, cfg_a.opts)
     need_a, usable = sbuf_need(ops, cfg_a, kv_cache, query_t, B)
     need_b, _ = sbuf_need(ops, cfg_b, kv_cache, query_t_b, B)
     if need_a + need_b > usable:

@@ -51,7 +51,8 @@ def test_op_with_value_cache_matches_reference_and_reads_the_tensors_in_place(dt
     real = attention.launch_kernel
 
     def spy(kernel, args, kwargs, **kw):
-        seen.append((args[2], kwargs["value_cache"]))
+        # the key cache: a class launch's third argument, a pair launch's fifteenth
+        seen.append((args[2] if len(args) == 9 else args[14], kwargs["value_cache"]))
         return real(kernel, args, kwargs, **kw)
 
     monkeypatch.setattr(attention, "launch_kernel", spy)

@@ -268,6 +268,8 @@ def simulated_device(monkeypatch):
                                                     device=False, lnc=lnc, item_parts=item_parts)
         else:
             out = toolchain.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
+        if isinstance(out, tuple):                     # a kernel with several outputs
+            return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in out)
         return torch.from_numpy(np.ascontiguousarray(out))
 
     monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))
@@ -316,6 +318,18 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     assert all(g == (1, HKV) for _, g in simulated_device[:launches])
     assert simulated_device[launches:] == [(kv_cache_update.for_api("legacy"), None),
                                           (copy_cache_blocks.for_api("legacy"), None)]
+
+
+def test_device_path_runs_a_mixed_batch_as_one_pair_launch(simulated_device, tol):
+    from nki_kernels.scheduled.scheduled_pair import scheduled_pair_attention
+
+    # a 40-token prefill chunk (80 query rows per KV head) beside two decodes
+    b = make_batch(9, query_lens=(40, 1, 1), context_lens=(10, 0, 17))
+    out = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512)
+    assert [k for k, _ in simulated_device] == [scheduled_pair_attention]
+    np.testing.assert_allclose(out.numpy(), reference(b), atol=tol("fp32", "float32")[0])
+    cpu = torch.ops.nki_pa.paged_attention(*args(b), mixed_precision=False, large_tile_size=512)
+    assert torch.equal(out, cpu)
 
 
 def test_device_path_rejects_what_it_cannot_run(simulated_device):

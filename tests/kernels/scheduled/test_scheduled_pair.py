@@ -139,3 +139,30 @@ def test_the_decode_gathers_run_between_the_prefill_items(on_api, batch_factory)
     switches = sum(1 for x, y in zip(widths, widths[1:]) if x != y)
     # the partial phases: 12 decode items and 4 prefill groups' items -> 4 steps of 3 + 1
     assert switches >= 7, (rows, widths)
+
+
+@pytest.mark.simulation
+def test_the_pair_sbuf_check_warns_only_when_the_two_do_not_fit(on_api, batch_factory,
+                                                               monkeypatch):
+    """Must pass: the test batch's two working sets fit; must fail: a target whose usable SBUF
+    holds each class alone but not both (NeuronCore-v3's lowered to that) warns, naming the two
+    working sets."""
+    import warnings
+
+    from nki_kernels.sbuf_plan import SbufBudgetWarning
+    from nki_kernels.scheduled import sched_plan
+
+    b = batch_factory(67, QLENS, CLENS, H=8, Hkv=2, d=32, block_size=16)
+    plan = _plan(b, large_tile_size=512)
+    assert plan.fused
+    needs = [sched_plan.working_set_bytes(
+        nc_gen="gen3", block_size=16, large_tile=p.kernel_kwargs["options"].LARGE_TILE_SZ,
+        head_size=32, rows=p.launch.cls.rows, blocks=p.launch.cls.blocks, cache_itemsize=4,
+        query_itemsize=4, kernel_itemsize=2, keys_on_partitions=p.launch.cls.decode_layout)[0]
+        for p in plan.parts]
+    with on_api("nki"), warnings.catch_warnings():
+        warnings.simplefilter("error", SbufBudgetWarning)
+        _run(b, b.kv_cache, 1)
+    monkeypatch.setitem(sched_plan.SBUF_USABLE, "gen3", max(needs) + sched_plan.SBUF_MARGIN)
+    with on_api("nki"), pytest.warns(SbufBudgetWarning, match="two classes' working sets"):
+        _run(b, b.kv_cache, 1)
