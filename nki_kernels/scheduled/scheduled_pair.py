@@ -3,11 +3,13 @@ and prefill class (``nki_kernels.scheduled.scheduled_attention``, one class each
 kernel call, so the decode items' gathers (DMA-bound) run beside the prefill items' compute
 (ScalarE / VectorE-bound) instead of one launch after the other.
 
-Per KV head, phase by phase (the two classes' full phases, then their partial phases; each
-class keeps its own order, full before partial), the two phases' items are interleaved by
-:func:`interleave`: the phase with fewer items (n) runs one item per step of a sequential
-loop of n steps, the other ``k = its items // n`` items in the same step, its remaining items
-after the loop. Everything else is each class's own: configuration, group tiles, constants,
+Per KV head, each class's items in its own order (full phase, then partial) form a stream;
+:func:`segments` places both streams on one time line in proportion to their items and cuts
+them where either changes phase, so that each segment pairs one phase of each class and both
+classes' items spread over the whole launch. In a segment the two runs of items are
+interleaved by :func:`interleave`: the run with fewer items (n) gives one item per step of a
+sequential loop of n steps, the other ``k = its items // n`` items in the same step, its
+remaining items after the loop. Everything else is each class's own: configuration, group tiles, constants,
 persistent KV tiles, state scratch and output (both created by the same code as a one-class
 launch, ``scheduled_attention.class_setup``), so the outputs are bit-identical to two launches
 with the same options.
@@ -122,48 +124,86 @@ def _check_pair_sbuf(ops, cfg_a, cfg_b, caches, query_t, query_t_b):
 def pair_body(ops, a, b, num_kv_heads: int):
     """Body of :func:`scheduled_pair_attention`: ``a`` / ``b`` are each class's ``(cfg, ins)``.
 
-    Pseudocode (per KV head; the full phases, then the partial phases):
-        steps, k_a, k_b, rest_a, rest_b = interleave(items of a's phase, items of b's phase)
-        for s in sequential_range(steps):
-            a's items [s*k_a, (s+1)*k_a)      (metadata chunks of step_chunk(k_a) items)
-            b's items [s*k_b, (s+1)*k_b)
-        a's last rest_a items; b's last rest_b items   (run_items)
-    Each item is the one-class kernel's item (``scheduled_attention``), on its class's tiles.
+    Pseudocode (per KV head): each class's items in its order (full phase, then partial) are
+    one stream; :func:`segments` cuts the two streams where either changes phase, so that each
+    segment pairs one phase of each class, and spreads both streams evenly over the launch:
+        for each segment (a's phase, its items; b's phase, its items):
+            steps, k_a, k_b, rest_a, rest_b = interleave(a's items, b's items)
+            for s in sequential_range(steps):
+                a's next k_a items     (metadata chunks of step_chunk(k_a) items)
+                b's next k_b items
+            a's next rest_a items; b's next rest_b items   (run_items)
+    Each item is the one-class kernel's item (``scheduled_attention``), on its class's tiles;
+    a phase's persistent KV tiles are allocated where the phase first runs.
     """
     require_oob_skip(ops)
     (cfg_a, ins_a), (cfg_b, ins_b) = a, b
     parts = cfg_a.opts.item_parts
     part = ops.item_part(num_kv_heads, parts)
     const = None
+    classes = ((cfg_a, ins_a), (cfg_b, ins_b))
+    phases = [(cfg.full, cfg.partial) for cfg, _ in classes]
+    counts = [tuple(part_items(cfg, ph) for ph in pair) for (cfg, _), pair in zip(classes, phases)]
     for head in ops.kv_heads(num_kv_heads, parts):
-        tiles = (group_tiles(ops, cfg_a, ins_a.query_t.dtype),
-                 group_tiles(ops, cfg_b, ins_b.query_t.dtype))
+        tiles = tuple(group_tiles(ops, cfg, ins.query_t.dtype) for cfg, ins in classes)
         if const is None:         # once per kernel, after the first head's tiles
-            const = (constants(ops, cfg_a, tiles[0].init, num_kv_heads),
-                     constants(ops, cfg_b, tiles[1].init, num_kv_heads))
-        for which in ("full", "partial"):
-            runs, counts = [], []
-            for (cfg, ins), t, c in zip((a, b), tiles, const):
-                phase = getattr(cfg, which)
-                n = part_items(cfg, phase)
-                counts.append(n)
-                runs.append(PhaseRun(cfg, ins, phase, head, t, c, phase_tiles(ops, cfg, phase))
-                            if n else None)
-            _interleaved(ops, runs, counts, part)
+            const = tuple(constants(ops, cfg, t.init, num_kv_heads)
+                          for (cfg, _), t in zip(classes, tiles))
+        runs = [[None, None], [None, None]]      # [class][phase], built at first use
+        for seg in segments(counts[0], counts[1]):
+            picked = []
+            for c, (ph, lo, n) in enumerate(seg):
+                if n and runs[c][ph] is None:
+                    cfg, ins = classes[c]
+                    phase = phases[c][ph]
+                    runs[c][ph] = PhaseRun(cfg, ins, phase, head, tiles[c], const[c],
+                                           phase_tiles(ops, cfg, phase))
+                picked.append((runs[c][ph], part * counts[c][ph] + lo, n))
+            _interleaved(ops, picked)
 
 
-def _interleaved(ops, runs, counts, part):
-    """The two classes' items of one phase (``runs`` / ``counts``: per class its
-    :class:`PhaseRun` and items per part), interleaved (:func:`interleave`)."""
-    steps, k_a, k_b, rest_a, rest_b = interleave(*counts)
-    firsts = [part * n for n in counts]          # each class's first item of this part
+def segments(counts_a: tuple, counts_b: tuple) -> list:
+    """The segments of two classes' item streams (plain Python): ``counts_*`` = (full, partial)
+    items per part. Each stream is placed on [0, 1) in proportion to its items; the streams are
+    cut where either changes phase, and each cut point takes ``round(point x items)`` items of
+    the other. Returns a list of ``((phase_a, first_a, n_a), (phase_b, first_b, n_b))``, phase
+    0 = full, 1 = partial, ``first`` the item within its phase, in stream order: every item of
+    each class exactly once, each class's full items before its partial ones."""
+    streams = (counts_a, counts_b)
+    totals = [sum(c) for c in streams]
+    cuts = sorted({0.0, 1.0} | {c[0] / t for c, t in zip(streams, totals) if t and 0 < c[0] < t})
+    out = []
+    done = [0, 0]
+    for x in cuts[1:]:
+        seg = []
+        for c, (counts, total) in enumerate(zip(streams, totals)):
+            end = round(x * total) if x < 1.0 else total
+            if total and x == counts[0] / total:
+                end = counts[0]                    # this class's own phase change: exact
+            lo, n = done[c], max(end - done[c], 0)
+            # the items [lo, lo + n) of the stream: within one phase by construction
+            ph = 0 if lo < counts[0] else 1
+            first = lo if ph == 0 else lo - counts[0]
+            if ph == 0 and lo + n > counts[0]:     # pragma: no cover - cut at the phase change
+                raise AssertionError("internal: a segment crosses a phase change")
+            seg.append((ph, first, n))
+            done[c] += n
+        out.append(tuple(seg))
+    return out
+
+
+def _interleaved(ops, picked):
+    """The two classes' items of one segment (``picked``: per class its :class:`PhaseRun`, its
+    first item and its item count), interleaved (:func:`interleave`)."""
+    (_, _, n_a), (_, _, n_b) = picked
+    steps, k_a, k_b, rest_a, rest_b = interleave(n_a, n_b)
     ks = (k_a, k_b)
     if steps:
         chunks = [step_chunk(k) for k in ks]
         for s in ops.sequential_range(steps):
-            for run, first, k, chunk in zip(runs, firsts, ks, chunks):
+            for (run, first, _), k, chunk in zip(picked, ks, chunks):
                 for j in ops.static_range(k // chunk):
                     run_chunk(ops, run, first + s * k + j * chunk, chunk)
-    for run, first, k, rest in zip(runs, firsts, ks, (rest_a, rest_b)):
+    for (run, first, _), k, rest in zip(picked, ks, (rest_a, rest_b)):
         if rest:
             run_items(ops, run, first + steps * k, rest)

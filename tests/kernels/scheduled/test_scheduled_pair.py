@@ -1,5 +1,5 @@
 """One launch for a mixed batch's two classes (``nki_kernels.scheduled.scheduled_pair``): the
-interleave arithmetic, the plan's choice (``host.step_plan.FUSE_CLASSES``, ``pair_fits``), and
+segment and interleave arithmetic, the plan's choice (``host.step_plan.FUSE_CLASSES``, ``pair_fits``), and
 the pair launch against the float64 reference and, to the bit, against the same classes run
 as two launches -- on both APIs, one and two cores, with NaN in every cache slot no query may
 see. The trace shows one launch whose decode gathers run between the prefill items."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import host.step_plan as step_plan
 import nki_sim
@@ -15,7 +16,7 @@ from host.attention import paged_attention
 from host.reference import paged_attention_ref
 from host.step_plan import plan_paged_attention
 from nki_kernels.contract import MAX_CHUNK
-from nki_kernels.scheduled.scheduled_pair import interleave, step_chunk
+from nki_kernels.scheduled.scheduled_pair import interleave, segments, step_chunk
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
@@ -38,6 +39,26 @@ def test_interleave_covers_every_item_once(n_a, n_b):
 def test_interleave_refuses_negative_counts():
     with pytest.raises(ValueError, match="must be >= 0; got -1, 3"):
         interleave(-1, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.tuples(st.integers(0, 90), st.integers(0, 90)),
+       st.tuples(st.integers(0, 90), st.integers(0, 90)))
+def test_segments_run_each_stream_in_order_once(counts_a, counts_b):
+    segs = segments(counts_a, counts_b)
+    assert 1 <= len(segs) <= 3
+    for c, counts in enumerate((counts_a, counts_b)):
+        seen = [(ph, first + i) for seg in segs for ph, first, n in [seg[c]] for i in range(n)]
+        # every item once, the full phase's before the partial phase's, each in order
+        assert seen == [(0, i) for i in range(counts[0])] + [(1, i) for i in range(counts[1])]
+
+
+def test_segments_spread_both_streams_over_the_launch():
+    # 4 x 512 + 60 decodes, one KV head: 40 + 64 decode items, 1 + 16 prefill items -- the
+    # decode class's full items are split where the prefill class turns to its partial items
+    assert segments((40, 64), (1, 16)) == [((0, 0, 6), (0, 0, 1)), ((0, 6, 34), (1, 0, 6)),
+                                           ((1, 0, 64), (1, 6, 10))]
+    assert segments((0, 32), (1, 3)) == [((1, 0, 8), (0, 0, 1)), ((1, 8, 24), (1, 0, 3))]
 
 
 @pytest.mark.parametrize("k", [1, 5, 40, 64, 65, 96, 130, 67])
