@@ -75,8 +75,8 @@ PREFILL_CLASS_OFFLOAD = True
 # the smaller); the prefill class then shares the DMA queues and GpSimd, so it does not offload
 # (PREFILL_CLASS_OFFLOAD applies to prefill classes launched alone). MODELED, two launches ->
 # one pair launch, trn2 current API / trn2 legacy / trn1, us: 2 + 30 decodes 2091 -> 1773 /
-# 2474 -> 2482 / 2955 -> 2948, 4 x 512 + 60 decodes 8261 -> 6089 / 8868 -> see
-# docs/performance.md / 10827 -> 9362.
+# 2474 -> 2451 / 2955 -> 2921, 4 x 512 + 60 decodes 8261 -> 6084 / 8868 -> 8657 / 10827 -> 9334
+# (docs/performance.md; the pair launch with the prefill offload: 4 x 512 + 60 6089 -> 6447).
 FUSE_CLASSES = True
 
 # Variant values that may differ per layer (run_paged_attention keywords).
