@@ -23,6 +23,9 @@ CASES = [  # (seed, query_lens, context_lens, H, Hkv, d, block_size, dtype, targ
     (12, [1, 1, 1], [17, 64, 200], 4, 1, 16, 8, ml_dtypes.bfloat16, "trn1", "dense"),
     (13, [9], [0], 2, 2, 8, 16, np.float16, "trn2", "dense"),
     (14, [3, 2], [100, 33], 6, 3, 24, 32, ml_dtypes.bfloat16, "trn1", "scheduled"),
+    # mixed batches (a 40-token chunk beside decodes): one pair launch of both classes
+    (15, [40, 1, 1], [60, 130, 20], 4, 2, 32, 16, np.float32, "trn2", "scheduled"),
+    (16, [1, 40, 1], [90, 30, 0], 4, 2, 16, 8, ml_dtypes.bfloat16, "trn1", "scheduled"),
 ]
 
 
