@@ -89,6 +89,16 @@ def test_the_plan_fuses_two_classes_and_keeps_one_class_alone(batch_factory, mon
     assert [p.kernel_kwargs["options"].prefill_only for p in alone.parts] == [False, True]
 
 
+def test_a_pair_that_does_not_fit_runs_as_two_launches(batch_factory, monkeypatch):
+    # the plan asks pair_fits; where the two working sets do not fit together, each class is a
+    # launch of its own and the prefill class offloads as it does alone
+    b = batch_factory(68, QLENS, CLENS, H=8, Hkv=2, d=32, block_size=16)
+    monkeypatch.setattr(step_plan, "pair_fits", lambda *a, **k: False)
+    plan = _plan(b)
+    assert not plan.fused
+    assert [p.kernel_kwargs["options"].prefill_only for p in plan.parts] == [False, True]
+
+
 def test_pair_fits_must_pass_and_must_fail(batch_factory):
     plan = _plan(batch_factory(63, QLENS, CLENS, H=8, Hkv=2, d=32, block_size=16))
     classes = [p.launch.cls for p in plan.parts]
