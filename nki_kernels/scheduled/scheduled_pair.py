@@ -52,10 +52,15 @@ def interleave(n_a: int, n_b: int) -> tuple:
     return steps, k_a, k_b, n_a - steps * k_a, n_b - steps * k_b
 
 
-def step_chunk(k: int) -> int:
-    """Metadata chunk of one interleaved step of ``k`` items: the largest divisor of ``k`` that
-    is at most ``contract.MAX_CHUNK``."""
-    return max(c for c in range(1, min(k, MAX_CHUNK) + 1) if k % c == 0)
+def step_chunks(k: int) -> tuple:
+    """``(m, chunk)``: how one interleaved step's ``k`` items are preloaded -- ``m`` metadata
+    chunks of ``chunk`` items (``m = ceil(k / contract.MAX_CHUNK)``, ``chunk = k // m``); the
+    step runs ``m * chunk`` items (``k`` less fewer than ``m``; the phase's last items go after
+    the loop)."""
+    if k < 1:
+        raise ValueError(f"step_chunks: k must be >= 1; got {k}")
+    m = -(-k // MAX_CHUNK)
+    return m, k // m
 
 
 def _build(ops):
@@ -130,9 +135,9 @@ def pair_body(ops, a, b, num_kv_heads: int):
         for each segment (a's phase, its items; b's phase, its items):
             steps, k_a, k_b, rest_a, rest_b = interleave(a's items, b's items)
             for s in sequential_range(steps):
-                a's next k_a items     (metadata chunks of step_chunk(k_a) items)
+                a's next k_a items     (m metadata chunks of k_a // m items, step_chunks)
                 b's next k_b items
-            a's next rest_a items; b's next rest_b items   (run_items)
+            each class's items the loop left                 (run_items)
     Each item is the one-class kernel's item (``scheduled_attention``), on its class's tiles;
     a phase's persistent KV tiles are allocated where the phase first runs.
     """
@@ -194,16 +199,21 @@ def segments(counts_a: tuple, counts_b: tuple) -> list:
 
 def _interleaved(ops, picked):
     """The two classes' items of one segment (``picked``: per class its :class:`PhaseRun`, its
-    first item and its item count), interleaved (:func:`interleave`)."""
+    first item and its item count), interleaved (:func:`interleave`): a sequential loop whose
+    step runs each class's next ``m * chunk`` items (:func:`step_chunks`), then each class's
+    items the loop left (:func:`run_items`)."""
     (_, _, n_a), (_, _, n_b) = picked
-    steps, k_a, k_b, rest_a, rest_b = interleave(n_a, n_b)
-    ks = (k_a, k_b)
+    steps, k_a, k_b, _, _ = interleave(n_a, n_b)
+    plans = [step_chunks(k) if steps else (0, 0) for k in (k_a, k_b)]
     if steps:
-        chunks = [step_chunk(k) for k in ks]
         for s in ops.sequential_range(steps):
-            for (run, first, _), k, chunk in zip(picked, ks, chunks):
-                for j in ops.static_range(k // chunk):
-                    run_chunk(ops, run, first + s * k + j * chunk, chunk)
-    for (run, first, _), k, rest in zip(picked, ks, (rest_a, rest_b)):
-        if rest:
-            run_items(ops, run, first + steps * k, rest)
+            for (run, first, _), (m, chunk) in zip(picked, plans):
+                if m == 1:
+                    run_chunk(ops, run, first + s * chunk, chunk)
+                else:
+                    for j in ops.sequential_range(m):
+                        run_chunk(ops, run, first + s * (m * chunk) + j * chunk, chunk)
+    for (run, first, n), (m, chunk) in zip(picked, plans):
+        done = steps * m * chunk
+        if n > done:
+            run_items(ops, run, first + done, n - done)

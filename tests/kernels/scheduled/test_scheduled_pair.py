@@ -16,7 +16,7 @@ from host.attention import paged_attention
 from host.reference import paged_attention_ref
 from host.step_plan import plan_paged_attention
 from nki_kernels.contract import MAX_CHUNK
-from nki_kernels.scheduled.scheduled_pair import interleave, segments, step_chunk
+from nki_kernels.scheduled.scheduled_pair import interleave, segments, step_chunks
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
@@ -61,11 +61,33 @@ def test_segments_spread_both_streams_over_the_launch():
     assert segments((0, 32), (1, 3)) == [((1, 0, 8), (0, 0, 1)), ((1, 8, 24), (1, 0, 3))]
 
 
-@pytest.mark.parametrize("k", [1, 5, 40, 64, 65, 96, 130, 67])
-def test_step_chunk_divides_the_step_within_the_chunk_limit(k):
-    c = step_chunk(k)
-    assert k % c == 0 and 1 <= c <= MAX_CHUNK
-    assert not any(k % m == 0 for m in range(c + 1, min(k, MAX_CHUNK) + 1))
+@pytest.mark.parametrize("k", [1, 5, 40, 64, 65, 96, 130, 67, 480])
+def test_step_chunks_preload_a_step_within_the_chunk_limit(k):
+    m, chunk = step_chunks(k)
+    assert m == -(-k // MAX_CHUNK) and 1 <= chunk <= MAX_CHUNK
+    assert 0 <= k - m * chunk < m                  # fewer than m items left to the phase's end
+
+
+def test_step_chunks_refuses_an_empty_step():
+    with pytest.raises(ValueError, match="k must be >= 1; got 0"):
+        step_chunks(0)
+
+
+@pytest.mark.simulation
+def test_a_step_of_more_than_a_chunk_runs_every_item(on_api, batch_factory, tol):
+    """70 decodes beside a 9-token prefill chunk (one prefill item per segment): a step of
+    more than MAX_CHUNK decode items, preloaded in two chunks, checked against the float64
+    reference."""
+    b = batch_factory(69, [1] * 70 + [9], [600] * 70 + [300], H=8, Hkv=1, d=16, block_size=16)
+    plan = _plan(b, large_tile_size=512)
+    counts = [(p.launch.cls.full.items, p.launch.cls.partial.items) for p in plan.parts]
+    steps = [interleave(a[2], c[2]) for a, c in segments(*counts)]
+    assert plan.fused and max(k_a for _, k_a, _, _, _ in steps) > MAX_CHUNK
+    with on_api("nki"):
+        out = _run(b, b.kv_cache, 1)
+    atol, rtol = tol("mixed", b.query.dtype)
+    ref = paged_attention_ref(*b.args())
+    assert np.all(np.abs(out.astype(np.float64) - ref) <= atol + rtol * np.abs(ref))
 
 
 def _plan(b, **kw):
