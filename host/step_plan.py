@@ -44,10 +44,10 @@ from host.scheduled.scheduled import ClassLaunch, class_launch, row_init
 from host.validation import (check_int, check_lens, check_power_of_two, check_softmax_scale,
                              fail, summarize)
 from host.variants import AttentionVariants, make_variants
-from nki_kernels.scheduled.sched_plan import working_set_bytes
 from nki_kernels.contract import (BLOCK_KV, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_HEAD_SIZE_DENSE,
                                   MAX_HEAD_SIZE_SCHEDULED, MAX_TILE_SIZE, MIN_BLOCK_SIZE,
                                   MIN_TILE_SIZE)
+from nki_kernels.scheduled.sched_plan import working_set_bytes
 
 __all__ = ["AttentionPlan", "ClassPlan", "DenseInputs", "plan_paged_attention", "class_launches",
            "KERNELS", "GQA_PACKING", "DTYPES", "MAX_HEAD_SIZE", "LAYER_VALUES", "KV_LAYOUTS",
@@ -132,7 +132,8 @@ class AttentionPlan:
     the largest of its classes' tiles), variants (validated ``host.variants.AttentionVariants``).
     Scheduled kernel: parts (one :class:`ClassPlan` per class: schedule, launch inputs and
     keyword arguments), fused (True: the two classes run as one launch, their items
-    interleaved, ``nki_kernels.scheduled.scheduled_pair``; :data:`FUSE_CLASSES`), block_tables (S, max_blocks) int64 read-only (the overlays read it per
+    interleaved, ``nki_kernels.scheduled.scheduled_pair``; :data:`FUSE_CLASSES`),
+    block_tables (S, max_blocks) int64 read-only (the overlays read it per
     layer). Dense kernel: dense (:class:`DenseInputs`), kernel_kwargs (its keyword arguments,
     read-only mapping).
     """
