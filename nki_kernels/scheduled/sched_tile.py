@@ -167,7 +167,9 @@ def zeroed(ops, shape, dtype, engine):
 # ScalarE: 4 x 512 + 60 decodes 6040 / 6040 us, 2 + 30 1834 / 1772, 32 decodes 2513 / 2513
 # (three fills, two of them on ScalarE, cost 2 + 30 another 34 us); with the class launches
 # added one after the other (nki_sim.cost): 8261 / 8261, 2117 / 2091, 2513 / 2513 (all on
-# ScalarE: 8253, 2087, 2509 -- within 0.2 %, not taken).
+# ScalarE: 8253, 2087, 2509 -- within 0.2 %, not taken). In the mixed batches' pair launch
+# (one launch, ScalarE busy with the prefill items too): half / all on ScalarE 6084 / 6243 us
+# (4 x 512 + 60), 1829 / 1907 (2 + 30), against 6084 and 1773 with two thirds.
 V_ZERO_ENGINES = ("scalar", "scalar", "gpsimd")
 
 
