@@ -133,7 +133,7 @@ def pair_body(ops, a, b, num_kv_heads: int):
     one stream; :func:`segments` cuts the two streams where either changes phase, so that each
     segment pairs one phase of each class, and spreads both streams evenly over the launch:
         for each segment (a's phase, its items; b's phase, its items):
-            steps, k_a, k_b, rest_a, rest_b = interleave(a's items, b's items)
+            steps, k_a, k_b = interleave(a's items, b's items)[:3]
             for s in sequential_range(steps):
                 a's next k_a items     (m metadata chunks of k_a // m items, step_chunks)
                 b's next k_b items
