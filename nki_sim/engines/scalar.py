@@ -1,5 +1,6 @@
 """ScalarE: ``activation`` (``dst = fn(data * scale + bias)`` in fp32) with the per-partition
-accumulator (``reduce_cmd`` idle / reset / reduce / reset_reduce, read out into ``reduce_res``)."""
+accumulator (``reduce_cmd`` idle / reset / reduce / reset_reduce, read out into ``reduce_res``).
+Its trace events carry the function's name (``Event.attr("func")``, e.g. ``"exp"``)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def activation(dst, fn: str, data, *, bias=None, scale=1.0, reduce_alu=None, red
     out = apply_act(fn, z)
     write_dst(dst, out, op, inputs=(a, bo))
     reduces = op == "activation_reduce" or reduce_res is not None or reduce_cmd != "idle"
+    attrs = {"func": fn, "reduce": True} if reduces else {"func": fn}
     emit("scalar", op, tuple(o for o in (a, bo, so) if o is not None), dst, name=name,
-         attrs={"reduce": True} if reduces else None)
+         attrs=attrs)
     if not reduces:
         return
     if reduce_res is not None and reduce_cmd == "idle":

@@ -101,6 +101,7 @@ def test_events_carry_location_loops_program_and_attrs(rng):
     assert len(named) == 4 and named[0].src_buffer == "hbm" and named[0].dst_buffer == "sbuf"
     act = [e for e in ev if e.op == "activation"][0]
     assert act.engine == "scalar" and act.partitions == 64 and act.free_elems == 128
+    assert act.attr("func") == "exp" and act.attr("reduce") is None
     st = [e for e in ev if e.op == "store"][0]
     assert st.src_buffer == "sbuf" and st.dst_buffer == "hbm"
     memsets = [e for e in ev if e.op == "memset"]
@@ -122,7 +123,7 @@ def test_activation_reduce_and_transpose_attrs(rng):
         out = run(k, x)
     np.testing.assert_allclose(out[:, 0], np.exp(x.astype(np.float64)).sum(1), rtol=1e-5)
     ar = [e for e in tr.events if e.op == "activation_reduce"][0]
-    assert ar.attr("reduce") is True and ar.out_dtype == "bfloat16"
+    assert ar.attr("reduce") is True and ar.attr("func") == "exp" and ar.out_dtype == "bfloat16"
     tp = [e for e in tr.events if e.op == "nc_transpose"][0]
     assert tp.engine == "tensor" and tp.attr("contraction") == 32 and tp.attr("stationary_free") == 16
 

@@ -141,8 +141,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
     res = result_tile(out, out_dt, op=_api, engine="scalar",
                       inputs=tuple(o for o in (a, bo, so) if o is not None), mask=m, name=name,
-                      attrs={"reduce": True} if (_api == "activation_reduce" or reduce_res is not None
-                                                 or reduce_cmd != _reduce_cmd.idle) else None)
+                      attrs={"func": fn, "reduce": True} if (
+                          _api == "activation_reduce" or reduce_res is not None
+                          or reduce_cmd != _reduce_cmd.idle) else {"func": fn})
     if reduce_res is not None or reduce_cmd != _reduce_cmd.idle:
         if reduce_op is None:
             reduce_op = np.add

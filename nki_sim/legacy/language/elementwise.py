@@ -163,8 +163,10 @@ def unary(name, x, *, dtype=None, mask=None, op=None, tname=""):
     else:
         r = apply_act(name, a.v)
     engine = "vector" if name in _VECTOR_UNARY else "scalar"
+    scalar = engine == "scalar"
     return result_tile(r, out_dt, op=opname, engine=engine, inputs=(a,), mask=m, shape=x.shape,
-                       name=tname, isa="activation" if engine == "scalar" else None)
+                       name=tname, isa="activation" if scalar else None,
+                       attrs={"func": name} if scalar else None)
 
 
 ACT_INT = {"negative": np.negative, "abs": np.abs, "sign": np.sign,
