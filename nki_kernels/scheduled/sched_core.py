@@ -233,10 +233,11 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         bounds = None           # the scores are masked already
     # Step 2: optional ALiBi bias (ScalarE + VectorE pass), soft-cap (one ScalarE pass) and mask
     # (ScalarE |t - c| + 2 VectorE passes).
+    whole = None        # the SBUF (rows, width) tile whose chunk slices ``src`` is, if any
     if alibi is not None:
         bias = ops.sbuf((rows, width), f32)
         ops.activation(bias, "copy", kidx[:, ops.ds(k0, width)], scale=alibi[0], bias=alibi[1])
-        biased = []
+        biased = []     # tiles of their own: a range select reads 128-column parts of them
         for c in range(n_c):
             b_c = ops.sbuf((rows, PSUM_BANK_F32), f32)
             ops.tensor_tensor(b_c, src[c], bias[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "add")
@@ -245,8 +246,9 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
     n_k = width // P
     mx = None
     if ranged:
+        whole = ops.sbuf((rows, width), f32)   # from PSUM or the ALiBi tiles: once per chunk
         src, mx = range_masked(ops, src, derived, k0=k0, rows=rows, soft_cap=cfg.soft_cap,
-                               natural=natural, kidx=kidx, bp=bp)
+                               natural=natural, kidx=kidx, bp=bp, out=whole)
     elif cfg.soft_cap is not None or bounds is not None:
         seen = None
         if bounds is not None and not cfg.windowed:
@@ -261,39 +263,46 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
             ops.activation(dist, "abs", kidx[:, ops.ds(k0, width)], bias=neg_c, scale=1.0)
             seen = ops.sbuf((rows, width), ops.PRED)
             ops.tensor_tensor(seen, dist, bounds[1], "less")
-        vals = []
-        for c in ops.static_range(n_c):
-            u = src[c]
-            if cfg.soft_cap is not None:
-                capped = ops.sbuf((rows, PSUM_BANK_F32), f32)
-                ops.activation(capped, "tanh", u, scale=1.0 / mult)
-                u = capped
-            if seen is not None:
-                sel = ops.sbuf((rows, PSUM_BANK_F32), f32)
-                ops.where(sel, seen[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], u,
+        if cfg.soft_cap is not None:
+            whole, capped = _chunk_slices(ops, rows, n_c)
+            for c in ops.static_range(n_c):
+                ops.activation(capped[c], "tanh", src[c], scale=1.0 / mult)
+            src = capped
+        if seen is not None:
+            whole, sel = _chunk_slices(ops, rows, n_c)
+            for c in ops.static_range(n_c):
+                ops.where(sel[c], seen[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], src[c],
                           NEG_MASK / mult)
-                u = sel
-            vals.append(u)
-        src = vals
+            src = sel
     # Step 3: running max (kept negated) and the rescale factor.
     if mx is None:
         mx = ops.sbuf((rows, n_c), f32)
-        in_psum = alibi is None and not (cfg.soft_cap is not None or bounds is not None)
-        for c in ops.static_range(n_c):
-            if cfg.max_evacuates and in_psum:
-                scores = ops.sbuf((rows, PSUM_BANK_F32), f32)
-                ops.copy_max(scores, src[c], mx[:, ops.ds(c, 1)])
-                src[c] = scores
-            else:
+        if cfg.max_evacuates and whole is None and alibi is None:  # scores still in PSUM
+            whole, scores = _chunk_slices(ops, rows, n_c)
+            for c in ops.static_range(n_c):
+                ops.copy_max(scores[c], src[c], mx[:, ops.ds(c, 1)])
+            src = scores
+        elif whole is not None and n_c > 1:   # the chunks' maxima in one (rows, n_c, 512) reduce
+            ops.tensor_reduce(mx, "max", ops.free_view(whole, ((PSUM_BANK_F32, n_c),
+                                                               (1, PSUM_BANK_F32))), axis=(2,))
+        else:
+            for c in ops.static_range(n_c):
                 ops.tensor_reduce(mx[:, ops.ds(c, 1)], "max", src[c], axis=(1,), keepdims=True)
     nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, mx, mult, engine=cfg.state_engine,
                                      pairwise=cfg.pairwise_max)
     # Step 4: probabilities (and, unless TensorE sums them, their row sums) in one ScalarE pass
-    # per chunk.
+    # per PSUM chunk, or one over the step when the values are in SBUF (``whole``): a PSUM
+    # access stays inside its bank, an SBUF one does not, and each instruction saved is its
+    # static overhead.
     pe_sums = tile.ones is not None and d + 2 <= PSUM_BANK_F32
     probs = ops.sbuf((rows, width), cfg.kernel_dtype)
     row_sum = None
-    if pe_sums:
+    if whole is not None and pe_sums:
+        ops.activation(probs, "exp", whole, bias=nm_new, scale=mult)
+    elif whole is not None:
+        row_sum = ops.sbuf((rows, 1), f32)
+        ops.activation(probs, "exp", whole, bias=nm_new, scale=mult, row_sum=row_sum)
+    elif pe_sums:
         for c in ops.static_range(n_c):
             ops.activation(probs[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)], "exp", src[c],
                            bias=nm_new, scale=mult)
@@ -338,6 +347,13 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         return
     update_state(ops, st, col0, d, alpha=alpha, row_sum=row_sum, nm_new=nm_new, pv=pv,
                  copy_engine=cfg.state_copy_engine)
+
+
+def _chunk_slices(ops, rows, n_c):
+    """A new SBUF ``(rows, n_c * 512)`` fp32 tile and its n_c 512-column slices (one step's
+    chunks side by side, so that one instruction can read them all)."""
+    t = ops.sbuf((rows, n_c * PSUM_BANK_F32), ops.float32)
+    return t, [t[:, ops.ds(c * PSUM_BANK_F32, PSUM_BANK_F32)] for c in range(n_c)]
 
 
 def _add_mask(ops, src, derived, kidx, k0, width, rows, windowed, mask_eye, engine=None):

@@ -89,7 +89,8 @@ def offset_bounds_of(ops, tiles, j, n, bp, rows):
                         hi=tuple(hi[0:rows, ops.ds(s * n + j, 1)] for s in range(bp)))
 
 
-def range_masked(ops, src, range_bounds, *, k0, rows, soft_cap, natural, kidx=None, bp=None):
+def range_masked(ops, src, range_bounds, *, k0, rows, soft_cap, natural, kidx=None, bp=None,
+                 out=None):
     """Mask one step's score chunks ``src`` (512 columns each, PSUM or SBUF, fp32) and take
     their row maxima.
 
@@ -101,9 +102,10 @@ def range_masked(ops, src, range_bounds, *, k0, rows, soft_cap, natural, kidx=No
     ``(lo - kidx0_i) / b'`` come from ``kidx`` (the key-index tile) per step. With a soft-cap
     the chunk is ``tanh(S / cap)`` first.
 
-    Returns the masked scores (one SBUF ``(rows, 512)`` fp32 tile per chunk; fp32.min where a
-    row does not see the key) and the ``(rows, n)`` maxima, n = chunks (natural) or 128-key
-    blocks (tiled)."""
+    Returns the masked scores (one SBUF ``(rows, 512)`` fp32 tile per chunk, or with ``out``, an
+    SBUF ``(rows, 512 * chunks)`` fp32 tile, its 512-column slices; fp32.min where a row does
+    not see the key) and the ``(rows, n)`` maxima, n = chunks (natural) or 128-key blocks
+    (tiled)."""
     f32 = ops.float32
     per = 1 if natural else PSUM_BANK_F32 // RANGE_BLOCK
     width = PSUM_BANK_F32 // per
@@ -123,10 +125,12 @@ def range_masked(ops, src, range_bounds, *, k0, rows, soft_cap, natural, kidx=No
             capped = ops.sbuf((rows, PSUM_BANK_F32), f32)
             ops.activation(capped, "tanh", u, scale=1.0 / float(soft_cap))
             u = capped
-        out = ops.sbuf((rows, PSUM_BANK_F32), f32)
+        base, col = ((ops.sbuf((rows, PSUM_BANK_F32), f32), 0) if out is None
+                     else (out, c * PSUM_BANK_F32))
         for i4 in ops.static_range(per):
             i = c * per + i4
-            dst, data = out[:, ops.ds(i4 * width, width)], u[:, ops.ds(i4 * width, width)]
+            dst = base[:, ops.ds(col + i4 * width, width)]
+            data = u[:, ops.ds(i4 * width, width)]
             if natural:
                 lo, hi, start = range_bounds[0], range_bounds[1], k0 + c * PSUM_BANK_F32
             elif by_offset:     # K^T column block (l, s): range_start l*128, bounds of offset s
@@ -136,5 +140,5 @@ def range_masked(ops, src, range_bounds, *, k0, rows, soft_cap, natural, kidx=No
             else:
                 lo, hi, start = b0[:, ops.ds(i, 1)], b1[:, ops.ds(i, 1)], 0
             ops.range_select_max(dst, data, lo, hi, mx[:, ops.ds(i, 1)], start=start)
-        vals.append(out)
+        vals.append(base if out is None else base[:, ops.ds(col, PSUM_BANK_F32)])
     return vals, mx

@@ -174,6 +174,45 @@ def test_trn1_row_max_copies_the_scores_out_of_psum(batch_factory):
             assert "tensor_reduce" not in maxes
 
 
+@pytest.mark.parametrize("target, api, variant", [("trn1", "legacy", "causal"),
+                                                  ("trn1", "legacy", "softcap"),
+                                                  ("trn2", "nki", "causal"),
+                                                  ("trn2", "legacy", "softcap")])
+def test_steps_in_sbuf_exponentiate_in_one_pass(target, api, variant, on_api, batch_factory,
+                                                poison_unseen):
+    """A query-rows step of several 512-key chunks whose values are in SBUF -- copied out of
+    PSUM by the trn1 row max, masked by a NeuronCore-v3 range select, or soft-capped and
+    selected -- exponentiates them in ONE ScalarE instruction over the step (an SBUF access may
+    span PSUM banks' worth of columns); a step still in PSUM (trn2 full steps) keeps one per
+    bank. Selected values (trn1's soft-capped steps) take their chunk maxima in one reduce of
+    a (rows, chunks, 512) view.
+    Matches the float64 reference; NaN in every cache slot no query may see changes no output
+    bit."""
+    from host.attention import paged_attention
+
+    kw = {"causal": {}, "softcap": dict(logits_soft_cap=2.0)}[variant]
+    b = batch_factory(6, [300, 1], [200, 1900], H=8, Hkv=2, d=16, block_size=16, dtype=BF16,
+                      spare_blocks=2)
+    run = dict(backend="sim", kernel="scheduled", large_tile_size=2048, partial_tile_size=2048,
+               **kw)
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*b.args(), **run)
+    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*b.args(), **kw)).max() \
+        < 3e-2
+    exps = [e for e in trace.events if e.op in ("activation", "activation_reduce")
+            and e.attr("func") == "exp" and e.partitions == P and e.out_dtype == "bfloat16"]
+    from_sbuf = [e.free_elems for e in exps if e.src_buffer == "sbuf"]
+    assert from_sbuf and max(from_sbuf) == 2048, sorted(set(from_sbuf))
+    assert all(e.free_elems <= 512 for e in exps if e.src_buffer == "psum")
+    if target == "trn1" and variant == "softcap":
+        maxes = [e for e in trace.events if e.op == "tensor_reduce" and e.partitions == P
+                 and e.free_elems == 2048 and e.src_buffer == "sbuf"]
+        assert maxes and all(tuple(e.out_shape) == (P, 4) for e in maxes)
+    with on_api(api, target):
+        again = paged_attention(b.query, b.key, b.value, poison_unseen(b), *b.args()[4:], **run)
+    assert np.asarray(again).tobytes() == np.asarray(out).tobytes()
+
+
 @pytest.mark.parametrize("d", [16, 512])
 def test_prefill_row_sums_come_from_tensore(d, batch_factory):
     """128-row steps with d + 2 <= 512 take their row sums as P 1 on TensorE (a (128, 2) ones
