@@ -43,9 +43,11 @@ import numpy as np
 
 from host._arrays import readonly
 from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERHEAD_KEYS, bucket,
-                                           choose_groups_and_partial_tile, choose_large_tile,
-                                           choose_partial_tile, group_blocks_for_parts,
+                                           check_seqs, choose_groups_and_partial_tile,
+                                           choose_large_tile, choose_partial_tile,
+                                           class_sequences, group_blocks_for_parts,
                                            item_geometry, q_blocks, schedule_items, split_parts)
+from host.scheduled.row_nesting import nested_order, rows_nested, tile_rows_written
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_LAUNCH_CORES as CORES, MAX_TILE_SIZE,
@@ -93,6 +95,9 @@ class PhaseArrays:
     parts: the item parts (docs/layouts.md §16.3): items ``[p * items / parts, (p + 1) * items
         / parts)`` are part p's (its groups' items, then its padding), run by core p of an
         LNC=2 launch; 1: one run of items.
+    nested_rows: masked phase: in every KV head and part each real item's gathers write every
+        KV row the items before it wrote (``host.scheduled.row_nesting``), so the kernel may
+        zero the phase's KV tiles once (``SchedOptions.nested_rows``).
     """
 
     items: int
@@ -103,6 +108,7 @@ class PhaseArrays:
     item_block: np.ndarray = field(repr=False, default=None)   # (items,) Q block (-1: padding)
     bounds: np.ndarray = field(repr=False, default=None)       # decode layout, masked: see above
     parts: int = 1
+    nested_rows: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,29 +237,6 @@ def make_schedule(query_lens: Any, context_lens: Any, block_tables: np.ndarray, 
                           kv_layout=kv_layout, seqs=seqs, item_parts=item_parts)
 
 
-def check_seqs(seqs: Any, num_seqs: int) -> np.ndarray:
-    """``seqs`` as a sorted int64 vector of distinct sequence ids in [0, num_seqs), at least one
-    (``ValueError`` naming ``seqs`` otherwise)."""
-    arr = np.asarray(seqs)
-    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
-        fail("seqs", "be a non-empty 1-D integer vector of sequence ids",
-             f"{arr.dtype} array of shape {arr.shape}")
-    ids = np.unique(arr.astype(np.int64))
-    if ids.size != arr.size or ids[0] < 0 or ids[-1] >= num_seqs:
-        fail("seqs", f"hold distinct sequence ids in [0, {num_seqs})", arr)
-    return ids
-
-
-def class_sequences(q: np.ndarray, num_queries_per_kv: int, seqs: Any = None) -> tuple:
-    """The classes of a batch of query lengths ``q`` (S,): ``(("decode", ids), ("prefill",
-    ids))`` without empty ones -- decode: ``q_i * G <= DECODE_MAX_ROWS`` query rows (one small
-    block, keys on partitions), prefill: the rest (128-row blocks). ``seqs``: only these ids."""
-    ids = np.arange(q.shape[0]) if seqs is None else np.asarray(seqs, np.int64)
-    small = q[ids] * int(num_queries_per_kv) <= DECODE_MAX_ROWS
-    return tuple((kind, [int(i) for i in ids[sel]])
-                 for kind, sel in (("decode", small), ("prefill", ~small)) if sel.any())
-
-
 def auto_large_tile(q: np.ndarray, *, num_heads: int, num_kv_heads: int, head_size: int,
                     block_size: int, itemsize: int, cache_itemsize: int, mixed_precision: bool,
                     sliding_window: int | None, partial_tile_size: int | None) -> int:
@@ -374,6 +357,9 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
                       group_keys=[keys[i] for i, _ in groups], widths=(geo[False].W, geo[True].W),
                       overhead=DECODE_ITEM_OVERHEAD_KEYS if decode_layout(rows, blocks)
                       else ITEM_OVERHEAD_KEYS, per_tile=geo[False].W // geo[True].W)
+    # partial items in an order whose written KV rows nest (the kernel then zeroes its tiles once)
+    written = tile_rows_written(geo[True], keys, [i for i, _ in groups], group_lo)
+    cut = tuple((f, nested_order(pi, written)) for f, pi in cut)
     full_groups = {g for f, _ in cut for g, _ in f}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.
@@ -478,7 +464,12 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
                     else:
                         mf[:rows, t, lay.bounds + 2 * jj] = (lo + hi - 1) / 2.0
                         mf[:rows, t, lay.bounds + 1 + 2 * jj] = (hi - lo) / 2.0
+        nested = masked and rows_nested(mi, kv_col=kv_col, ov_col=lay.ov, loads=nL,
+                                        part_items=[len(x) for x in parts_lists],
+                                        per_part=per_part, main_sentinel=main_sentinel,
+                                        ov_sentinel=ov_sentinel)
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked, parts=len(parts_lists),
+                           nested_rows=nested,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
                            meta_f=readonly(mf.reshape(P, n_items * kf)),
                            item_block=readonly(item_block),

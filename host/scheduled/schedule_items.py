@@ -2,20 +2,24 @@
 (``nki_kernels.contract.TileGeometry``), Q blocks and groups, FULL / PARTIAL items with exact
 pruning, the phases' static item counts (``bucket``), the full tiles that fill the partial
 phase's padding slots, the cut of a class's groups into item parts (one per core of an LNC=2
-launch) and the ``"auto"`` partial tile size. Plain NumPy / Python on lengths; ``host.scheduled.schedule`` turns the items into kernel metadata.
+launch), the ``"auto"`` partial tile size and the batch's classes (decode / prefill). Plain NumPy / Python on lengths; ``host.scheduled.schedule`` turns the items into kernel metadata.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from nki_kernels.contract import MIN_TILE_SIZE, TileGeometry, tile_geometry
+from host.validation import fail
+from nki_kernels.contract import DECODE_MAX_ROWS, MIN_TILE_SIZE, TileGeometry, tile_geometry
 
 __all__ = ["ITEM_OVERHEAD_KEYS", "DECODE_ITEM_OVERHEAD_KEYS", "MASKED_KEY_WEIGHT",
            "TileGeometry", "item_geometry", "q_blocks", "schedule_items", "bucket",
            "fill_partial_padding", "split_parts", "group_blocks_for_parts", "choose_partial_tile",
            "choose_groups_and_partial_tile", "MIN_AUTO_GROUP_BLOCKS", "choose_large_tile",
-           "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS", "AUTO_DECODE_ROW_TOKENS"]
+           "AUTO_LARGE_TILE", "AUTO_DECODE_MAX_ROWS", "AUTO_DECODE_ROW_TOKENS",
+           "class_sequences", "check_seqs"]
 
 
 def bucket(n: int) -> int:
@@ -284,3 +288,26 @@ def group_blocks_for_parts(need: list, cap: int, parts: int) -> int:
     while parts > 1 and blocks > 1 and sum(-(-n // blocks) for n in need) < 2 * parts:
         blocks = -(-blocks // 2)
     return blocks
+
+
+def check_seqs(seqs: Any, num_seqs: int) -> np.ndarray:
+    """``seqs`` as a sorted int64 vector of distinct sequence ids in [0, num_seqs), at least one
+    (``ValueError`` naming ``seqs`` otherwise)."""
+    arr = np.asarray(seqs)
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+        fail("seqs", "be a non-empty 1-D integer vector of sequence ids",
+             f"{arr.dtype} array of shape {arr.shape}")
+    ids = np.unique(arr.astype(np.int64))
+    if ids.size != arr.size or ids[0] < 0 or ids[-1] >= num_seqs:
+        fail("seqs", f"hold distinct sequence ids in [0, {num_seqs})", arr)
+    return ids
+
+
+def class_sequences(q: np.ndarray, num_queries_per_kv: int, seqs: Any = None) -> tuple:
+    """The classes of a batch of query lengths ``q`` (S,): ``(("decode", ids), ("prefill",
+    ids))`` without empty ones -- decode: ``q_i * G <= DECODE_MAX_ROWS`` query rows (one small
+    block, keys on partitions), prefill: the rest (128-row blocks). ``seqs``: only these ids."""
+    ids = np.arange(q.shape[0]) if seqs is None else np.asarray(seqs, np.int64)
+    small = q[ids] * int(num_queries_per_kv) <= DECODE_MAX_ROWS
+    return tuple((kind, [int(i) for i in ids[sel]])
+                 for kind, sel in (("decode", small), ("prefill", ~small)) if sel.any())

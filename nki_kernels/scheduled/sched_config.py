@@ -75,6 +75,12 @@ class SchedOptions:
         many item parts (any Hkv; docs/layouts.md §16.3): every phase's items are
         ``item_parts`` equal runs, core c runs run c of every KV head
         (``ops.item_part``); 1 leaves the cores to split the KV heads (``ops.kv_heads``).
+    nested_rows: the host's promise (``host.scheduled.row_nesting``, checked on the metadata)
+        that in every KV head and item part each real partial item's gathers write every KV
+        tile row an earlier one wrote: the partial phase then zeroes its K / V tiles once per
+        head and part instead of before every item (``sched_tile.nested_tiles``). False (the
+        default) is always safe; True on metadata that breaks the promise lets a stale row of
+        another sequence into an item's tile.
     """
 
     softmax_scale: float | None = None
@@ -88,6 +94,7 @@ class SchedOptions:
     kv_layout: str = "fused"
     prefill_only: bool = False
     item_parts: int = 1
+    nested_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
 
     Cache rows are gathered in the cache dtype (no conversion inside an indirect DMA) into a
     zeroed tile (masked items: rows no DMA writes must be exact zeros; K rows where
-    :func:`stale_keys_ok` go to ``kv_tiles[0]``, the phase's K rows tile, zeroed once) or
+    :func:`stale_keys_ok` go to ``kv_tiles[0]``, the phase's K rows tile, zeroed once; K and V
+    where :func:`nested_tiles` to ``kv_tiles``, zeroed once per head and part) or
     ``kv_tiles``, the phase's persistent tiles (full items write every row). A 16-bit cache (or any cache of the
     kernel dtype) is used as gathered and the overlay rows land in the same tile (``k_ov = v_ov
     = None``).
@@ -74,11 +75,12 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
     cdt = src.dtype
     direct = cfg.fp8_direct
     k_ov = v_ov = None
+    fresh = masked and not nested_tiles(cfg, phase)     # tiles zeroed for this item
     if keys_by_dma(ops, cfg, phase):
         k_t = kv_tiles[0]       # persistent (masked items: see scheduled_attention.phase_tiles)
         # ScalarE has no K^T PSUM copies on this path: it zeroes two thirds of V and GpSimd
         # the rest, off the busier VectorE (V_ZERO_ENGINES)
-        v_rows = zeroed(ops, (P, nL * rw), cdt, V_ZERO_ENGINES) if masked else kv_tiles[1]
+        v_rows = zeroed(ops, (P, nL * rw), cdt, V_ZERO_ENGINES) if fresh else kv_tiles[1]
         for l in ops.static_range(nL):
             ops.gather_transpose(k_t, src.tables[0], mi, ci + l, tokens=geo.bp, width=cfg.d,
                                  lead=src.leads[0], col0=l * P * geo.bp, step=src.step,
@@ -89,7 +91,7 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
                                      width=cfg.d, lead=(0,), col0=l * P * geo.bp)
                 ops.gather(v_rows[:, ops.ds(l * rw, rw)], overlay, mi, ci + nL + l, lead=(1,))
         return k_t, v_rows, None, None
-    if masked:
+    if fresh:
         k_rows = (kv_tiles[0] if stale_keys_ok(ops, cfg, phase)
                   else zeroed(ops, (P, nL * rw), cdt, "gpsimd"))
         v_rows = zeroed(ops, (P, nL * rw), cdt, "gpsimd")
@@ -115,6 +117,16 @@ def gather_kv(ops, cfg, phase, mi, ci, overlay, head, kv_tiles=None):
             for l in ops.static_range(nL):
                 _gather_overlay(ops, k_rows, v_rows, overlay, mi, ci + nL + l, l * rw, rw)
     return k_rows, v_rows, k_ov, v_ov
+
+
+def nested_tiles(cfg, phase) -> bool:
+    """Whether a masked phase keeps one K and one V tile per KV head and item part, zeroed once
+    (``scheduled_attention.phase_tiles``), instead of zeroing them before every item: the
+    host's promise ``SchedOptions.nested_rows`` (each real item writes every row an earlier one
+    wrote, so a row an item does not write still holds the fill's zeros), for a cache in the
+    kernel dtype (fp8 and converted caches keep their per-item tiles)."""
+    return (phase.masked and cfg.opts.nested_rows and not cfg.fp8_direct
+            and dtype_name(phase.kv.dtype) == dtype_name(cfg.kd))
 
 
 def stale_keys_ok(ops, cfg, phase) -> bool:

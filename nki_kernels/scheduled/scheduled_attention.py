@@ -62,8 +62,8 @@ from nki_kernels.scheduled.sched_item import (chunk_queries, fold_tile, load_q_s
                                               reset_by_dma, reset_ids, reset_state,
                                               state_reset_table, store_blocks)
 from nki_kernels.scheduled.sched_range import natural_order
-from nki_kernels.scheduled.sched_tile import (gather_kv, keys_by_dma, stale_keys_ok,
-                                              transpose_keys, zeroed)
+from nki_kernels.scheduled.sched_tile import (gather_kv, keys_by_dma, nested_tiles,
+                                              stale_keys_ok, transpose_keys, zeroed)
 from nki_kernels.tile_ops import identity_tile
 
 
@@ -320,6 +320,14 @@ def phase_tiles(ops, cfg, phase):
         # prefill and mixed batches) once so nothing is ever uninitialised.
         k_shape = (cfg.d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else rows_shape  # K^T / K
         return (zeroed(ops, k_shape, phase.kv.dtype, "gpsimd"),
+                zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"))
+    if nested_tiles(cfg, phase):
+        # Masked items whose written rows nest (SchedOptions.nested_rows): one K (K^T) and one
+        # V tile for the head and part, zeroed once; a row an item does not write still holds
+        # zeros (sched_tile.nested_tiles).
+        k_shape = (cfg.d, phase.geo.W) if keys_by_dma(ops, cfg, phase) else rows_shape
+        k_dtype = cfg.kd if keys_by_dma(ops, cfg, phase) else phase.kv.dtype
+        return (zeroed(ops, k_shape, k_dtype, "gpsimd"),
                 zeroed(ops, rows_shape, phase.kv.dtype, "gpsimd"))
     if keys_by_dma(ops, cfg, phase):
         # Masked items with K^T by DMA transpose: one K^T tile for the phase, zeroed once.

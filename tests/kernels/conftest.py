@@ -189,6 +189,15 @@ def _block_dimensions_are_errors():
 
 
 @pytest.fixture
+def keep_item_order(monkeypatch):
+    """The host keeps partial items ordered by group and tile (``row_nesting.nested_order``
+    off), so a later item may write fewer KV rows than an earlier one and the partial phase
+    zeroes its tiles per item (``SchedOptions.nested_rows`` False)."""
+    from host.scheduled import schedule
+    monkeypatch.setattr(schedule, "nested_order", lambda items, written: list(items))
+
+
+@pytest.fixture
 def on_api(monkeypatch):
     """``on_api(api, target="trn2")``: the scheduled kernel's launches in this test run on
     ``api`` ("legacy" | "nki", through ``NKI_PA_API``) for ``target``; returns the target

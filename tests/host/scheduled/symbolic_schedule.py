@@ -258,6 +258,16 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
                     key_seq[tl_of[l, ov_inb]] = i[:, None]
                     key_pos[tl_of[l, ov_inb]] = j[:, None] * bp + np.arange(bp)[None, :]
                     n_ov += int(ov_inb.sum())
+            if masked and arr.nested_rows:
+                # the kernel zeroes the partial phase's tiles once per head and part: a key slot
+                # a real item does not write must still hold nothing (-1), never an earlier
+                # item's key (another sequence's NaN would reach this item's P V)
+                if t % (arr.items // arr.parts) == 0:
+                    held = np.full(W, -1)
+                wrote = key_seq >= 0
+                assert not (real_t and ((held >= 0) & ~wrote).any()), \
+                    "nested_rows: a slot the item does not write holds an earlier item's key"
+                held[wrote] = key_seq[wrote]
             seqs = set(key_seq[key_seq >= 0].tolist())
             assert len(seqs) <= 1, "an item gathers rows of two sequences"
             iseq = seqs.pop() if seqs else -1

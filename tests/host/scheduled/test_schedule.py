@@ -54,11 +54,14 @@ def test_two_classes_hand_built():
     assert summary(items[0]) == [
         # full phase first: seq0's first tile (stores its state for the partial phase)
         ("f", 0, 0, 1, (0,), (0,), ()),
-        # partial phase: seq0's last tile (loads that state, stores the output), seq1, seq3
+        # partial phase, fewest written KV rows first (their row sets then nest,
+        # host.scheduled.row_nesting): seq3 (24 rows), seq0's last tile (123 rows; loads that
+        # state, stores the output), seq1 (128 rows)
+        ("p", 3, 0, 1, (0,), (), (0,)),
         ("p", 0, 1, 1, (0,), (0,), (0,)),
         ("p", 1, 0, 1, (0,), (), (0,)),
-        ("p", 3, 0, 1, (0,), (), (0,)),
     ]
+    assert dec.partial.nested_rows and pre.partial.nested_rows
     assert summary(items[1]) == [
         ("f", 4, 0, 1, (0, 1, 2), (0, 1, 2), ()),
         ("p", 2, 0, 1, (0,), (), (0,)),                    # one block in a 3-slot group
@@ -66,7 +69,7 @@ def test_two_classes_hand_built():
     ]
     assert [it.blocks for it in items[1] if it.real] == [(3, 4, 5), (0, None, None), (3, 4, 5)]
     gathered = [(it.main, it.ov) for it in items[0] if it.real]
-    assert gathered == [(128, 0), (122, 1), (127, 1), (16, 8)]    # rows 0..127; 128..249 + 250
+    assert gathered == [(128, 0), (16, 8), (122, 1), (127, 1)]    # rows 0..127; 128..249 + 250
 
 
 def test_bounds_columns_hand_computed():
@@ -263,9 +266,11 @@ def test_full_items_fill_the_partial_phases_padding():
         (10, 10, 8, 8)
     assert _padding_ids_all_out_of_bounds(s, kw) == 0
     rows = summary(check_coverage(s, **kw)[0])
-    # the moved tile is seq 8's tile 0, now its first partial item: no state store or load
-    assert [r for r in rows if r[1] == 8] == [("p", 8, 0, 1, (0,), (), ()),
-                                              ("p", 8, 1, 0, (), (), (0,))]
+    # the moved tile is seq 8's tile 0, a partial item now: no state store or load; it writes
+    # all 128 rows, so it follows the group's last tile (123 rows: the rows nest)
+    assert [r for r in rows if r[1] == 8] == [("p", 8, 1, 1, (0,), (), ()),
+                                              ("p", 8, 0, 0, (), (), (0,))]
+    assert cls.partial.nested_rows
     assert [r for r in rows if r[1] == 7] == [("f", 7, 0, 1, (0,), (0,), ()),
                                               ("p", 7, 1, 1, (0,), (0,), (0,))]
 

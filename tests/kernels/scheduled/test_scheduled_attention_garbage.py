@@ -224,8 +224,10 @@ def test_trn1_prefill_garbage_stays_in_its_sequence(what, batch_factory):
 # Masked decode items on NeuronCore-v3+ share one K rows tile per phase, zeroed once
 # (sched_tile.stale_keys_ok): rows a later item's DMAs skip keep an earlier item's keys. Sequence
 # 0 (31 cache blocks in its one tile) sees a NaN key in its block 20; sequence 1 (2 cache blocks)
-# comes after it in the same phase, so row 20 of its tile still holds that NaN key.
+# comes after it in the same phase (the host's nesting order, which would put sequence 1 first,
+# is switched off: ``keep_item_order``), so row 20 of its tile still holds that NaN key.
 STALE_QLENS, STALE_CLENS = [1, 1], [500, 40]
+
 
 
 def _stale_run(b, cache, target, lnc=1):
@@ -246,7 +248,7 @@ def _stale_batch(batch_factory):
 @pytest.mark.parametrize("api,target,lnc", [("legacy", "trn2", 1), ("legacy", "trn2", 2),
                                             ("nki", "trn2", 1), ("legacy", "trn1", 1)])
 def test_an_earlier_sequences_nan_key_left_in_a_tile_reaches_no_later_sequence(
-        api, target, lnc, on_api, batch_factory):
+        api, target, lnc, on_api, batch_factory, keep_item_order):
     b, cache = _stale_batch(batch_factory)
     with on_api(api, target):
         clean = _stale_run(b, b.kv_cache, target, lnc)
@@ -257,7 +259,7 @@ def test_an_earlier_sequences_nan_key_left_in_a_tile_reaches_no_later_sequence(
 
 
 def test_a_stale_key_row_would_reach_the_later_sequence_through_gen2_transposes(
-        on_api, batch_factory, monkeypatch):
+        on_api, batch_factory, monkeypatch, keep_item_order):
     # must-fail side: on NeuronCore-v2 with the stale rows kept (the rule forced on), the PE
     # transpose spreads the NaN along its K^T row, into sequence 1's scores
     from nki_kernels.scheduled import sched_tile, scheduled_attention
@@ -266,4 +268,46 @@ def test_a_stale_key_row_would_reach_the_later_sequence_through_gen2_transposes(
     b, cache = _stale_batch(batch_factory)
     with on_api("legacy", "trn1"):
         out = _stale_run(b, cache, "trn1")
+    assert np.isnan(out[1, :H // HKV].astype(np.float32)).all()
+
+
+# The partial phase's tiles zeroed once per head (SchedOptions.nested_rows): the host orders the
+# masked items so that each writes every KV row an earlier one wrote (sequence 1, 2 cache rows,
+# before sequence 0, 31) and promises so only after checking the metadata. A NaN in the V of a
+# key sequence 0 sees then never sits in a row of sequence 1's tile.
+def _stale_v_batch(batch_factory):
+    b = batch_factory(8, STALE_QLENS, STALE_CLENS, H=H, Hkv=HKV, d=D, block_size=B,
+                      dtype=ml_dtypes.bfloat16)
+    cache = b.kv_cache.copy()
+    cache[1, b.block_tables[0, 20], 0, 3, :] = np.nan       # V of a key sequence 0 sees
+    return b, cache
+
+
+@pytest.mark.parametrize("api,target", [("legacy", "trn2"), ("nki", "trn2"), ("legacy", "trn1")])
+def test_nested_rows_keep_an_earlier_sequences_nan_value_out_of_later_items(
+        api, target, on_api, batch_factory):
+    from host.scheduled import schedule
+    b, cache = _stale_v_batch(batch_factory)
+    s = schedule.make_schedule(b.query_lens, b.context_lens, b.block_tables, num_heads=H,
+                               num_kv_heads=HKV, head_size=D, block_size=B,
+                               num_blocks=cache.shape[1], large_tile_size=LT)
+    assert all(c.partial.nested_rows for c in s.classes)
+    with on_api(api, target):
+        clean = _stale_run(b, b.kv_cache, target)
+        out = _stale_run(b, cache, target)
+    assert np.isnan(out[0, :H // HKV].astype(np.float32)).all()     # read by sequence 0
+    assert out[1].tobytes() == clean[1].tobytes()
+
+
+@pytest.mark.parametrize("api,target", [("legacy", "trn2"), ("nki", "trn2"), ("legacy", "trn1")])
+def test_a_broken_nesting_promise_would_let_a_stale_nan_value_into_a_later_sequence(
+        api, target, on_api, batch_factory, monkeypatch, keep_item_order):
+    # must-fail side: the items in group order (sequence 0's 31 rows, then sequence 1's 2) with
+    # the promise forced on: sequence 1's tile keeps sequence 0's row 20, and P = 0 times its
+    # NaN value is NaN
+    from host.scheduled import schedule
+    monkeypatch.setattr(schedule, "rows_nested", lambda *a, **k: True)
+    b, cache = _stale_v_batch(batch_factory)
+    with on_api(api, target):
+        out = _stale_run(b, cache, target)
     assert np.isnan(out[1, :H // HKV].astype(np.float32)).all()

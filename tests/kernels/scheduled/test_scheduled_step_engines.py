@@ -383,12 +383,13 @@ def _decode_trace(target, api, on_api, batch_factory):
     return trace, 32 * 32 // 2
 
 
-def test_masked_decode_items_zero_v_on_two_engines(on_api, batch_factory):
-    """With K^T by DMA transpose (trn2, current API) a masked keys-on-partitions item zeroes
-    its V tile in two fills, two thirds on ScalarE and the rest on GpSimd (cut on a 64-word
-    boundary: 320 + 192 of the 512 words here; neither engine carries K^T copies on this path,
-    VectorE carries the masks): one fill of each per item and KV head. The decode masks'
-    compares (SBUF operands only) run on GpSimd too."""
+def test_masked_decode_items_zero_v_on_two_engines(on_api, batch_factory, keep_item_order):
+    """With K^T by DMA transpose (trn2, current API) and items whose written rows do not nest
+    (the host's order kept: 29, 13 and 66 rows), a masked keys-on-partitions item zeroes its V
+    tile in two fills, two thirds on ScalarE and the rest on GpSimd (cut on a 64-word boundary:
+    320 + 192 of the 512 words here; neither engine carries K^T copies on this path, VectorE
+    carries the masks): one fill of each per item and KV head. The decode masks' compares (SBUF
+    operands only) run on GpSimd too."""
     trace, words = _decode_trace("trn2", "nki", on_api, batch_factory)
     fills = collections.Counter((e.engine, e.free_elems) for e in trace.events
                                 if e.out_dtype == "float32" and e.partitions == P
@@ -403,6 +404,40 @@ def test_masked_decode_items_zero_v_on_two_engines(on_api, batch_factory):
     whole = [e.engine for e in trace.events if e.free_elems == words and e.out_dtype == "float32"
              and e.op in ("memset", "activation")]
     assert whole == ["gpsimd"] * 2           # only the full phase's V tile, once per head
+
+
+@pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
+def test_nested_masked_items_zero_their_tiles_once_per_head(target, api, on_api, batch_factory,
+                                                           poison_unseen):
+    """The host orders the masked items by the KV rows they write (13, 29, 66: each set holds
+    the one before it) and sets ``nested_rows``: the partial phase zeroes its K (K^T) and V tiles
+    once per KV head, in whole-tile GpSimd fills, and no item zeroes anything. Matches the
+    float64 reference; NaN in every cache slot no query may see changes no output bit."""
+    from host.attention import paged_attention
+    from host.step_plan import plan_paged_attention
+
+    batch = batch_factory(9, [1, 1, 1], [5000, 4500, 2100], H=8, Hkv=2, d=32, block_size=32,
+                          dtype=BF16)
+    run = dict(backend="sim", kernel="scheduled", large_tile_size=4096, partial_tile_size=4096)
+    with on_api(api, target):
+        plan = plan_paged_attention(*batch.args()[4:], num_heads=8, num_kv_heads=2,
+                                    head_size=32, block_size=32, dtype=BF16,
+                                    num_blocks=batch.kv_cache.shape[1], **run)
+    assert plan.parts[0].kernel_kwargs["options"].nested_rows
+    with on_api(api, target), nki_sim.tracing() as trace:
+        out = paged_attention(*batch.args(), **run)
+    assert np.abs(np.asarray(out, np.float32) - paged_attention_ref(*batch.args())).max() < 3e-2
+    words = 32 * 32 // 2
+    fills = [e for e in trace.events if e.op in ("memset", "activation") and e.partitions == P
+             and e.out_dtype == "float32" and e.free_elems <= words and e.free_elems >= 64]
+    # per head: the K and V row tiles of each phase (with K^T by DMA transpose, "nki", the two
+    # K^T tiles have 32 partitions: not counted here) -- nothing per item
+    assert {e.engine for e in fills} == {"gpsimd"}
+    assert len([e for e in fills if e.free_elems == words]) == 2 * (4 if api == "legacy" else 2)
+    with on_api(api, target):
+        again = paged_attention(batch.query, batch.key, batch.value, poison_unseen(batch),
+                                *batch.args()[4:], **run)
+    assert np.asarray(again).tobytes() == np.asarray(out).tobytes()
 
 
 @pytest.mark.parametrize("target", ["trn2", "trn1"])
