@@ -181,7 +181,8 @@ def zeroed(ops, shape, dtype, engine):
 # added one after the other (nki_sim.cost): 8261 / 8261, 2117 / 2091, 2513 / 2513 (all on
 # ScalarE: 8253, 2087, 2509 -- within 0.2 %, not taken). In the mixed batches' pair launch
 # (one launch, ScalarE busy with the prefill items too): half / all on ScalarE 6084 / 6243 us
-# (4 x 512 + 60), 1829 / 1907 (2 + 30), against 6084 and 1773 with two thirds.
+# (4 x 512 + 60), 1829 / 1907 (2 + 30), against 6084 and 1773 with two thirds. Items whose rows
+# nest (nested_tiles: the benchmark's decode classes but 4 x 512 + 60's) fill nothing per item.
 V_ZERO_ENGINES = ("scalar", "scalar", "gpsimd")
 
 
