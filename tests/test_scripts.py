@@ -116,6 +116,7 @@ def test_plot_without_matplotlib_fails_at_parse_time(monkeypatch, tmp_path, caps
 
 
 def test_plot_and_json_accepted_when_possible(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the bench extra (matplotlib) is not installed")
     args = script_args.parse_args(_toy_parser(), ["--quick", "--json", str(tmp_path / "r.json"),
                                                   "--plot", str(tmp_path / "p.png")])
     script_args.write_json(args, "toy.py", [{"a": 1}], extra=2)

@@ -211,6 +211,7 @@ def test_plot_fails_before_the_sweep_without_matplotlib(monkeypatch, load_script
 
 
 def test_plot_writes_a_png(tmp_path, load_script):
+    pytest.importorskip("matplotlib", reason="the bench extra (matplotlib) is not installed")
     rep = load_script("bench_paged_attention").report
     rows = [_decode_row(32, 100.0), _decode_row(64, 210.0)]
     rows.append(dict(_decode_row(32, 150.0), kernel="dense", meta={"gqa_packing": True}))
