@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS
-from nki_kernels.scheduled.sched_core import KVTile, StepConfig, new_max, rescale_factor, update_state
+from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, mask_eye_tile, new_max,
+                                              rescale_factor, update_state)
 
 P = PARTITIONS
 # Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
@@ -37,13 +38,17 @@ class DecodeConstants:
     ``ones_k`` (128, 2) kernel dtype (row sums into two PSUM columns at once); ``ones_f`` (1, 128) fp32; for blocks of at most SMALL_ROWS
     rows ``ones_r`` (rows, 128) fp32 and ``eye_rep`` (rows, width/128 * rows) ``ops.FLAG`` whose
     column ``u*rows + q`` is 1 on partition q (the identity repeated per key chunk); for larger
-    blocks ``ones_1`` (1, 128) bf16 (the others None)."""
+    blocks ``ones_1`` (1, 128) bf16 (the others None); ``mask_eye`` None or (128, 128) kernel
+    dtype, ``sched_core.MASK_EYE_VALUE`` on the diagonal: masked steps then add their
+    upper-bound mask to S^T on TensorE (``scheduled_attention.additive_decode_mask``: no stale
+    key row in any tile) instead of a VectorE select."""
 
     ones_k: Any
     ones_f: Any
     ones_r: Any = None
     eye_rep: Any = None
     ones_1: Any = None
+    mask_eye: Any = None
 
 
 def key_index_columns(ops, loads, tiled_block_size):
@@ -56,9 +61,11 @@ def key_index_columns(ops, loads, tiled_block_size):
     return kidx
 
 
-def decode_constants(ops, rows, width, kernel_dtype):
-    """The :class:`DecodeConstants` of blocks of ``rows`` rows and steps of ``width`` keys."""
+def decode_constants(ops, rows, width, kernel_dtype, additive=False):
+    """The :class:`DecodeConstants` of blocks of ``rows`` rows and steps of ``width`` keys;
+    ``additive``: with ``mask_eye`` (:func:`additive_decode_mask`)."""
     nch = width // P
+    mask_eye = mask_eye_tile(ops, P, kernel_dtype) if additive else None
     ones_k = ops.sbuf((P, 2), kernel_dtype)
     ops.memset(ones_k, 1.0)
     ones_f = ops.sbuf((1, P), ops.float32)
@@ -66,7 +73,7 @@ def decode_constants(ops, rows, width, kernel_dtype):
     if rows > SMALL_ROWS:
         ones_1 = ops.sbuf((1, P), ops.bfloat16)
         ops.memset(ones_1, 1.0)
-        return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_1=ones_1)
+        return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_1=ones_1, mask_eye=mask_eye)
     ones_r = ops.sbuf((rows, P), ops.float32)
     ops.memset(ones_r, 1.0)
     diff = ops.sbuf((rows, rows), ops.float32)
@@ -80,7 +87,8 @@ def decode_constants(ops, rows, width, kernel_dtype):
         more = min(done, nch - done)
         ops.copy(eye_rep[:, ops.ds(done * rows, more * rows)], eye_rep[:, ops.ds(0, more * rows)])
         done += more
-    return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_r=ones_r, eye_rep=eye_rep)
+    return DecodeConstants(ones_k=ones_k, ones_f=ones_f, ones_r=ones_r, eye_rep=eye_rep,
+                           mask_eye=mask_eye)
 
 
 def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, width, consts,
@@ -110,7 +118,9 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         S^T += slope_q * kidx + off_q                  (ALiBi; (128, nch, rows) views)
         U = tanh(S^T / cap) if soft_cap else S^T;  mult = cap or 1
         U = where(|kidx - c_q| < r_q, U, NEG / mult)   (masked steps; (128, nch, rows) views;
-                                                        upper bound only: kidx < top_q)
+                                                        upper bound only: kidx < top_q; with
+                                                        consts.mask_eye instead, on TensorE:
+                                                        S^T += MASK_EYE_VALUE * (top_q < kidx))
         mx = max over chunks (one reduce over a (128, rows, nch) view), then over partitions
              (one PE transpose and a free-axis max)
         -m' = min(-m, -mult * mx);  alpha = exp(m - m')
@@ -153,7 +163,14 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         capped = ops.sbuf((P, ncol), f32)
         ops.activation(capped, "tanh", src, scale=1.0 / mult)
         src = capped
-    if bounds is not None and bounds[1] is None:      # upper bound only: t < top
+    additive = (bounds is not None and bounds[1] is None and consts.mask_eye is not None
+                and alibi is None and cfg.soft_cap is None)
+    if additive:        # masked keys (t > top) get MASK_EYE_VALUE added in PSUM, on TensorE
+        far = ops.sbuf((P, ncol), kd)
+        ops.tensor_tensor(ops.free_view(far, grid), ops.free_view(bounds[0], ((0, nch), (1, rows))),
+                          kk, "less", engine="gpsimd")
+        ops.matmul(ps, consts.mask_eye, far, accumulate=True)
+    elif bounds is not None and bounds[1] is None:      # upper bound only: t < top
         seen = ops.sbuf((P, ncol), ops.PRED)
         # SBUF operands only: on GpSimd, off VectorE (the select, the max and the state)
         ops.tensor_tensor(ops.free_view(seen, grid), kk,
@@ -184,7 +201,7 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     # multiply a repeated identity by -m' (one fp32 matmul); 128-row blocks transpose -m' to a
     # row, split it into two bf16 parts (hi + lo, exact in the fp32 PSUM sum) and add both per
     # chunk; -m' becomes hi + lo everywhere, so the shift stays consistent with alpha.
-    fused = bounds is None and cfg.soft_cap is None and alibi is None
+    fused = (bounds is None or additive) and cfg.soft_cap is None and alibi is None
     nm_bc = ps if fused else ops.psum((P, ncol), f32)
     if consts.eye_rep is not None:
         # a select, not a product: a NaN row stays in its own columns (NaN * 0 would not)

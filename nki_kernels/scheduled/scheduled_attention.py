@@ -51,7 +51,7 @@ from typing import Any
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.contract import (M_FLOOR, PARTITIONS as P, Q_INIT_COLUMNS, Q_INIT_SLOPE,
                                   STATE_EXTRA_COLUMNS, chunk_size)
-from nki_kernels.ops import KernelFamily
+from nki_kernels.ops import KernelFamily, dtype_name
 from nki_kernels.scheduled.sched_config import (KERNEL, MAX_D, Chunk, Constants, GroupTiles,  # noqa: F401
                                       Inputs, Phase, SchedConfig, SchedOptions, cache_dims,
                                       configure)
@@ -254,7 +254,7 @@ def constants(ops, cfg, init, num_kv_heads):
     consts = None
     if cfg.full.keys_on_partitions:
         consts = decode_constants(ops, cfg.rows, max(cfg.full.step_keys, cfg.partial.step_keys),
-                                  cfg.kd)
+                                  cfg.kd, additive=additive_decode_mask(ops, cfg))
     eye = None
     if cfg.fp8_direct:      # identity matmuls transpose fp8 K rows (and the overlay rows)
         eye = (identity_tile(ops, P, cfg.full.kv.dtype), identity_tile(ops, P, cfg.kd))
@@ -276,6 +276,19 @@ def constants(ops, cfg, init, num_kv_heads):
              if reset_by_dma(ops, cfg, num_kv_heads) else None)
     return Constants(kidx=tuple(kidx), consts=consts, eye=eye, mask_eye=mask_eye, ones=ones,
                      reset=reset)
+
+
+def additive_decode_mask(ops, cfg) -> bool:
+    """Whether the masked keys-on-partitions steps add their mask on TensorE
+    (``sched_decode.DecodeConstants.mask_eye``) instead of a VectorE select: no soft-cap or
+    ALiBi, a kernel dtype with fp32's exponent range, and every key of a partial tile a finite
+    score unless its own sequence's K is not -- no stale rows (``sched_tile.stale_keys_ok`` and
+    the K^T-by-DMA tile keep an earlier item's keys unless the rows nest)."""
+    part = cfg.partial
+    stale = ((keys_by_dma(ops, cfg, part) or stale_keys_ok(ops, cfg, part))
+             and not nested_tiles(cfg, part))
+    return (part.items > 0 and cfg.opts.logits_soft_cap is None and not cfg.opts.alibi
+            and dtype_name(cfg.kd) in ("bfloat16", "float32") and not stale)
 
 
 def _key_index(ops, cfg, phase):

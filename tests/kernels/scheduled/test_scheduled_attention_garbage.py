@@ -311,3 +311,18 @@ def test_a_broken_nesting_promise_would_let_a_stale_nan_value_into_a_later_seque
     with on_api(api, target):
         out = _stale_run(b, cache, target)
     assert np.isnan(out[1, :H // HKV].astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_an_additive_decode_mask_over_stale_rows_would_leak(api, on_api, batch_factory,
+                                                             monkeypatch, keep_item_order):
+    # must-fail side of scheduled_attention.additive_decode_mask: with stale K rows kept (the
+    # host's order, not nested, on NeuronCore-v3) the mask must stay a select; forced additive,
+    # sequence 0's NaN key left in row 20 of sequence 1's tile scores NaN + MASK = NaN, which
+    # the exponentials carry into sequence 1's output
+    from nki_kernels.scheduled import scheduled_attention
+    monkeypatch.setattr(scheduled_attention, "additive_decode_mask", lambda ops, cfg: True)
+    b, cache = _stale_batch(batch_factory)
+    with on_api(api, "trn2"):
+        out = _stale_run(b, cache, "trn2")
+    assert np.isnan(out[1, :H // HKV].astype(np.float32)).all()

@@ -404,6 +404,9 @@ def test_masked_decode_items_zero_v_on_two_engines(on_api, batch_factory, keep_i
     whole = [e.engine for e in trace.events if e.free_elems == words and e.out_dtype == "float32"
              and e.op in ("memset", "activation")]
     assert whole == ["gpsimd"] * 2           # only the full phase's V tile, once per head
+    # stale K^T columns possible (not nested): the masks stay selects, no mask diagonal
+    assert not [e for e in trace.events if e.op == "nc_matmul" and tuple(e.in_shapes[0]) == (P, P)
+                and e.free_elems == 32 * 4]
 
 
 @pytest.mark.parametrize("target, api", [("trn2", "nki"), ("trn2", "legacy"), ("trn1", "legacy")])
@@ -411,8 +414,10 @@ def test_nested_masked_items_zero_their_tiles_once_per_head(target, api, on_api,
                                                            poison_unseen):
     """The host orders the masked items by the KV rows they write (13, 29, 66: each set holds
     the one before it) and sets ``nested_rows``: the partial phase zeroes its K (K^T) and V tiles
-    once per KV head, in whole-tile GpSimd fills, and no item zeroes anything. Matches the
-    float64 reference; NaN in every cache slot no query may see changes no output bit."""
+    once per KV head, in whole-tile GpSimd fills, and no item zeroes anything. With no stale
+    row in a tile the masked steps add their mask on TensorE (one matmul of the (128, 128) mask
+    diagonal per step, ``additive_decode_mask``) instead of a select. Matches the float64
+    reference; NaN in every cache slot no query may see changes no output bit."""
     from host.attention import paged_attention
     from host.step_plan import plan_paged_attention
 
@@ -434,6 +439,12 @@ def test_nested_masked_items_zero_their_tiles_once_per_head(target, api, on_api,
     # K^T tiles have 32 partitions: not counted here) -- nothing per item
     assert {e.engine for e in fills} == {"gpsimd"}
     assert len([e for e in fills if e.free_elems == words]) == 2 * (4 if api == "legacy" else 2)
+    masks = [e for e in trace.events if e.op == "nc_matmul" and e.partitions == P
+             and tuple(e.in_shapes[0]) == (P, P) and e.in_dtypes == ("bfloat16", "bfloat16")
+             and e.free_elems == 32 * 4]      # a 4096-key step: 32 chunks x 4 rows
+    assert len(masks) == 3 * 2               # one per masked item and KV head
+    assert not [e for e in trace.events if e.op in ("where", "select", "select_reduce")
+                and tuple(e.out_shape) == (P, 32 * 4)]
     with on_api(api, target):
         again = paged_attention(batch.query, batch.key, batch.value, poison_unseen(batch),
                                 *batch.args()[4:], **run)
