@@ -63,7 +63,7 @@ def key_index_columns(ops, loads, tiled_block_size):
 
 def decode_constants(ops, rows, width, kernel_dtype, additive=False):
     """The :class:`DecodeConstants` of blocks of ``rows`` rows and steps of ``width`` keys;
-    ``additive``: with ``mask_eye`` (:func:`additive_decode_mask`)."""
+    ``additive``: with ``mask_eye`` (``scheduled_attention.additive_decode_mask``)."""
     nch = width // P
     mask_eye = mask_eye_tile(ops, P, kernel_dtype) if additive else None
     ones_k = ops.sbuf((P, 2), kernel_dtype)
