@@ -129,7 +129,7 @@ def table(rows: list) -> str:
         for v in VARIANTS:
             r = next(r for r in rows if (r["workload"], r["target"]) == key and r["variant"] == v)
             ratio = r["modeled_us"] / base[key]
-            cells.append(f"{r['modeled_us']:.0f} ({r['efficiency']:.2f}; {ratio:.3f}x)")
+            cells.append(f"{r['modeled_us']:.0f} ({r['efficiency']:.3f}; {ratio:.3f}x)")
         out.append(f"| {key[0]} | {key[1]} ({TARGETS[key[1]]}) | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
