@@ -237,11 +237,13 @@ def _stale_run(b, cache, target, lnc=1):
                                b.context_lens, backend="sim", large_tile_size=LT, lnc=lnc)
 
 
-def _stale_batch(batch_factory):
+def _stale_batch(batch_factory, kv=0):
+    """The stale-row batch and its cache with NaN in K (``kv`` = 0) or V (1) of a key
+    sequence 0 sees (its block 20)."""
     b = batch_factory(8, STALE_QLENS, STALE_CLENS, H=H, Hkv=HKV, d=D, block_size=B,
                       dtype=ml_dtypes.bfloat16)
     cache = b.kv_cache.copy()
-    cache[0, b.block_tables[0, 20], 0, 3, :] = np.nan       # K of a key sequence 0 sees
+    cache[kv, b.block_tables[0, 20], 0, 3, :] = np.nan
     return b, cache
 
 
@@ -275,19 +277,11 @@ def test_a_stale_key_row_would_reach_the_later_sequence_through_gen2_transposes(
 # masked items so that each writes every KV row an earlier one wrote (sequence 1, 2 cache rows,
 # before sequence 0, 31) and promises so only after checking the metadata. A NaN in the V of a
 # key sequence 0 sees then never sits in a row of sequence 1's tile.
-def _stale_v_batch(batch_factory):
-    b = batch_factory(8, STALE_QLENS, STALE_CLENS, H=H, Hkv=HKV, d=D, block_size=B,
-                      dtype=ml_dtypes.bfloat16)
-    cache = b.kv_cache.copy()
-    cache[1, b.block_tables[0, 20], 0, 3, :] = np.nan       # V of a key sequence 0 sees
-    return b, cache
-
-
 @pytest.mark.parametrize("api,target", [("legacy", "trn2"), ("nki", "trn2"), ("legacy", "trn1")])
 def test_nested_rows_keep_an_earlier_sequences_nan_value_out_of_later_items(
         api, target, on_api, batch_factory):
     from host.scheduled import schedule
-    b, cache = _stale_v_batch(batch_factory)
+    b, cache = _stale_batch(batch_factory, kv=1)
     s = schedule.make_schedule(b.query_lens, b.context_lens, b.block_tables, num_heads=H,
                                num_kv_heads=HKV, head_size=D, block_size=B,
                                num_blocks=cache.shape[1], large_tile_size=LT)
@@ -307,7 +301,7 @@ def test_a_broken_nesting_promise_would_let_a_stale_nan_value_into_a_later_seque
     # NaN value is NaN
     from host.scheduled import schedule
     monkeypatch.setattr(schedule, "rows_nested", lambda *a, **k: True)
-    b, cache = _stale_v_batch(batch_factory)
+    b, cache = _stale_batch(batch_factory, kv=1)
     with on_api(api, target):
         out = _stale_run(b, cache, target)
     assert np.isnan(out[1, :H // HKV].astype(np.float32)).all()
