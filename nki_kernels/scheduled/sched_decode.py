@@ -163,8 +163,8 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         capped = ops.sbuf((P, ncol), f32)
         ops.activation(capped, "tanh", src, scale=1.0 / mult)
         src = capped
-    additive = (bounds is not None and bounds[1] is None and consts.mask_eye is not None
-                and alibi is None and cfg.soft_cap is None)
+    # consts.mask_eye exists only without soft-cap / ALiBi (additive_decode_mask)
+    additive = bounds is not None and bounds[1] is None and consts.mask_eye is not None
     if additive:        # masked keys (t > top) get MASK_EYE_VALUE added in PSUM, on TensorE
         far = ops.sbuf((P, ncol), kd)
         ops.tensor_tensor(ops.free_view(far, grid), ops.free_view(bounds[0], ((0, nch), (1, rows))),
