@@ -159,6 +159,9 @@ def formula_cycles(ev: Any, hw: HardwareConstants, engine: str | None = None) ->
             return max(ii, n if (from_psum or _tensor_tensor_fast(ev, in_dtypes)) else 2.0 * n)
         if op == "tensor_tensor_scan":
             return max(ii, 2.0 * n)
+        if op == "scalar_tensor_tensor":    # as the tensor_tensor of its op1 (docstring)
+            tiles = (in_dtypes[0], in_dtypes[-1]) if in_dtypes else ()
+            return max(ii, n if (from_psum or _tensor_tensor_fast(ev, tiles)) else 2.0 * n)
         if op == "tensor_scalar_reduce":                     # docstring: max(MIN_II, N) + MIN_II
             return max(ii, n) + ii
         if op == "bn_aggr":                                  # docstring: max(MIN_II, 13 * N / 3)

@@ -194,7 +194,8 @@ def scalar_tensor_tensor(dst, data, alu0: str, operand0, alu1: str, operand1, *,
     z = np.asarray(t.v, c1).reshape(P, -1)
     r = fn1(z, np.asarray(mid, c1)) if reverse1 else fn1(np.asarray(mid, c1), z)
     write_dst(dst, r, "scalar_tensor_tensor", inputs=(a, t))
-    emit(engine, "scalar_tensor_tensor", (a, s, t), dst, name=name)
+    emit(engine, "scalar_tensor_tensor", (a, s, t), dst, name=name,
+         attrs={"ops": (alu0, alu1), **tensor_tensor_attrs(alu1, (a, t))})
 
 
 def tensor_scalar_reduce(dst, data, alu0: str, operand0, reduce_alu: str, reduce_res, *, reverse0=False,

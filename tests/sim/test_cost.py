@@ -174,6 +174,19 @@ def test_vector_scalar_gpsimd_formulas():
     assert tt(dtype="float16", attrs=(("alu", "add"),)) == 2000                    # not bf16
     assert tt(dtype="bfloat16", out_dtype="float32", attrs=(("alu", "add"),)) == 2000   # output
     assert tt(src_buffer="psum", attrs=(("alu", "maximum"),)) == 1000              # PSUM input
+    # scalar_tensor_tensor: as the tensor_tensor of its op1 (its docstring): 2N; N with a PSUM
+    # input or bf16 data / operand1 / output with add / multiply / subtract, contiguous
+    stt = lambda n=1000, **kw: cost.formula_cycles(compute(  # noqa: E731
+        "vector", "scalar_tensor_tensor", n, n_in=2, **kw), hw)
+    assert stt(attrs=(("ops", ("multiply", "add")), ("alu", "add"))) == 2000         # fp32
+    assert stt(src_buffer="psum", attrs=(("ops", ("multiply", "add")), ("alu", "add"))) == 1000
+    assert stt(dtype="bfloat16", attrs=(("ops", ("subtract", "multiply")),
+                                        ("alu", "multiply"))) == 1000
+    assert stt(dtype="bfloat16", attrs=(("ops", ("multiply", "maximum")),
+                                        ("alu", "maximum"))) == 2000                 # operator
+    assert stt(dtype="bfloat16", attrs=(("ops", ("multiply", "add")), ("alu", "add"),
+                                        ("strided", True))) == 2000                  # stride
+    assert stt(n=20, attrs=(("ops", ("multiply", "add")), ("alu", "add"))) == 64     # MIN_II
     # an nl binary op of two tiles: N (trn1 profiles of fp32 nl ops, docs/cost-model.md)
     assert tt(attrs=(("alu", "add"), ("nl", True))) == 1000
     assert cost.formula_cycles(compute("vector", "reciprocal", 100), hw) == 350   # fitted 3.5 N

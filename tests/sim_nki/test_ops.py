@@ -238,3 +238,42 @@ def test_tensor_scalar_reduce_and_partition_reduce(rng):
     np.testing.assert_array_equal(d, x * np.float32(0.5))
     np.testing.assert_array_equal(m[:, 0], (x * np.float32(0.5)).max(axis=1))
     np.testing.assert_allclose(pr[0], x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_scalar_tensor_tensor_matches_its_definition_and_costs_2n(rng):
+    from nki_sim import cost
+    from nki_sim import tracing
+    x = rng.standard_normal((32, 40)).astype(np.float32)
+    y = rng.standard_normal((32, 40)).astype(np.float32)
+    c = rng.standard_normal((32, 1)).astype(np.float32)
+
+    @nki.jit
+    def k(x, y, c):
+        tx, ty, tc = load(x), load(y), load(c)
+        r = sb((32, 40))
+        nisa.scalar_tensor_tensor(dst=r, data=tx, op0=nl.multiply, operand0=tc, op1=nl.add,
+                                  operand1=ty)
+        return out_of(r)
+
+    with tracing() as t:
+        r = k(x, y, c)
+    np.testing.assert_allclose(r, x.astype(np.float64) * c + y, rtol=1e-6, atol=1e-6)
+    ev = [e for e in t.events if e.op == "scalar_tensor_tensor"][0]
+    assert ev.attr("ops") == ("multiply", "add")
+    assert cost.formula_cycles(ev, cost.TRN2) == 2 * 40                 # 2N (fp32)
+
+
+def test_scalar_tensor_tensor_operand0_of_two_columns_fails(rng):
+    x = rng.standard_normal((32, 40)).astype(np.float32)
+
+    @nki.jit
+    def k(x):
+        tx = load(x)
+        two, r = sb((32, 2)), sb((32, 40))
+        nisa.memset(dst=two, value=1.0)
+        nisa.scalar_tensor_tensor(dst=r, data=tx, op0=nl.multiply, operand0=two, op1=nl.add,
+                                  operand1=tx)
+        return out_of(r)
+
+    with pytest.raises(Exception, match="operand0 must be a scalar or a"):
+        k(x)
