@@ -11,8 +11,8 @@ from ..dma import dma_copy, dma_transpose  # noqa: F401
 from . import constants  # noqa: F401
 from .constants import dge_mode, engine, nc_version, oob_mode, reduce_cmd  # noqa: F401
 from .scalar_vector import (  # noqa: F401
-    activation, activation_reduce, affine_select, iota, memset, reciprocal, tensor_copy,
-    tensor_reduce, tensor_scalar, tensor_tensor)
+    activation, activation_reduce, affine_select, iota, memset, reciprocal, scalar_tensor_tensor,
+    tensor_copy, tensor_reduce, tensor_scalar, tensor_tensor)
 from .select import (  # noqa: F401
     range_select, select_reduce, tensor_copy_predicated, tensor_tensor_scan)
 from .stats import bn_aggr, bn_stats, tensor_scalar_reduce  # noqa: F401
@@ -32,7 +32,7 @@ def get_nc_version():
 
 _NOT_EMULATED = {
     "nc_stream_shuffle", "local_gather", "max8", "nc_find_index8", "nc_match_replace8",
-    "dropout", "scalar_tensor_tensor",
+    "dropout",
     "tensor_partition_reduce", "sequence_bounds", "tensor_copy_dynamic_src",
     "tensor_copy_dynamic_dst", "builtin_custom_op", "dma_compute",
     "nc_matmul_mx", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed",

@@ -224,6 +224,45 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, name=
                        attrs=tensor_tensor_attrs(opn, (a, b)) if state.traces else None)
 
 
+def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+                         dtype=None, mask=None, name="", **kw):
+    """``(data op0 operand0) op1 operand1`` on VectorE: operand0 a scalar or a [P, 1] tile,
+    operand1 a tile of data's shape; data and operand1 not both in PSUM."""
+    api = "nisa.scalar_tensor_tensor"
+    require_kernel(api)
+    for pname, t in (("data", data), ("operand1", operand1)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{api}: {pname} must be a tile; got {type(t).__name__}")
+    check_same_partitions("scalar_tensor_tensor",
+                          [("data", data.shape), ("operand1", operand1.shape)])
+    if tuple(data.shape) != tuple(operand1.shape):
+        raise E.NkiCompileError(f"{api}: operand1{list(operand1.shape)} must have data's shape "
+                                f"{list(data.shape)}")
+    if data.buffer == "psum" and operand1.buffer == "psum":
+        raise E.MemorySpaceError(f"{api}: data and operand1 cannot both be in PSUM")
+    P = data.shape[0]
+    m = mask_array(mask, data.shape) if mask is not None else None
+    a = operand(data, "data", "scalar_tensor_tensor", m)
+    s = operand(operand0, "operand0", "scalar_tensor_tensor")
+    t = operand(operand1, "operand1", "scalar_tensor_tensor", m)
+    if not s.is_scalar and (s.shape[0] not in (1, P) or free_size(s.shape) != 1):
+        raise E.NkiCompileError(f"{api}: operand0 must be a scalar or a [{P}, 1] tile; got "
+                                f"{list(s.shape)}")
+    n0, n1 = alu_name(op0, f"{api} op0"), alu_name(op1, f"{api} op1")
+    fn0, c0 = _compute(n0, [(a.v, a.dtype), (s.v, s.dtype)])
+    x, y = np.asarray(a.v, c0), np.asarray(s.v, c0)
+    if y.ndim:
+        y = y.reshape((y.shape[0],) + (1,) * (x.ndim - 1))
+    mid = fn0(y, x) if reverse0 else fn0(x, y)
+    fn1, c1 = _compute(n1, [(a.v, a.dtype), (t.v, t.dtype)])
+    z = np.asarray(t.v, c1).reshape(x.shape)
+    r = fn1(z, np.asarray(mid, c1)) if reverse1 else fn1(np.asarray(mid, c1), z)
+    out_dt = D.as_dtype(dtype) if dtype is not None else a.dtype
+    return result_tile(r, out_dt, op="scalar_tensor_tensor", engine="vector", inputs=(a, s, t),
+                       mask=m, name=name,
+                       attrs={"ops": (n0, n1), **tensor_tensor_attrs(n1, (a, t))})
+
+
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, *,
                   dtype=None, mask=None, engine=None, name="", **kw):
     """``(data op0 operand0) op1 operand1`` with scalar or [P, 1] operands."""
