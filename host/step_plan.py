@@ -394,7 +394,9 @@ def _scheduled_plan(bt, q, c, common, partial_tile_size, item_parts) -> Attentio
             alibi=alibi is not None, row_init=with_row_init,
             windowed=sliding_window is not None, kv_layout=common["kv_layout"],
             prefill_only=PREFILL_CLASS_OFFLOAD and kind == "prefill" and not fused,
-            item_parts=item_parts, nested_rows=sched.classes[0].partial.nested_rows)))
+            item_parts=item_parts, nested_rows=sched.classes[0].partial.nested_rows,
+            fresh_items=(sched.classes[0].full.fresh_items,
+                         sched.classes[0].partial.fresh_items))))
         (launch,) = class_launches(sched, H, Hkv, sinks=sinks, alibi_slopes=alibi)
         parts.append(ClassPlan(schedule=sched, launch=launch, kernel_kwargs=kwargs))
     common = dict(common, large_tile_size=max(p.large_tile_size for p in parts))

@@ -47,6 +47,7 @@ from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERH
                                            choose_large_tile, choose_partial_tile,
                                            class_sequences, group_blocks_for_parts,
                                            item_geometry, q_blocks, schedule_items, split_parts)
+from host.scheduled.fresh_items import phase_fresh
 from host.scheduled.row_nesting import nested_order, rows_nested, tile_rows_written
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
@@ -98,6 +99,9 @@ class PhaseArrays:
     nested_rows: masked phase: in every KV head and part each real item's gathers write every
         KV row the items before it wrote (``host.scheduled.row_nesting``), so the kernel may
         zero the phase's KV tiles once (``SchedOptions.nested_rows``).
+    fresh_items: every item that stores anything starts its group and none loads a state
+        (``host.scheduled.fresh_items``): the kernel may skip the state select and load
+        (``SchedOptions.fresh_items``).
     """
 
     items: int
@@ -109,6 +113,7 @@ class PhaseArrays:
     bounds: np.ndarray = field(repr=False, default=None)       # decode layout, masked: see above
     parts: int = 1
     nested_rows: bool = False
+    fresh_items: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -468,8 +473,11 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
                                         part_items=[len(x) for x in parts_lists],
                                         per_part=per_part, main_sentinel=main_sentinel,
                                         ov_sentinel=ov_sentinel)
+        fresh = phase_fresh(mi, mf, masked=masked, reset_col=lay.reset, st_col=st_col,
+                            out_col=lay.out if masked else None, st_skip=st_skip,
+                            out_skip=Hkv * ngroups * rows)
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked, parts=len(parts_lists),
-                           nested_rows=nested,
+                           nested_rows=nested, fresh_items=fresh,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
                            meta_f=readonly(mf.reshape(P, n_items * kf)),
                            item_block=readonly(item_block),

@@ -33,8 +33,8 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar
                      tensor_tensor scale_add floored_divisors + divide_by (a / max(l, floor), n
-                     columns' divisors at once) where tensor_reduce copy_max (a copy and its
-                     row max) range_select_max (start=)
+                     columns' divisors at once) where tensor_reduce (negate=) scalar_reduce
+                     (``data op0 operand0`` and its row reduction) range_select_max (start=)
                      matmul (accumulate=) transpose; flags(src, col0, stride, n): 0/1 float
                      columns as predicates (``.column(i, rows)``; current API: converted once); engines by name ("scalar", "vector",
                      "gpsimd"), ALU ops and activation functions by name ("add", "exp", ...)

@@ -181,12 +181,11 @@ def iota(dst, *, step, offset=0, partition_step=0):
 
 
 def copy(dst, src, engine=None):
-    """``dst = src`` (cast to ``dst``'s dtype). ``engine=None`` places it as the legacy API's
-    ``nl.copy`` is placed, off VectorE: between float tiles on ScalarE as
-    ``activation(op=nl.copy)`` (the documented ScalarE copy on every NeuronCore version; fp32
-    in between, exact for float data); an integer copy of one dtype between SBUF tiles on GpSimd
-    (``tensor_copy``, bit-exact; ScalarE's fp32 path would round 32-bit values above 2^24); any
-    other a VectorE ``tensor_copy`` (GpSimd has no PSUM access)."""
+    """``dst = src`` (cast to ``dst``'s dtype). ``engine=None``: off VectorE, as the legacy
+    ``nl.copy``: float tiles on ScalarE, ``activation(op=nl.copy)`` (every NeuronCore version;
+    fp32 in between, exact for float data); an integer copy of one dtype between SBUF tiles on
+    GpSimd (``tensor_copy``, bit-exact; ScalarE's fp32 would round values above 2^24); any other
+    a VectorE ``tensor_copy`` (GpSimd has no PSUM access)."""
     if engine is None:
         if _is_float(src.dtype) and _is_float(dst.dtype):
             nisa.activation(dst=dst, op=nl.copy, data=src)
@@ -324,15 +323,16 @@ def flags(src, col0, stride, count):
     return _Flags(p)
 
 
-def tensor_reduce(dst, op, data, axis, keepdims=False):
-    nisa.tensor_reduce(dst=dst, op=_ALU[op], data=data, axis=axis, keepdims=keepdims)
+def tensor_reduce(dst, op, data, axis, keepdims=False, negate=False):
+    """``dst = op``-reduction of ``data`` over ``axis`` (VectorE); ``negate``: times -1."""
+    nisa.tensor_reduce(dst=dst, op=_ALU[op], data=data, axis=axis, negate=negate, keepdims=keepdims)
 
 
-def copy_max(dst, data, row_max):
-    """``dst = data`` (VectorE; e.g. PSUM scores into SBUF) and ``row_max[p]`` = the max of row
-    p, one ``tensor_scalar_reduce`` (``data * 1.0``, max-reduced)."""
-    nisa.tensor_scalar_reduce(dst=dst, data=data, op0=nl.multiply, operand0=1.0,
-                              reduce_op=nl.maximum, reduce_res=row_max)
+def scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res):
+    """``dst = data op0 operand0`` ((P, 1) or scalar operand0), ``reduce_res[p]`` = its row p's
+    ``reduce_op`` (one VectorE ``tensor_scalar_reduce``)."""
+    nisa.tensor_scalar_reduce(dst=dst, data=data, op0=_ALU[op0], operand0=operand0,
+                              reduce_op=_ALU[reduce_op], reduce_res=reduce_res)
 
 
 def range_select_max(dst, data, lo, hi, row_max, start=0):

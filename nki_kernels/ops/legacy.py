@@ -237,14 +237,21 @@ def absolute(dst, src, engine=None):
 
 
 def scale_add(dst, a, col, b):
-    """``dst = a * col + b`` (``col`` a (P, 1) column)."""
-    dst[...] = nl.add(nl.multiply(a, col, dtype=nl.float32), b, dtype=dst.dtype)
+    """``dst = a * col + b`` (``col`` a (P, 1) column; ``a`` and ``b`` not both in PSUM): one
+    VectorE ``scalar_tensor_tensor`` pass."""
+    dst[...] = nisa.scalar_tensor_tensor(data=a, op0=nl.multiply, operand0=col, op1=nl.add,
+                                         operand1=b, dtype=dst.dtype)
 
 
 def floored_divisors(dst, cols, floor, engine=None):
     """What :func:`divide_by` divides by, for n (P, 1) columns at once: ``dst`` (P, n) =
-    ``max(cols, floor)`` (``nl.maximum``; ``engine`` is a hint of the current-API layer)."""
-    dst[...] = nl.maximum(cols, floor, dtype=dst.dtype)
+    ``max(cols, floor)``: ``nl.maximum``, or with ``engine`` (SBUF ``cols``) a
+    ``nisa.tensor_scalar`` there (e.g. "gpsimd": off VectorE, which divides next)."""
+    if engine is None:
+        dst[...] = nl.maximum(cols, floor, dtype=dst.dtype)
+    else:
+        dst[...] = nisa.tensor_scalar(cols, np.maximum, floor, dtype=dst.dtype,
+                                      engine=_ENGINES[engine])
 
 
 def divide_by(dst, a, div, engine=None):
@@ -275,16 +282,20 @@ def flags(src, col0, stride, count):
     return _Flags(src, col0, stride)
 
 
-def tensor_reduce(dst, op, data, axis, keepdims=False):
+def tensor_reduce(dst, op, data, axis, keepdims=False, negate=False):
+    """``dst = op``-reduction of ``data`` over ``axis`` (VectorE); ``negate``: times -1."""
     kw = {"keepdims": True} if keepdims else {}
+    if negate:
+        kw = {**kw, "negate": True}
     dst[...] = nisa.tensor_reduce(_ALU[op], data, axis=axis, dtype=dst.dtype, **kw)
 
 
-def copy_max(dst, data, row_max):
-    """``dst = data`` (VectorE; e.g. PSUM scores into SBUF) and ``row_max[p]`` = the max of row
-    p, one ``tensor_scalar_reduce`` (``data * 1.0``, max-reduced)."""
-    dst[...] = nisa.tensor_scalar_reduce(data=data, op0=np.multiply, operand0=1.0,
-                                         reduce_op=np.max, reduce_res=row_max, dtype=dst.dtype)
+def scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res):
+    """``dst = data op0 operand0`` (``operand0`` a scalar or a (P, 1) column), ``reduce_res[p]``
+    = the ``reduce_op`` of row p of ``dst``: one VectorE ``tensor_scalar_reduce``."""
+    dst[...] = nisa.tensor_scalar_reduce(data=data, op0=_ALU[op0], operand0=operand0,
+                                         reduce_op=_ALU[reduce_op], reduce_res=reduce_res,
+                                         dtype=dst.dtype)
 
 
 def range_select_max(dst, data, lo, hi, row_max, start=0):

@@ -81,6 +81,11 @@ class SchedOptions:
         head and part instead of before every item (``sched_tile.nested_tiles``). False (the
         default) is always safe; True on metadata that breaks the promise lets a stale row of
         another sequence into an item's tile.
+    fresh_items: (full, partial): the host's promise (``host.scheduled.fresh_items``, checked
+        on the metadata) that in that phase every item that stores anything starts its group
+        and no item loads a state: decode-layout items then read their group's initial values
+        from the init tile at their first step instead of selecting them into the state
+        (``scheduled_attention.fresh_start``). (False, False) (the default) is always safe.
     """
 
     softmax_scale: float | None = None
@@ -95,6 +100,7 @@ class SchedOptions:
     prefill_only: bool = False
     item_parts: int = 1
     nested_rows: bool = False
+    fresh_items: tuple = (False, False)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class StepConfig:
         turn on SBUF (MODELED with the shared ports, 4 x 512 + 60 decodes trn1: GpSimd 11125
         us, ScalarE 10396, both with ``max_evacuates``).
     max_evacuates: the row max of a chunk whose scores are still in PSUM also copies them to
-        SBUF (VectorE ``ops.copy_max``, one instruction) and the exponentials read that copy:
+        SBUF (VectorE ``ops.scalar_reduce``, one instruction) and the exponentials read that copy:
         PSUM is read once per score instead of twice. ``sched_item.fold_tile`` sets it on
         NeuronCore-v2, whose VectorE and ScalarE take turns on PSUM (MODELED, prefill 2K on
         2K trn1 6261 -> 5511 us); on v3 it would only add VectorE work.
@@ -280,7 +280,8 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         if cfg.max_evacuates and whole is None and alibi is None:  # scores still in PSUM
             whole, scores = _chunk_slices(ops, rows, n_c)
             for c in ops.static_range(n_c):
-                ops.copy_max(scores[c], src[c], mx[:, ops.ds(c, 1)])
+                ops.scalar_reduce(scores[c], src[c], "multiply", 1.0, "maximum",
+                                  mx[:, ops.ds(c, 1)])
             src = scores
         elif whole is not None and n_c > 1:   # the chunks' maxima in one (rows, n_c, 512) reduce
             ops.tensor_reduce(mx, "max", ops.free_view(whole, ((PSUM_BANK_F32, n_c),
@@ -457,6 +458,19 @@ def new_max(ops, st, col, partial_max, mult, engine=None, pairwise=False):
     return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
 
 
+def new_max_of_negated(ops, st, col, neg_max):
+    """:func:`new_max` of a step without soft-cap (mult = 1) whose ``neg_max`` (rows, n) fp32
+    holds the NEGATED partial row maxima (``tensor_reduce(negate=True)``): ``-m' = min(-m,
+    min_j neg_max[:, j])`` in one VectorE ``tensor_scalar_reduce`` (min against -m, min-reduced)
+    instead of a reduce and a dependent tensor_scalar; returns ``(nm_prev, nm_new, alpha)``."""
+    rows, n = neg_max.shape
+    nm_prev = st[:, ops.ds(col, 1)]
+    nm_new = ops.sbuf((rows, 1), ops.float32)
+    clamped = ops.sbuf((rows, n), ops.float32)
+    ops.scalar_reduce(clamped, neg_max, "minimum", nm_prev, "minimum", nm_new)
+    return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
+
+
 def rescale_factor(ops, nm_prev, nm_new):
     """``alpha = exp(m - m') = exp(-(-m) + (-m'))``, (rows, 1) fp32."""
     alpha = ops.sbuf((nm_prev.shape[0], 1), ops.float32)
@@ -464,13 +478,15 @@ def rescale_factor(ops, nm_prev, nm_new):
     return alpha
 
 
-def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None):
+def update_state(ops, st, col0, d, *, alpha, row_sum, nm_new, pv, copy_engine=None, prev=None):
     """``l = alpha * l + row_sum``, ``-m = nm_new``, ``o = alpha * o + pv`` for one block's state
     columns ``st[:, col0 : col0 + d + 2]`` (o, -m, l; fp32; rows on partitions); the -m copy on
-    ``copy_engine`` (None: the compiler's choice)."""
-    l_col = st[:, ops.ds(col0 + d + 1, 1)]
+    ``copy_engine`` (None: the compiler's choice). ``prev``: the tile o and l are read from
+    (None: ``st``)."""
+    src = st if prev is None else prev
+    l_col = src[:, ops.ds(col0 + d + 1, 1)]
     ops.tensor_scalar(st[:, ops.ds(col0 + d + 1, 1)], l_col, "multiply", alpha, op1="add",
                       operand1=row_sum)
     ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=copy_engine)
-    o_view = st[:, ops.ds(col0, d)]
+    o_view = src[:, ops.ds(col0, d)]
     ops.scale_add(st[:, ops.ds(col0, d)], o_view, alpha, pv)

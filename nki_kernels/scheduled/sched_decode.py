@@ -25,7 +25,8 @@ from typing import Any
 
 from nki_kernels.contract import NEG_MASK, PARTITIONS
 from nki_kernels.scheduled.sched_core import (KVTile, StepConfig, mask_eye_tile, new_max,
-                                              rescale_factor, update_state)
+                                              new_max_of_negated, rescale_factor,
+                                              update_state)
 
 P = PARTITIONS
 # Blocks of at most this many rows broadcast -m' with one fp32 matmul of a repeated identity.
@@ -92,7 +93,7 @@ def decode_constants(ops, rows, width, kernel_dtype, additive=False):
 
 
 def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, width, consts,
-                bounds=None, alibi=None):
+                bounds=None, alibi=None, prev=None):
     """Fold keys ``[k0, k0 + width)`` of the tile into a decode block's state (keys on partitions).
 
     Args:
@@ -112,6 +113,9 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         alibi: None or ``(slope, off)``, two ``(128, rows)`` fp32 tiles (row q's values in column
             q of every partition): scores get ``slope_q * t + off_q`` added (t = tile-local key
             index), before the soft-cap.
+        prev: None (the state is ``st``'s), or a tile of ``st``'s layout the previous state is
+            read from (the group's initial values, ``scheduled_attention.fresh_start``); the new
+            state is written to ``st`` either way.
 
     Pseudocode:
         S^T[:, u*rows:(u+1)*rows] = K_u Q^T            (stationary K^T chunk, moving Q^T)
@@ -122,8 +126,9 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
                                                         consts.mask_eye instead, on TensorE:
                                                         S^T += MASK_EYE_VALUE * (top_q < kidx))
         mx = max over chunks (one reduce over a (128, rows, nch) view), then over partitions
-             (one PE transpose and a free-axis max)
-        -m' = min(-m, -mult * mx);  alpha = exp(m - m')
+             (one PE transpose and a free-axis max); without soft-cap the chunk maxima are
+             negated and -m' = min(-m, min over partitions) is one tensor_scalar_reduce
+        -m' = min(-m, -mult * mx);  alpha = exp(m - m')    (-m, l, o read from ``prev``)
         NM = ones^T (eye_rep * -m')                    (-m'[q] on every partition and chunk)
         P^T = exp(mult * U + NM)                       (unmasked: NM accumulated into S^T's PSUM)
         l = alpha * l + sum_u P^T_u^T 1;  o = alpha * o + (sum_u V_u^T P^T_u)^T   (PSUM
@@ -192,11 +197,20 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         ops.where(masked, seen, src, NEG_MASK / mult)
         src = masked
     # Step 3: row max over chunks (a (128, rows, nch) view), then over partitions.
+    # Without soft-cap the chunk maxima are taken negated, so one tensor_scalar_reduce of their
+    # transpose (min against -m, min-reduced) gives -m' (new_max_of_negated).
+    negated = cfg.soft_cap is None
     red = ops.sbuf((P, rows), f32)
-    ops.tensor_reduce(red, "max", ops.free_view(src, ((1, rows), (rows, nch))), axis=(2,))
+    ops.tensor_reduce(red, "max", ops.free_view(src, ((1, rows), (rows, nch))), axis=(2,),
+                      negate=negated)
     red_t = ops.psum((rows, P), f32)
     ops.transpose(red_t, red)
-    nm_prev, nm_new, alpha = new_max(ops, st, col0 + d, red_t, mult, engine=cfg.state_engine)
+    src_st = st if prev is None else prev
+    if negated:
+        nm_prev, nm_new, alpha = new_max_of_negated(ops, src_st, col0 + d, red_t)
+    else:
+        nm_prev, nm_new, alpha = new_max(ops, src_st, col0 + d, red_t, mult,
+                                         engine=cfg.state_engine)
     # Step 4: P^T = exp(mult * U - m'), -m' on every partition by ones matmuls: small blocks
     # multiply a repeated identity by -m' (one fp32 matmul); 128-row blocks transpose -m' to a
     # row, split it into two bf16 parts (hi + lo, exact in the fp32 PSUM sum) and add both per
@@ -264,8 +278,8 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
         ops.copy(pv_sb, acc, engine=cfg.copy_engine)
         ops.transpose(ext[:, ops.ds(0, d)], pv_sb)
         sw = d + 2
-        ops.scale_add(st[:, ops.ds(col0, sw)], st[:, ops.ds(col0, sw)], alpha, ext)
+        ops.scale_add(st[:, ops.ds(col0, sw)], src_st[:, ops.ds(col0, sw)], alpha, ext)
         ops.copy(st[:, ops.ds(col0 + d, 1)], nm_new, engine=cfg.state_copy_engine)
         return
     update_state(ops, st, col0, d, alpha=alpha, row_sum=rs, nm_new=nm_new, pv=acc,
-                 copy_engine=cfg.state_copy_engine)
+                 copy_engine=cfg.state_copy_engine, prev=src_st)

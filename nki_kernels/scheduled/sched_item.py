@@ -274,7 +274,7 @@ def load_state(ops, st, mi, st_col, state, core=0):
 
 
 def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts=None,
-              chunk_bounds=None, it=0, alibi_of=None):
+              chunk_bounds=None, it=0, alibi_of=None, init=None):
     """Fold the tile's ``fc.width`` keys into every block's state, ``fc.step_keys`` per step.
 
     Keys on partitions (decode layout): ``sched_decode.decode_step`` with ``consts``
@@ -284,7 +284,9 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
     Otherwise ``sched_core.flash_step`` per block, block j's bounds in fp32 columns ``cf + 1 + 2j``, ``cf + 2 + 2j`` of ``mf``. ``alibi_of(j)``: None or a function
     giving block j's ``(slope, off)`` ``(rows, 1)`` tiles (in the decode layout broadcast along
     the free axis first). P^T copies of 128-row blocks default to :func:`default_p_evac` when
-    ``fc.step.p_evac`` is None.
+    ``fc.step.p_evac`` is None. ``init``: None, or (keys on partitions) the group's initial
+    state tile, which the first step reads instead of ``st``
+    (``scheduled_attention.fresh_start``).
     """
     rows, blocks, d = fc.rows, fc.blocks, fc.step.d
     sw = d + STATE_EXTRA_COLUMNS
@@ -315,7 +317,7 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
             for s0 in ops.static_range(n_steps):
                 decode_step(ops, fc.step, [q[:, ops.ds(j * rows, rows)] for q in q_slices], tile,
                             st, j * sw, k0=s0 * fc.step_keys, width=fc.step_keys, consts=consts,
-                            bounds=bounds, alibi=alibi)
+                            bounds=bounds, alibi=alibi, prev=init if s0 == 0 else None)
         return
     step = fc.step
     if ops.nc_gen() == "gen2" and not step.max_evacuates:

@@ -278,6 +278,14 @@ def constants(ops, cfg, init, num_kv_heads):
                      reset=reset)
 
 
+def fresh_start(cfg, phase) -> bool:
+    """Whether the phase's items skip the state select and load and read their group's initial
+    values from the init tile at their first step instead (decode layout; the host's promise
+    ``SchedOptions.fresh_items``: every item that stores anything starts its group and no item
+    loads a state, so no state carries from one item to the next)."""
+    return bool(cfg.decode and cfg.opts.fresh_items[int(phase.masked)])
+
+
 def additive_decode_mask(ops, cfg) -> bool:
     """Whether the masked keys-on-partitions steps add their mask on TensorE
     (``sched_decode.DecodeConstants.mask_eye``) instead of a VectorE select: no soft-cap or
@@ -430,7 +438,8 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
         if cfg.opts.alibi:
             ops.gather(al, ins.q_init, mi, ci + m.ini, col0=Q_INIT_SLOPE, tokens=blocks,
                        step=Q_INIT_COLUMNS)
-    if const.reset is None:
+    fresh = fresh_start(cfg, phase)
+    if const.reset is None and not fresh:
         ops.where(st, data.resets.column(it, rows), init, st)
     if cfg.decode:       # decode layout: one block, Q^T preloaded per chunk
         qs = [q[:, ops.ds(it * rows, rows)] for q in data.q]
@@ -438,7 +447,7 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
         qs = load_q_slices(ops, tiles.q_raw, ins.query_t, mi, ci + m.q, scale=cfg.scale,
                            kernel_dtype=cfg.kd)
     # Step 2 (partial phase): the group's state left by the full phase.
-    if masked:
+    if masked and not fresh:
         load_state(ops, st, mi, ci + m.st, ins.state, core)
     # Step 3: the KV tile (the kernel dtype, or fp8 fed to TensorE as is), K^T per channel slice.
     k_rows, v_rows, k_ov, v_ov = gather_kv(ops, cfg, phase, mi, ci + m.kv, ins.overlay, head,
@@ -458,7 +467,8 @@ def _item(ops, cfg, ins, phase, data, it, tiles, const, kv_tiles, head):
     tile = KVTile(k_t=k_t, v_rows=v_rows, v_overlay=v_ov, kidx=const.kidx[int(masked)],
                   mask_eye=const.mask_eye if masked else None, ones=const.ones)
     fold_tile(ops, cfg.fold_config(phase, keys_by_dma(ops, cfg, phase)), qs, tile, st, mf, cf, consts=const.consts,
-              chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None)
+              chunk_bounds=data.bounds, it=it, alibi_of=alibi_of if cfg.opts.alibi else None,
+              init=init if fresh else None)
     # Step 5: stores (row indices out of bounds -> skipped): full phase the state, partial
     # phase the output.
     # (the output division, SBUF only, on GpSimd: idle here, VectorE / ScalarE carry the steps)
