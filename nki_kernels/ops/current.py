@@ -257,12 +257,12 @@ def scale_add(dst, a, col, b):
 
 def floored_divisors(dst, cols, floor, engine=None):
     """What :func:`divide_by` divides by, for n (P, 1) columns at once: ``dst`` (P, n) fp32 =
-    ``1 / max(cols, floor)``; ``cols`` may be a strided view. Division is ``a * (1 / col)``: the
-    reciprocal on ScalarE (its activation table holds 1/x for |x| in [2^-42, 2^42]), or with
-    ``engine="vector"`` on VectorE (``nisa.reciprocal``) for kernels whose ScalarE is the busier
-    engine."""
+    ``1 / max(cols, floor)`` (``cols`` may be strided): ``a * (1 / col)``, the reciprocal on
+    ScalarE (its table holds 1/x for |x| in [2^-42, 2^42]); ``engine="vector"``: on VectorE
+    (``nisa.reciprocal``), for kernels whose ScalarE is busier; "gpsimd": the floor there."""
     floored = sbuf(tuple(dst.shape), nl.float32)
-    nisa.tensor_scalar(dst=floored, data=cols, op0=nl.maximum, operand0=floor)
+    nisa.tensor_scalar(dst=floored, data=cols, op0=nl.maximum, operand0=floor,
+                       **_engine_kw("gpsimd" if engine == "gpsimd" else None))
     if engine == "vector":
         nisa.reciprocal(dst=dst, data=floored)
         return

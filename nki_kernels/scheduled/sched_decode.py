@@ -108,7 +108,8 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
             PSUM bank of scores). rows <= 128.
         consts: :class:`DecodeConstants`.
         bounds: None (no mask), ``(c, r)``: two ``(128, rows)`` fp32 tiles (module docstring),
-            or ``(top, None)``: one such tile holding ``c + r`` -- rows whose visible range
+            or ``(top, None)``: one such tile holding ``c + r`` (in PSUM with
+            ``consts.mask_eye``: only VectorE reads it) -- rows whose visible range
             starts at or before the tile (``cfg.windowed`` False) see key t iff ``t < top_q``.
         alibi: None or ``(slope, off)``, two ``(128, rows)`` fp32 tiles (row q's values in column
             q of every partition): scores get ``slope_q * t + off_q`` added (t = tile-local key
@@ -171,9 +172,10 @@ def decode_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, w
     # consts.mask_eye exists only without soft-cap / ALiBi (additive_decode_mask)
     additive = bounds is not None and bounds[1] is None and consts.mask_eye is not None
     if additive:        # masked keys (t > top) get MASK_EYE_VALUE added in PSUM, on TensorE
+        # (``top`` still in PSUM, sched_item.fold_tile: the compare on VectorE)
         far = ops.sbuf((P, ncol), kd)
         ops.tensor_tensor(ops.free_view(far, grid), ops.free_view(bounds[0], ((0, nch), (1, rows))),
-                          kk, "less", engine="gpsimd")
+                          kk, "less", engine="vector")
         ops.matmul(ps, consts.mask_eye, far, accumulate=True)
     elif bounds is not None and bounds[1] is None:      # upper bound only: t < top
         seen = ops.sbuf((P, ncol), ops.PRED)

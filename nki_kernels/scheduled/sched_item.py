@@ -302,9 +302,12 @@ def fold_tile(ops, fc: FoldConfig, q_slices, tile: KVTile, st, mf, cf, *, consts
                     ops.matmul(t_ps, consts.ones_f,
                                chunk_bounds[0:1, ops.ds((it * 2 + i) * rows, rows)],
                                accumulate=i > 0)
-                top = ops.sbuf((P, rows), ops.float32)
-                ops.copy(top, t_ps, engine=fc.step.copy_engine)
-                bounds = (top, None)
+                if consts.mask_eye is not None:     # the additive mask's compare reads PSUM
+                    bounds = (t_ps, None)
+                else:
+                    top = ops.sbuf((P, rows), ops.float32)
+                    ops.copy(top, t_ps, engine=fc.step.copy_engine)
+                    bounds = (top, None)
             elif fc.masked:            # the item's bounds broadcast to every partition
                 b_ps = ops.psum((P, 2 * rows), ops.float32)
                 ops.matmul(b_ps, consts.ones_f, chunk_bounds[0:1, ops.ds(it * 2 * rows, 2 * rows)])

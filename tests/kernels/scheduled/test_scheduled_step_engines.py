@@ -419,7 +419,8 @@ def test_nested_masked_items_zero_their_tiles_once_per_head(target, api, on_api,
     the one before it) and sets ``nested_rows``: the partial phase zeroes its K (K^T) and V tiles
     once per KV head, in whole-tile GpSimd fills, and no item zeroes anything. With no stale
     row in a tile the masked steps add their mask on TensorE (one matmul of the (128, 128) mask
-    diagonal per step, ``additive_decode_mask``) instead of a select. Matches the float64
+    diagonal per step, ``additive_decode_mask``) instead of a select, its 0 / 1 flags one VectorE
+    compare reading the rows' bounds from PSUM. Matches the float64
     reference; NaN in every cache slot no query may see changes no output bit."""
     from host.attention import paged_attention
     from host.step_plan import plan_paged_attention
@@ -448,6 +449,14 @@ def test_nested_masked_items_zero_their_tiles_once_per_head(target, api, on_api,
     assert len(masks) == 3 * 2               # one per masked item and KV head
     assert not [e for e in trace.events if e.op in ("where", "select", "select_reduce")
                 and tuple(e.out_shape) == (P, 32 * 4)]
+    # the flags the mask diagonal multiplies: one VectorE compare per masked step reading the
+    # rows' bounds straight from PSUM (no SBUF copy of them)
+    far = [e for e in trace.events if e.op == "tensor_tensor" and e.attr("alu") == "less"
+           and e.out_dtype == "bfloat16" and tuple(e.out_shape)[0] == P]
+    assert len(far) == 3 * 2 and {(e.engine, e.src_buffer) for e in far} == {("vector", "psum")}
+    assert not [e for e in trace.events if e.op in ("tensor_copy", "activation")
+                and e.src_buffer == "psum" and tuple(e.out_shape) == (P, 4)
+                and e.out_dtype == "float32"]
     with on_api(api, target):
         again = paged_attention(batch.query, batch.key, batch.value, poison_unseen(batch),
                                 *batch.args()[4:], **run)
