@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["nested_order", "rows_nested", "tile_rows_written"]
+__all__ = ["nested_order", "nests", "rows_nested", "tile_rows_written"]
 
 
 def nested_order(items: list, written) -> list:
@@ -31,7 +31,7 @@ def nested_order(items: list, written) -> list:
     When neither order nests the items stay as they are. ``written(item)``: (128 * loads,) bool,
     the tile rows the item's gathers write."""
     sets = {it: np.asarray(written(it), bool) for it in items}
-    if _nests([sets[it] for it in items]):
+    if nests([sets[it] for it in items]):
         return list(items)
     groups: dict = {}
     for it in items:
@@ -40,10 +40,10 @@ def nested_order(items: list, written) -> list:
     ordered = [sorted(lst, key=lambda it: counts[it]) for lst in groups.values()]
     ordered.sort(key=lambda lst: counts[lst[-1]])
     out = [it for lst in ordered for it in lst]
-    return out if _nests([sets[it] for it in out]) else list(items)
+    return out if nests([sets[it] for it in out]) else list(items)
 
 
-def _nests(sets: list) -> bool:
+def nests(sets: list) -> bool:
     """Whether each row set contains the one before it."""
     return all(not (a & ~b).any() for a, b in zip(sets, sets[1:]))
 

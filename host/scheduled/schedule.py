@@ -49,6 +49,7 @@ from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERH
                                            item_geometry, q_blocks, schedule_items, split_parts)
 from host.scheduled.fresh_items import phase_fresh
 from host.scheduled.row_nesting import nested_order, rows_nested, tile_rows_written
+from host.scheduled.state_carry import carry_order
 from host.validation import check_int, check_lens, check_power_of_two, fail
 from nki_kernels.contract import (DECODE_MAX_ROWS, FUSED, KV_LAYOUTS, MAX_BLOCK_SIZE, MAX_CHUNK,
                                   MAX_GROUP_BLOCKS, MAX_LAUNCH_CORES as CORES, MAX_TILE_SIZE,
@@ -62,9 +63,8 @@ __all__ = ["PhaseArrays", "ClassSchedule", "AttentionSchedule", "make_schedule",
            "ITEM_OVERHEAD_KEYS", "item_geometry", "meta_columns", "auto_large_tile",
            "class_sequences", "check_seqs"]
 
-# The decode-class threshold (DECODE_MAX_ROWS), the prefill group cap (MAX_GROUP_BLOCKS), the
-# metadata chunk (MAX_CHUNK, chunk_size), the tile geometry and the metadata columns
-# (meta_layout) are the host-kernel contract's (nki_kernels.contract): defined once, read here.
+# The decode-class threshold, the prefill group cap, the metadata chunk, the tile geometry and
+# the metadata columns are the host-kernel contract's (nki_kernels.contract), read here.
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,8 +94,8 @@ class PhaseArrays:
         ``c_q`` (columns ``t*2*rows + q``) and ``r_q`` (``t*2*rows + rows + q``) on ONE
         partition (the kernel broadcasts them); None otherwise.
     parts: the item parts (docs/layouts.md §16.3): items ``[p * items / parts, (p + 1) * items
-        / parts)`` are part p's (its groups' items, then its padding), run by core p of an
-        LNC=2 launch; 1: one run of items.
+        / parts)`` are part p's (its groups' items, then its padding; first in a full phase
+        carrying a group's state, ``state_carry``), run by core p of an LNC=2 launch.
     nested_rows: masked phase: in every KV head and part each real item's gathers write every
         KV row the items before it wrote (``host.scheduled.row_nesting``), so the kernel may
         zero the phase's KV tiles once (``SchedOptions.nested_rows``).
@@ -365,6 +365,9 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
     # partial items in an order whose written KV rows nest (the kernel then zeroes its tiles once)
     written = tile_rows_written(geo[True], keys, [i for i, _ in groups], group_lo)
     cut = tuple((f, nested_order(pi, written)) for f, pi in cut)
+    # a group ending the full phase and starting the partial one keeps its state in SBUF
+    cut3 = [carry_order(f, pi, written, decode=decode_layout(rows, blocks)) for f, pi in cut]
+    cut, carried = tuple((f, pi) for f, pi, _ in cut3), [g for _, _, g in cut3]
     full_groups = {g for f, _ in cut for g, _ in f}
     # Every group ends in the partial phase (its last tile holds its new tokens' overlay rows),
     # which therefore writes every output.
@@ -389,10 +392,8 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         item_block = np.full(n_items, -1, np.int64)
         bnd = np.zeros((n_items, 2 * rows), np.float32) if (masked and kop) else None
         p = np.arange(P)
-        # defaults: every DMA skipped, reset off (padding items only follow a part's last real
-        # item: they do nothing visible and move no bytes); the column
-        # offsets are the contract's (meta_layout): kv, ov (masked), q (query-rows classes), st,
-        # out (masked), ini (row_init on query-rows classes)
+        # defaults: every DMA skipped, reset off (padding items do nothing visible and move no
+        # bytes); columns (meta_layout): kv, ov (masked), q (query rows), st, out (masked), ini
         kv_col, st_col = lay.kv, lay.st
         q_col = lay.q if lay.q is not None else st_col
         mi[:, :, :, kv_col:kv_col + nL] = main_sentinel
@@ -402,13 +403,15 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
         st_skip = state_row_sentinel(ngroups * rows)       # state rows (per core slab)
         mi[:, :, :, st_col] = st_skip
         mi[:, :, :, st_col + 1:] = Hkv * ngroups * rows    # output rows and init rows
-        placed = [(pp * per_part + u, u, items_list) for pp, items_list in enumerate(parts_lists)
-                  for u in range(len(items_list))]
-        for t, u, items_list in placed:
+        # with a carried group (host.scheduled.state_carry) the full phase's padding goes first
+        placed = [(pp * per_part + u + (0 if masked or carried[pp] is None else per_part - len(x)),
+                   u, x, carried[pp]) for pp, x in enumerate(parts_lists) for u in range(len(x))]
+        for t, u, items_list, kept in placed:
             gi, k = items_list[u]
             i, blist = groups[gi]
-            first = u == 0 or items_list[u - 1][0] != gi
-            last = u + 1 == len(items_list) or items_list[u + 1][0] != gi
+            end = u + 1 == len(items_list)      # kept: carried in from / out to the other phase
+            first = (u == 0 or items_list[u - 1][0] != gi) and not (masked and u == 0 and gi == kept)
+            last = (end or items_list[u + 1][0] != gi) and not (not masked and end and gi == kept)
             mf[:, t, lay.reset] = 1.0 if first else 0.0
             # KV rows of this tile: key row j = k*L + l*128 + p of sequence i
             j = k * L + np.arange(nL)[:, None] * P + p[None, :]            # (nL, 128)
@@ -473,9 +476,9 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
                                         part_items=[len(x) for x in parts_lists],
                                         per_part=per_part, main_sentinel=main_sentinel,
                                         ov_sentinel=ov_sentinel)
-        fresh = phase_fresh(mi, mf, masked=masked, reset_col=lay.reset, st_col=st_col,
-                            out_col=lay.out if masked else None, st_skip=st_skip,
-                            out_skip=Hkv * ngroups * rows)
+        fresh = all(g is None for g in carried) and phase_fresh(mi, mf, masked=masked,
+            reset_col=lay.reset, st_col=st_col, out_col=lay.out if masked else None,
+            st_skip=st_skip, out_skip=Hkv * ngroups * rows)
         return PhaseArrays(items=n_items, real_items=n_real, masked=masked, parts=len(parts_lists),
                            nested_rows=nested, fresh_items=fresh,
                            meta_i=readonly(mi.reshape(Hkv, P, n_items * ki)),
@@ -494,6 +497,4 @@ def _class_schedule(kind, rows, blocks, qb, *, q, c, Hkv, d, nd, geo, sliding_wi
 
 def _pad_rows(v: np.ndarray, sentinel: int) -> np.ndarray:
     """A (rows,) column padded with ``sentinel`` to 128 partitions."""
-    out = np.full(P, sentinel, np.int64)
-    out[:v.shape[0]] = v
-    return out
+    return np.concatenate([np.asarray(v, np.int64), np.full(P - v.shape[0], sentinel, np.int64)])

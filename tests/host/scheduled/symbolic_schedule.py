@@ -136,7 +136,17 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
     writes = np.zeros((nblk, rows), np.int64)
     saved = {}                                         # state scratch rows: b -> (rows, Kmax)
     items = []
-    for phase, arr in (("full", cls.full), ("partial", cls.partial)):   # full phase first
+    parts = cls.full.parts
+    assert cls.partial.parts == parts
+    # one core's run: per part, its full phase then its partial phase, on one state tile (a
+    # group's state may stay in it from the full phase's last item to the partial phase's
+    # first, host.scheduled.state_carry)
+    runs = [(pp, phase, arr) for pp in range(parts)
+            for phase, arr in (("full", cls.full), ("partial", cls.partial))]
+    group = acc = None
+    for pp, phase, arr in runs:
+        if phase == "full":
+            group, acc = [None] * blocks, [None] * blocks
         masked = phase == "partial"
         Tf, bp, L, nL, W = geometry(B, LTp if masked else LT)
         m_main = c // bp
@@ -155,13 +165,18 @@ def run_symbolically(cls, *, q, c, bt, N, H, Hkv, d, B, LT, head, window=None, a
             bnd = arr.bounds.reshape(arr.items, 2 * rows).astype(np.float64)
         else:
             assert arr.bounds is None
-        group, acc = [None] * blocks, [None] * blocks
-        for t in range(arr.items):
+        per = arr.items // parts
+        real_of = arr.item_block[pp * per:(pp + 1) * per] >= 0   # padding items carry -1
+        n_real = int(real_of.sum())
+        # the part's real items are contiguous: padding after them, or (a full phase carrying
+        # its last group's state out) before them
+        assert (real_of[:n_real].all() or (phase == "full" and real_of[per - n_real:].all()))
+        if parts == 1:
+            assert n_real == arr.real_items
+        for t in range(pp * per, (pp + 1) * per):
             reset = mf[0, t, 0]
             assert np.all(mf[:, t, 0] == reset) and reset in (0.0, 1.0)
-            real_t = bool(arr.item_block[t] >= 0)      # padding items carry -1
-            if arr.parts == 1:
-                assert real_t == (t < arr.real_items)
+            real_t = bool(arr.item_block[t] >= 0)
             if reset or not real_t:
                 # a padding item (no reset) folds what its skipped DMAs left in the tiles: the
                 # state is garbage from here on, and no later item may store or load it

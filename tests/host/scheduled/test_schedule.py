@@ -138,11 +138,14 @@ def test_long_prefill_splits_into_groups_and_prunes_causally():
     got = [(it.phase[0], it.tile, it.blocks == g0, it.blocks == g1, int(it.reset), bool(it.st),
             bool(it.out)) for it in items if it.real]
     assert got == [
-        # full phase: tiles 0, 1 of each group; the state is stored after the group's last one
-        ("f", 0, True, False, 1, False, False), ("f", 1, True, False, 0, True, False),
+        # full phase: tiles 0, 1 of each group; group 1's state is stored after its last one;
+        # group 0, which starts the partial phase, runs last and keeps its state in SBUF
+        # (host.scheduled.state_carry)
         ("f", 0, False, True, 1, False, False), ("f", 1, False, True, 0, True, False),
-        # partial phase: the state is loaded at the group's first item, the output stored last
-        ("p", 2, True, False, 1, True, False), ("p", 3, True, False, 0, False, True),
+        ("f", 0, True, False, 1, False, False), ("f", 1, True, False, 0, False, False),
+        # partial phase: group 0 continues (no reset, no load), group 1's state is loaded at
+        # its first item; each output stored after the group's last item
+        ("p", 2, True, False, 0, False, False), ("p", 3, True, False, 0, False, True),
         ("p", 2, False, True, 1, True, False), ("p", 3, False, True, 0, False, False),
         ("p", 4, False, True, 0, False, True),
     ]

@@ -158,7 +158,10 @@ def test_prefill_only_batches_move_p_transposes_to_dma(target, api, lnc, min_blo
     gathers = {k: _reset_gathers(t, D) for k, t in traces.items()}
     assert _state_selects(traces[True], D)
     if not by_dma:
-        assert _state_selects(traces[False], D) and all(e.bytes for e in gathers[False])
+        # every state gather loads a state, except the one per KV head (2) and part of the
+        # group that keeps its state in SBUF between the phases (host.scheduled.state_carry)
+        assert _state_selects(traces[False], D) and any(e.bytes for e in gathers[False])
+        assert len([e for e in gathers[False] if not e.bytes]) <= 2 * (lnc or 1)
     else:
         assert not _state_selects(traces[False], D)
         assert len(gathers[False]) > len(gathers[True])
