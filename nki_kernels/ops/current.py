@@ -32,8 +32,8 @@ FP32_MIN = float(np.finfo(np.float32).min)      # range_select's required on_fal
 _ENGINES = {None: None, "scalar": nisa.engine.scalar, "vector": nisa.engine.vector,
             "gpsimd": nisa.engine.gpsimd}
 _ALU = {"add": nl.add, "subtract": nl.subtract, "multiply": nl.multiply, "maximum": nl.maximum,
-        "minimum": nl.minimum, "max": nl.maximum, "less": nl.less, "equal": nl.equal,
-        "greater": nl.greater}
+        "minimum": nl.minimum, "max": nl.maximum, "min": nl.minimum, "less": nl.less,
+        "equal": nl.equal, "greater": nl.greater}
 _ACT = {"exp": nl.exp, "tanh": nl.tanh, "abs": nl.abs, "relu": nl.relu, "copy": nl.copy}
 _FLOAT_NAMES = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2", "float8_e4m3fn")
 

@@ -25,7 +25,7 @@ FP32_MIN = float(np.finfo(np.float32).min)
 _ENGINES = {None: None, "scalar": nisa.scalar_engine, "vector": nisa.vector_engine,
             "gpsimd": nisa.gpsimd_engine}
 _ALU = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-        "minimum": np.minimum, "max": np.max}
+        "minimum": np.minimum, "max": np.max, "min": np.min}
 _NL = {"add": nl.add, "subtract": nl.subtract, "multiply": nl.multiply, "maximum": nl.maximum,
        "minimum": nl.minimum, "less": nl.less, "equal": nl.equal, "divide": nl.divide}
 _ACT = {"exp": np.exp, "tanh": np.tanh, "abs": np.abs, "relu": nl.relu, "copy": np.copy}

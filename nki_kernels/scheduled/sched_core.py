@@ -280,7 +280,7 @@ def flash_step(ops, cfg: StepConfig, q_slices, tile: KVTile, st, col0, *, k0, wi
         if cfg.max_evacuates and whole is None and alibi is None:  # scores still in PSUM
             whole, scores = _chunk_slices(ops, rows, n_c)
             for c in ops.static_range(n_c):
-                ops.scalar_reduce(scores[c], src[c], "multiply", 1.0, "maximum",
+                ops.scalar_reduce(scores[c], src[c], "multiply", 1.0, "max",
                                   mx[:, ops.ds(c, 1)])
             src = scores
         elif whole is not None and n_c > 1:   # the chunks' maxima in one (rows, n_c, 512) reduce
@@ -467,7 +467,7 @@ def new_max_of_negated(ops, st, col, neg_max):
     nm_prev = st[:, ops.ds(col, 1)]
     nm_new = ops.sbuf((rows, 1), ops.float32)
     clamped = ops.sbuf((rows, n), ops.float32)
-    ops.scalar_reduce(clamped, neg_max, "minimum", nm_prev, "minimum", nm_new)
+    ops.scalar_reduce(clamped, neg_max, "minimum", nm_prev, "min", nm_new)
     return nm_prev, nm_new, rescale_factor(ops, nm_prev, nm_new)
 
 

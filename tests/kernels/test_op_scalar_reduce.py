@@ -37,7 +37,7 @@ def _build(ops):
         res = ops.sbuf((P, W + 4), ops.float32)
         ops.memset(res, 0.0)
         if use_reduce:
-            ops.scalar_reduce(res[:, ops.ds(0, W)], ps, "multiply", 1.0, "maximum",
+            ops.scalar_reduce(res[:, ops.ds(0, W)], ps, "multiply", 1.0, "max",
                               res[:, ops.ds(W, 1)])
         ops.tensor_reduce(res[:, ops.ds(W + 1, 1)], "max", ps, axis=(1,), keepdims=True)
         neg = ops.sbuf((P, 4), ops.float32)
@@ -46,7 +46,7 @@ def _build(ops):
         ops.copy(res[:, ops.ds(W + 3, 1)], neg[:, ops.ds(0, 1)], engine="vector")
         if use_reduce:
             clamped = ops.sbuf((P, 4), ops.float32)
-            ops.scalar_reduce(clamped, neg, "minimum", cs, "minimum", res[:, ops.ds(W + 2, 1)])
+            ops.scalar_reduce(clamped, neg, "minimum", cs, "min", res[:, ops.ds(W + 2, 1)])
         ops.dma(out, res)
         return out
 
