@@ -14,8 +14,9 @@ partial items first (keeping the partial order's nesting, ``host.scheduled.row_n
 had it). The full phase then puts its padding items BEFORE its real items (a padding item folds
 whatever its skipped DMAs left in the tiles into the state: the next real item starts a group
 and resets it), so nothing runs between the carried group's last full item and its first
-partial one. Decode-layout classes keep the round trip (their groups of a few rows have one
-full item at most, and their padding stays last).
+partial one. Decode-layout classes keep the round trip: their partial order is sorted for
+nested rows, and their phases are mostly fresh instead (``host.scheduled.fresh_items``), which
+a carried group would rule out.
 """
 
 from __future__ import annotations

@@ -194,7 +194,9 @@ def scheduled_body(ops, cfg: SchedConfig, ins: Inputs, num_kv_heads: int):
             K, V <- kv rows kv[t] (+ overlay rows ov[t], partial phase; tile zeroed first)
             K^T by PE transposes (per 128-channel slice)
             for each block j, each <= 2048-key step: flash_step(Q^T_j, K^T, V, st_j [, mask])
-            [full] state rows st[t] <- st     (skipped unless this is the group's last full item)
+            [full] state rows st[t] <- st     (skipped unless this is the group's last full
+                                               item and the host does not keep the group's
+                                               state in SBUF for the partial phase)
             [partial] out rows out[t] <- o / max(l, L_FLOOR)  (skipped unless the group ends)
     """
     require_oob_skip(ops)
