@@ -13,7 +13,8 @@ import pytest
 
 from nki_pa_cli import script_args
 
-OWN = ("bench_block_copy", "bench_cache_write", "bench_gqa_packing", "bench_host_prep",
+OWN = ("bench_block_copy", "bench_cache_write", "bench_floors", "bench_gqa_packing",
+       "bench_host_prep",
        "bench_kv_dma_modes", "bench_kv_layout", "bench_lnc_parts", "bench_masked_weight",
        "bench_prefill_choices", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
        "time_flash_sim")
@@ -51,6 +52,7 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_block_copy", ["--api", "current"]), ("bench_cache_write", ["--api", "current"]),
     ("bench_kv_layout", ["--api", "nki"]), ("bench_kv_layout", ["--targets", "trn3"]),
     ("bench_schedule_whatif", ["--targets", "trn3"]),
+    ("bench_floors", ["--targets", "trn3"]), ("bench_floors", ["--markdown", "no-such-folder/page"]),
     ("bench_schedule_whatif", ["--markdown", "no-such-folder/page"]),
     ("bench_evidence", ["--markdown", "no-such-folder/page"]),
     ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"]),
@@ -382,3 +384,52 @@ def test_prefill_choices_quick(run_quick, load_script, capsys):
                 assert now() != shipped
                 raise RuntimeError
         assert now() == shipped
+
+
+# ------------------------------------------------------------------------- bench_floors
+def test_floors_quick_lie_below_the_shipped_kernel_and_above_the_roofline(run_quick, capsys):
+    """A floor is a lower bound of the design: the shipped kernel never models faster, and the
+    floor holds at least the useful work (its efficiency is at most 1)."""
+    rows = run_quick("bench_floors")["rows"]
+    assert {(r["workload"], r["target"], r["api"]) for r in rows} == {
+        (w, t, a) for w in ("decode_8", "mixed_1x128+6") for t, a in (("trn1", "legacy"),
+                                                                      ("trn2", "nki"))}
+    for r in rows:
+        assert r["roofline_us"] <= r["floor_us"] < r["shipped_us"], r
+        assert r["floor_efficiency"] == pytest.approx(r["roofline_us"] / r["floor_us"])
+        assert 0.0 <= r["p_t_dma_share"] <= 1.0
+    assert "| decode_8 | trn2 (nki) |" in capsys.readouterr().out
+
+
+def test_floor_accounting_of_one_decode_and_of_prefill_blocks(load_script):
+    mod = load_script("bench_floors")
+    # 256 keys (255 cached + the new one), one KV head: two 128-key blocks, each an S^T and a
+    # (P V)^T matmul at the 64-cycle minimum; trn1 adds a PE transpose per block (128 cycles)
+    for target, k_by_dma, cycles, ghz in (("trn2", True, 4 * 64, 2.4),
+                                          ("trn1", False, 4 * 64 + 2 * 128, 2.8)):
+        fl = mod.Floor(target)
+        fl.decode(255, 1, 128, k_by_dma)
+        got = mod.modeled(fl, 128)
+        assert got["per_engine_us"]["tensor"] == pytest.approx(cycles / ghz / 1e3)
+        assert fl.gather_rows == [8, 8]             # K and V: 256 keys in 32-token rows
+    # a 64-token chunk (G = 4: two 128-row blocks of 32 tokens) on no context, and 600 on 2000
+    assert mod.prefill_blocks(64, 0) == [(32, 1), (64, 1)]
+    assert mod.prefill_blocks(600, 2000)[:2] == [(2032, 1), (2064, 2)]
+    assert len(mod.prefill_blocks(600, 2000)) == 19
+
+
+def test_floor_grows_with_the_work(load_script):
+    """More sequences never lower a floor (the model is monotone in every engine), and a
+    prefill floor on trn2 picks the best P^T split between DMA and PE."""
+    mod = load_script("bench_floors")          # puts scripts/ on the path
+    import _pa_workloads as wl
+    small = wl.Workload("s", "mixed", (256, 1, 1), (512, 3000, 5000))
+    big = wl.Workload("b", "mixed", (256, 1, 1, 1), (512, 3000, 5000, 4000))
+    for target in ("trn1", "trn2"):
+        assert mod.floor_of(small, target)["modeled_us"] < mod.floor_of(big, target)["modeled_us"]
+    pre = wl.Workload("p", "prefill", (2048,), (2048,))
+    best = mod.floor_of(pre, "trn2")
+    fl = mod.Floor("trn2")
+    fl.prefill(2048, 2048, wl.HKV, wl.D)
+    for share in (0.0, 1.0):
+        assert best["modeled_us"] <= mod.modeled(fl, wl.D, share)["modeled_us"]
