@@ -235,7 +235,8 @@ def run_one(w, target: str, shipped: bool) -> dict:
         _, trace, sec, meta = runs.simulate("scheduled", wl.make_batch(w, 32), target,
                                             api=TARGETS[target], lnc=1)
         r = runs.make_row(w, 32, target, "scheduled", trace, sec, meta, api=TARGETS[target])
-        row |= dict(shipped_us=r["modeled_us"], shipped_efficiency=r["efficiency"])
+        row |= dict(shipped_us=r["modeled_us"], shipped_efficiency=r["efficiency"],
+                    shipped_engines_us=r["per_engine_us"], shipped_ports_us=r["port_us"])
     return row
 
 
@@ -251,11 +252,19 @@ def _down(x: float) -> str:
     return f"{math.floor(x * 1000) / 1000:.3f}"       # 0.7997 is below 0.80
 
 
+RESOURCES = ("tensor", "vector", "scalar", "gpsimd", "dma", "port vector+scalar",
+             "port vector+gpsimd")
+
+
+def _resources(engines: dict, ports: dict) -> dict:
+    return dict(engines) | {f"port {k}": v for k, v in ports.items()}
+
+
 def table(rows: list) -> str:
     out = ["| workload | target (API) | floor us (efficiency) | floor's busiest | shipped us "
            "(efficiency) | shipped / floor | goal |", "|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
-        res = dict(r["floor_engines_us"]) | {f"port {k}": v for k, v in r["floor_ports_us"].items()}
+        res = _resources(r["floor_engines_us"], r["floor_ports_us"])
         top = max(res, key=res.get)
         shipped = (f"{r['shipped_us']:.0f} ({_down(r['shipped_efficiency'])})"
                    if "shipped_us" in r else "-")
@@ -264,6 +273,21 @@ def table(rows: list) -> str:
         out.append(f"| {r['workload']} | {r['target']} ({r['api']}) | {r['floor_us']:.0f} "
                    f"({_down(r['floor_efficiency'])}) | {top} {res[top]:.0f} | {shipped} | "
                    f"{ratio} | {goal} |")
+    return "\n".join(out)
+
+
+def engine_table(rows: list) -> str:
+    """Per engine and shared port: the shipped kernel's busy us / the floor's (where the
+    distance to the floor is)."""
+    out = ["| workload | target | " + " | ".join(RESOURCES) + " |",
+           "|---|---|" + "---:|" * len(RESOURCES)]
+    for r in rows:
+        if "shipped_us" not in r:
+            continue
+        got = _resources(r["shipped_engines_us"], r["shipped_ports_us"])
+        floor = _resources(r["floor_engines_us"], r["floor_ports_us"])
+        cells = [f"{got.get(k, 0.0):.0f} / {floor.get(k, 0.0):.0f}" for k in RESOURCES]
+        out.append(f"| {r['workload']} | {r['target']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -276,7 +300,11 @@ def markdown(rows: list, quick: bool, cmd: str, commit: str) -> str:
         "instruction granularity, plus the useful bytes (what is counted and what is left out: "
         "the docstring of `scripts/bench_floors.py`); no kernel of the design models faster. "
         "Efficiency = useful-work roofline / modeled time, rounded down; H=32, Hkv=8, d=128, "
-        "bf16, block 32, one NeuronCore.", "", table(rows), ""])
+        "bf16, block 32, one NeuronCore.", "", table(rows), "",
+        "Busy time per engine and shared port (trn1: VectorE + ScalarE take turns on PSUM, "
+        "VectorE + GpSimd on SBUF; trn2: VectorE's performance mode shares GpSimd's bus), "
+        "shipped kernel us / floor us: where the shipped kernel's distance to the floor is.", "",
+        engine_table(rows), ""])
 
 
 def main(argv=None) -> int:

@@ -387,7 +387,8 @@ def test_prefill_choices_quick(run_quick, load_script, capsys):
 
 
 # ------------------------------------------------------------------------- bench_floors
-def test_floors_quick_lie_below_the_shipped_kernel_and_above_the_roofline(run_quick, capsys):
+def test_floors_quick_lie_below_the_shipped_kernel_and_above_the_roofline(run_quick, capsys,
+                                                                           load_script):
     """A floor is a lower bound of the design: the shipped kernel never models faster, and the
     floor holds at least the useful work (its efficiency is at most 1)."""
     rows = run_quick("bench_floors")["rows"]
@@ -399,6 +400,13 @@ def test_floors_quick_lie_below_the_shipped_kernel_and_above_the_roofline(run_qu
         assert r["floor_efficiency"] == pytest.approx(r["roofline_us"] / r["floor_us"])
         assert 0.0 <= r["p_t_dma_share"] <= 1.0
     assert "| decode_8 | trn2 (nki) |" in capsys.readouterr().out
+    page = load_script("bench_floors").markdown(rows, True, "cmd", "abc1234")
+    got = [line for line in page.splitlines() if line.startswith("| decode_8 | trn2 |")]
+    r = next(r for r in rows if (r["workload"], r["target"]) == ("decode_8", "trn2"))
+    assert got == ["| decode_8 | trn2 | " + " | ".join(     # shipped us / floor us per resource
+        f"{r['shipped_engines_us'][e]:.0f} / {r['floor_engines_us'][e]:.0f}"
+        for e in ("tensor", "vector", "scalar", "gpsimd", "dma")) + " | 0 / 0 | "
+        f"{r['shipped_ports_us']['vector+gpsimd']:.0f} / {r['floor_ports_us']['vector+gpsimd']:.0f} |"]
 
 
 def test_floor_accounting_of_one_decode_and_of_prefill_blocks(load_script):
