@@ -58,7 +58,17 @@ WORKLOADS = ("decode_32", "mixed_2x+30", "mixed_4x512+60", "prefill_2k_on_2k")
 # The issue goals (efficiency, per physical core) by workload kind and target.
 GOALS = {("decode", "trn1"): 0.80, ("decode", "trn2"): 0.85, ("mixed", "trn1"): 0.60,
          ("mixed", "trn2"): 0.60, ("prefill", "trn1"): 0.50, ("prefill", "trn2"): 0.50}
-P, CHUNK, STEP, ROW_TOKENS, G = 128, 512, 2048, 32, 4
+# The design's granularity, from the host-kernel contract and the host's tile choice: 128
+# partitions, one PSUM bank (512 fp32) per score chunk, online-softmax steps of <= STEP_KEYS,
+# decode cache rows of min(B, AUTO_DECODE_ROW_TOKENS) tokens (block 32 here); G = H / Hkv.
+from host.scheduled.schedule_items import AUTO_DECODE_ROW_TOKENS  # noqa: E402
+from nki_kernels.contract import PARTITIONS as P, PSUM_BANK_F32 as CHUNK  # noqa: E402
+from nki_kernels.contract import STEP_KEYS as STEP  # noqa: E402
+import _pa_workloads as wl  # noqa: E402
+
+BLOCK = 32                      # the benchmark's block size (scripts/bench_paged_attention.py)
+ROW_TOKENS = min(BLOCK, AUTO_DECODE_ROW_TOKENS)
+G = wl.H // wl.HKV
 DECODE_BLOCKS_PER_PASS = CHUNK // G        # 128-key blocks whose S^T columns fill one PSUM bank
 SPLITS = 20                                 # trn2 P^T: DMA share searched in steps of 1/20
 
@@ -179,7 +189,6 @@ class Floor:
 def modeled(fl: Floor, d: int, p_dma_share: float = 0.0) -> dict:
     """The floor's per-engine / port us and modeled us (busiest + 0.1 x the rest)."""
     from nki_sim.cost import estimate, get_constants
-    import _pa_workloads as wl
     hw = get_constants(fl.target)
     events, p_t_bytes = fl.events(d, p_dma_share)
     eng = dict.fromkeys(("tensor", "vector", "scalar", "gpsimd"), 0.0)
@@ -208,7 +217,6 @@ def modeled(fl: Floor, d: int, p_dma_share: float = 0.0) -> dict:
 def floor_of(w, target: str) -> dict:
     """The floor of workload ``w`` on ``target`` (one launch: a mixed batch's two classes run
     as one pair launch, as the shipped kernel does)."""
-    import _pa_workloads as wl
     fl = Floor(target)
     k_by_dma = TARGETS[target] == "nki"
     for q, c in zip(w.query_lens, w.context_lens):
@@ -224,7 +232,6 @@ def floor_of(w, target: str) -> dict:
 
 def run_one(w, target: str, shipped: bool) -> dict:
     import _pa_runs as runs
-    import _pa_workloads as wl
     roof = wl.useful_roofline_us(wl.useful_work(w), target)["us"]
     fl = floor_of(w, target)
     row = dict(workload=w.name, kind=w.kind, target=target, api=TARGETS[target],
@@ -232,16 +239,15 @@ def run_one(w, target: str, shipped: bool) -> dict:
                floor_engines_us=fl["per_engine_us"], floor_ports_us=fl["port_us"],
                p_t_dma_share=fl["p_t_dma_share"], goal=GOALS.get((w.kind, target)))
     if shipped:
-        _, trace, sec, meta = runs.simulate("scheduled", wl.make_batch(w, 32), target,
+        _, trace, sec, meta = runs.simulate("scheduled", wl.make_batch(w, BLOCK), target,
                                             api=TARGETS[target], lnc=1)
-        r = runs.make_row(w, 32, target, "scheduled", trace, sec, meta, api=TARGETS[target])
+        r = runs.make_row(w, BLOCK, target, "scheduled", trace, sec, meta, api=TARGETS[target])
         row |= dict(shipped_us=r["modeled_us"], shipped_efficiency=r["efficiency"],
                     shipped_engines_us=r["per_engine_us"], shipped_ports_us=r["port_us"])
     return row
 
 
 def bench(quick: bool, targets, shipped: bool = True) -> list:
-    import _pa_workloads as wl
     ws = wl.make_workloads(quick)
     if not quick:
         ws = [w for w in ws if w.name in WORKLOADS]
