@@ -63,12 +63,13 @@ GOALS = {("decode", "trn1"): 0.80, ("decode", "trn2"): 0.85, ("mixed", "trn1"): 
 # decode cache rows of min(B, AUTO_DECODE_ROW_TOKENS) tokens (block 32 here); G = H / Hkv.
 from host.scheduled.schedule_items import AUTO_DECODE_ROW_TOKENS  # noqa: E402
 from nki_kernels.contract import PARTITIONS as P, PSUM_BANK_F32 as CHUNK  # noqa: E402
-from nki_kernels.contract import STEP_KEYS as STEP  # noqa: E402
+from nki_kernels.contract import STATE_EXTRA_COLUMNS, STEP_KEYS as STEP  # noqa: E402
 import _pa_workloads as wl  # noqa: E402
 
 BLOCK = 32                      # the benchmark's block size (scripts/bench_paged_attention.py)
 ROW_TOKENS = min(BLOCK, AUTO_DECODE_ROW_TOKENS)
 G = wl.H // wl.HKV
+BLOCKS_PER_CHUNK = CHUNK // P             # 128-key blocks (PE transposes, P V matmuls) per chunk
 DECODE_BLOCKS_PER_PASS = CHUNK // G        # 128-key blocks whose S^T columns fill one PSUM bank
 SPLITS = 20                                 # trn2 P^T: DMA share searched in steps of 1/20
 
@@ -100,7 +101,7 @@ def prefill_blocks(q: int, c: int):
 
 
 class Floor:
-    """Instruction counts of one launch's floor, priced per target (:meth:`engine_us`)."""
+    """Instruction counts of one launch's floor, priced per target by :func:`modeled`."""
 
     def __init__(self, target: str):
         self.target = target
@@ -117,15 +118,15 @@ class Floor:
         for keys, steps in prefill_blocks(q, c):
             chunks = math.ceil(keys / CHUNK)
             self.add(("qk",), chunks * hkv)
-            self.add(("pv",), 4 * chunks * hkv)
+            self.add(("pv",), BLOCKS_PER_CHUNK * chunks * hkv)
             self.add(("max", CHUNK), chunks * hkv)
             for s in range(steps):
                 width = min(STEP, CHUNK * chunks - s * STEP)
                 self.add(("exp_sbuf", width), hkv)
-            self.add(("state", d + 2), steps * hkv)
+            self.add(("state", d + STATE_EXTRA_COLUMNS), steps * hkv)
             self.add(("alpha",), steps * hkv)
             if self.target == "trn1":
-                self.add(("pe_t", P), 4 * chunks * hkv)
+                self.add(("pe_t", P), BLOCKS_PER_CHUNK * chunks * hkv)
                 self.add(("copy_psum", CHUNK), chunks * hkv)
             else:
                 self.p_t_chunks += chunks * hkv
@@ -139,7 +140,7 @@ class Floor:
             cols = G * min(DECODE_BLOCKS_PER_PASS, blocks - u * DECODE_BLOCKS_PER_PASS)
             self.add(("max", cols), hkv)
             self.add(("exp_psum", cols), hkv)
-        self.add(("state_dec", d + 2), hkv)
+        self.add(("state_dec", d + STATE_EXTRA_COLUMNS), hkv)
         if not k_by_dma:
             self.add(("pe_t", P), blocks * hkv)
             self.add(("copy_psum", CHUNK), math.ceil(keys / CHUNK) * hkv)
@@ -180,7 +181,7 @@ class Floor:
         out = [(make[kind](*shape), n) for (kind, *shape), n in self.counts.items()]
         n_dma = round(self.p_t_chunks * p_dma_share)
         n_pe = self.p_t_chunks - n_dma
-        out.append((_matmul(P, P, P, op="nc_transpose"), 4 * n_pe))
+        out.append((_matmul(P, P, P, op="nc_transpose"), BLOCKS_PER_CHUNK * n_pe))
         out.append((_event("scalar", "tensor_copy", [(P, 2 * CHUNK)], (P, 2 * CHUNK), bf,
                            src="psum"), math.ceil(n_pe / 2)))
         return out, n_dma * P * CHUNK * 2
@@ -200,8 +201,7 @@ def modeled(fl: Floor, d: int, p_dma_share: float = 0.0) -> dict:
         for k, v in rep.port_us.items():
             ports[k] = ports.get(k, 0.0) + n * v
     bw = wl.roofline_bandwidth(hw)
-    dma_ns = max((fl.dma_bytes + fl.dma_t_bytes) / hw.hbm_bw_bytes_per_ns,
-                 (fl.dma_bytes + fl.dma_t_bytes / hw.dma_transpose_efficiency_hbm
+    dma_ns = max((fl.dma_bytes + fl.dma_t_bytes / hw.dma_transpose_efficiency_hbm
                   + p_t_bytes / hw.dma_transpose_efficiency_sbuf) / hw.dma_peak_bytes_per_ns,
                  (fl.dma_bytes + fl.dma_t_bytes) / bw)
     eng["dma"] = dma_ns / 1e3
