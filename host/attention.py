@@ -77,8 +77,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         backend: "auto" | "sim" | "neuron" (``host.launch``).
         api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
             current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
-            ``nki_kernels.toolchain.resolve_api``. The dense kernel is legacy-only (api="nki" raises
-            NotImplementedError).
+            ``nki_kernels.toolchain.resolve_api``. Both kernels run on both APIs (the dense
+            kernel on one physical core).
         lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
             split between the two cores of a logical core; an odd Hkv, e.g. 1, splits each
             class's query groups instead, docs/layouts.md §16.3 "Item parts"); None:
@@ -226,8 +226,7 @@ def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, k
     cache = _layer_cache(plan, kv_cache)
     layer = dict(alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     if api is not None:
-        plan = dataclasses.replace(plan, api=check_api(api, kernel=plan.kernel,
-                                                       both_apis=plan.kernel == "scheduled"))
+        plan = dataclasses.replace(plan, api=check_api(api))
     return from_numpy_like(_run(plan, q, k, v, cache, layer), was_torch, like=query)
 
 
@@ -310,7 +309,7 @@ def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
     out = launch_kernel(flash_paged_attention,
                         (q_in, k_in, v_in, np.ascontiguousarray(kv_cache), dense.active_table,
                          dense.mask), dict(plan.kernel_kwargs), grid_heads=Hkv,
-                        backend=plan.backend, api=plan.api)
+                        backend=plan.backend, api=plan.api, lnc=1)
     result = np.ascontiguousarray(np.asarray(out)[0, :, :T, :].transpose(1, 0, 2))
     return unpack_output(result, H) if Hq != H else result
 
@@ -318,7 +317,8 @@ def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
 def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, block_table: Any,
                               attn_mask: Any, n_kv_head: int | None = None,
                               head_size: int | None = None, LARGE_TILE_SZ: int = 2048,
-                              mixed_precision: bool = True, *, backend: str = "auto") -> Any:
+                              mixed_precision: bool = True, *, backend: str = "auto",
+                              api: str | None = None) -> Any:
     """vLLM's wrapper (``vllm/attention/ops/nki_flash_attn.py``, fused-cache form): kernel layouts.
 
     Args:
@@ -331,7 +331,8 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
             context part already reordered (``host.dense.masks.reorder_context_mask``).
         n_kv_head, head_size: optional; must match kv_cache.shape[2] / kv_cache.shape[4].
         LARGE_TILE_SZ, mixed_precision: as the kernel. softmax_scale is 1/sqrt(head_size).
-        backend: as :func:`paged_attention` (keyword-only extension).
+        backend, api: as :func:`paged_attention` (keyword-only extensions; the kernel runs on
+            one physical core on either API).
 
     Returns:
         (1, H, Qpad, d) in query's dtype -- the kernel output, NOT unpadded or transposed (as in
@@ -362,6 +363,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
     check_attention_options(kernel="dense", num_heads=q.shape[1], num_kv_heads=Hkv, head_size=d,
                             num_blocks=N, mixed_precision=mixed_precision, backend=backend,
                             gqa_packing="auto")
+    api = check_api(api)
     bt = check_integer_array("block_table", block_table, ndim=1)
     if bt.size and (bt.min() < 0 or bt.max() >= N):
         bad = int(np.argmax((bt < 0) | (bt >= N)))
@@ -379,7 +381,8 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
             np.ascontiguousarray(cache), bt.astype(np.int32), np.ascontiguousarray(m_np))
     kwargs = dict(softmax_scale=1.0 / math.sqrt(d), mixed_precision=bool(mixed_precision),
                   LARGE_TILE_SZ=LARGE_TILE_SZ)
-    out = launch_kernel(flash_paged_attention, args, kwargs, grid_heads=Hkv, backend=backend)
+    out = launch_kernel(flash_paged_attention, args, kwargs, grid_heads=Hkv, backend=backend,
+                        api=api, lnc=1)
     return from_numpy_like(np.asarray(out), was_torch, like=query)
 
 

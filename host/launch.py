@@ -5,9 +5,9 @@ the real toolchain's CPU simulator when neuronx-cc is installed); ``"neuron"`` r
 on a Trainium device (requires the real ``neuronxcc.nki``; ``nki.jit`` with NumPy arguments is
 baremetal); ``"auto"`` is ``"neuron"`` when the real toolchain is active, else ``"sim"``.
 Which NKI package is active is decided once by ``nki_kernels.toolchain`` (env ``NKI_PA_BACKEND``).
-APIs (``api=``): kernels with one source for both NKI generations run on the legacy
-``neuronxcc.nki`` or the current ``nki`` as ``nki_kernels.toolchain.resolve_api`` decides (env
-``NKI_PA_API``); legacy-only kernels refuse ``api="nki"``.
+APIs (``api=``): the product kernels have one source for both NKI generations and run on the
+legacy ``neuronxcc.nki`` or the current ``nki`` as ``nki_kernels.toolchain.resolve_api`` decides
+(env ``NKI_PA_API``); the benchmarks' legacy-only baseline kernels run on the legacy API.
 """
 
 from __future__ import annotations
@@ -31,27 +31,22 @@ def check_backend(backend: Any) -> str:
     return backend
 
 
-def check_api(api: Any, *, kernel: str, both_apis: bool) -> str | None:
+def check_api(api: Any) -> str | None:
     """The ``api=`` option of a launcher: None / "auto" (``NKI_PA_API`` or the automatic choice
-    of ``nki_kernels.toolchain.resolve_api``), "legacy" or "nki"; returned as None, "legacy" or "nki".
-    A kernel with one source for both APIs (``both_apis``) resolves it now, so a combination the
-    installed toolchain cannot run fails before any work; a legacy-only kernel refuses "nki".
+    of ``nki_kernels.toolchain.resolve_api``), "legacy" or "nki"; returned as None, "legacy" or
+    "nki". Every product kernel has one source for both APIs, so the choice is resolved now: a
+    combination the installed toolchain cannot run fails before any work.
 
     Raises:
         ValueError: not one of the values (named).
-        NotImplementedError: api="nki" for a legacy-only kernel (``kernel`` names it).
-        RuntimeError: from ``resolve_api`` (what to install).
+        RuntimeError / NotImplementedError: from ``resolve_api`` (what to install or use).
     """
     if api is not None and not (isinstance(api, str) and api in APIS):
         fail("api", f"be one of {APIS}", repr(api))
     api = None if api == "auto" else api
-    if both_apis:
-        from nki_kernels import toolchain
+    from nki_kernels import toolchain
 
-        toolchain.resolve_api(api)
-    elif api == "nki":
-        raise NotImplementedError(f"the {kernel} kernel runs on the legacy NKI API only; use "
-                                  "api='legacy' (or None), or a kernel that has both APIs")
+    toolchain.resolve_api(api)
     return api
 
 

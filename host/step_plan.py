@@ -265,8 +265,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         ValueError: any bad argument, named (before anything is built).
         NotImplementedError: valid but unsupported combinations (variants or fp8 with the dense
             kernel, gqa_packing=False with the scheduled kernel, partial_tile_size with dense,
-            api="nki" with the legacy-only dense kernel, kv_layout="block_kv" with the dense
-            kernel or an fp8 cache).
+            kv_layout="block_kv" with the dense kernel or an fp8 cache, lnc=2 with the dense
+            kernel).
         RuntimeError: an ``api`` the installed toolchain cannot run (``host.launch.check_api``).
     """
     unknown = sorted(set(variant_options) - set(_VARIANT_OPTIONS))
@@ -287,7 +287,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
                             gqa_packing=gqa_packing)
     kv_layout = check_kv_layout(kv_layout, kernel=kernel, fp8=is_fp8_cache_dtype(cdt))
     scale = check_softmax_scale(softmax_scale, 1.0 / math.sqrt(d))
-    api = check_api(api, kernel=kernel, both_apis=kernel == "scheduled")
+    api = check_api(api)
     item_parts = 1
     if kernel == "scheduled":
         item_parts = item_parts_for(api, lnc, Hkv)     # a bad lnc fails here, before any work

@@ -3,8 +3,6 @@
 Device code on the op layer (:mod:`nki_kernels.ops`): every function takes the op layer ``ops``
 first, is called from inside a kernel and allocates its temporaries in its own body, so a call
 inside a loop body creates per-iteration tiles (no false loop-carried dependencies).
-:func:`pe_transpose_blocks` keeps the legacy-only signature (legacy engine objects, no ``ops``)
-for the dense kernel modules.
 """
 
 from __future__ import annotations
@@ -116,16 +114,6 @@ def _transpose_group(ops, dst, dst_col, src, src_col, block_w, n, evac, stride, 
             blk = ops.free_view(src, ((b, block_w),), col0=src_col + g * b * block_w + s)
         ops.transpose(t_psum[:, ops.ds(u * Ps, Ps)], blk)
     ops.copy(dst[:, ops.ds(dst_col, n * Ps)], t_psum, engine=evac)
-
-
-def pe_transpose_blocks(dst, dst_col, src, src_col, block_w, n_blocks, *, evac_engine=None,
-                        src_stride=None):
-    """:func:`transpose_blocks` on the legacy API with legacy engine objects (``nisa.*_engine``
-    or a tuple of them) -- the signature of the dense kernel modules."""
-    from nki_kernels.ops import legacy
-
-    transpose_blocks(legacy, dst, dst_col, src, src_col, block_w, n_blocks,
-                     evac=legacy.engine_names(evac_engine), src_stride=src_stride)
 
 
 def identity_tile(ops, size, dtype):

@@ -8,7 +8,7 @@ Two API generations (docs/nki-compatibility-review.md):
 
 Kernels never import either package: they run on the project op layer (``nki_kernels.ops``),
 whose two modules get the packages from here (:data:`nki` / :data:`nl` / :data:`nisa` for the
-legacy one -- also what the legacy-only dense kernel modules import -- and :func:`load_current`
+legacy one -- also what the benchmarks' legacy-only baselines import -- and :func:`load_current`
 for the current one). Host launchers call :func:`resolve_api` per launch.
 
 Packages: the real ones when installed, else ``nki_sim`` (the project's simulator) registered

@@ -11,12 +11,17 @@ comes from nki_sim.cost (MODELED).
 
     python scripts/time_flash_sim.py [--workload decode|mixed|both] [--quick] [--json out.json]
     python scripts/time_flash_sim.py --compare-p-transpose [--ctx 2048] [--quick] [--json out.json]
+    python scripts/time_flash_sim.py --compare-api [--workload both] [--quick] [--json out.json]
 
 --quick: 4 sequences of 512 context tokens instead of 16 of 8192 (same heads; seconds).
 
 --compare-p-transpose runs the kernel body with p_transpose="auto" (gen3: nisa.dma_transpose of
 P, vLLM's choice) and "pe" (TensorE transposes through PSUM) on trn2 and prints MODELED per-engine
 times for both (no wall-time claim).
+
+--compare-api runs the dense kernel (``host.paged_attention(kernel="dense")``, GQA packing
+"auto") on trn2 on the legacy and on the current NKI API, one core each, and prints MODELED
+per-engine times for both (no wall-time claim); the two outputs must agree to 1e-6.
 """
 from __future__ import annotations
 
@@ -81,13 +86,15 @@ def compare_p_transpose(workload: str) -> list[dict]:
     from host.dense.plan import make_plan
     from nki_kernels.toolchain import nki, nl
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
+    from nki_kernels.ops import legacy
 
     def kernel_for(mode):
         @nki.jit
         def k(query, key, value, kv_cache, block_tables, mask, LARGE_TILE_SZ=2048):
             o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
-            return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
-                                              LARGE_TILE_SZ=LARGE_TILE_SZ, out=o, p_transpose=mode)
+            return flash_paged_attention_body(legacy, query, key, value, kv_cache, block_tables,
+                                              mask, LARGE_TILE_SZ=LARGE_TILE_SZ, out=o,
+                                              p_transpose=mode)
         return k
 
     q, k, v, cache, bt2d, qlens, clens = make_inputs(workload)
@@ -111,6 +118,27 @@ def compare_p_transpose(workload: str) -> list[dict]:
     return rows
 
 
+def compare_api(workload: str) -> list[dict]:
+    """MODELED trn2 cost of the dense kernel on the legacy and the current API (same inputs)."""
+    import nki_sim
+    from nki_sim.cost import estimate
+    from host.attention import paged_attention
+
+    args = make_inputs(workload)
+    rows, outs = [], []
+    for api in ("legacy", "nki"):
+        with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+            outs.append(paged_attention(*args, kernel="dense", large_tile_size=TILE,
+                                        mixed_precision=True, backend="sim", api=api))
+        rep = estimate(trace, target="trn2")
+        rows.append(dict(workload=workload, api=api, modeled_us=round(rep.modeled_us, 1),
+                         dma_instructions=rep.dma_instructions,
+                         **{f"{e}_us": round(t, 1) for e, t in rep.per_engine_us.items()}))
+    err = float(np.abs(outs[0].astype(np.float64) - outs[1]).max())
+    assert err <= 1e-6, f"the two APIs must agree to 1e-6; max |difference| {err:.2e}"
+    return rows
+
+
 QUICK_S, QUICK_CTX = 4, 512
 
 
@@ -119,6 +147,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=("decode", "mixed", "both"), default="decode")
     ap.add_argument("--compare-p-transpose", action="store_true")
+    ap.add_argument("--compare-api", action="store_true",
+                    help="the dense kernel on the legacy and the current API (trn2, MODELED)")
     ap.add_argument("--ctx", type=int, default=None,
                     help=f"context tokens per sequence (default {CTX}; {QUICK_CTX} with --quick)")
     add_common_args(ap, quick_help=f"{QUICK_S} sequences, {QUICK_CTX} context tokens each")
@@ -134,6 +164,14 @@ def main(argv=None) -> int:
         for r in rows:
             print(r)
         write_json(a, __file__, rows, mode="compare-p-transpose", sequences=S, ctx=CTX, times="MODELED")
+        return 0
+    if a.compare_api:
+        rows = [r for w in workloads for r in compare_api(w)]
+        print(f"MODELED trn2, dense kernel, S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq "
+              f"LT={TILE}")
+        for r in rows:
+            print(r)
+        write_json(a, __file__, rows, mode="compare-api", sequences=S, ctx=CTX, times="MODELED")
         return 0
     rows = [run(w) for w in workloads]
     print(f"S={S} H={H} Hkv={HKV} d={D} B={BLOCK} ctx={CTX}/seq LARGE_TILE_SZ={TILE} trn2 mixed-precision")

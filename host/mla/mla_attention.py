@@ -238,7 +238,7 @@ def _step_plan(batch: MLAPlan, block_tables: Any, *, mixed_precision, large_tile
     if not isinstance(mixed_precision, (bool, np.bool_)):
         fail("mixed_precision", "be a bool", repr(mixed_precision))
     check_backend(backend)
-    api = check_api(api, kernel="MLA attention", both_apis=True)
+    api = check_api(api)
     # one latent head: two cores split each class's query groups (a bad lnc fails here)
     parts = item_parts_for(api, lnc, 1)
     LT = check_power_of_two("large_tile_size", large_tile_size, lo=MIN_TILE_SIZE, hi=MAX_TILE_SIZE)

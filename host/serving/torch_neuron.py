@@ -79,8 +79,8 @@ def require_toolchain(op: str) -> None:
 def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | None = None,
            lnc: int | None = None, item_parts: int = 1, **kwargs: Any) -> Any:
     """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)
-    and return its output. A legacy-only kernel runs as ``kernel[grid](...)`` (``grid`` None: no
-    grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
+    and return its output. A legacy-only kernel (a benchmark baseline) runs as
+    ``kernel[grid](...)`` (``grid`` None: no grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
     ``nki_kernels.toolchain.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
     Hkv)``, current ``kernel(...)`` -- one launch at the logical NeuronCore count of the
     environment (``NEURON_LOGICAL_NC_CONFIG``) or ``lnc``, the kernel looping over its KV heads
@@ -256,7 +256,7 @@ def _device_dense(plan, query, key, value, kv_cache):
     v_in = query.new_zeros((1, Hkv, Qpad, d))
     v_in[0, :, :T, :] = value.permute(1, 0, 2)
     out = launch(flash_paged_attention, (1, Hkv), q_in, k_in, v_in, kv_cache, active,
-                 mask, **plan.kernel_kwargs)
+                 mask, api=plan.api, lnc=1, **plan.kernel_kwargs)
     return out[0, :, :T, :].permute(1, 0, 2).contiguous()
 
 

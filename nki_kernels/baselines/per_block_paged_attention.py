@@ -33,7 +33,8 @@ import functools
 from nki_kernels.toolchain import nki, nisa, nl
 from nki_kernels.constants import B_P_SIZE, tile_geometry
 from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
-from nki_kernels.tile_ops import pe_transpose_blocks
+from nki_kernels.ops import legacy as legacy_ops
+from nki_kernels.tile_ops import transpose_blocks
 
 
 @nki.jit
@@ -51,22 +52,25 @@ def per_block_paged_attention(query, key, value, kv_cache, block_tables, mask, s
         tiling_factor = tile_geometry(block_size, LARGE_TILE_SZ)[1]
     loader = functools.partial(load_kv_tile_per_block, tiling_factor=tiling_factor)
     o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
-    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+    return flash_paged_attention_body(legacy_ops, query, key, value, kv_cache, block_tables, mask,
                                       softmax_scale=softmax_scale,
                                       mixed_precision=mixed_precision,
                                       LARGE_TILE_SZ=LARGE_TILE_SZ, out=o, load_kv=loader)
 
 
-def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size,
-                           kernel_dtype, tiling_factor):
+def load_kv_tile_per_block(ops, kv_flat, block_rows, tile_idx, *, n_loads, tiled_block_size,
+                           head_size, kernel_dtype, tiling_factor):
     """Drop-in replacement of ``load_kv_tile`` issuing one DMA per (block, K or V).
 
     Args:
+        ops: the op layer (the legacy one: this baseline is legacy-API code).
         kv_flat: HBM ``(2, N*Hkv*T, b'*d)`` (``nki_kernels.dense.kv_load.flat_kv_view``).
-        block_rows: SBUF int32 ``(128, nL, n_tiles)`` from ``load_block_tables``; partitions
-            ``[m*T, (m+1)*T)`` of load l hold the T rows of block ``l*(128//T) + m``.
+        block_rows: SBUF int32 ``(128, nL * n_tiles)`` from ``load_block_tables``; partitions
+            ``[m*T, (m+1)*T)`` of column ``l*n_tiles + j`` hold the T rows of block
+            ``l*(128//T) + m`` of tile j.
         tile_idx: large-tile index j.
-        tiled_block_size: b'.  head_size: d.  kernel_dtype: dtype of the returned tiles.
+        n_loads: nL.  tiled_block_size: b'.  head_size: d.  kernel_dtype: dtype of the
+            returned tiles.
         tiling_factor: T (rows per block; 128 // T blocks per 128-row load).
 
     Returns:
@@ -75,12 +79,12 @@ def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, h
     Pseudocode:
         for l < nL:
             for m < 128 // T:                       # one K DMA and one V DMA per block
-                Krows[m*T : (m+1)*T, :] = gather kv_flat[0, block_rows[m*T : (m+1)*T, l, j], :]
+                Krows[m*T : (m+1)*T, :] = gather kv_flat[0, block_rows[m*T : (m+1)*T, l*n_tiles + j], :]
                 V[m*T : (m+1)*T, l*b'*d : (l+1)*b'*d] = gather kv_flat[1, same rows, :]
             for s < b': K[:, l*128*b' + s*128 : +128] = Krows[:, s*d:(s+1)*d].T   (PE)
     """
     bp, d, T = tiled_block_size, head_size, tiling_factor
-    n_loads = block_rows.shape[1]
+    n_tiles = block_rows.shape[1] // n_loads
     row_w = bp * d
     blocks_per_load = B_P_SIZE // T
     k_tile = nl.ndarray((d, n_loads * B_P_SIZE * bp), dtype=kernel_dtype, buffer=nl.sbuf)
@@ -96,18 +100,17 @@ def load_kv_tile_per_block(kv_flat, block_rows, tile_idx, *, tiled_block_size, h
         v_rows = nl.ndarray((B_P_SIZE, row_w), dtype=kv_flat.dtype, buffer=nl.sbuf)
         for m in nl.affine_range(blocks_per_load):
             k_rows[m * T + i_t, i_f] = nl.load(
-                kv_flat[0, block_rows[m * T + i_t, l, tile_idx], i_f])
+                kv_flat[0, block_rows[m * T + i_t, l * n_tiles + tile_idx], i_f])
             if convert:
                 v_rows[m * T + i_t, i_f] = nl.load(
-                    kv_flat[1, block_rows[m * T + i_t, l, tile_idx], i_f])
+                    kv_flat[1, block_rows[m * T + i_t, l * n_tiles + tile_idx], i_f])
             else:
                 v_tile[m * T + i_t, l * row_w + i_f] = nl.load(
-                    kv_flat[1, block_rows[m * T + i_t, l, tile_idx], i_f])
+                    kv_flat[1, block_rows[m * T + i_t, l * n_tiles + tile_idx], i_f])
         if convert:
             k_rows = nisa.tensor_copy(k_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
             v_tile[:, nl.ds(l * row_w, row_w)] = nisa.tensor_copy(
                 v_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
         # the product loader's K transposes, call for call (nki_kernels/dense/kv_load.py)
-        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
-                            evac_engine=nisa.scalar_engine)
+        transpose_blocks(ops, k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp, evac="scalar")
     return k_tile, v_tile

@@ -1,1 +1,1 @@
-"""The dense vLLM-interface flash paged-attention kernel (legacy API): driver, flash step, in-kernel block tables and vectorized KV loads."""
+"""The dense vLLM-interface flash paged-attention kernel (both NKI APIs, on the op layer): driver, flash step, in-kernel block tables and vectorized KV loads."""

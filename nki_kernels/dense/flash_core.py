@@ -1,6 +1,6 @@
 """Online-softmax (flash attention) update of one 128-row Q tile against one KV tile.
 
-Device code (legacy NKI).
+Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first).
 
 Dimensions:
     P = 128  query rows per Q tile (partitions)       d   head size (<= 128)
@@ -19,32 +19,30 @@ everywhere ends with o = l = 0 (output exactly 0).
 
 from __future__ import annotations
 
-import numpy as np
-
-from nki_kernels.toolchain import nl, nisa
 from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK, STEP_KEYS
-from nki_kernels.tile_ops import pe_transpose_blocks
+from nki_kernels.tile_ops import transpose_blocks
 
 
-def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
+def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
                          k_start, width, kernel_dtype, use_dma_transpose):
     """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
 
     Args:
+        ops: the op layer.
         q_tile: SBUF ``(d, 128)`` kernel_dtype, already multiplied by the softmax scale
             (column r = query row r of the Q tile).
         k_tile: SBUF ``(d, >= k_start + width)`` kernel_dtype; column c = key c.
         v_tile: SBUF ``(128, ...)`` kernel_dtype; columns ``[(c//128)*d, (c//128+1)*d)`` at
             partition ``c % 128`` hold the value of key c (the layout of ``load_kv_tile``).
-        mask_tile: SBUF ``(128, >= width)`` bool (a tile or a column slice of one);
+        mask_tile: SBUF ``(128, >= width)`` bool / uint8 (a tile or a column slice of one);
             ``mask_tile[r, c]`` = row r may see key k_start + c.
         o_buf, nm_buf, l_buf: SBUF state tiles (module docstring), updated in place.
-        slot: state slot index (int or affine loop expression).
+        slot: state slot index (int or loop expression).
         k_start: first key (Python int, multiple of 128).
         width: W (Python int, multiple of 128, <= STEP_KEYS: bounds the per-step SBUF tiles).
         kernel_dtype: matmul-input / probability dtype (bf16 in mixed precision).
-        use_dma_transpose: transpose P with ``nisa.dma_transpose`` (gen3, 2-byte dtypes) instead
-            of TensorE transposes through PSUM (gen2, or 4-byte dtypes).
+        use_dma_transpose: transpose P on the DMA engines (NeuronCore-v3, 2-byte dtypes)
+            instead of TensorE transposes through PSUM (NeuronCore-v2, or 4-byte dtypes).
 
     Pseudocode:
         S[:, c] = where(mask, q^T k_c, NEG_MASK)          per 512-column PSUM chunk (fp32)
@@ -57,57 +55,63 @@ def flash_attention_tile(q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf
     P = B_P_SIZE
     d = q_tile.shape[0]
     assert width % P == 0 and width <= STEP_KEYS, f"internal: step width {width}"
+    f32 = ops.float32
     acc_dtype = o_buf.dtype
 
     # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul, then the row
-    # max. (nl.where + tensor_reduce on both generations, as vLLM: nisa.select_reduce would fuse
+    # max. (a select + tensor_reduce on both generations, as vLLM: nisa.select_reduce would fuse
     # them on gen3 but only exists from SDK 2.26 and is reported wrong on trn1.)
-    scores = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
+    scores = ops.sbuf((P, width), f32)
     n_full, tail = divmod(width, B_F_SIZE)
-    for c in nl.affine_range(n_full):
-        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
+    for c in ops.parallel_range(n_full):
+        _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
     if tail:
-        _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
-    m_tile = nisa.tensor_reduce(np.max, scores, axis=(1,), dtype=nl.float32, keepdims=True)
+        _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+    m_tile = ops.sbuf((P, 1), f32)
+    ops.tensor_reduce(m_tile, "max", scores, axis=(1,), keepdims=True)
 
     # Step 2: running max (kept negated: nm = -m feeds the exp biases directly) and the
     # rescale factor alpha = exp(m_prev - m_new) = exp(nm_new - nm_prev).
-    nm_prev = nm_buf[:, nl.ds(slot, 1)]
-    nm_new = nisa.tensor_scalar(m_tile, np.multiply, -1.0, op1=np.minimum, operand1=nm_prev,
-                                dtype=nl.float32)
-    alpha = nisa.activation(np.exp, nm_prev, bias=nm_new, scale=-1.0, dtype=nl.float32)
+    nm_prev = nm_buf[:, ops.ds(slot, 1)]
+    nm_new = ops.sbuf((P, 1), f32)
+    ops.tensor_scalar(nm_new, m_tile, "multiply", -1.0, op1="minimum", operand1=nm_prev)
+    alpha = ops.sbuf((P, 1), f32)
+    ops.activation(alpha, "exp", nm_prev, bias=nm_new, scale=-1.0)
 
     # Step 3: P = exp(S + nm_new) and its row sums in one ScalarE pass.
-    row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    probs = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
-    probs[...] = nisa.activation_reduce(np.exp, scores, bias=nm_new, scale=1.0, reduce_op=np.add,
-                                        reduce_res=row_sum, dtype=kernel_dtype)
+    row_sum = ops.sbuf((P, 1), f32)
+    probs = ops.sbuf((P, width), kernel_dtype)
+    ops.activation(probs, "exp", scores, bias=nm_new, row_sum=row_sum)
 
     # Step 4: P^T (keys on partitions), 128x128 blocks.
     n_k = width // P
-    probs_t = nl.ndarray((P, width), dtype=kernel_dtype, buffer=nl.sbuf)
-    if use_dma_transpose:
-        for k in nl.affine_range(n_k):
-            probs_t[:, nl.ds(k * P, P)] = nisa.dma_transpose(probs[:, nl.ds(k * P, P)])
+    probs_t = ops.sbuf((P, width), kernel_dtype)
+    if use_dma_transpose and ops.has_sbuf_dma_transpose(kernel_dtype):
+        ops.transpose_on_dma(probs_t, 0, probs, 0, n_k)      # one DMA for every block
+    elif use_dma_transpose:
+        for k in ops.parallel_range(n_k):
+            ops.dma_transpose_block(probs_t[:, ops.ds(k * P, P)], probs[:, ops.ds(k * P, P)])
     else:
-        pe_transpose_blocks(probs_t, 0, probs, 0, P, n_k, evac_engine=nisa.scalar_engine)
+        transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac="scalar")
 
-    # Step 5: P V over 128-key chunks, accumulated in one PSUM tile (documented "+=" idiom).
+    # Step 5: P V over 128-key chunks, accumulated in one PSUM tile.
     v_col = (k_start // P) * d
-    pv = nl.zeros((P, d), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.affine_range(n_k):
-        pv += nisa.nc_matmul(probs_t[:, nl.ds(k * P, P)], v_tile[:, nl.ds(v_col + k * d, d)])
+    pv = ops.psum((P, d), f32)
+    for k in ops.static_range(n_k):
+        ops.matmul(pv, probs_t[:, ops.ds(k * P, P)], v_tile[:, ops.ds(v_col + k * d, d)],
+                   accumulate=k > 0)
 
     # l = alpha * l + rowsum;  nm = nm_new;  o = alpha * o + P V.
-    l_buf[:, nl.ds(slot, 1)] = nisa.tensor_scalar(l_buf[:, nl.ds(slot, 1)], np.multiply, alpha,
-                                                  op1=np.add, operand1=row_sum, dtype=nl.float32)
-    nm_buf[:, nl.ds(slot, 1)] = nl.copy(nm_new, dtype=nl.float32)
-    o_view = o_buf[:, nl.ds(slot * d, d)]
-    o_buf[:, nl.ds(slot * d, d)] = nl.add(nl.multiply(o_view, alpha, dtype=acc_dtype), pv,
-                                          dtype=acc_dtype)
+    l_col = l_buf[:, ops.ds(slot, 1)]
+    ops.tensor_scalar(l_col, l_col, "multiply", alpha, op1="add", operand1=row_sum)
+    ops.copy(nm_buf[:, ops.ds(slot, 1)], nm_new)
+    o_view = o_buf[:, ops.ds(slot * d, d)]
+    scaled = ops.sbuf((P, d), acc_dtype)
+    ops.tensor_tensor(scaled, o_view, alpha, "multiply")
+    ops.tensor_tensor(o_view, scaled, pv, "add")
 
 
-def visible_values(v_tile, mask_tile, ones, *, head_size, kernel_dtype):
+def visible_values(ops, v_tile, mask_tile, ones, *, head_size, kernel_dtype):
     """``v_tile`` with the value rows of keys that NO row of the Q tile may see set to 0.
 
     A masked key's probability is exactly 0, but 0 * NaN (or Inf) in the P V matmul is NaN: a
@@ -120,8 +124,9 @@ def visible_values(v_tile, mask_tile, ones, *, head_size, kernel_dtype):
     row of a tile that does not see it, stay clean.
 
     Args:
+        ops: the op layer.
         v_tile: SBUF ``(128, W//128 * d)`` kernel_dtype (the ``load_kv_tile`` layout).
-        mask_tile: SBUF ``(128, W)`` bool, ``mask_tile[r, c]`` = row r may see key c.
+        mask_tile: SBUF ``(128, W)`` bool / uint8, ``mask_tile[r, c]`` = row r may see key c.
         ones: SBUF ``(128, 1)`` kernel_dtype of ones (allocated once by the caller).
         head_size: d.  kernel_dtype: dtype of v_tile and the result.
 
@@ -131,20 +136,22 @@ def visible_values(v_tile, mask_tile, ones, *, head_size, kernel_dtype):
     P = B_P_SIZE
     d = head_size
     n_k = mask_tile.shape[1] // P
-    mask_k = nisa.tensor_copy(mask_tile, dtype=kernel_dtype, engine=nisa.gpsimd_engine)   # idle engine
-    seen = nl.ndarray((P, n_k), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.affine_range(n_k):
-        seen[:, nl.ds(k, 1)] = nisa.nc_matmul(mask_k[:, nl.ds(k * P, P)], ones)
-    v_out = nl.ndarray((P, n_k * d), dtype=kernel_dtype, buffer=nl.sbuf)
-    for k in nl.affine_range(n_k):
-        v_out[:, nl.ds(k * d, d)] = nl.where(seen[:, nl.ds(k, 1)], v_tile[:, nl.ds(k * d, d)], 0.0,
-                                             dtype=kernel_dtype)
+    mask_k = ops.sbuf((P, n_k * P), kernel_dtype)
+    ops.copy(mask_k, mask_tile, engine="gpsimd")                   # idle engine
+    seen = ops.psum((P, n_k), ops.float32)
+    for k in ops.parallel_range(n_k):
+        ops.matmul(seen[:, ops.ds(k, 1)], mask_k[:, ops.ds(k * P, P)], ones)
+    # the counts as predicates (a count > 0 selects): one conversion for every chunk on the
+    # current API, none on the legacy API (nl.where takes float predicates)
+    vis = ops.flags(seen, 0, 1, n_k)
+    v_out = ops.sbuf((P, n_k * d), kernel_dtype)
+    for k in ops.parallel_range(n_k):
+        ops.where(v_out[:, ops.ds(k * d, d)], vis.column(k, P), v_tile[:, ops.ds(k * d, d)], 0.0)
     return v_out
 
 
-def _masked_scores(scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
+def _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
     """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
-    s_psum = nl.ndarray((B_P_SIZE, cw), dtype=nl.float32, buffer=nl.psum)
-    s_psum[...] = nisa.nc_matmul(q_tile, k_tile[:, nl.ds(k_start + c0, cw)])
-    scores[:, nl.ds(c0, cw)] = nl.where(mask_tile[:, nl.ds(c0, cw)], s_psum, NEG_MASK,
-                                        dtype=nl.float32)
+    s_psum = ops.psum((B_P_SIZE, cw), ops.float32)
+    ops.matmul(s_psum, q_tile, k_tile[:, ops.ds(k_start + c0, cw)])
+    ops.where(scores[:, ops.ds(c0, cw)], mask_tile[:, ops.ds(c0, cw)], s_psum, NEG_MASK)

@@ -1,8 +1,10 @@
 """Flash paged attention over a flat (continuous) batch, with vectorized KV-cache loads.
 
-Legacy-NKI kernel (``from nki_kernels.toolchain import nki, nl, nisa``), launched on the SPMD grid
-``[1, Hkv]``: one program per KV head. Interface of vLLM's ``flash_paged_attention`` after
-PR #13245 / #15911 (fused ``kv_cache``); host wrappers live in ``host/attention.py``.
+One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): on the legacy API one
+program per KV head (grid ``[1, Hkv]``, ``flash_paged_attention[1, Hkv]``), on the current API
+one launch on one physical core looping over the KV heads (``flash_paged_attention.for_api(
+"nki")``). Interface of vLLM's ``flash_paged_attention`` after PR #13245 / #15911 (fused
+``kv_cache``); host wrappers live in ``host/attention.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from typing import Any
 import numpy as np
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
-from nki_kernels.toolchain import nki, nl, nisa
 from nki_kernels.dense.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
                                    BLOCK_TABLE_BUDGET_BYTES, STEP_KEYS, tile_geometry)
 from nki_kernels.dense.flash_core import flash_attention_tile, visible_values
 from nki_kernels.dense.kv_load import flat_kv_view, load_kv_tile
+from nki_kernels.ops import KernelFamily, dtype_name, itemsize
 from nki_kernels.sbuf_plan import q_tiles_per_group
 
 KERNEL = "flash_paged_attention"
@@ -33,7 +35,8 @@ class DenseGeometry:
     :func:`flash_paged_attention_body`): query heads H, head size d, padded queries Qpad, cache
     blocks N, KV heads Hkv, G = H // Hkv, block size B; M, T, b' (``bp``), L and nL
     (``n_loads``) of ``constants.tile_geometry``; active blocks nab, context keys ctx = nab * B,
-    context tiles n_tiles; the kernel (matmul-input) and accumulator dtypes; the softmax scale."""
+    context tiles n_tiles; the names of the kernel (matmul-input) and accumulator dtypes; the
+    softmax scale."""
 
     H: int
     d: int
@@ -50,25 +53,30 @@ class DenseGeometry:
     nab: int
     ctx: int
     n_tiles: int
-    kernel_dtype: Any
-    acc_dtype: Any
+    kernel_dtype: str
+    acc_dtype: str
     scale: float
 
 
-@nki.jit
-def flash_paged_attention(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
-                          mixed_precision=True, LARGE_TILE_SZ=2048):
-    """Paged attention of the padded flat query batch (vLLM interface); grid ``[1, Hkv]``.
+def _build(ops):
+    def flash_paged_attention(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
+                              mixed_precision=True, LARGE_TILE_SZ=2048):
+        """Paged attention of the padded flat query batch (vLLM interface).
 
-    Thin ``@nki.jit`` entry point: allocates the (1, H, Qpad, d) output in shared HBM (which
-    NKI only allows at the kernel's top level) and runs :func:`flash_paged_attention_body`
-    (which documents the arguments) with the product KV loader ``load_kv_tile``.
-    """
-    o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
-    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
-                                      softmax_scale=softmax_scale,
-                                      mixed_precision=mixed_precision,
-                                      LARGE_TILE_SZ=LARGE_TILE_SZ, out=o)
+        Thin entry point: allocates the (1, H, Qpad, d) output in shared HBM (which NKI only
+        allows at the kernel's top level) and runs :func:`flash_paged_attention_body` (which
+        documents the arguments) with the product KV loader ``load_kv_tile``.
+        """
+        o = ops.ndarray(output_shape(query), dtype=query.dtype, buffer=ops.SHARED_HBM)
+        return flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, mask,
+                                          softmax_scale=softmax_scale,
+                                          mixed_precision=mixed_precision,
+                                          LARGE_TILE_SZ=LARGE_TILE_SZ, out=o)
+
+    return flash_paged_attention
+
+
+flash_paged_attention = KernelFamily(_build, "flash_paged_attention")
 
 
 def output_shape(query):
@@ -79,9 +87,9 @@ def output_shape(query):
     return (1, H, Qpad, d)
 
 
-def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, softmax_scale=None,
-                               mixed_precision=True, LARGE_TILE_SZ=2048, *, out,
-                               load_kv=load_kv_tile, p_transpose="auto"):
+def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, mask,
+                               softmax_scale=None, mixed_precision=True, LARGE_TILE_SZ=2048, *,
+                               out, load_kv=load_kv_tile, p_transpose="auto"):
     """Paged attention of the padded flat query batch against its cached context and itself.
 
     Dimensions:
@@ -94,6 +102,7 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
                        (nki_kernels.constants.tile_geometry)
 
     Args:
+        ops: the op layer (:mod:`nki_kernels.ops`) of the API the kernel is traced for.
         query: (1, H, d, Qpad) float32/bfloat16/float16, query tokens transposed (d on partitions);
             rows past the real token count are padding.
         key: (1, Hkv, d, Qpad), the new (active) tokens' keys, same dtype as query.
@@ -111,15 +120,17 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
             output accumulator; scores and the (m, l) statistics stay fp32 (PSUM is fp32, and
             the masking sentinels do not fit fp16).
         LARGE_TILE_SZ: LT.
-        out: the output, an HBM ``nl.ndarray(output_shape(query), query.dtype,
-            buffer=nl.shared_hbm)`` allocated by the calling ``@nki.jit`` kernel; every element
+        out: the output, an HBM ``ops.ndarray(output_shape(query), query.dtype,
+            buffer=ops.SHARED_HBM)`` allocated by the calling jitted kernel; every element
             is written.
-        load_kv: the KV-tile loader, called as ``load_kv(kv_flat, rows, j, tiled_block_size=b',
-            head_size=d, kernel_dtype=kd) -> (k_tile, v_tile)`` with the signature and output
-            layout of ``nki_kernels.dense.kv_load.load_kv_tile`` (hook for per-block baselines).
-        p_transpose: how P is transposed for the PV matmul: "auto" (DMA transpose on gen3 when
-            the kernel dtype has 2 bytes, as vLLM's kernel; TensorE otherwise), "dma" (gen3,
-            2-byte kernel dtype only) or "pe" (TensorE through PSUM; any target). A knob for
+        load_kv: the KV-tile loader, called as ``load_kv(ops, kv_flat, rows, j, n_loads=nL,
+            tiled_block_size=b', head_size=d, kernel_dtype=kd) -> (k_tile, v_tile)`` with the
+            signature and output layout of ``nki_kernels.dense.kv_load.load_kv_tile`` (hook for
+            per-block baselines).
+        p_transpose: how P is transposed for the PV matmul: "auto" (DMA transpose on gen3+ when
+            the kernel dtype has 2 bytes, as vLLM's kernel: one per 128-key block on the legacy
+            API, one per step on the current API; TensorE otherwise), "dma" (gen3+, 2-byte
+            kernel dtype only) or "pe" (TensorE through PSUM; any target). A knob for
             benchmarks: the jit entry always uses "auto".
 
     Returns:
@@ -127,14 +138,16 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
 
     Raises:
         ValueError: any shape / dtype / range violation above, naming the argument.
-        NotImplementedError: kv_cache dtype different from the query dtype (e.g. fp8 caches), or
-            a transformed block table over BLOCK_TABLE_BUDGET_BYTES per partition.
+        NotImplementedError: kv_cache dtype different from the query dtype (e.g. fp8 caches),
+            a transformed block table over BLOCK_TABLE_BUDGET_BYTES per partition, or a
+            current-API launch on two physical cores (LNC=2).
     Warns:
         nki_kernels.sbuf_plan.SbufBudgetWarning: the SBUF working set exceeds the target's
             usable SBUF even with one Q tile per group (fp32 kernel dtype at LT = 8192).
 
     Pseudocode:
-        rows = load_block_tables(block_tables, head)          # (128, nL, n_tiles) flat-cache rows
+      for each KV head (legacy: this program's; current: all, in a loop):
+        rows = load_block_tables(block_tables, head)          # (128, nL * n_tiles) flat-cache rows
         for each group of Q tiles whose state fits the SBUF plan (usually one group):
             -m, l, o = -M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
             for j in sequential_range(n_tiles):               # context: one KV load per KV head
@@ -150,121 +163,154 @@ def flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask, 
     # Step 0: validate inputs and derive the geometry (plain Python on shapes and dtypes).
     cfg = _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
                         mixed_precision, LARGE_TILE_SZ)
-    H, d, Qpad, Hkv, G = cfg.H, cfg.d, cfg.Qpad, cfg.Hkv, cfg.G
-    LT, n_tiles, ctx = LARGE_TILE_SZ, cfg.n_tiles, cfg.ctx
-    kd, acc, scale = cfg.kernel_dtype, cfg.acc_dtype, cfg.scale
-    _check_grid(Hkv)
-    P = B_P_SIZE
-    n_q = Qpad // P
-    step = min(LT, STEP_KEYS)              # keys per online-softmax step (divides LT)
-    dma_t_ok = nisa.get_nc_version() == nisa.nc_version.gen3 and np.dtype(kd).itemsize == 2
+    Hkv = cfg.Hkv
+    ops.check_head_grid(KERNEL, Hkv)
+    kernel_unsupported(ops.launch_core()[1] == 1, KERNEL,
+                       "a launch on two physical cores (LNC=2)",
+                       "launch it with lnc=1 (NEURON_LOGICAL_NC_CONFIG=1), or use the scheduled "
+                       "kernel (host.paged_attention), which splits a batch over both cores")
+    kd = getattr(ops, cfg.kernel_dtype)
+    dma_t_ok = ops.nc_gen() != "gen2" and itemsize(kd) == 2
     kernel_check(p_transpose in ("auto", "pe") or (p_transpose == "dma" and dma_t_ok), KERNEL,
                  "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
                  p_transpose)
-    use_dma_t = dma_t_ok and p_transpose != "pe"
+    kernel_check(tuple(out.shape) == (1, cfg.H, cfg.Qpad, cfg.d)
+                 and dtype_name(out.dtype) == dtype_name(query.dtype), KERNEL, "out",
+                 f"be a {(1, cfg.H, cfg.Qpad, cfg.d)} {dtype_name(query.dtype)} HBM tensor",
+                 (tuple(out.shape), dtype_name(out.dtype)))
     # Q tiles per group: the group's online-softmax state and scaled Q stay in SBUF next to the
     # KV working set (nki_kernels.sbuf_plan); each group re-reads the KV tiles (one group in the
     # common case, e.g. up to 10 Q tiles for G = 8, d = 128).
     q_per_group = q_tiles_per_group(
-        nc_gen="gen3" if nisa.get_nc_version() == nisa.nc_version.gen3 else "gen2",
-        n_q_tiles=n_q, heads_per_kv=G, large_tile=LT, head_size=d, tiled_block_size=cfg.bp,
-        kernel_itemsize=np.dtype(kd).itemsize, acc_itemsize=np.dtype(acc).itemsize,
-        cache_itemsize=np.dtype(kv_cache.dtype).itemsize,
-        table_bytes=cfg.n_loads * n_tiles * 4, kernel=KERNEL)
-    n_groups = (n_q + q_per_group - 1) // q_per_group
+        nc_gen="gen2" if ops.nc_gen() == "gen2" else "gen3",
+        n_q_tiles=cfg.Qpad // B_P_SIZE, heads_per_kv=cfg.G, large_tile=LARGE_TILE_SZ,
+        head_size=cfg.d, tiled_block_size=cfg.bp, kernel_itemsize=itemsize(kd),
+        acc_itemsize=itemsize(getattr(ops, cfg.acc_dtype)),
+        cache_itemsize=itemsize(kv_cache.dtype), table_bytes=cfg.n_loads * cfg.n_tiles * 4,
+        kernel=KERNEL)
+    run = _Run(cfg=cfg, kd=kd, acc=getattr(ops, cfg.acc_dtype), LT=LARGE_TILE_SZ,
+               use_dma_t=dma_t_ok and p_transpose != "pe", q_per_group=q_per_group,
+               load_kv=load_kv)
+    for head in ops.kv_heads(Hkv):
+        _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out)
+    return out
 
-    kernel_check(tuple(out.shape) == (1, H, Qpad, d) and np.dtype(out.dtype) == np.dtype(query.dtype),
-                 KERNEL, "out", f"be a {(1, H, Qpad, d)} {np.dtype(query.dtype).name} HBM tensor",
-                 (tuple(out.shape), np.dtype(out.dtype).name))
-    head = nl.program_id(axis=1)
+
+@dataclass(frozen=True)
+class _Run:
+    """What every KV head of a launch shares: the geometry, the kernel and accumulator dtypes
+    of the op layer, LARGE_TILE_SZ, the P-transpose path, the Q tiles per group, the loader."""
+
+    cfg: DenseGeometry
+    kd: Any
+    acc: Any
+    LT: int
+    use_dma_t: bool
+    q_per_group: int
+    load_kv: Any
+
+
+def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
+    """Every Q-tile group of one KV head (the body of :func:`flash_paged_attention_body`)."""
+    cfg, kd, acc, LT = run.cfg, run.kd, run.acc, run.LT
+    G, d, Qpad, n_tiles, ctx = cfg.G, cfg.d, cfg.Qpad, cfg.n_tiles, cfg.ctx
+    P = B_P_SIZE
+    n_q = Qpad // P
+    step = min(LT, STEP_KEYS)              # keys per online-softmax step (divides LT)
+    q_per_group = run.q_per_group
+    n_groups = (n_q + q_per_group - 1) // q_per_group
+    f32 = ops.float32
 
     if n_tiles > 0:
-        # Flat-cache rows of every large tile for this KV head: (128, nL, n_tiles) int32.
-        rows = load_block_tables(block_tables, num_tiles=n_tiles, blocks_per_tile=cfg.M,
-                                 tiling_factor=cfg.T, num_kv_heads=Hkv, head_id=head)
+        # Flat-cache rows of every large tile for this KV head: (128, nL * n_tiles) int32.
+        rows = load_block_tables(ops, block_tables, num_tiles=n_tiles, blocks_per_tile=cfg.M,
+                                 tiling_factor=cfg.T, num_kv_heads=cfg.Hkv, head_id=head)
         kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg.T)
-        ones = nl.full((P, 1), 1.0, dtype=kd, buffer=nl.sbuf)     # visible_values' reducer
+        ones = ops.sbuf((P, 1), kd)                                 # visible_values' reducer
+        ops.memset(ones, 1.0)
 
-    for grp in nl.static_range(n_groups):          # static: the last group may be smaller
+    for grp in ops.static_range(n_groups):         # static: the last group may be smaller
         i0 = grp * q_per_group
         nqg = min(q_per_group, n_q - i0)
         n_slots = nqg * G                          # slot s = ii * G + g  <->  Q tile i0 + ii, head g
 
         # Step 1: state (m = M_FLOOR, l = 0, o = 0) and the scaled, transposed Q of every slot.
-        nm_buf = nl.full((P, n_slots), -M_FLOOR, dtype=nl.float32, buffer=nl.sbuf)   # -max
-        l_buf = nl.zeros((P, n_slots), dtype=nl.float32, buffer=nl.sbuf)
-        o_buf = nl.zeros((P, n_slots * d), dtype=acc, buffer=nl.sbuf)
-        q_buf = nl.ndarray((d, n_slots * P), dtype=kd, buffer=nl.sbuf)
-        for ii in nl.affine_range(nqg):
-            for g in nl.affine_range(G):
-                q_raw = nl.load(query[0, head * G + g, :, nl.ds((i0 + ii) * P, P)])
-                q_buf[:, nl.ds((ii * G + g) * P, P)] = nisa.tensor_scalar(
-                    q_raw, np.multiply, scale, dtype=kd)
+        nm_buf = ops.sbuf((P, n_slots), f32)                          # -max
+        ops.memset(nm_buf, -M_FLOOR)
+        l_buf = ops.zeros((P, n_slots), f32)
+        o_buf = ops.zeros((P, n_slots * d), acc)
+        q_buf = ops.sbuf((d, n_slots * P), kd)
+        for ii in ops.parallel_range(nqg):
+            for g in ops.parallel_range(G):
+                q_raw = ops.sbuf((d, P), query.dtype)
+                ops.load(q_raw, query[0, head * G + g, :, ops.ds((i0 + ii) * P, P)])
+                ops.tensor_scalar(q_buf[:, ops.ds((ii * G + g) * P, P)], q_raw, "multiply",
+                                  cfg.scale)
 
         # Step 2: context tiles -- every Q tile of the group against every context tile (the
         # mask removes other sequences' and padding tokens); one KV load per tile and group.
         if n_tiles > 0:
-            for j in nl.sequential_range(n_tiles):
-                k_tile, v_tile = load_kv(kv_flat, rows, j, tiled_block_size=cfg.bp,
-                                         head_size=d, kernel_dtype=kd)
-                for ii in nl.affine_range(nqg):
-                    mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(j * LT, LT)])
+            for j in ops.sequential_range(n_tiles):
+                k_tile, v_tile = run.load_kv(ops, kv_flat, rows, j, n_loads=cfg.n_loads,
+                                             tiled_block_size=cfg.bp, head_size=d,
+                                             kernel_dtype=kd)
+                for ii in ops.parallel_range(nqg):
+                    mask_tile = ops.sbuf((P, LT), mask.dtype)
+                    ops.load(mask_tile, mask[ops.ds((i0 + ii) * P, P), ops.ds(j * LT, LT)])
                     # values of keys no row of this Q tile may see -> 0 (garbage-safe P V)
-                    v_seen = visible_values(v_tile, mask_tile, ones, head_size=d, kernel_dtype=kd)
-                    for g in nl.affine_range(G):
+                    v_seen = visible_values(ops, v_tile, mask_tile, ones, head_size=d,
+                                            kernel_dtype=kd)
+                    for g in ops.parallel_range(G):
                         slot = ii * G + g
-                        for st in nl.static_range(LT // step):    # online-softmax steps
-                            flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_tile, v_seen,
-                                                 mask_tile[:, nl.ds(st * step, step)], o_buf,
-                                                 nm_buf, l_buf, slot, k_start=st * step,
+                        for st in ops.static_range(LT // step):    # online-softmax steps
+                            flash_attention_tile(ops, q_buf[:, ops.ds(slot * P, P)], k_tile,
+                                                 v_seen, mask_tile[:, ops.ds(st * step, step)],
+                                                 o_buf, nm_buf, l_buf, slot, k_start=st * step,
                                                  width=step, kernel_dtype=kd,
-                                                 use_dma_transpose=use_dma_t)
+                                                 use_dma_transpose=run.use_dma_t)
+                    del mask_tile, v_seen     # this Q tile's; the next allocates its own
+                del k_tile, v_tile            # the tile's KV dies here, before the next load
 
         # Step 3: active (new) tokens in windows of <= step keys. Causal tile skipping: Q tile i
         # only needs active keys < (i+1)*128, so windows starting at or past that are skipped
         # and the last needed window is cut at (i+1)*128. Static loops: widths differ.
-        for w in nl.static_range((Qpad + step - 1) // step):
+        for w in ops.static_range((Qpad + step - 1) // step):
             w0 = w * step
             if (i0 + nqg) * P <= w0:
                 continue                           # no Q tile of this group reaches window w
             wt = min(step, (i0 + nqg) * P - w0)
-            k_act = nl.load(key[0, head, :, nl.ds(w0, wt)], dtype=kd)                  # (d, wt)
-            v_act = nl.ndarray((P, (wt // P) * d), dtype=kd, buffer=nl.sbuf)
-            for c in nl.affine_range(wt // P):
-                v_act[:, nl.ds(c * d, d)] = nl.load(value[0, head, nl.ds(w0 + c * P, P), :],
-                                                    dtype=kd)
-            for ii in nl.static_range(nqg):
+            k_act = ops.sbuf((d, wt), kd)
+            ops.load_cast(k_act, key[0, head, :, ops.ds(w0, wt)])
+            v_act = ops.sbuf((P, (wt // P) * d), kd)
+            for c in ops.parallel_range(wt // P):
+                ops.load_cast(v_act[:, ops.ds(c * d, d)], value[0, head, ops.ds(w0 + c * P, P), :])
+            for ii in ops.static_range(nqg):
                 n_keys = (i0 + ii + 1) * P
                 if n_keys <= w0:
                     continue
                 width = min(wt, n_keys - w0)
-                mask_tile = nl.load(mask[nl.ds((i0 + ii) * P, P), nl.ds(ctx + w0, width)])
-                for g in nl.affine_range(G):
+                mask_tile = ops.sbuf((P, width), mask.dtype)
+                ops.load(mask_tile, mask[ops.ds((i0 + ii) * P, P), ops.ds(ctx + w0, width)])
+                for g in ops.parallel_range(G):
                     slot = ii * G + g
-                    flash_attention_tile(q_buf[:, nl.ds(slot * P, P)], k_act, v_act, mask_tile,
-                                         o_buf, nm_buf, l_buf, slot, k_start=0, width=width,
-                                         kernel_dtype=kd, use_dma_transpose=use_dma_t)
+                    flash_attention_tile(ops, q_buf[:, ops.ds(slot * P, P)], k_act, v_act,
+                                         mask_tile, o_buf, nm_buf, l_buf, slot, k_start=0,
+                                         width=width, kernel_dtype=kd,
+                                         use_dma_transpose=run.use_dma_t)
 
         # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
-        for ii in nl.affine_range(nqg):
-            for g in nl.affine_range(G):
+        for ii in ops.parallel_range(nqg):
+            for g in ops.parallel_range(G):
                 slot = ii * G + g
-                l_safe = nl.maximum(l_buf[:, nl.ds(slot, 1)], L_FLOOR, dtype=nl.float32)
-                out_tile = nl.divide(o_buf[:, nl.ds(slot * d, d)], l_safe, dtype=query.dtype)
-                nl.store(out[0, head * G + g, nl.ds((i0 + ii) * P, P), :], value=out_tile)
-    return out
+                l_safe = ops.sbuf((P, 1), f32)
+                ops.floored_divisors(l_safe, l_buf[:, ops.ds(slot, 1)], L_FLOOR)
+                out_tile = ops.sbuf((P, d), query.dtype)
+                ops.divide_by(out_tile, o_buf[:, ops.ds(slot * d, d)], l_safe)
+                ops.store(out[0, head * G + g, ops.ds((i0 + ii) * P, P), :], out_tile)
 
 
 def _is_pow2(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
-
-
-def _check_grid(Hkv):
-    """The launch grid must be [1, Hkv] (axis 1 = KV head)."""
-    ndim = nl.program_ndim()
-    kernel_check(ndim == 2, KERNEL, "launch grid", f"be 2-D [1, Hkv] = [1, {Hkv}]", f"{ndim}-D")
-    grid = (nl.num_programs(axes=0), nl.num_programs(axes=1))
-    kernel_check(grid == (1, Hkv), KERNEL, "launch grid", f"be [1, Hkv] = [1, {Hkv}]", list(grid))
 
 
 def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
@@ -274,8 +320,8 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
     ck(len(query.shape) == 4 and query.shape[0] == 1, "query.shape",
        "be (1, H, d, Qpad)", tuple(query.shape))
     _, H, d, Qpad = query.shape
-    ck(np.dtype(query.dtype).name in _FLOAT_DTYPES, "query.dtype",
-       f"be one of {_FLOAT_DTYPES}", np.dtype(query.dtype).name)
+    ck(dtype_name(query.dtype) in _FLOAT_DTYPES, "query.dtype",
+       f"be one of {_FLOAT_DTYPES}", dtype_name(query.dtype))
     ck(1 <= d <= MAX_HEAD_SIZE, "query.shape[2] (head size d)", f"be in [1, {MAX_HEAD_SIZE}]", d)
     ck(Qpad >= B_P_SIZE and Qpad % B_P_SIZE == 0, "query.shape[3] (Qpad)",
        f"be a positive multiple of {B_P_SIZE} (pad the queries on the host)", Qpad)
@@ -290,11 +336,11 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
     ck(tuple(value.shape) == (1, Hkv, Qpad, d), "value.shape",
        f"be (1, Hkv, Qpad, d) = {(1, Hkv, Qpad, d)}", tuple(value.shape))
     for name, t in (("key", key), ("value", value)):
-        ck(np.dtype(t.dtype) == np.dtype(query.dtype), f"{name}.dtype",
-           f"equal query.dtype ({np.dtype(query.dtype).name})", np.dtype(t.dtype).name)
-    kernel_unsupported(np.dtype(kv_cache.dtype) == np.dtype(query.dtype), KERNEL,
-                       f"a kv_cache of dtype {np.dtype(kv_cache.dtype).name} with "
-                       f"{np.dtype(query.dtype).name} queries",
+        ck(dtype_name(t.dtype) == dtype_name(query.dtype), f"{name}.dtype",
+           f"equal query.dtype ({dtype_name(query.dtype)})", dtype_name(t.dtype))
+    kernel_unsupported(dtype_name(kv_cache.dtype) == dtype_name(query.dtype), KERNEL,
+                       f"a kv_cache of dtype {dtype_name(kv_cache.dtype)} with "
+                       f"{dtype_name(query.dtype)} queries",
                        "cast the cache (or the queries) so both use the same dtype")
     ck(_is_pow2(B) and MIN_BLOCK_SIZE <= B <= MAX_BLOCK_SIZE, "kv_cache.shape[3] (block_size)",
        f"be a power of two in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]", B)
@@ -303,8 +349,8 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
     M, T, bp, L, n_loads = tile_geometry(B, LARGE_TILE_SZ)
     ck(len(block_tables.shape) == 1, "block_tables.shape", "be 1-D (num_active_blocks,)",
        tuple(block_tables.shape))
-    ck(np.dtype(block_tables.dtype) == np.dtype(np.int32), "block_tables.dtype", "be int32",
-       np.dtype(block_tables.dtype).name)
+    ck(dtype_name(block_tables.dtype) == "int32", "block_tables.dtype", "be int32",
+       dtype_name(block_tables.dtype))
     nab = block_tables.shape[0]
     ck(nab % M == 0, "block_tables.shape[0] (num_active_blocks)",
        f"be a multiple of LARGE_TILE_SZ // block_size = {M} (context length a multiple of "
@@ -321,8 +367,8 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
                        "use a larger block_size or split the batch into several launches")
     ck(len(mask.shape) == 2 and tuple(mask.shape) == (Qpad, ctx + Qpad), "mask.shape",
        f"be (Qpad, num_active_blocks*block_size + Qpad) = {(Qpad, ctx + Qpad)}", tuple(mask.shape))
-    ck(np.dtype(mask.dtype).name in ("bool", "uint8"), "mask.dtype", "be bool or uint8",
-       np.dtype(mask.dtype).name)
+    ck(dtype_name(mask.dtype) in ("bool", "uint8"), "mask.dtype", "be bool or uint8",
+       dtype_name(mask.dtype))
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(d)
     else:
@@ -332,8 +378,8 @@ def _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale
         scale = float(softmax_scale)
     ck(isinstance(mixed_precision, (bool, np.bool_)), "mixed_precision", "be a bool",
        mixed_precision)
-    kd = nl.bfloat16 if mixed_precision else query.dtype
-    acc = nl.float32 if mixed_precision else query.dtype
+    kd = "bfloat16" if mixed_precision else dtype_name(query.dtype)
+    acc = "float32" if mixed_precision else dtype_name(query.dtype)
     return DenseGeometry(H=H, d=d, Qpad=Qpad, N=N, Hkv=Hkv, G=H // Hkv, B=B, M=M, T=T, bp=bp,
                          L=L, n_loads=n_loads, nab=nab, ctx=ctx, n_tiles=ctx // LARGE_TILE_SZ,
                          kernel_dtype=kd, acc_dtype=acc, scale=scale)

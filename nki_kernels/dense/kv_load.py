@@ -1,13 +1,14 @@
 """The vectorized KV-tile load: one indirect DMA per 128 gathered rows, for K and for V.
 
-Device code (legacy NKI). This is the function a per-block baseline replaces: anything that
-returns the same ``(k_tile, v_tile)`` layout for a large tile can be swapped in.
+Device code on the op layer (:mod:`nki_kernels.ops`; every function takes it first). This is
+the function a per-block baseline replaces: anything that returns the same ``(k_tile, v_tile)``
+layout for a large tile can be swapped in.
 
 Dimensions:
     d      head size (<= 128)                  LT   LARGE_TILE_SZ (tokens per large tile)
     B      block_size                          M    LT // B blocks per tile
     T      128 // M if M < 128 else 1          b'   B // T tokens per gathered row
-    nL     max(M, 128) // 128 indirect loads per tile (per K and per V)
+    nL     max(M, 128) // 128 indirect loads per tile
 
 Token order ("permuted order", docs/layouts.md): partition p of load l gathers row
 ``q = l*128 + p`` = tokens ``[q*b', (q+1)*b')`` of the tile, i.e. sub-block ``q % T`` of the
@@ -19,11 +20,9 @@ column c on the same token; for b' == 1 the order is the natural one.
 
 from __future__ import annotations
 
-import numpy as np
-
-from nki_kernels.toolchain import nisa, nl
 from nki_kernels.constants import B_P_SIZE
-from nki_kernels.tile_ops import pe_transpose_blocks
+from nki_kernels.ops import dtype_name
+from nki_kernels.tile_ops import transpose_blocks
 
 
 def flat_kv_view(kv_cache, *, tiling_factor):
@@ -34,15 +33,18 @@ def flat_kv_view(kv_cache, *, tiling_factor):
     return kv_cache.reshape((2, N * Hkv * T, (B // T) * d))
 
 
-def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, kernel_dtype):
+def load_kv_tile(ops, kv_flat, block_rows, tile_idx, *, n_loads, tiled_block_size, head_size,
+                 kernel_dtype):
     """Gather the K and V of large tile ``tile_idx`` for one KV head.
 
     Args:
+        ops: the op layer.
         kv_flat: HBM ``(2, N*Hkv*T, b'*d)`` (see :func:`flat_kv_view`), cache dtype.
-        block_rows: SBUF int32 ``(128, nL, n_tiles)`` from
-            ``nki_kernels.dense.block_tables.load_block_tables`` (rows of ``kv_flat``).
+        block_rows: SBUF int32 ``(128, nL * n_tiles)`` from
+            ``nki_kernels.dense.block_tables.load_block_tables`` (rows of ``kv_flat``; column
+            ``l*n_tiles + j`` for load l of tile j).
         tile_idx: large-tile index j (int or loop variable).
-        tiled_block_size: b'.  head_size: d.
+        n_loads: nL.  tiled_block_size: b'.  head_size: d.
         kernel_dtype: dtype of the returned tiles (bf16 in mixed precision).
 
     Returns:
@@ -57,42 +59,38 @@ def load_kv_tile(kv_flat, block_rows, tile_idx, *, tiled_block_size, head_size, 
 
     Pseudocode:
         for l < nL:
-            X = gather kv_flat[0, block_rows[:, l, j], :]           (128, b'*d)  [cast to kernel dtype]
-            V[:, l*b'*d : (l+1)*b'*d] = gather kv_flat[1, block_rows[:, l, j], :]  [cast]
+            X = gather kv_flat[0, block_rows[:, l*n_tiles + j], :]    (128, b'*d)  [cast to kernel dtype]
+            V[:, l*b'*d : (l+1)*b'*d] = gather kv_flat[1, same rows, :]  [cast]
             for s < b': K[:, l*128*b' + s*128 : +128] = X[:, s*d:(s+1)*d].T   (PE transposes)
     """
     bp, d = tiled_block_size, head_size
-    n_loads = block_rows.shape[1]
+    n_tiles = block_rows.shape[1] // n_loads
     row_w = bp * d
-    k_tile = nl.ndarray((d, n_loads * B_P_SIZE * bp), dtype=kernel_dtype, buffer=nl.sbuf)
-    v_tile = nl.ndarray((B_P_SIZE, n_loads * row_w), dtype=kernel_dtype, buffer=nl.sbuf)
-    i_p = nl.arange(B_P_SIZE)[:, None]
-    i_f = nl.arange(row_w)[None, :]
-    for l in nl.affine_range(n_loads):
-        if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
-            v_tile[i_p, l * row_w + i_f] = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
+    k_tile = ops.sbuf((d, n_loads * B_P_SIZE * bp), kernel_dtype)
+    v_tile = ops.sbuf((B_P_SIZE, n_loads * row_w), kernel_dtype)
+    same = dtype_name(kv_flat.dtype) == dtype_name(kernel_dtype)
+    for l in ops.parallel_range(n_loads):
+        col = l * n_tiles + tile_idx
+        if same:
+            ops.gather_rows(v_tile[:, ops.ds(l * row_w, row_w)], kv_flat[1], block_rows, col)
         else:
-            v_tile[:, nl.ds(l * row_w, row_w)] = _gather_cast(kv_flat, 1, block_rows, l, tile_idx,
-                                                              kernel_dtype)
-        k_rows = _gather_cast(kv_flat, 0, block_rows, l, tile_idx, kernel_dtype)
-        pe_transpose_blocks(k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp,
-                            evac_engine=nisa.scalar_engine)
+            _gather_cast(ops, v_tile[:, ops.ds(l * row_w, row_w)], kv_flat, 1, block_rows, col)
+        k_rows = ops.sbuf((B_P_SIZE, row_w), kernel_dtype)
+        _gather_cast(ops, k_rows, kv_flat, 0, block_rows, col)
+        transpose_blocks(ops, k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp, evac="scalar")
     return k_tile, v_tile
 
 
-def _gather_cast(kv_flat, kv, block_rows, l, tile_idx, kernel_dtype):
-    """Indirect gather of load ``l`` (128 rows of b'*d) of K (kv=0) or V (kv=1) in the cache
-    dtype -- no dtype conversion inside an indirect DMA, as AWS's kernels do -- then converted
-    on chip (on ScalarE) if the kernel dtype differs (the cache-dtype staging tile dies on return)."""
-    i_p = nl.arange(B_P_SIZE)[:, None]
-    i_f = nl.arange(kv_flat.shape[2])[None, :]
-    if kv == 0:                 # (separate statements: K and V gathers stay apart in traces)
-        rows = nl.load(kv_flat[0, block_rows[i_p, l, tile_idx], i_f])
-    else:
-        rows = nl.load(kv_flat[1, block_rows[i_p, l, tile_idx], i_f])
-    if np.dtype(kv_flat.dtype) == np.dtype(kernel_dtype):
-        return rows
+def _gather_cast(ops, dst, kv_flat, kv, block_rows, col):
+    """Indirect gather of 128 rows of K (kv=0) or V (kv=1) into ``dst`` (128, b'*d): in the
+    cache dtype -- no dtype conversion inside an indirect DMA, as AWS's kernels do -- then
+    converted on chip (on ScalarE) if ``dst``'s dtype differs (the staging tile dies on return)."""
+    if dtype_name(kv_flat.dtype) == dtype_name(dst.dtype):
+        ops.gather_rows(dst, kv_flat[kv], block_rows, col)
+        return
+    rows = ops.sbuf(tuple(dst.shape), kv_flat.dtype)
+    ops.gather_rows(rows, kv_flat[kv], block_rows, col)
     # SBUF -> SBUF float conversion on ScalarE (less loaded than VectorE; GpSimd would compete
     # with the software-DGE descriptor generation of the next gather, and on trn1 it would also
     # stall VectorE's SBUF access).
-    return nisa.tensor_copy(rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
+    ops.copy(dst, rows, engine="scalar")

@@ -8,7 +8,8 @@ Kernels never import an NKI package. They receive an *op layer* -- one module pe
 and call its destination-passing ops. Both modules provide the same names; the legacy one
 lowers each op to the call the kernels made before the layer existed (same instructions), the
 current one to the documented ``nisa.op(dst=..., ...)`` form (``.ap()`` / ``vector_offset``
-indirect DMAs, plain ``range`` loops, no ``mask=``, no SPMD grid). Only these two modules (and
+indirect DMAs, plain ``range`` loops, no ``mask=``, no SPMD grid; its DMA ops live in
+``nki_kernels.ops.current_dma``, re-exported). Only these modules (and
 ``nki_kernels.toolchain``, which chooses the API) name ``neuronxcc.nki`` or ``nki``.
 
 Interface (``ops`` below is either module; ``dst`` is always written, never returned):
@@ -47,9 +48,16 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      into ``dst`` (current API, v3+: one indirect dma_transpose; legacy: none);
                      transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width): n_blocks
                      column blocks of an SBUF tile transposed into ``dst`` by one SBUF -> SBUF
-                     dma_transpose (current API, v3+; legacy: none)
+                     dma_transpose (current API, v3+; legacy: none); dma_transpose_block(dst,
+                     src): one 2-D block of a 2-byte dtype, SBUF -> SBUF (v3+, both APIs);
+                     load_cast(dst, src): a direct load into another float dtype (current API:
+                     the DMA keeps the dtype, ScalarE converts); store(dst, src) direct to HBM;
+                     gather_rows / scatter_rows / row_block / rows / dma (the cache kernels'
+                     row tiles; every index in bounds)
+    launch checks    check_head_grid(kernel, Hkv): the legacy ``[1, Hkv]`` grid (ValueError;
+                     nothing on the current API)
 
-Porting a kernel onto the layer (what the scheduled family did; the cache and MLA kernels next):
+Porting a kernel onto the layer (what every product kernel family did):
 
 1. Write the kernel body as ``def body(ops, ...)`` (or pass ``ops`` to each helper as its first
    argument); replace every ``nl`` / ``nisa`` call by its op: allocate the destination with

@@ -432,6 +432,35 @@ def scatter_rows(table, idx, idx_col, src):
     nl.store(table[idx[i_p, idx_col], i_f], value=src)
 
 
+def store(dst, src):
+    """Direct DMA of an on-chip tile into an HBM region (``nl.store``)."""
+    nl.store(dst, value=src)
+
+
+def load_cast(dst, src):
+    """Direct DMA of an HBM region into an on-chip tile of another float dtype: ``nl.load``
+    with ``dtype=`` (the legacy load converts on the way in)."""
+    dst[...] = nl.load(src, dtype=dst.dtype)
+
+
+def dma_transpose_block(dst, src):
+    """``dst = src.T`` for one 2-D block of a 2-byte dtype, SBUF -> SBUF on the DMA engines
+    (``nisa.dma_transpose``, NeuronCore-v3; vLLM's kernel transposes P so)."""
+    dst[...] = nisa.dma_transpose(src)
+
+
+def check_head_grid(kernel, num_kv_heads):
+    """A per-KV-head kernel's launch grid must be ``[1, Hkv]`` (ValueError naming it)."""
+    from nki_kernels._assert import kernel_check
+
+    ndim = nl.program_ndim()
+    kernel_check(ndim == 2, kernel, "launch grid", f"be 2-D [1, Hkv] = [1, {num_kv_heads}]",
+                 f"{ndim}-D")
+    grid = (nl.num_programs(axes=0), nl.num_programs(axes=1))
+    kernel_check(grid == (1, num_kv_heads), kernel, "launch grid",
+                 f"be [1, Hkv] = [1, {num_kv_heads}]", list(grid))
+
+
 def dma(dst, src):
     """Direct DMA ``dst <- src`` written as ``nisa.dma_copy`` (e.g. into a column range of an
     existing tile; :func:`load` is the ``nl.load`` form)."""

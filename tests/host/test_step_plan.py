@@ -201,8 +201,10 @@ def test_api_option_is_validated_once_and_named():
     with pytest.raises(ValueError, match=r"^api must be one of \('auto', 'legacy', 'nki'\); "
                                          r"got 'cuda'"):
         _plan(bt, api="cuda")
-    with pytest.raises(NotImplementedError, match="dense kernel runs on the legacy NKI API only"):
-        _plan(bt, kernel="dense", api="nki")
+    # both kernels run on both APIs; the dense kernel on one physical core
+    assert _plan(bt, kernel="dense", api="nki").api == "nki"
+    with pytest.raises(NotImplementedError, match="dense kernel runs on one core"):
+        _plan(bt, kernel="dense", api="nki", lnc=2)
     assert _plan(bt, api="legacy").api == "legacy" and _plan(bt, api="auto").api is None
     plan = _plan(bt)
     q, k, v, cache, _ = _batch()

@@ -162,8 +162,10 @@ def _pe_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softma
     from nki_kernels.toolchain import nl
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 
+    from nki_kernels.ops import legacy
+
     o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
-    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+    return flash_paged_attention_body(legacy, query, key, value, kv_cache, block_tables, mask,
                                       softmax_scale, mixed_precision, LARGE_TILE_SZ, out=o,
                                       p_transpose="pe")
 
@@ -190,8 +192,10 @@ def _dma_transpose_kernel(query, key, value, kv_cache, block_tables, mask, softm
     from nki_kernels.toolchain import nl
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
 
+    from nki_kernels.ops import legacy
+
     o = nl.ndarray(output_shape(query), dtype=query.dtype, buffer=nl.shared_hbm)
-    return flash_paged_attention_body(query, key, value, kv_cache, block_tables, mask,
+    return flash_paged_attention_body(legacy, query, key, value, kv_cache, block_tables, mask,
                                       softmax_scale, mixed_precision, LARGE_TILE_SZ, out=o,
                                       p_transpose="dma")
 

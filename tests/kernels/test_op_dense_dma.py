@@ -1,0 +1,92 @@
+"""The op-layer DMA ops the dense kernel added (both op layers): ``load_cast`` (a direct load
+into a tile of another float dtype), ``store``, ``dma_transpose_block`` (one SBUF -> SBUF DMA
+transpose of a 2-byte block, NeuronCore-v3+) and ``check_head_grid`` (the legacy ``[1, Hkv]``
+grid; nothing to check on the current API). Each against NumPy, with a must-fail case."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nki_sim
+from host.launch import launch_kernel
+from nki_kernels.ops import KernelFamily
+
+pytestmark = pytest.mark.simulation
+BF16 = np.dtype(ml_dtypes.bfloat16)
+PAIRS = [("trn1", "legacy"), ("trn2", "legacy"), ("trn2", "nki")]
+
+
+def _build(ops):
+    def dma_ops_kernel(x, y, transpose):
+        """x (128, 128) float32, y (128, 128) bf16 -> (2, 128, 128) bf16: [0] x cast to bf16 by
+        load_cast; [1] y, or y.T by dma_transpose_block (``transpose``)."""
+        ops.check_head_grid("dma_ops_kernel", 1)
+        out = ops.ndarray((2, 128, 128), dtype=ops.bfloat16, buffer=ops.SHARED_HBM)
+        xs = ops.sbuf((128, 128), ops.bfloat16)
+        ops.load_cast(xs, x)
+        ys = ops.sbuf((128, 128), ops.bfloat16)
+        ops.load_cast(ys, y)                      # same dtype: one DMA
+        if transpose:
+            yt = ops.sbuf((128, 128), ops.bfloat16)
+            ops.dma_transpose_block(yt, ys)
+            ys = yt
+        ops.store(out[0], xs)
+        ops.store(out[1], ys)
+        return out
+
+    return dma_ops_kernel
+
+
+KERNEL = KernelFamily(_build, "dma_ops_kernel")
+
+
+def _inputs():
+    rng = np.random.default_rng(5)
+    return (rng.standard_normal((128, 128)).astype(np.float32),
+            rng.standard_normal((128, 128)).astype(BF16))
+
+
+@pytest.mark.parametrize("target, api", PAIRS)
+def test_load_cast_and_store(target, api):
+    x, y = _inputs()
+    with nki_sim.use_target(target), nki_sim.tracing() as trace:
+        got = launch_kernel(KERNEL, (x, y, False), {}, grid_heads=1, backend="sim", api=api,
+                            lnc=1)
+    assert np.array_equal(got[0], x.astype(BF16))           # round to nearest even, as astype
+    assert np.array_equal(got[1], y)
+    loads = [e for e in trace.events if e.engine == "dma" and e.src_buffer == "hbm"]
+    stores = [e for e in trace.events if e.engine == "dma" and e.dst_buffer == "hbm"]
+    assert len(loads) == 2 and len(stores) == 2
+    # the current API's DMA keeps the dtype: the float32 rows move as float32, then convert
+    assert loads[0].bytes == 128 * 128 * 4
+
+
+@pytest.mark.parametrize("api", ["legacy", "nki"])
+def test_dma_transpose_block_on_neuroncore_v3(api):
+    x, y = _inputs()
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+        got = launch_kernel(KERNEL, (x, y, True), {}, grid_heads=1, backend="sim", api=api,
+                            lnc=1)
+    assert np.array_equal(got[1], y.T)
+    assert [e.op for e in trace.events if e.op == "dma_transpose"] == ["dma_transpose"]
+
+
+def test_dma_transpose_block_is_refused_on_neuroncore_v2():
+    # must-fail: NeuronCore-v2 has no DMA transpose (the dense kernel checks ops.nc_gen first)
+    x, y = _inputs()
+    with nki_sim.use_target("trn1"), pytest.raises(Exception, match="(?i)transpose"):
+        launch_kernel(KERNEL, (x, y, True), {}, grid_heads=1, backend="sim", api="legacy")
+
+
+def test_check_head_grid_on_the_legacy_grid():
+    from nki_kernels.toolchain import nki
+
+    x, y = _inputs()
+    with nki_sim.use_target("trn1"):
+        ok = nki.simulate_kernel(KERNEL.for_api("legacy")[1, 1], x, y, False)   # must-pass
+        assert np.array_equal(np.asarray(ok)[1], y)
+        with pytest.raises(ValueError, match=r"dma_ops_kernel: launch grid must be \[1, Hkv\] = "
+                                             r"\[1, 1\]; got \[1, 2\]"):
+            nki.simulate_kernel(KERNEL.for_api("legacy")[1, 2], x, y, False)    # must-fail
