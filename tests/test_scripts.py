@@ -178,6 +178,18 @@ def test_time_flash_sim_quick(run_quick, capsys, tol):
     assert "MODELED" in capsys.readouterr().out
 
 
+@pytest.mark.simulation
+def test_time_flash_sim_compare_api_quick(run_quick, capsys):
+    # the dense kernel on both APIs on trn2 (the script asserts the outputs agree to 1e-6);
+    # the current API transposes a step's P blocks with one DMA (fewer DMA instructions)
+    doc = run_quick("time_flash_sim", "--compare-api")
+    legacy, current = doc["rows"]
+    assert (legacy["api"], current["api"]) == ("legacy", "nki") and doc["times"] == "MODELED"
+    assert current["dma_instructions"] < legacy["dma_instructions"]
+    assert 0 < current["modeled_us"] < legacy["modeled_us"]
+    assert "MODELED trn2, dense kernel" in capsys.readouterr().out
+
+
 def test_bench_variants_useful_roofline(load_script):
     """Useful bytes: the visible cached K/V once per KV head (a window of W sees W - 1 cached
     tokens besides the new one) + q, k, v, out once in bf16; BW = min(HBM per core, 16 DMA
