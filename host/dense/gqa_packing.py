@@ -25,15 +25,24 @@ Work model (:func:`gqa_packing_work`), in 128x128 score blocks per KV head:
     unpacked  G * (n_q * c + n_q (n_q + 1) / 2),   n_q  = Qpad / 128
     packed        n_q' * c + n_q' (n_q' + 1) / 2,  n_q' = Qpad' / 128 = ceil(T*G / 128)
 with c = context columns / 128 (the kernel visits every context tile for every Q tile; the
-active part is causal-skipped at 128-key granularity). :func:`choose_gqa_packing` packs iff
-G > 1 and packed <= PACKING_MARGIN * unpacked (0.9). The margin is calibrated on the modeled
-time (nki_sim.cost; ``scripts/bench_gqa_packing.py --sweep``: 66 batches of 4 sequences x
-1..128 new tokens, G = 2/4/8, contexts 256 and 2048, each on trn1 and trn2). Packing costs work the
-block count does not see (each new token's K/V loaded G times, one mask tile per extra Q tile):
-for block ratios >= 0.75 the modeled packed/unpacked ratio was up to 0.094 above the block
-ratio on trn2 (-0.11..+0.04 on trn1), so packing at ratio 0.96 lost (modeled 1.04 on trn2).
-With the 0.9 margin no sweep case packs into a modeled loss on either target (worst packed
-case: modeled ratio 0.953); the price is a few declined small gains (best one modeled 0.924).
+active part is causal-skipped at 128-key granularity).
+
+Cost (:func:`gqa_packing_cost`): every (Q tile, 128-key block) pass also has work that the G
+heads of a group share -- the mask tile's DMA (128 x 128 bytes) and, in the context tiles, the
+zeroing of the values no row sees -- worth TILE_PASS_OVERHEAD (0.5) of one head's score block:
+    unpacked  blocks_unpacked * (1 + 0.5 / G)      packed  blocks_packed * (1 + 0.5)
+(packing multiplies the passes, so it multiplies that work too: a mixed batch of 4 x 128-token
+chunks and 12 decodes has 0.86 of the unpacked score blocks packed, but its (Qpad x context)
+mask grows G-fold, and packing it was 1.36x slower on trn1 and 1.26x on trn2, MODELED).
+:func:`choose_gqa_packing` packs iff G > 1 and packed cost <= PACKING_MARGIN (0.85) x unpacked
+cost. Both constants are calibrated on the modeled time (nki_sim.cost; the dense kernel on the
+legacy API on trn1 and the current API on trn2): ``scripts/bench_gqa_packing.py --sweep`` (66
+batches of 4 sequences x 1..128 new tokens, G = 2/4/8, contexts 256 and 2048, each on trn1 and
+trn2) and the 6 batches of ``scripts/bench_gqa_packing.py`` on both targets. With them no batch
+packs into a modeled loss (the worst packed one: modeled packed / unpacked 0.883); 7 small gains
+are declined (modeled 0.908-0.964). The block count alone with a 0.9 margin (the earlier rule)
+packed 20 of those 144 batches into modeled losses (up to 1.36x slower); an overhead of 0.3
+packed 2 (1.01, 1.11 at 4 x 40 tokens, G = 8), 0.75 with the 0.9 margin gives the same decisions.
 """
 
 from __future__ import annotations
@@ -46,10 +55,15 @@ from host.dense.masks import build_attention_mask
 from host.dense.plan import PARTITIONS, PagedAttentionPlan, round_up
 from host.validation import check_int, check_lens, check_ndim, fail
 
-PACKING_MARGIN = 0.9     # pack only when the packed block count is <= 90% of the unpacked one
+# pack only when the packed cost is <= 85 % of the unpacked one (module docstring)
+PACKING_MARGIN = 0.85
+# work per (Q tile, 128-key block) pass that a group's heads share, in one head's score blocks
+TILE_PASS_OVERHEAD = 0.5
 
 __all__ = [
     "PACKING_MARGIN",
+    "TILE_PASS_OVERHEAD",
+    "gqa_packing_cost",
     "group_size",
     "packed_query_lens",
     "pack_query",
@@ -147,15 +161,27 @@ def gqa_packing_work(query_lens: Any, num_heads: int, num_kv_heads: int, *,
     return G * (n * c + n * (n + 1) // 2), n_p * c + n_p * (n_p + 1) // 2
 
 
+def gqa_packing_cost(query_lens: Any, num_heads: int, num_kv_heads: int, *,
+                     context_lens: Any = None, large_tile_size: int = 2048) -> tuple[float, float]:
+    """(unpacked, packed) cost: :func:`gqa_packing_work`'s score blocks plus each pass's shared
+    work (TILE_PASS_OVERHEAD per Q tile and 128-key block, shared by the G heads of a group
+    when unpacked): ``unpacked * (1 + overhead / G)``, ``packed * (1 + overhead)``."""
+    unpacked, packed = gqa_packing_work(query_lens, num_heads, num_kv_heads,
+                                        context_lens=context_lens,
+                                        large_tile_size=large_tile_size)
+    G = group_size(num_heads, num_kv_heads)
+    return unpacked * (1 + TILE_PASS_OVERHEAD / G), packed * (1 + TILE_PASS_OVERHEAD)
+
+
 def choose_gqa_packing(query_lens: Any, num_heads: int, num_kv_heads: int, *,
                        context_lens: Any = None, large_tile_size: int = 2048) -> bool:
-    """True iff packing does clearly less kernel work: G > 1 and packed <= PACKING_MARGIN * unpacked
-    in :func:`gqa_packing_work` (margin: module docstring).
+    """True iff packing does clearly less kernel work: G > 1 and packed <= PACKING_MARGIN *
+    unpacked in :func:`gqa_packing_cost` (constants: module docstring).
 
     Decode-heavy batches pack (e.g. 16 decode tokens, G = 4: 1 Q tile instead of 4 passes);
     prefill-heavy ones do not (T a multiple of 128 saves no context pass, and the active part
     grows about G-fold). G == 1 never packs.
     """
-    unpacked, packed = gqa_packing_work(query_lens, num_heads, num_kv_heads,
+    unpacked, packed = gqa_packing_cost(query_lens, num_heads, num_kv_heads,
                                         context_lens=context_lens, large_tile_size=large_tile_size)
     return group_size(num_heads, num_kv_heads) > 1 and packed <= PACKING_MARGIN * unpacked

@@ -10,8 +10,9 @@ import pytest
 
 import nki_sim
 from host.attention import paged_attention
-from host.dense.gqa_packing import (PACKING_MARGIN, choose_gqa_packing, gqa_packing_work, pack_kv,
-                              pack_query, packed_attention_mask, packed_query_lens, unpack_output)
+from host.dense.gqa_packing import (PACKING_MARGIN, TILE_PASS_OVERHEAD, choose_gqa_packing,
+                                    gqa_packing_cost, gqa_packing_work, pack_kv, pack_query,
+                                    packed_attention_mask, packed_query_lens, unpack_output)
 from host.dense.masks import build_attention_mask
 from host.dense.plan import make_plan
 from host.reference import paged_attention_ref
@@ -180,6 +181,24 @@ def test_choose_gqa_packing_margin():
     u, p = gqa_packing_work([48] * 4, 16, 2, context_lens=[256] * 4)
     assert PACKING_MARGIN * u < p < u
     assert choose_gqa_packing([48] * 4, 16, 2, context_lens=[256] * 4) is False
+
+
+def test_choose_gqa_packing_counts_each_pass_shared_work():
+    # 4 x 24 tokens, G = 4, contexts 2048: 3 packed Q tiles against 4 unpacked passes -- 0.76 of
+    # the score blocks, within the margin -- but each pass also loads its mask tile and zeroes
+    # its unseen values (shared by the G heads unpacked): cost ratio 0.76 * 1.5 / 1.125 > margin
+    # (this batch packed was 1.18x slower on trn1, MODELED, when only blocks were counted)
+    kw = dict(context_lens=[2048] * 4)
+    u, p = gqa_packing_work([24] * 4, 8, 2, **kw)
+    assert p <= PACKING_MARGIN * u
+    cu, cp = gqa_packing_cost([24] * 4, 8, 2, **kw)
+    assert (cu, cp) == (u * (1 + TILE_PASS_OVERHEAD / 4), p * (1 + TILE_PASS_OVERHEAD))
+    assert cp > PACKING_MARGIN * cu
+    assert choose_gqa_packing([24] * 4, 8, 2, **kw) is False
+    # 4 prefill chunks of 128 tokens and 12 decodes (scripts/bench_gqa_packing.py): the Qpad x
+    # context mask grows G-fold packed; no packing
+    mixed = dict(context_lens=[3000] * 16)
+    assert choose_gqa_packing([128] * 4 + [1] * 12, 32, 8, **mixed) is False
 
 
 def test_choose_gqa_packing_rejects_bad_heads():
