@@ -306,7 +306,7 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                 ops.floored_divisors(l_safe, l_buf[:, ops.ds(slot, 1)], L_FLOOR)
                 out_tile = ops.sbuf((P, d), query.dtype)
                 ops.divide_by(out_tile, o_buf[:, ops.ds(slot * d, d)], l_safe)
-                ops.store(out[0, head * G + g, ops.ds((i0 + ii) * P, P), :], out_tile)
+                ops.dma(out[0, head * G + g, ops.ds((i0 + ii) * P, P), :], out_tile)
 
 
 def _is_pow2(x) -> bool:

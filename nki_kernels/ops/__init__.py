@@ -51,9 +51,9 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      dma_transpose (current API, v3+; legacy: none); dma_transpose_block(dst,
                      src): one 2-D block of a 2-byte dtype, SBUF -> SBUF (v3+, both APIs);
                      load_cast(dst, src): a direct load into another float dtype (current API:
-                     the DMA keeps the dtype, ScalarE converts); store(dst, src) direct to HBM;
-                     gather_rows / scatter_rows / row_block / rows / dma (the cache kernels'
-                     row tiles; every index in bounds)
+                     the DMA keeps the dtype, ScalarE converts); dma(dst, src): a direct DMA
+                     (e.g. SBUF -> HBM); gather_rows / scatter_rows / row_block / rows (the
+                     cache kernels' row tiles; every index in bounds)
     launch checks    check_head_grid(kernel, Hkv): the legacy ``[1, Hkv]`` grid (ValueError;
                      nothing on the current API)
 

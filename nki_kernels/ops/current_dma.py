@@ -14,7 +14,7 @@ nki, nl, nisa = load_current()
 
 __all__ = ["load", "gather", "scatter", "has_gather_transpose", "gather_transpose",
            "has_sbuf_dma_transpose", "transpose_on_dma", "MUTABLE", "row_block", "rows",
-           "gather_rows", "scatter_rows", "store", "load_cast", "dma_transpose_block", "dma"]
+           "gather_rows", "scatter_rows", "load_cast", "dma_transpose_block", "dma"]
 
 
 def _sbuf(shape, dtype):
@@ -154,11 +154,6 @@ def scatter_rows(table, idx, idx_col, src):
     P, n = src.shape
     dst = table.ap([[table.shape[1], P], [1, n]], offset=table.offset,
                    vector_offset=idx[0:P, idx_col:idx_col + 1], indirect_dim=0)
-    nisa.dma_copy(dst=dst, src=src)
-
-
-def store(dst, src):
-    """Direct DMA of an on-chip tile into an HBM region (``dma_copy``)."""
     nisa.dma_copy(dst=dst, src=src)
 
 

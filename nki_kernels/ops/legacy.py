@@ -432,11 +432,6 @@ def scatter_rows(table, idx, idx_col, src):
     nl.store(table[idx[i_p, idx_col], i_f], value=src)
 
 
-def store(dst, src):
-    """Direct DMA of an on-chip tile into an HBM region (``nl.store``)."""
-    nl.store(dst, value=src)
-
-
 def load_cast(dst, src):
     """Direct DMA of an HBM region into an on-chip tile of another float dtype: ``nl.load``
     with ``dtype=`` (the legacy load converts on the way in)."""

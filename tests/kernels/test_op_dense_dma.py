@@ -1,5 +1,5 @@
 """The op-layer DMA ops the dense kernel added (both op layers): ``load_cast`` (a direct load
-into a tile of another float dtype), ``store``, ``dma_transpose_block`` (one SBUF -> SBUF DMA
+into a tile of another float dtype), ``dma_transpose_block`` (one SBUF -> SBUF DMA
 transpose of a 2-byte block, NeuronCore-v3+) and ``check_head_grid`` (the legacy ``[1, Hkv]``
 grid; nothing to check on the current API). Each against NumPy, with a must-fail case."""
 
@@ -32,8 +32,8 @@ def _build(ops):
             yt = ops.sbuf((128, 128), ops.bfloat16)
             ops.dma_transpose_block(yt, ys)
             ys = yt
-        ops.store(out[0], xs)
-        ops.store(out[1], ys)
+        ops.dma(out[0], xs)
+        ops.dma(out[1], ys)
         return out
 
     return dma_ops_kernel
@@ -49,7 +49,7 @@ def _inputs():
 
 
 @pytest.mark.parametrize("target, api", PAIRS)
-def test_load_cast_and_store(target, api):
+def test_load_cast(target, api):
     x, y = _inputs()
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         got = launch_kernel(KERNEL, (x, y, False), {}, grid_heads=1, backend="sim", api=api,
