@@ -59,16 +59,23 @@ def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, 
     acc_dtype = o_buf.dtype
 
     # Step 1: masked scores (fp32, SBUF), 512 columns (one PSUM bank) per matmul, then the row
-    # max. (a select + tensor_reduce on both generations, as vLLM: nisa.select_reduce would fuse
-    # them on gen3 but only exists from SDK 2.26 and is reported wrong on trn1.)
+    # max. Legacy API: a select per chunk and one tensor_reduce over the step, as vLLM
+    # (nisa.select_reduce would fuse them on gen3 but only exists from SDK 2.26 and is reported
+    # wrong on trn1); current API: each chunk's select also takes its chunk's row max
+    # (ops.where_max), so only the few chunk maxima are reduced.
     scores = ops.sbuf((P, width), f32)
     n_full, tail = divmod(width, B_F_SIZE)
+    n_chunks = n_full + (1 if tail else 0)
+    chunk_max = ops.sbuf((P, n_chunks), f32) if ops.has_select_max() else None
     for c in ops.parallel_range(n_full):
-        _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE)
+        _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c * B_F_SIZE, B_F_SIZE,
+                       None if chunk_max is None else chunk_max[:, ops.ds(c, 1)])
     if tail:
-        _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail)
+        _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, n_full * B_F_SIZE, tail,
+                       None if chunk_max is None else chunk_max[:, ops.ds(n_full, 1)])
     m_tile = ops.sbuf((P, 1), f32)
-    ops.tensor_reduce(m_tile, "max", scores, axis=(1,), keepdims=True)
+    ops.tensor_reduce(m_tile, "max", scores if chunk_max is None else chunk_max, axis=(1,),
+                      keepdims=True)
 
     # Step 2: running max (kept negated: nm = -m feeds the exp biases directly) and the
     # rescale factor alpha = exp(m_prev - m_new) = exp(nm_new - nm_prev).
@@ -150,8 +157,13 @@ def visible_values(ops, v_tile, mask_tile, ones, *, head_size, kernel_dtype):
     return v_out
 
 
-def _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c0, cw):
-    """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``."""
+def _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c0, cw, row_max=None):
+    """``scores[:, c0:c0+cw] = where(mask[:, c0:c0+cw], q^T k[:, k_start+c0 : +cw], NEG_MASK)``;
+    ``row_max`` (P, 1) fp32 or None: also the max of each row of those columns (ops.where_max)."""
     s_psum = ops.psum((B_P_SIZE, cw), ops.float32)
     ops.matmul(s_psum, q_tile, k_tile[:, ops.ds(k_start + c0, cw)])
-    ops.where(scores[:, ops.ds(c0, cw)], mask_tile[:, ops.ds(c0, cw)], s_psum, NEG_MASK)
+    dst, pred = scores[:, ops.ds(c0, cw)], mask_tile[:, ops.ds(c0, cw)]
+    if row_max is None:
+        ops.where(dst, pred, s_psum, NEG_MASK)
+    else:
+        ops.where_max(dst, pred, s_psum, NEG_MASK, row_max)

@@ -30,11 +30,13 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
                      nl.nc(2), Hkv/2)]``; current: None); max_lnc()
     feature flags    nc_gen(), has_range_select(), has_oob_skip(), transpose_psum_dtype(dt),
-                     has_gather_transpose(dt, width), has_sbuf_dma_transpose(dt)
+                     has_gather_transpose(dt, width), has_sbuf_dma_transpose(dt),
+                     has_select_max() (where_max: a select with its row max; current API)
                      (trace-time properties of the API and target; never "am I simulated")
     compute          memset iota copy activation (row_sum=: fused row sum) tensor_scalar
                      tensor_tensor scale_add floored_divisors + divide_by (a / max(l, floor), n
-                     columns' divisors at once) where tensor_reduce (negate=) scalar_reduce
+                     columns' divisors at once) where where_max (+ its row max; current API)
+                     tensor_reduce (negate=) scalar_reduce
                      (``data op0 operand0`` and its row reduction) range_select_max (start=)
                      matmul (accumulate=) transpose; flags(src, col0, stride, n): 0/1 float
                      columns as predicates (``.column(i, rows)``; current API: converted once); engines by name ("scalar", "vector",

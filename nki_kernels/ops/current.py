@@ -156,6 +156,12 @@ def has_range_select():
     return nc_gen() != "gen2"
 
 
+def has_select_max():
+    """Trace-time flag: :func:`where_max` (``select_reduce`` with a max reduction; every
+    NeuronCore version of this API)."""
+    return True
+
+
 def has_oob_skip():
     return True
 
@@ -303,6 +309,17 @@ def where(dst, pred, on_true, on_false):
     if on_false is not dst:
         nisa.tensor_copy(dst=dst, src=on_false)
     nisa.tensor_copy_predicated(dst=dst, src=on_true, predicate=p)
+
+
+def where_max(dst, pred, on_true, on_false, row_max):
+    """:func:`where` with a number ``on_false``, and ``row_max`` (P, 1) fp32 = the max of each row
+    of ``dst``: one ``select_reduce`` (reset_reduce, maximum), the select's own reduction."""
+    p = _predicate(pred)
+    if tuple(p.shape) != tuple(dst.shape):
+        p = _columns(p, dst.shape[1])
+    nisa.select_reduce(dst=dst, predicate=p, on_true=on_true, on_false=float(on_false),
+                       reduce_res=row_max, reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                       reduce_op=nl.maximum)
 
 
 class _Flags:

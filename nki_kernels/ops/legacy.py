@@ -173,6 +173,13 @@ def has_range_select():
     return nc_gen() == "gen3"
 
 
+def has_select_max():
+    """Trace-time flag: a select that also max-reduces its rows (:func:`where_max`). Not on this
+    layer: ``nisa.select_reduce`` needs SDK 2.26 (and was reported wrong on trn1); callers select
+    with :func:`where` and reduce with :func:`tensor_reduce`."""
+    return False
+
+
 def has_oob_skip():
     return hasattr(nisa, "oob_mode")
 
@@ -264,6 +271,11 @@ def where(dst, pred, on_true, on_false):
     """``dst = on_true where pred else on_false`` (a select: NaN in the unselected operand does
     not leak); ``on_true`` may be a (P, 1) column, ``on_false`` a scalar or a tile."""
     dst[...] = nl.where(pred, on_true, on_false, dtype=dst.dtype)
+
+
+def where_max(dst, pred, on_true, on_false, row_max):
+    raise NotImplementedError("the legacy ops layer has no select with a row max; check "
+                              "ops.has_select_max() and use where() and tensor_reduce()")
 
 
 class _Flags:

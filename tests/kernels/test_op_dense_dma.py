@@ -1,5 +1,6 @@
-"""The op-layer DMA ops the dense kernel added (both op layers): ``load_cast`` (a direct load
-into a tile of another float dtype), ``dma_transpose_block`` (one SBUF -> SBUF DMA
+"""The op-layer ops the dense kernel added (both op layers): ``where_max`` (a select with its row
+max, current API; ``has_select_max``), ``load_cast`` (a direct load into a tile of another float
+dtype), ``dma_transpose_block`` (one SBUF -> SBUF DMA
 transpose of a 2-byte block, NeuronCore-v3+) and ``check_head_grid`` (the legacy ``[1, Hkv]``
 grid; nothing to check on the current API). Each against NumPy, with a must-fail case."""
 
@@ -90,3 +91,43 @@ def test_check_head_grid_on_the_legacy_grid():
         with pytest.raises(ValueError, match=r"dma_ops_kernel: launch grid must be \[1, Hkv\] = "
                                              r"\[1, 1\]; got \[1, 2\]"):
             nki.simulate_kernel(KERNEL.for_api("legacy")[1, 2], x, y, False)    # must-fail
+
+
+def _build_where_max(ops):
+    def where_max_kernel(x, mask):
+        """x (128, 512) float32, mask (128, 512) uint8 -> (128, 513) float32: where(mask, x, -1e30)
+        and, in the last column, its row max (ops.where_max)."""
+        out = ops.ndarray((128, 513), dtype=ops.float32, buffer=ops.SHARED_HBM)
+        xs = ops.sbuf((128, 512), ops.float32)
+        ops.load(xs, x)
+        ms = ops.sbuf((128, 512), mask.dtype)
+        ops.load(ms, mask)
+        res = ops.sbuf((128, 513), ops.float32)
+        ops.where_max(res[:, ops.ds(0, 512)], ms, xs, -1e30, res[:, ops.ds(512, 1)])
+        ops.dma(out, res)
+        return out
+
+    return where_max_kernel
+
+
+WHERE_MAX = KernelFamily(_build_where_max, "where_max_kernel")
+
+
+def test_where_max_selects_and_reduces_on_the_current_api():
+    from nki_kernels.ops import for_api
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((128, 512)).astype(np.float32)
+    mask = (rng.random((128, 512)) < 0.3).astype(np.uint8)
+    mask[5] = 0                                          # a row that sees nothing
+    x[7, ~mask[7].astype(bool)] = np.nan                 # NaN only where the select drops it
+    with nki_sim.use_target("trn2"):
+        got = launch_kernel(WHERE_MAX, (x, mask), {}, grid_heads=1, backend="sim", api="nki",
+                            lnc=1)
+    want = np.where(mask.astype(bool), x, np.float32(-1e30))
+    np.testing.assert_array_equal(got[:, :512], want)
+    np.testing.assert_array_equal(got[:, 512], want.max(axis=1))
+    assert for_api("nki").has_select_max() and not for_api("legacy").has_select_max()
+    # must-fail: the legacy layer has no such op (callers check has_select_max first)
+    with nki_sim.use_target("trn2"), pytest.raises(NotImplementedError, match="has_select_max"):
+        launch_kernel(WHERE_MAX, (x, mask), {}, grid_heads=1, backend="sim", api="legacy")
