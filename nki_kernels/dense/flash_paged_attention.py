@@ -169,8 +169,7 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
                        "a launch on two physical cores (LNC=2)",
                        "launch it with lnc=1 (NEURON_LOGICAL_NC_CONFIG=1), or use the scheduled "
                        "kernel (host.paged_attention), which splits a batch over both cores")
-    kd = getattr(ops, cfg.kernel_dtype)
-    dma_t_ok = ops.nc_gen() != "gen2" and itemsize(kd) == 2
+    dma_t_ok = ops.nc_gen() != "gen2" and itemsize(cfg.kernel_dtype) == 2
     kernel_check(p_transpose in ("auto", "pe") or (p_transpose == "dma" and dma_t_ok), KERNEL,
                  "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
                  p_transpose)
@@ -184,13 +183,12 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
     q_per_group = q_tiles_per_group(
         nc_gen="gen2" if ops.nc_gen() == "gen2" else "gen3",
         n_q_tiles=cfg.Qpad // B_P_SIZE, heads_per_kv=cfg.G, large_tile=LARGE_TILE_SZ,
-        head_size=cfg.d, tiled_block_size=cfg.bp, kernel_itemsize=itemsize(kd),
-        acc_itemsize=itemsize(getattr(ops, cfg.acc_dtype)),
+        head_size=cfg.d, tiled_block_size=cfg.bp, kernel_itemsize=itemsize(cfg.kernel_dtype),
+        acc_itemsize=itemsize(cfg.acc_dtype),
         cache_itemsize=itemsize(kv_cache.dtype), table_bytes=cfg.n_loads * cfg.n_tiles * 4,
         kernel=KERNEL)
-    run = _Run(cfg=cfg, kd=kd, acc=getattr(ops, cfg.acc_dtype), LT=LARGE_TILE_SZ,
-               use_dma_t=dma_t_ok and p_transpose != "pe", q_per_group=q_per_group,
-               load_kv=load_kv)
+    run = _Run(cfg=cfg, LT=LARGE_TILE_SZ, use_dma_t=dma_t_ok and p_transpose != "pe",
+               q_per_group=q_per_group, load_kv=load_kv)
     for head in ops.kv_heads(Hkv):
         _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out)
     return out
@@ -198,12 +196,10 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
 
 @dataclass(frozen=True)
 class _Run:
-    """What every KV head of a launch shares: the geometry, the kernel and accumulator dtypes
-    of the op layer, LARGE_TILE_SZ, the P-transpose path, the Q tiles per group, the loader."""
+    """What every KV head of a launch shares: the geometry, LARGE_TILE_SZ, the P-transpose
+    path, the Q tiles per group, the loader."""
 
     cfg: DenseGeometry
-    kd: Any
-    acc: Any
     LT: int
     use_dma_t: bool
     q_per_group: int
@@ -212,7 +208,8 @@ class _Run:
 
 def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
     """Every Q-tile group of one KV head (the body of :func:`flash_paged_attention_body`)."""
-    cfg, kd, acc, LT = run.cfg, run.kd, run.acc, run.LT
+    cfg, LT = run.cfg, run.LT
+    kd, acc = getattr(ops, cfg.kernel_dtype), getattr(ops, cfg.acc_dtype)   # the op layer's dtypes
     G, d, Qpad, n_tiles, ctx = cfg.G, cfg.d, cfg.Qpad, cfg.n_tiles, cfg.ctx
     P = B_P_SIZE
     n_q = Qpad // P
