@@ -25,7 +25,7 @@ from host._arrays import from_numpy_like, is_torch_tensor, to_numpy
 from host.cache.block_kv import check_pair, is_block_kv, kv_dims
 from host.fp8 import is_fp8_cache_dtype, kernel_cache_view
 from host.dense.gqa_packing import pack_kv, pack_query, unpack_output
-from host.launch import BACKENDS, check_api, launch_kernel
+from host.launch import BACKENDS, check_api, check_lnc, launch_kernel
 from host.scheduled.scheduled import build_overlay, launch_args, pack_queries, pair_launch_args
 from host.scheduled.scheduled import unpack_output as unpack_class_output
 from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
@@ -77,11 +77,11 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         backend: "auto" | "sim" | "neuron" (``host.launch``).
         api: the NKI API the kernel runs on: "legacy" (``neuronxcc.nki``, trn1) or "nki" (the
             current API, trn2 / trn3); None / "auto": ``NKI_PA_API`` or the automatic choice of
-            ``nki_kernels.toolchain.resolve_api``. Both kernels run on both APIs (the dense
-            kernel on one physical core).
-        lnc: scheduled kernel: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads
-            split between the two cores of a logical core; an odd Hkv, e.g. 1, splits each
-            class's query groups instead, docs/layouts.md §16.3 "Item parts"); None:
+            ``nki_kernels.toolchain.resolve_api``. Both kernels run on both APIs.
+        lnc: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads split between the
+            two cores of a logical core; scheduled kernel: an odd Hkv, e.g. 1, splits each
+            class's query groups instead, docs/layouts.md §16.3 "Item parts"; dense kernel: an
+            odd Hkv's middle head runs on both cores, current API only); None:
             ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (``nki_kernels.toolchain.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled.scheduled_attention`` through a host
             schedule (``host.scheduled.schedule``): only (query block, KV tile) pairs of the same sequence,
@@ -309,7 +309,7 @@ def _run_dense(plan, query, key, value, kv_cache) -> np.ndarray:
     out = launch_kernel(flash_paged_attention,
                         (q_in, k_in, v_in, np.ascontiguousarray(kv_cache), dense.active_table,
                          dense.mask), dict(plan.kernel_kwargs), grid_heads=Hkv,
-                        backend=plan.backend, api=plan.api, lnc=1)
+                        backend=plan.backend, api=plan.api, lnc=plan.lnc)
     result = np.ascontiguousarray(np.asarray(out)[0, :, :T, :].transpose(1, 0, 2))
     return unpack_output(result, H) if Hq != H else result
 
@@ -318,7 +318,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
                               attn_mask: Any, n_kv_head: int | None = None,
                               head_size: int | None = None, LARGE_TILE_SZ: int = 2048,
                               mixed_precision: bool = True, *, backend: str = "auto",
-                              api: str | None = None) -> Any:
+                              api: str | None = None, lnc: int | None = None) -> Any:
     """vLLM's wrapper (``vllm/attention/ops/nki_flash_attn.py``, fused-cache form): kernel layouts.
 
     Args:
@@ -331,8 +331,9 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
             context part already reordered (``host.dense.masks.reorder_context_mask``).
         n_kv_head, head_size: optional; must match kv_cache.shape[2] / kv_cache.shape[4].
         LARGE_TILE_SZ, mixed_precision: as the kernel. softmax_scale is 1/sqrt(head_size).
-        backend, api: as :func:`paged_attention` (keyword-only extensions; the kernel runs on
-            one physical core on either API).
+        backend, api, lnc: as :func:`paged_attention` (keyword-only extensions; ``lnc`` None
+            is ``NEURON_LOGICAL_NC_CONFIG`` or the platform's: on trn2 the KV heads split
+            between the two cores of the logical core).
 
     Returns:
         (1, H, Qpad, d) in query's dtype -- the kernel output, NOT unpadded or transposed (as in
@@ -364,6 +365,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
                             num_blocks=N, mixed_precision=mixed_precision, backend=backend,
                             gqa_packing="auto")
     api = check_api(api)
+    check_lnc(api, lnc, Hkv)
     bt = check_integer_array("block_table", block_table, ndim=1)
     if bt.size and (bt.min() < 0 or bt.max() >= N):
         bad = int(np.argmax((bt < 0) | (bt >= N)))
@@ -382,7 +384,7 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
     kwargs = dict(softmax_scale=1.0 / math.sqrt(d), mixed_precision=bool(mixed_precision),
                   LARGE_TILE_SZ=LARGE_TILE_SZ)
     out = launch_kernel(flash_paged_attention, args, kwargs, grid_heads=Hkv, backend=backend,
-                        api=api, lnc=1)
+                        api=api, lnc=lnc)
     return from_numpy_like(np.asarray(out), was_torch, like=query)
 
 

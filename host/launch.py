@@ -50,6 +50,16 @@ def check_api(api: Any) -> str | None:
     return api
 
 
+def check_lnc(api: str | None, lnc: Any, num_kv_heads: int) -> None:
+    """Validate a dense-kernel launch's ``lnc`` (``nki_kernels.toolchain.Api.lnc`` with the
+    dense kernel's head overlap: any Hkv on the current API, an even one on the legacy API)
+    before any work: ValueError for a value other than 1 / 2, NotImplementedError for 2 where
+    it cannot run, naming what to use instead."""
+    from nki_kernels import toolchain
+
+    toolchain.resolve_api(api).lnc(lnc, num_kv_heads, overlap=True)
+
+
 def item_parts_for(api: str | None, lnc: Any, num_kv_heads: int) -> int:
     """The item parts of a schedule-driven launch (scheduled and MLA kernels; docs/layouts.md
     §16.3): the launch's cores (``nki_kernels.toolchain.Api.lnc``, which validates ``lnc`` and

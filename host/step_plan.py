@@ -34,7 +34,7 @@ from host._arrays import readonly, to_numpy
 from host.dense.block_tables import active_table_of, check_block_tables
 from host.fp8 import is_fp8_cache_dtype
 from host.dense.gqa_packing import choose_gqa_packing, packed_attention_mask
-from host.launch import check_api, check_backend, item_parts_for
+from host.launch import check_api, check_backend, check_lnc, item_parts_for
 from host.dense.masks import build_attention_mask
 from host.dense.plan import PagedAttentionPlan, make_plan
 from host.scheduled.schedule import (AttentionSchedule, auto_large_tile, build_schedule,
@@ -249,10 +249,11 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         kv_cache_dtype: the cache dtype (default ``dtype``; float8_e4m3fn / float8_e5m2 with
             k_scale / v_scale, scheduled kernel).
         softmax_scale, mixed_precision, large_tile_size, partial_tile_size, backend,
-        gqa_packing, kernel, api, lnc (scheduled kernel: physical cores per launch, 1 or 2;
-        None: ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``;
-        two cores over an odd Hkv cut each class's schedule in two item parts, so the plan's
-        launches must run on two cores),
+        gqa_packing, kernel, api, lnc (physical cores per launch, 1 or 2; None:
+        ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``; the
+        cores split the KV heads; scheduled kernel: two cores over an odd Hkv cut each class's
+        schedule in two item parts, so the plan's launches must run on two cores; dense
+        kernel: an odd Hkv's middle head runs on both cores, current API only),
         kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
             "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
             (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),
@@ -265,8 +266,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         ValueError: any bad argument, named (before anything is built).
         NotImplementedError: valid but unsupported combinations (variants or fp8 with the dense
             kernel, gqa_packing=False with the scheduled kernel, partial_tile_size with dense,
-            kv_layout="block_kv" with the dense kernel or an fp8 cache, lnc=2 with the dense
-            kernel).
+            kv_layout="block_kv" with the dense kernel or an fp8 cache, lnc=2 where the API
+            cannot split the launch: trn1, the dense kernel over an odd Hkv on the legacy API).
         RuntimeError: an ``api`` the installed toolchain cannot run (``host.launch.check_api``).
     """
     unknown = sorted(set(variant_options) - set(_VARIANT_OPTIONS))
@@ -291,9 +292,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
     item_parts = 1
     if kernel == "scheduled":
         item_parts = item_parts_for(api, lnc, Hkv)     # a bad lnc fails here, before any work
-    elif lnc not in (None, 1):
-        raise NotImplementedError("paged_attention: the dense kernel runs on one core; leave lnc "
-                                  "None (or 1) with kernel='dense'")
+    else:
+        check_lnc(api, lnc, Hkv)                         # likewise
     variants = make_variants(H, Hkv, cdt, **variant_options)
     if kernel == "dense" and not variants.is_default:
         raise NotImplementedError(

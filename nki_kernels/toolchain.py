@@ -167,14 +167,17 @@ class Api:
         """The jitted kernel of ``family`` (``nki_kernels.ops.KernelFamily``) for this API."""
         return family.for_api(self.name)
 
-    def lnc(self, lnc=None, num_kv_heads: int = 2, *, item_split: bool = False) -> int:
+    def lnc(self, lnc=None, num_kv_heads: int = 2, *, item_split: bool = False,
+            overlap: bool = False) -> int:
         """Physical cores a launch uses (the logical core's LNC): ``lnc`` (1 | 2), else the
         environment variable ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (:data:`PLATFORM_LNC`:
         2 on trn2 / trn3, 1 on trn1) when this API can split the launch (the current API: its
         KV heads by ``nl.program_id(0)``; legacy: ``nl.nc`` SPMD programs) over an even Hkv or,
         with ``item_split`` (a kernel whose host schedule can be cut in item parts, one per
-        core: the scheduled kernel), over any Hkv; else 1. On a device with no explicit choice:
-        the environment's, or the compiler's own.
+        core: the scheduled kernel), over any Hkv -- as on the current API with ``overlap`` (a
+        kernel that runs an odd Hkv's middle head on both cores, ``ops.kv_heads(overlap=True)``:
+        the dense kernel); else 1. On a device with no explicit choice: the environment's, or
+        the compiler's own.
 
         Raises:
             ValueError: ``lnc`` / the environment variable is not 1 or 2.
@@ -190,7 +193,8 @@ class Api:
             if not self.simulated and self.target is None:
                 return None             # the device's (compiler's) LNC
             want = PLATFORM_LNC.get(self.target, 1)
-            return want if want == 1 or self._can_split(num_kv_heads, want, item_split) else 1
+            return (want if want == 1 or self._can_split(num_kv_heads, want, item_split, overlap)
+                    else 1)
         if str(lnc) not in ("1", "2") or isinstance(lnc, bool):
             raise ValueError(f"{source} must be 1 or 2; got {lnc!r}")
         lnc = int(lnc)
@@ -198,7 +202,7 @@ class Api:
             if self.target == "trn1":
                 raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
                                           "NeuronCore; use lnc=1")
-            if not self._can_split(num_kv_heads, lnc, item_split):
+            if not self._can_split(num_kv_heads, lnc, item_split, overlap):
                 need = ("nl.nc is needed" if item_split else
                         "an even Hkv and, on the legacy API, nl.nc are needed")
                 raise NotImplementedError(
@@ -206,8 +210,8 @@ class Api:
                     f"{num_kv_heads} KV head(s) between two cores ({need}); use lnc=1")
         return lnc
 
-    def _can_split(self, num_kv_heads, lnc, item_split=False):
-        if num_kv_heads % lnc and not item_split:
+    def _can_split(self, num_kv_heads, lnc, item_split=False, overlap=False):
+        if num_kv_heads % lnc and not (item_split or (overlap and self.name == CURRENT)):
             return False
         return self.name == CURRENT or hasattr(self.ops.nl, "nc")
 
@@ -217,7 +221,8 @@ class Api:
         LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
         its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. A schedule
         cut in ``item_parts`` > 1 parts runs on exactly that many cores, each core its part of
-        every head (legacy grid ``[nl.nc(2), Hkv]``). ``device`` runs it on a
+        every head (legacy grid ``[nl.nc(2), Hkv]``); a family with ``overlap_heads`` splits an
+        odd Hkv on the current API too (:meth:`lnc`). ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator).
 
@@ -231,7 +236,8 @@ class Api:
                                f"{self.name!r}) and a Trainium device, but the simulator is "
                                f"active (NKI_PA_BACKEND={BACKEND_REQUEST!r}); use backend='sim' "
                                "or 'auto'")
-        cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1)
+        cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1,
+                         overlap=family.overlap_heads)
         if item_parts > 1 and cores != item_parts:
             raise ValueError(f"lnc must be {item_parts} for a schedule in {item_parts} item "
                              f"parts (plan it with the launch's lnc); got {cores}")

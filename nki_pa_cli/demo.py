@@ -135,9 +135,10 @@ def run_demo(batch: DemoBatch, *, tolerance: float = TOLERANCE, seed: int = 0,
     results = []
     for kernel in kernel_choices() if kernels is None else kernels:
         for target in targets:
+            # one physical core (lnc=1): the report prices one NeuronCore's whole work
             with nki_sim.use_target(target), nki_sim.tracing() as trace:
                 out = paged_attention(*inputs, large_tile_size=batch.large_tile_size,
-                                      backend="sim", kernel=kernel)
+                                      backend="sim", kernel=kernel, lnc=1)
             if not trace.events:
                 raise RuntimeError("the kernel did not run on nki_sim (empty trace); "
                                    "run with NKI_PA_BACKEND=sim")

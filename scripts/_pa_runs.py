@@ -118,8 +118,8 @@ def dense_metadata(batch: dict, large_tile_size: int = LARGE_TILE, packing=None)
 def simulate(kernel: str, batch: dict, target: str, large_tile_size=None,
              api: str | None = None, lnc: int = 1):
     """Run ``kernel`` on ``batch`` for ``target`` -> (output (T, H, d), trace, wall seconds, meta).
-    Scheduled kernel: on ``api`` (None: the host's choice) with ``lnc`` physical cores; the
-    dense kernel on ``api`` on one core; per_block (a legacy-only baseline) on the legacy API.
+    Scheduled and dense kernels: on ``api`` (None: the host's choice) with ``lnc`` physical
+    cores; per_block (a legacy-only baseline) on the legacy API, one core.
     ``large_tile_size`` None: the host default for the scheduled kernel (``"auto"``; the
     resolved size is ``meta["large_tile_size"]``), LARGE_TILE for the dense kernels."""
     if large_tile_size is None:
@@ -143,7 +143,7 @@ def simulate(kernel: str, batch: dict, target: str, large_tile_size=None,
         return np.asarray(out)[0, :, :T, :].transpose(1, 0, 2), trace, sec, meta
     t0 = time.perf_counter()
     with nki_sim.use_target(target), nki_sim.tracing() as trace, captured_schedules() as seen:
-        extra = dict(api=api, lnc=lnc) if kernel == "scheduled" else dict(api=api)
+        extra = dict(api=api, lnc=lnc)
         out = host.paged_attention(**batch, kernel=kernel, backend="sim", mixed_precision=True,
                                    large_tile_size=large_tile_size, **extra)
     sec = time.perf_counter() - t0

@@ -94,7 +94,7 @@ def run(w: Workload, target: str, packed: bool, args, ref) -> dict:
     with nki_sim.use_target(target), nki_sim.tracing() as trace:
         t0 = time.perf_counter()
         out = paged_attention(*args, large_tile_size=TILE, mixed_precision=True, backend="sim",
-                              kernel="dense", gqa_packing=packed)
+                              kernel="dense", gqa_packing=packed, lnc=1)      # one core
         wall = time.perf_counter() - t0
     s = trace.summary()
     rep = estimate(trace, target=target)

@@ -137,7 +137,8 @@ def flash_rows(repeat):
     args = flash_inputs()
     rows = []
     runs = [(kernel, target, "legacy", opts) for kernel, opts in
-            (("dense", {"gqa_packing": False}), ("scheduled", {})) for target in ("trn1", "trn2")]
+            (("dense", {"gqa_packing": False, "lnc": 1}), ("scheduled", {}))
+            for target in ("trn1", "trn2")]
     runs.append(("scheduled", "trn2", "nki", {}))
     for kernel, target, api, opts in runs:
         def run():

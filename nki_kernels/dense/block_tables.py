@@ -19,7 +19,7 @@ from nki_kernels.constants import B_P_SIZE
 
 
 def load_block_tables(ops, block_tables, *, num_tiles, blocks_per_tile, tiling_factor,
-                      num_kv_heads, head_id):
+                      num_kv_heads, head_row):
     """Load the flat active block table and turn block ids into rows of the flat cache view.
 
     Args:
@@ -28,8 +28,10 @@ def load_block_tables(ops, block_tables, *, num_tiles, blocks_per_tile, tiling_f
             padded (with valid ids, e.g. 0) to a multiple of M.
         num_tiles: number of large tiles n_tiles (>= 1).
         blocks_per_tile: M.  tiling_factor: T.  num_kv_heads: Hkv.
-        head_id: the KV head (``ops.kv_heads``: the legacy program id, or a Python int on the
-            current API).
+        head_row: the KV head's row offset ``head_id * T`` when the head enters the row ids
+            (``ops.head_rows``: the legacy API, where ``head_id`` is the program id), or None
+            when it enters the gathers' HBM offset instead (the current API: the ids then carry
+            no head term, ``head_id`` = 0 below).
 
     Returns:
         SBUF int32 tile ``(128, nL * n_tiles)`` with ``out[p, l*n_tiles + j] = (bt[j*M + q // T]
@@ -40,7 +42,7 @@ def load_block_tables(ops, block_tables, *, num_tiles, blocks_per_tile, tiling_f
     Pseudocode:
         for each chunk of <= 128 tiles (tiles on partitions, blocks on the free axis):
             ids   = load bt[j*M : (j+1)*M] for the chunk's tiles           (nj, M) int32
-            base  = ids * (Hkv*T) + head_id*T                              (nj, M) fp32
+            base  = ids * (Hkv*T) [+ head_row]                             (nj, M) fp32
             rows[:, m*T + t] = base[:, m] + t  for t < T (one add)        (nj, L) fp32
             for l < nL: out[:, l*n_tiles + chunk] = transpose(rows[:, l*128:(l+1)*128])  (PE)
         Ids travel as fp32 (exact below 2**24; the kernel checks N*Hkv*T < 2**24).
@@ -55,13 +57,17 @@ def load_block_tables(ops, block_tables, *, num_tiles, blocks_per_tile, tiling_f
         nj = min(B_P_SIZE, num_tiles - c * B_P_SIZE)
         ids = ops.sbuf((nj, M), ops.int32)
         ops.load(ids, bt2d[c * B_P_SIZE:c * B_P_SIZE + nj, :])
-        # head_id * T on every partition (the head enters arithmetic through iota, as in vLLM's
-        # kernel), added in the same pass that scales the ids
-        head_off = ops.sbuf((nj, 1), ops.float32)
-        ops.iota(head_off, step=0, offset=head_id * T)
-        base = ops.sbuf((nj, M), ops.float32)
-        ops.tensor_scalar(base, ids, "multiply", float(num_kv_heads * T), op1="add",
-                          operand1=head_off)
+        if head_row is None:
+            base = ops.sbuf((nj, M), ops.float32)
+            ops.tensor_scalar(base, ids, "multiply", float(num_kv_heads * T))
+        else:
+            # head_id * T on every partition (the head enters arithmetic through iota, as in
+            # vLLM's kernel), added in the same pass that scales the ids
+            head_off = ops.sbuf((nj, 1), ops.float32)
+            ops.iota(head_off, step=0, offset=head_row)
+            base = ops.sbuf((nj, M), ops.float32)
+            ops.tensor_scalar(base, ids, "multiply", float(num_kv_heads * T), op1="add",
+                              operand1=head_off)
         if T == 1:
             rows = base
         else:

@@ -1,9 +1,10 @@
 """Flash paged attention over a flat (continuous) batch, with vectorized KV-cache loads.
 
 One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): on the legacy API one
-program per KV head (grid ``[1, Hkv]``, ``flash_paged_attention[1, Hkv]``), on the current API
-one launch on one physical core looping over the KV heads (``flash_paged_attention.for_api(
-"nki")``). Interface of vLLM's ``flash_paged_attention`` after PR #13245 / #15911 (fused
+program per KV head (grid ``[1, Hkv]``, ``flash_paged_attention[1, Hkv]``; LNC=2: ``[1,
+nl.spmd_dim(nl.nc(2), Hkv/2)]``), on the current API one launch looping over the KV heads
+(``flash_paged_attention.for_api("nki")``; LNC=2: each physical core over its half, an odd Hkv's
+middle head on both). Interface of vLLM's ``flash_paged_attention`` after PR #13245 / #15911 (fused
 ``kv_cache``); host wrappers live in ``host/attention.py``.
 """
 
@@ -76,7 +77,7 @@ def _build(ops):
     return flash_paged_attention
 
 
-flash_paged_attention = KernelFamily(_build, "flash_paged_attention")
+flash_paged_attention = KernelFamily(_build, "flash_paged_attention", overlap_heads=True)
 
 
 def output_shape(query):
@@ -139,14 +140,13 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
     Raises:
         ValueError: any shape / dtype / range violation above, naming the argument.
         NotImplementedError: kv_cache dtype different from the query dtype (e.g. fp8 caches),
-            a transformed block table over BLOCK_TABLE_BUDGET_BYTES per partition, or a
-            current-API launch on two physical cores (LNC=2).
+            or a transformed block table over BLOCK_TABLE_BUDGET_BYTES per partition.
     Warns:
         nki_kernels.sbuf_plan.SbufBudgetWarning: the SBUF working set exceeds the target's
             usable SBUF even with one Q tile per group (fp32 kernel dtype at LT = 8192).
 
     Pseudocode:
-      for each KV head (legacy: this program's; current: all, in a loop):
+      for each KV head (legacy: this program's; current: all, or this core's, in a loop):
         rows = load_block_tables(block_tables, head)          # (128, nL * n_tiles) flat-cache rows
         for each group of Q tiles whose state fits the SBUF plan (usually one group):
             -m, l, o = -M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
@@ -165,10 +165,6 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
                         mixed_precision, LARGE_TILE_SZ)
     Hkv = cfg.Hkv
     ops.check_head_grid(KERNEL, Hkv)
-    kernel_unsupported(ops.launch_core()[1] == 1, KERNEL,
-                       "a launch on two physical cores (LNC=2)",
-                       "launch it with lnc=1 (NEURON_LOGICAL_NC_CONFIG=1), or use the scheduled "
-                       "kernel (host.paged_attention), which splits a batch over both cores")
     dma_t_ok = ops.nc_gen() != "gen2" and itemsize(cfg.kernel_dtype) == 2
     kernel_check(p_transpose in ("auto", "pe") or (p_transpose == "dma" and dma_t_ok), KERNEL,
                  "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
@@ -189,7 +185,7 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
         kernel=KERNEL)
     run = _Run(cfg=cfg, LT=LARGE_TILE_SZ, use_dma_t=dma_t_ok and p_transpose != "pe",
                q_per_group=q_per_group, load_kv=load_kv)
-    for head in ops.kv_heads(Hkv):
+    for head in ops.kv_heads(Hkv, overlap=True):    # LNC=2: each core its half (odd Hkv: +1)
         _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out)
     return out
 
@@ -220,9 +216,11 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
 
     if n_tiles > 0:
         # Flat-cache rows of every large tile for this KV head: (128, nL * n_tiles) int32.
+        # The head enters the row ids (legacy) or the gathers' HBM offset (current API).
+        kv_flat, head_row = ops.head_rows(flat_kv_view(kv_cache, tiling_factor=cfg.T), head,
+                                          cfg.T, cfg.Hkv)
         rows = load_block_tables(ops, block_tables, num_tiles=n_tiles, blocks_per_tile=cfg.M,
-                                 tiling_factor=cfg.T, num_kv_heads=cfg.Hkv, head_id=head)
-        kv_flat = flat_kv_view(kv_cache, tiling_factor=cfg.T)
+                                 tiling_factor=cfg.T, num_kv_heads=cfg.Hkv, head_row=head_row)
         ones = ops.sbuf((P, 1), kd)                                 # visible_values' reducer
         ops.memset(ones, 1.0)
 

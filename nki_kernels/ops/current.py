@@ -103,21 +103,35 @@ def static_range(n):
 parallel_range = sequential_range = static_range
 
 
-def kv_heads(num_kv_heads, item_parts=1):
+def kv_heads(num_kv_heads, item_parts=1, overlap=False):
     """The KV heads this launch runs: all; under LNC=2 (``nl.num_programs(0) == 2``) the Hkv / 2
-    of core ``nl.program_id(0)``, or all with ``item_parts`` = 2 (each core its part of the items)."""
+    of core ``nl.program_id(0)``, or all with ``item_parts`` = 2 (each core its part of the items).
+    ``overlap``: an odd Hkv is split too, each core running ceil(Hkv / 2) heads -- core c heads
+    ``c * (Hkv - ceil(Hkv / 2)) + j`` -- so one head runs on both cores, which write the same
+    values (a kernel whose heads write disjoint outputs and nothing else: the dense kernel)."""
     cores = nl.num_programs(axes=0)
     if item_parts not in (1, cores):
         raise ValueError(f"a schedule in {item_parts} item parts needs a launch on "
                          f"{item_parts} cores; this one runs on {cores}")
     if cores == 1 or item_parts != 1:
         return range(num_kv_heads)
-    if num_kv_heads % cores:
+    if num_kv_heads % cores and not overlap:
         raise NotImplementedError(f"a launch on {cores} cores splits its KV heads evenly; "
                                   f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1 "
                                   "or a schedule in item parts")
-    per = num_kv_heads // cores
-    return [nl.program_id(axis=0) * per + j for j in range(per)]
+    per = -(-num_kv_heads // cores)
+    return [nl.program_id(axis=0) * (num_kv_heads - per) + j for j in range(per)]
+
+
+def head_rows(table, head, rows_per_head, num_kv_heads):
+    """Where KV head ``head`` enters the row ids of indirect gathers from ``table`` ``(2, R,
+    F)`` (R = num_blocks * Hkv * rows_per_head rows, a head's rows ``rows_per_head`` apart
+    within a block): ``(view, id_offset)``. Here the head enters the DMA's HBM offset (an access
+    pattern's offset may be ``nl.program_id`` arithmetic; ``iota``'s is a constant): ``view`` =
+    the rows of ``table`` from ``head * rows_per_head`` on (the same row count for every head),
+    ``id_offset`` = None (the row ids carry no head term)."""
+    n = table.shape[1] - (num_kv_heads - 1) * rows_per_head
+    return table[:, head * rows_per_head:head * rows_per_head + n, :], None
 
 
 def item_part(num_kv_heads, item_parts=1):

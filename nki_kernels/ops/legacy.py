@@ -109,11 +109,20 @@ parallel_range = nl.affine_range
 sequential_range = nl.sequential_range
 
 
-def kv_heads(num_kv_heads, item_parts=1):
+def kv_heads(num_kv_heads, item_parts=1, overlap=False):
     """The KV heads this program runs: one per program, ``program_id(1)`` of the ``[1, Hkv]``
-    SPMD grid (or of the ``[nl.nc(2), Hkv]`` grid of a schedule cut in item parts)."""
-    del num_kv_heads, item_parts
+    SPMD grid (or of the ``[nl.nc(2), Hkv]`` grid of a schedule cut in item parts; ``overlap``
+    has no use: the grid places the programs)."""
+    del num_kv_heads, item_parts, overlap
     return (nl.program_id(axis=1),)
+
+
+def head_rows(table, head, rows_per_head, num_kv_heads):
+    """Where KV head ``head`` enters the row ids of indirect gathers from ``table`` ``(2, R,
+    F)``: ``(view, id_offset)``. Here in the row ids, as vLLM's kernel does (an ``iota`` of the
+    program id's offset): ``(table, head * rows_per_head)``."""
+    del num_kv_heads
+    return table, head * rows_per_head
 
 
 def item_part(num_kv_heads, item_parts=1):

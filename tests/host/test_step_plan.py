@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import host
+import nki_sim
 from host.scheduled.schedule import make_schedule
 from host.scheduled.scheduled import build_overlay, pack_queries, unpack_output
 from host.scheduled.scheduled_index import output_index, overlay_index, query_index
@@ -201,10 +202,13 @@ def test_api_option_is_validated_once_and_named():
     with pytest.raises(ValueError, match=r"^api must be one of \('auto', 'legacy', 'nki'\); "
                                          r"got 'cuda'"):
         _plan(bt, api="cuda")
-    # both kernels run on both APIs; the dense kernel on one physical core
+    # both kernels run on both APIs and on two physical cores (the dense kernel on the legacy
+    # API over an even Hkv only; trn1 has one core per logical core)
     assert _plan(bt, kernel="dense", api="nki").api == "nki"
-    with pytest.raises(NotImplementedError, match="dense kernel runs on one core"):
-        _plan(bt, kernel="dense", api="nki", lnc=2)
+    assert _plan(bt, kernel="dense", api="nki", lnc=2).lnc == 2
+    with nki_sim.use_target("trn1"):
+        with pytest.raises(NotImplementedError, match="trn1 logical core is one NeuronCore"):
+            _plan(bt, kernel="dense", api="legacy", lnc=2)
     assert _plan(bt, api="legacy").api == "legacy" and _plan(bt, api="auto").api is None
     plan = _plan(bt)
     q, k, v, cache, _ = _batch()

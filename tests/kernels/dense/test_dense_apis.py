@@ -1,8 +1,8 @@
 """The dense vLLM-interface kernel on both NKI APIs (one source, ``nki_kernels.ops``): on trn2
 the current API and the legacy API give results that match the float64 reference (bit for bit
 with mixed precision, where the two layers issue the same arithmetic), stay clean with NaN in
-every cache slot no query may see, refuse a launch on two physical cores, and the vLLM-named
-wrapper takes ``api=``."""
+every cache slot no query may see, and the vLLM-named wrapper takes ``api=`` (two physical
+cores: test_dense_lnc.py)."""
 
 from __future__ import annotations
 
@@ -66,25 +66,3 @@ def test_vllm_wrapper_takes_the_api(batch_factory, build_kernel_inputs):
     with pytest.raises(ValueError, match=r"^api must be one of \('auto', 'legacy', 'nki'\); "
                                          r"got 'cuda'"):
         flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", api="cuda")
-
-
-def test_two_physical_cores_are_refused_on_the_current_api(batch_factory, build_kernel_inputs,
-                                                          monkeypatch):
-    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
-    from nki_kernels.toolchain import load_current
-
-    batch = batch_factory(43, [2], [300], H=2, Hkv=2, d=16, block_size=16)
-    _, inputs = build_kernel_inputs(batch, large_tile_size=512)
-    nki = load_current()[0]
-    k = flash_paged_attention.for_api("nki")
-    with nki_sim.use_target("trn2"):
-        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
-        one = nki.simulate(k)(*inputs, LARGE_TILE_SZ=512)                    # must-pass
-        assert np.isfinite(np.asarray(one)).all()
-        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
-        with pytest.raises(NotImplementedError, match=r"flash_paged_attention: a launch on two "
-                                                      r"physical cores \(LNC=2\) is not "
-                                                      r"supported; launch it with lnc=1"):
-            nki.simulate(k)(*inputs, LARGE_TILE_SZ=512)                      # must-fail
-    with pytest.raises(NotImplementedError, match="dense kernel runs on one core"):
-        paged_attention(*batch.args(), kernel="dense", backend="sim", api="nki", lnc=2)

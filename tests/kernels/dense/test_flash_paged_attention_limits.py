@@ -232,14 +232,15 @@ def test_oldest_supported_sdk_and_traced_loop_rules(target, batch_factory, check
 
 
 @pytest.mark.slow
-def test_long_prefill_in_two_query_groups(batch_factory, check_reference):
+def test_long_prefill_in_two_query_groups(batch_factory, check_reference, monkeypatch):
     # 20 Q tiles x 8 query heads per KV head, d = 128: the SBUF plan splits the queries into
     # groups (KV re-read per group); two active windows of 2048 keys for the last Q tiles.
     batch = batch_factory(16, [2400, 1, 100], [3000, 5000, 0], H=8, Hkv=1, d=128, block_size=64,
                           dtype=ml_dtypes.bfloat16)
     with nki_sim.use_target("trn2"):
         check_reference(batch, mixed_precision=True, large_tile_size=2048, kernels=("scheduled",))
-    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:     # one core: its whole work
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
         check_reference(batch, mixed_precision=True, large_tile_size=2048, kernels=("dense",))
     s = trace.summary()
     assert not s["sbuf_over_capacity"]

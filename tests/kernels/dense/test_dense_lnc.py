@@ -1,0 +1,165 @@
+"""The dense vLLM-interface kernel on both physical cores of a trn2 logical core (LNC=2): the KV
+heads split between the cores (current API: each core loops over its half, an odd Hkv's middle
+head on both; legacy API: ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), outputs bit-identical to LNC=1
+and within tolerance of the float64 reference, garbage in unseen cache slots never reaching the
+output, the modeled launch time being the slower core's, the platform's LNC as the default of
+both host entry points, and two cores refused where they cannot run."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nki_sim
+from host.attention import flash_attn_varlen_nkifunc, paged_attention
+from host.reference import paged_attention_ref
+from nki_kernels import toolchain
+from nki_sim import cost
+
+pytestmark = [pytest.mark.simulation,
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+QLENS, CLENS = [130, 1, 3], [700, 1500, 40]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _run(b, api, lnc, kv_cache=None, mixed=True):
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+        out = paged_attention(b.query, b.key, b.value,
+                              b.kv_cache if kv_cache is None else kv_cache, b.block_tables,
+                              b.query_lens, b.context_lens, kernel="dense", backend="sim",
+                              large_tile_size=512, mixed_precision=mixed, api=api, lnc=lnc)
+    return out, trace
+
+
+@pytest.mark.parametrize("api, hkv, dtype", [
+    ("nki", 2, BF16), ("nki", 4, np.float32), ("nki", 3, BF16), ("nki", 1, np.float32),
+    ("legacy", 2, BF16), ("legacy", 4, np.float32)])
+def test_two_cores_match_one_core_and_the_reference(batch_factory, tol, api, hkv, dtype):
+    b = batch_factory(61, QLENS, CLENS, H=2 * hkv, Hkv=hkv, d=32, block_size=16, dtype=dtype)
+    mixed = dtype == BF16
+    one, t1 = _run(b, api, 1, mixed=mixed)
+    two, t2 = _run(b, api, 2, mixed=mixed)
+    assert two.tobytes() == one.tobytes()                  # the same arithmetic per head
+    atol, rtol = tol("mixed" if mixed else "fp32", dtype)
+    ref = paged_attention_ref(*b.args())
+    assert np.all(np.abs(two.astype(np.float64) - ref) <= atol + rtol * np.abs(ref))
+    cores = {e.attr("core", 0) for e in t2.events}
+    assert cores == {0, 1}
+    rep1, rep2 = (cost.estimate_cores(t, "trn2") for t in (t1, t2))
+    per = [r.modeled_us for r in rep2.per_core.values()]
+    assert rep2.launch_us == pytest.approx(max(per))
+    # each core runs ceil(Hkv / 2) of the Hkv heads: modeled time ~ that share of one core's
+    share = -(-hkv // 2) / hkv
+    assert rep2.launch_us < (share + 0.05) * rep1.launch_us
+    assert rep2.launch_us > (share - 0.05) * rep1.launch_us
+
+
+def test_each_core_runs_its_heads(batch_factory):
+    # current API, Hkv = 3: core 0 runs heads 0, 1 and core 1 heads 1, 2 (the middle head on
+    # both), so each core stores 2/3 of the output tiles one core stores
+    b = batch_factory(62, [2, 1], [300, 90], H=6, Hkv=3, d=16, block_size=16)
+
+    def stores(trace):
+        n = {}
+        for e in trace.events:
+            if e.engine == "dma" and e.dst_buffer == "hbm":
+                n[e.attr("core", 0)] = n.get(e.attr("core", 0), 0) + 1
+        return n
+
+    one = stores(_run(b, "nki", 1)[1])
+    two = stores(_run(b, "nki", 2)[1])
+    assert one[0] % 3 == 0 and two == {0: one[0] * 2 // 3, 1: one[0] * 2 // 3}
+
+
+@pytest.mark.parametrize("api, hkv", [("nki", 2), ("nki", 3), ("legacy", 2)])
+def test_garbage_where_no_query_looks_never_reaches_the_output_on_two_cores(
+        batch_factory, poison_unseen, api, hkv):
+    b = batch_factory(63, QLENS, CLENS, H=2 * hkv, Hkv=hkv, d=32, block_size=16, dtype=BF16)
+    clean, _ = _run(b, api, 2)
+    dirty, _ = _run(b, api, 2, kv_cache=poison_unseen(b))
+    assert np.isfinite(clean.astype(np.float32)).all()
+    np.testing.assert_array_equal(dirty, clean)
+
+
+def test_two_core_launches_from_a_thread_pool_are_bit_identical(batch_factory):
+    b = batch_factory(64, QLENS, CLENS, H=6, Hkv=3, d=16, block_size=16, dtype=BF16)
+    want, _ = _run(b, "nki", 2)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        outs = [f.result(timeout=300) for f in
+                [pool.submit(_run, b, "nki", 2) for _ in range(3)]]
+    assert all(out.tobytes() == want.tobytes() for out, _ in outs)
+
+
+def test_the_platform_lnc_is_the_default_of_both_entry_points(batch_factory, build_kernel_inputs,
+                                                              monkeypatch):
+    b = batch_factory(65, [2, 1], [300, 90], H=4, Hkv=2, d=16, block_size=16)
+    _, inputs = build_kernel_inputs(b, large_tile_size=512)
+    monkeypatch.delenv(toolchain.LNC_ENV, raising=False)
+
+    def cores(api, **kw):
+        with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+            out = flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", api=api,
+                                            **kw)
+        return {e.attr("core", 0) for e in trace.events}, np.asarray(out)
+
+    default, out2 = cores("nki")                        # trn2's LNC 2
+    assert default == {0, 1}
+    assert cores("legacy")[0] == {0, 1}                 # nl.nc places the programs
+    monkeypatch.setenv(toolchain.LNC_ENV, "1")
+    one, out1 = cores("nki")
+    assert one == {0} and out1.tobytes() == out2.tobytes()
+    assert cores("nki", lnc=2)[0] == {0, 1}           # the argument wins
+    monkeypatch.delenv(toolchain.LNC_ENV)
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as trace:
+        flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim")
+    assert {e.attr("core", 0) for e in trace.events} == {0}    # trn1: one core
+
+
+def test_two_cores_where_they_cannot_run_are_refused_before_any_work(batch_factory,
+                                                                    build_kernel_inputs):
+    b = batch_factory(66, [2], [300], H=3, Hkv=3, d=16, block_size=16)
+    _, inputs = build_kernel_inputs(b, large_tile_size=512)
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+        # the legacy API splits an even Hkv only (its grid places whole programs)
+        with pytest.raises(NotImplementedError, match=r"lnc=2: the 'legacy' API here cannot "
+                                                      r"split a launch over 3 KV head\(s\)"):
+            paged_attention(*b.args(), kernel="dense", backend="sim", api="legacy", lnc=2)
+        with pytest.raises(NotImplementedError, match="cannot split a launch over 3 KV head"):
+            flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", api="legacy",
+                                      lnc=2)
+        with pytest.raises(ValueError, match="lnc must be 1 or 2; got 3"):
+            flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", lnc=3)
+    assert not trace.events
+    with nki_sim.use_target("trn1"):
+        with pytest.raises(NotImplementedError, match="trn1 logical core is one NeuronCore"):
+            paged_attention(*b.args(), kernel="dense", backend="sim", api="legacy", lnc=2)
+
+
+def test_kv_heads_overlap_splits_an_odd_count():
+    from nki_kernels.ops import current
+
+    class _NL:          # nl.num_programs / nl.program_id of core `core` of a 2-core launch
+        def __init__(self, core):
+            self.core = core
+
+        def num_programs(self, axes=0):
+            return 2
+
+        def program_id(self, axis=0):
+            return self.core
+
+    real = current.nl
+    try:
+        split = {}
+        for core in (0, 1):
+            current.nl = _NL(core)
+            split[core] = list(current.kv_heads(3, overlap=True))
+            assert list(current.kv_heads(4, overlap=True)) == list(current.kv_heads(4))  # even
+        assert split == {0: [0, 1], 1: [1, 2]}                                      # must-pass
+        with pytest.raises(NotImplementedError, match="Hkv = 3 is not a multiple of 2"):
+            current.kv_heads(3)                                                     # must-fail
+    finally:
+        current.nl = real
