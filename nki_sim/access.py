@@ -20,6 +20,7 @@ from . import errors as E
 from .config import config
 from .indexing import broadcast_left
 from .positions import Access  # noqa: F401  (re-exported: the access of a view)
+from .memory import touch
 from .state import state
 
 
@@ -77,6 +78,8 @@ def read(t: Tensor, mask=None, *, op: str = "read", oob: str = "error"):
     sc = alloc.scope
     if sc is not None and not sc.alive:
         _scope(t, op)
+    if alloc.rec is not None:
+        touch(alloc)
     acc = Access(t, mask, oob)
     if alloc.written is not None:
         _uninit(t, acc, op)
@@ -144,6 +147,8 @@ def write(t: Tensor, values, mask=None, *, op: str = "write", oob: str = "error"
     sc = alloc.scope
     if sc is not None and not sc.alive:
         _scope(t, op)
+    if alloc.rec is not None:
+        touch(alloc)
     acc = Access(t, mask, oob)
     if type(values) is np.ndarray and values.shape == t.shape:
         vals = values

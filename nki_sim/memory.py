@@ -7,8 +7,10 @@ inputs), which avoids a bitmap for large HBM tensors.  ``wlog`` / ``rlog`` (crea
 log the epochs of writes / reads inside ``affine_range`` iterations for the loop-carried
 dependency checker (:mod:`nki_sim.deps`).
 
-Live bytes per partition of SBUF and PSUM are counted from allocation until the
-``Alloc`` object is garbage collected (i.e. while any view of it is referenced).
+Live bytes per partition of SBUF and PSUM (:class:`Live`, one per SPMD program) count an
+on-chip allocation from its allocation to its last access (read or write): the lifetime a
+compiler's allocator gives a tile, whatever Python still references. The peak is taken when the
+program ends (:meth:`Live.finish`), since only then is every last access known.
 """
 
 from __future__ import annotations
@@ -26,18 +28,60 @@ _ids = itertools.count(1)
 
 
 class Live:
-    """Live on-chip bytes per partition of one SPMD program (each program has its own SBUF/PSUM)."""
+    """On-chip lifetimes of one SPMD program (each program has its own SBUF / PSUM): a record
+    ``[born, last, bytes per partition, buffer, name, live]`` per allocation (no reference to
+    its storage), on a clock that ticks at every allocation and every access (:func:`touch`)."""
 
-    __slots__ = ("bytes",)
+    __slots__ = ("clock", "records")
 
     def __init__(self):
-        self.bytes = {"sbuf": 0, "psum": 0}
+        self.clock = 0
+        self.records: list = []
 
-    def change(self, buffer: str, delta: int):
-        self.bytes[buffer] += delta
-        if delta > 0:
-            for t in state.traces:
-                t._note_live(buffer, self.bytes[buffer])
+    def born(self, buffer: str, nbytes: int, alloc: "Alloc") -> list:
+        self.clock += 1
+        rec = [self.clock, self.clock, nbytes, buffer, alloc._name or alloc.id, self]
+        self.records.append(rec)
+        return rec
+
+    def peaks(self) -> dict:
+        """``{buffer: (peak bytes per partition, name of the allocation that reached it)}``: a
+        sweep over the lifetimes (an allocation is dead after its last access)."""
+        out = {}
+        for buf in ONCHIP:
+            recs = [r for r in self.records if r[3] == buf]
+            if not recs:
+                out[buf] = (0, "")
+                continue
+            born = np.fromiter((r[0] for r in recs), np.float64, len(recs))
+            last = np.fromiter((r[1] for r in recs), np.float64, len(recs))
+            nb = np.fromiter((r[2] for r in recs), np.int64, len(recs))
+            t = np.concatenate([born, last + 0.5])
+            delta = np.concatenate([nb, -nb])
+            order = np.argsort(t, kind="stable")
+            total = np.cumsum(delta[order])
+            i = int(np.argmax(total))
+            name = recs[int(order[i])][4]
+            out[buf] = (int(total[i]), name if isinstance(name, str) else f"{buf}_{name}")
+        return out
+
+    def finish(self, target=None) -> dict:
+        """The program's peaks (:meth:`peaks`), noted on every active trace (per ``target``)."""
+        peaks = self.peaks()
+        for buf, (nbytes, _) in peaks.items():
+            if nbytes:
+                for t in state.traces:
+                    t._note_live(buf, nbytes, target)
+        return peaks
+
+
+def touch(alloc: "Alloc") -> None:
+    """An access of ``alloc`` now: its lifetime extends to here (on-chip allocations)."""
+    rec = alloc.rec
+    if rec is not None:
+        live = rec[5]
+        live.clock += 1
+        rec[1] = live.clock
 
 
 def current_live() -> Live:
@@ -56,7 +100,7 @@ class Alloc:
 
     __slots__ = ("id", "buffer", "dtype", "data", "written", "_name", "kind", "mutable",
                  "birth_epoch", "wlog", "rlog", "par_axis", "bytes_pp", "user_array",
-                 "ever_written", "counter", "scope", "temp", "wmax", "rmax", "lazy_poison", "unwritten",
+                 "ever_written", "rec", "scope", "temp", "wmax", "rmax", "lazy_poison", "unwritten",
                  "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: str, name: str = "", kind: str = "local",
@@ -97,24 +141,16 @@ class Alloc:
         self.temp = False       # an instruction's result tile (poison propagates through it)
         self.lazy_poison = False  # data not yet poisoned where never written (see poison())
         self.bytes_pp = 0
-        self.counter = None
+        self.rec = None         # Live record (on-chip): [born, last access, bytes, buffer, ...]
         if count_live and buffer in ONCHIP:
             n = data.size // max(1, data.shape[par_axis]) if data.ndim else 1
             self.bytes_pp = int(n * data.dtype.itemsize)
-            self.counter = current_live()
-            self.counter.change(buffer, self.bytes_pp)
+            self.rec = current_live().born(buffer, self.bytes_pp, self)
 
     @property
     def name(self) -> str:
         """The tensor name given at allocation, else ``<buffer>_<id>``."""
         return self._name or f"{self.buffer}_{self.id}"
-
-    def __del__(self):
-        if self.bytes_pp:
-            try:
-                self.counter.change(self.buffer, -self.bytes_pp)
-            except Exception:  # interpreter shutdown
-                pass
 
     def poison(self) -> None:
         """Fill never-written elements with the poison value (deferred from allocation until

@@ -174,6 +174,7 @@ def run_kernel(func, grid, args, kwargs, platform_target=None, *, tensor_type=Te
                 ctx.loops.clear()
                 ctx.affine.clear()
                 ret = func(*bound.args, **bound.kwargs)
+                ctx.live.finish(ctx.target)     # peaks on the traces (no capacity error here)
         except Exception as e:
             add_context_note(e, ctx)
             raise

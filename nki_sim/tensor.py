@@ -387,6 +387,7 @@ def view_dtype(t: Tensor, dtype) -> Tensor:
     alias = Alloc(alias_data, t.alloc.buffer, name=t.alloc.name, kind=t.alloc.kind, written=True,
                   mutable=t.alloc.mutable, count_live=False)
     alias.birth_epoch = t.alloc.birth_epoch
+    alias.rec = t.alloc.rec             # one storage, one lifetime
     return type(t)(alias, v)
 
 

@@ -82,12 +82,16 @@ class Trace:
         launch, e.g. the class launches of a mixed batch. Launches run one after the other."""
         return split_launches(self.events)
 
-    def _note_live(self, buffer, nbytes):
+    def _note_live(self, buffer, nbytes, target=None):
+        """A program's peak live bytes per partition of ``buffer`` (``memory.Live.finish``), on
+        ``target`` (default: the running kernel's)."""
         if nbytes > self.peak_bytes_per_partition[buffer]:
             self.peak_bytes_per_partition[buffer] = nbytes
-        k = state.kernel
-        if k is not None and k.target is not None:
-            per = self.targets.setdefault(k.target.name, {"sbuf": 0, "psum": 0})
+        if target is None:
+            k = state.kernel
+            target = k.target if k is not None else None
+        if target is not None:
+            per = self.targets.setdefault(target.name, {"sbuf": 0, "psum": 0})
             if nbytes > per[buffer]:
                 per[buffer] = nbytes
 

@@ -263,8 +263,6 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                                                  o_buf, nm_buf, l_buf, slot, k_start=st * step,
                                                  width=step, kernel_dtype=kd,
                                                  use_dma_transpose=run.use_dma_t)
-                    del mask_tile, v_seen     # this Q tile's; the next allocates its own
-                del k_tile, v_tile            # the tile's KV dies here, before the next load
 
         # Step 3: active (new) tokens in windows of <= step keys. Causal tile skipping: Q tile i
         # only needs active keys < (i+1)*128, so windows starting at or past that are skipped

@@ -95,3 +95,15 @@ def check_vector_offset(base: NkiTensor, index, indirect_dim):
 def onchip_rank(t: NkiTensor):
     if t.onchip and t.ndim < 2:
         fail("SBUF and PSUM tensors must have at least 2 dimensions (partition-dim and free-dim)")
+
+
+def check_capacity(live, target) -> None:
+    """When a program ends: its live on-chip tensors (``memory.Live``: each from its allocation to
+    its last access) must fit ``target``'s usable SBUF and its PSUM, else the error names the
+    tensor whose allocation reached the peak."""
+    for buf, (peak, name) in live.finish(target).items():
+        cap = (target.sbuf_usable_bytes_per_partition if buf == "sbuf"
+               else target.psum_bytes_per_partition)
+        if peak > cap:
+            fail(f"{buf.upper()} capacity exceeded: with `{name}` allocated, the {buf} tensors still "
+                 f"to be accessed take {peak} bytes per partition; {target.name} has {cap}")

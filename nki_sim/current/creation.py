@@ -33,15 +33,6 @@ def region_name(buffer) -> str:
                     f"(strings are rejected from NKI 0.3); got {buffer!r}")
 
 
-def _capacity(buf: str, alloc: Alloc):
-    tgt = get_target()
-    live = alloc.counter.bytes[buf] if alloc.counter is not None else 0
-    cap = tgt.sbuf_usable_bytes_per_partition if buf == "sbuf" else tgt.psum_bytes_per_partition
-    if live > cap:
-        fail(f"{buf.upper()} capacity exceeded: allocating `{alloc.name}` ({alloc.bytes_pp} bytes per "
-             f"partition) brings live {buf} tensors to {live} bytes per partition; {tgt.name} has {cap}")
-
-
 def _placement(buf: str, alloc: Alloc, shape, address):
     """A tensor placed by ``address=(partition, byte offset)`` must fit the memory; placed
     tensors are not counted as live bytes (kernels reuse addresses on purpose)."""
@@ -92,8 +83,6 @@ def allocate(shape, dtype, buffer, name="", address=None, fill=None) -> NkiTenso
         k.shared_cursor += 1
     if placed:
         _placement(buf, a, shape, address)
-    elif buf in ("sbuf", "psum"):
-        _capacity(buf, a)
     return NkiTensor(a, shape, contiguous_strides(shape), 0, dt)
 
 

@@ -30,6 +30,7 @@ from ..state import KernelContext, state
 from ..target import get_target
 from ..trace import begin_launch
 from . import version
+from .checks import check_capacity
 from .ndarray import NkiTensor, wrap_alloc
 from . import dtypes as T
 
@@ -145,6 +146,7 @@ def run(func, lnc, args, kwargs):
             state.kernel = ctx
             try:
                 ret = func(*bound.args, **bound.kwargs)
+                check_capacity(ctx.live, tgt)
             except Exception as e:
                 from ..runtime import add_context_note
                 add_context_note(e, ctx)

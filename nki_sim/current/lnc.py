@@ -23,7 +23,7 @@ from ..memory import Live
 from ..state import KernelContext, state
 from ..trace import Trace
 from . import version
-from .checks import fail, require_kernel, tile
+from .checks import check_capacity, fail, require_kernel, tile
 
 _BARRIER_TIMEOUT = 120.0
 
@@ -72,6 +72,7 @@ def run_cores(func, bound, ctx_args: dict, lnc: int):
         try:
             with version.use_nki_version(ver), single_threaded(), np.errstate(all="ignore"):
                 results[core] = func(*bound.args, **bound.kwargs)
+                check_capacity(ctx.live, ctx.target)
         except BaseException as e:           # noqa: BLE001 (re-raised in the caller)
             from ..runtime import add_context_note
             add_context_note(e, ctx)

@@ -230,6 +230,7 @@ def alias_alloc(alloc: Alloc, dtype_name: str) -> Alloc:
         alias.written = written          # the same array object (shared bitmap)
         alias.unwritten = int(np.count_nonzero(~written))
     alias.birth_epoch = alloc.birth_epoch
+    alias.rec = alloc.rec               # one storage, one lifetime
     alias.user_array = alloc.user_array
     alias.ever_written = alloc.ever_written
     return alias

@@ -228,3 +228,33 @@ def test_mask_on_the_free_axis_only(rng):
     x = f32(rng, 3, 4)
     out = run(_free_axis_mask, x, n=1)
     assert np.array_equal(out[:, :1], x[:, :1]) and np.all(out[:, 1:] == -1.0)
+
+
+def _one_after_another(x, n_tiles, overlap):
+    """n_tiles (128, 1000) fp32 tiles (4000 B per partition each), all held in a Python list; each
+    is written and read before the next is allocated, and with ``overlap`` read again at the end."""
+    out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+    held = []
+    for _ in range(n_tiles):
+        t = nl.ndarray((128, 1000), nl.float32)
+        t[...] = 1.0
+        held.append((t, nl.copy(t[:, 0:1])))
+    acc = held[-1][1]
+    if overlap:
+        for t, _ in held:
+            acc = nl.maximum(acc, t[:, 0:1])
+    nl.store(out, acc)
+    return out
+
+
+@pytest.mark.parametrize("overlap, over", [(False, False), (True, True)])
+def test_live_bytes_end_at_the_last_access_not_at_the_last_reference(overlap, over):
+    # 50 tiles of 4000 B: 200000 B per partition if all were live, above trn1's usable 180224 B
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as tr:
+        run(_one_after_another, np.zeros((1, 1), np.float32), n_tiles=50, overlap=overlap)
+    s = tr.summary()
+    assert s["sbuf_over_capacity"] is over                       # must-pass / must-fail
+    if not over:
+        assert s["peak_sbuf_bytes_per_partition"] < 2 * 4000 + 64
+    else:
+        assert s["peak_sbuf_bytes_per_partition"] >= 50 * 4000

@@ -63,8 +63,12 @@ CASES = {
                         "partition dimension 256 exceeds maximum 128"),
     "on-chip rank": (lambda x, i: sb((128, 1)), lambda x, i: sb((128,)),
                      r"SBUF and PSUM tensors must have at least 2 dimensions \(partition-dim and free-dim\)"),
-    "sbuf capacity": (lambda x, i: sb((128, 50000)), lambda x, i: [sb((128, 50000)), sb((128, 10000))],
-                      "SBUF capacity exceeded"),
+    # a tensor is live from its allocation to its last access (Python references do not count):
+    # two big tiles one after the other fit, the first read after the second exists does not
+    "sbuf capacity": (lambda x, i: [_filled((128, 50000)), _filled((128, 10000))],
+                      lambda x, i: _overlapping((128, 50000), (128, 10000)),
+                      r"SBUF capacity exceeded: with `\w+` allocated, the sbuf tensors still to be "
+                      r"accessed take 240000 bytes per partition; trn2 has 212984"),
     "psum capacity": (lambda x, i: nl.ndarray((128, 4096), nl.float32, buffer=nl.psum),
                       lambda x, i: nl.ndarray((128, 4097), nl.float32, buffer=nl.psum), "PSUM has 16384"),
     "element count": (lambda x, i: nisa.dma_copy(dst=sb((128, 8)), src=x),
@@ -135,6 +139,11 @@ def _filled(shape, dtype=nl.float32):
     t = sb(shape, dtype)
     nisa.memset(dst=t, value=1.0)
     return t
+
+
+def _overlapping(first, second):
+    a, b = _filled(first), _filled(second)
+    nisa.tensor_copy(dst=a[:, 0:1], src=b[:, 0:1])      # a's last access after b's allocation
 
 
 def _psum(shape):
