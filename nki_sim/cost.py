@@ -37,7 +37,6 @@ kernel launches, ``Event.launch``, run one after the other and their reports add
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from types import MappingProxyType

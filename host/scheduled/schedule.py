@@ -44,7 +44,7 @@ import numpy as np
 from host._arrays import readonly
 from host.scheduled.schedule_items import (DECODE_ITEM_OVERHEAD_KEYS, ITEM_OVERHEAD_KEYS, bucket,
                                            check_seqs, choose_groups_and_partial_tile,
-                                           choose_large_tile, choose_partial_tile,
+                                           choose_large_tile,
                                            class_sequences, group_blocks_for_parts,
                                            item_geometry, q_blocks, schedule_items, split_parts)
 from host.scheduled.fresh_items import phase_fresh

@@ -18,7 +18,7 @@ Tile layout: row p of load l at columns ``[l*bp*d, (l+1)*bp*d)``, token s of tha
 
 from __future__ import annotations
 
-from nki_kernels.contract import PARTITIONS as P, PSUM_BANK_F32
+from nki_kernels.contract import PARTITIONS as P
 from nki_kernels.ops import dtype_name, itemsize
 from nki_kernels.tile_ops import (fill_zero, pe_matmul_transpose_blocks, transpose_bank_cols,
                                   transpose_blocks)

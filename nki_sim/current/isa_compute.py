@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 
 from ..alu import ALU, act_name, alu_name
-from ..engines import gpsimd as G, scalar as S, tensor_engine as TE, vector as V
+from ..engines import scalar as S, tensor_engine as TE, vector as V
 from ..engines.common import pe_written, written_mask
 from ..target import get_target
 from . import version
