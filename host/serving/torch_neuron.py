@@ -256,7 +256,7 @@ def _device_dense(plan, query, key, value, kv_cache):
     v_in = query.new_zeros((1, Hkv, Qpad, d))
     v_in[0, :, :T, :] = value.permute(1, 0, 2)
     out = launch(flash_paged_attention, (1, Hkv), q_in, k_in, v_in, kv_cache, active,
-                 mask, api=plan.api, lnc=1, **plan.kernel_kwargs)
+                 mask, api=plan.api, lnc=plan.lnc, **plan.kernel_kwargs)
     return out[0, :, :T, :].permute(1, 0, 2).contiguous()
 
 

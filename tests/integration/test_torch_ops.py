@@ -320,6 +320,25 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
                                           (copy_cache_blocks.for_api("legacy"), None)]
 
 
+def test_device_path_launches_the_dense_kernel_at_the_logical_cores_lnc(simulated_device,
+                                                                       monkeypatch, tol):
+    # neuronx-cc refuses a kernel configured for another LNC than its own (EVRF066, LNC 2 by
+    # default on trn2): the dense launch leaves the LNC to the environment, as the scheduled one
+    seen = []
+    inner = torch_neuron.launch
+
+    def spy(kernel, grid, *a, lnc=None, **kw):
+        seen.append(lnc)
+        return inner(kernel, grid, *a, lnc=lnc, **kw)
+
+    monkeypatch.setattr(torch_neuron, "launch", spy)
+    b = make_batch(8)
+    out = torch_neuron._paged_attention_xla(*args(b), mixed_precision=False, large_tile_size=512,
+                                            attention_kernel="dense")
+    assert seen == [None]
+    np.testing.assert_allclose(out.numpy(), reference(b), atol=tol("fp32", "float32")[0])
+
+
 def test_device_path_runs_a_mixed_batch_as_one_pair_launch(simulated_device, tol):
     from nki_kernels.scheduled.scheduled_pair import scheduled_pair_attention
 
