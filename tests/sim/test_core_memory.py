@@ -258,3 +258,27 @@ def test_live_bytes_end_at_the_last_access_not_at_the_last_reference(overlap, ov
         assert s["peak_sbuf_bytes_per_partition"] < 2 * 4000 + 64
     else:
         assert s["peak_sbuf_bytes_per_partition"] >= 50 * 4000
+
+
+def _late_legacy_read(x, how):
+    """A 100000 B / partition tile ``a`` read by ``how`` after another one, ``b``, exists (trn1
+    usable: 180224 B)."""
+    out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+    a = nl.ndarray((128, 25000), nl.float32)
+    a[...] = 1.0
+    b = nl.ndarray((128, 25000), nl.float32)
+    b[...] = 2.0
+    if how == "store":
+        nl.store(out, a[:, 0:1])
+    elif how == "matmul":
+        nl.store(out, nl.copy(nl.matmul(a[:, 0:128], b[:, 0:1], transpose_x=True)))
+    else:                                  # no late read: a is dead when b is allocated
+        nl.store(out, b[:, 0:1])
+    return out
+
+
+@pytest.mark.parametrize("how, over", [("store", True), ("matmul", True), ("none", False)])
+def test_legacy_access_paths_extend_the_lifetime(how, over):
+    with nki_sim.use_target("trn1"), nki_sim.tracing() as tr:
+        run(_late_legacy_read, np.zeros((1, 1), np.float32), how=how)
+    assert tr.summary()["sbuf_over_capacity"] is over

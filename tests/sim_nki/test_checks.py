@@ -242,3 +242,29 @@ def test_address_placement_fits_memory_and_nkiobject_keywords():
         idx = None
     p = Params(idx=3)
     assert p.idx == 3
+
+
+def _late_read(how):
+    """A 200000 B / partition tile ``a`` read by ``how`` after a 40000 B tile ``b`` exists."""
+    a = _filled((128, 50000))
+    b = _filled((128, 10000))
+    if how == "dma":
+        out = nl.ndarray((128, 1), nl.float32, buffer=nl.hbm)
+        nisa.dma_copy(dst=out, src=a[:, 0:1])
+    elif how == "matmul":
+        ps = nl.ndarray((8, 8), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=a[:, 0:8], moving=b[:, 0:8])
+    elif how == "activation":
+        nisa.activation(dst=b[:, 0:1], op=nl.exp, data=a[:, 0:1])
+    elif how == "view":
+        t = sb((128, 1))
+        nisa.tensor_copy(dst=t, src=a.view(nl.int32)[:, 0:1])
+
+
+@pytest.mark.parametrize("how", ["dma", "matmul", "activation", "view"])
+def test_every_access_path_extends_a_tensors_lifetime(how):
+    # must-fail: the late read keeps `a` live beside `b` (240000 > 212984 B per partition);
+    # must-pass: the same kernel without it (each tile dead before the next)
+    _run(lambda x, i: [_filled((128, 50000)), _filled((128, 10000))])
+    with pytest.raises(NkiValidationError, match="SBUF capacity exceeded"):
+        _run(lambda x, i: _late_read(how))
