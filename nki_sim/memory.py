@@ -84,15 +84,11 @@ def touch(alloc: "Alloc") -> None:
         rec[1] = live.clock
 
 
-def current_live() -> Live:
-    """Live bytes of the running program, or of this thread's allocations outside any kernel."""
-    s = state
-    k = s.kernel
-    if k is not None and k.live is not None:
-        return k.live
-    if s.live is None:
-        s.live = Live()
-    return s.live
+def current_live() -> Live | None:
+    """The lifetimes of the running program; None outside any kernel (no program to take a
+    peak of: such allocations are not tracked)."""
+    k = state.kernel
+    return k.live if k is not None else None
 
 
 class Alloc:
@@ -145,7 +141,9 @@ class Alloc:
         if count_live and buffer in ONCHIP:
             n = data.size // max(1, data.shape[par_axis]) if data.ndim else 1
             self.bytes_pp = int(n * data.dtype.itemsize)
-            self.rec = current_live().born(buffer, self.bytes_pp, self)
+            live = current_live()
+            if live is not None:
+                self.rec = live.born(buffer, self.bytes_pp, self)
 
     @property
     def name(self) -> str:

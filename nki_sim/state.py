@@ -60,7 +60,6 @@ class _State(threading.local):
         self.targets: list = []       # use_target stack of this thread
         self.overrides: dict = {}     # configure() overrides of this thread (name -> value)
         self.implied: list = []       # poison masks implied by the current instruction's inputs
-        self.live = None              # memory.Live of allocations made outside any kernel
 
     def loop_indices(self) -> tuple:
         k = self.kernel

@@ -4,6 +4,8 @@ whether the kernel left the engine to the compiler (``engine_unspecified``); and
 cost model charges (``nki_sim.cost.assigned_engine``)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -75,7 +77,7 @@ def test_charged_engine_moves_the_busy_time():
     ev = _trace(_psum_copy_and_scalars, x, x)
     rep = cost.estimate(ev, "trn1")
     assert rep.instructions["scalar"] == 2 and rep.instructions["vector"] == 2
-    off = cost.dataclasses.replace(cost.TRN1, compiler_copies_on_scalar=0.0)
+    off = dataclasses.replace(cost.TRN1, compiler_copies_on_scalar=0.0)
     assert cost.estimate(ev, off).instructions["vector"] == 4
 
 
