@@ -240,3 +240,28 @@ def test_random_copies_match_numpy(data):
     expected = reference_copy(layers, mapping)
     copy_blocks(layers, mapping, max_row_bytes=max_row_bytes)
     assert_layers_equal(layers, expected)
+
+
+def test_cache_kernels_at_lnc2_write_what_one_core_writes(rng, monkeypatch):
+    # At LNC 2 (a device's default on trn2) the cache kernels run whole on both cores: a write
+    # and a copy (no row both source and destination) leave the same bytes as on one core
+    import nki_sim
+    from host.cache.cache_ops import reshape_and_cache
+    from nki_kernels.toolchain import LNC_ENV
+
+    layers = random_caches(rng, 2, (2, 10, 2, 4, 8))
+    mapping = disjoint_mapping(rng, 10, 4)
+    key = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    value = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    slots = rng.permutation(40)[:5]
+    done = {}
+    for lnc in ("1", "2"):
+        monkeypatch.setenv(LNC_ENV, lnc)
+        caches = [c.copy() for c in layers]
+        with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+            reshape_and_cache(key, value, caches[0], slots, api="nki")
+            copy_blocks(caches, mapping, api="nki")
+        done[lnc] = caches
+        assert {e.program_id[0] for e in trace.events} == ({0} if lnc == "1" else {0, 1})
+    assert_layers_equal(done["2"], done["1"])
+    assert_layers_equal(done["1"], reference_copy(done["1"], mapping))   # the copy is complete
