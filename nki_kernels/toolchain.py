@@ -31,6 +31,10 @@ from nki_kernels.ops import APIS  # noqa: E402  ("legacy", "nki")
 LEGACY, CURRENT = APIS
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"   # 1 | 2: physical cores per logical core (the launch's LNC)
 PLATFORM_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}     # the platforms' default LNC
+CC_FLAGS_ENV = "NEURON_CC_FLAGS"   # neuronx-cc's extra flags: --lnc / --logical-nc-config N set its LNC
+# neuronx-cc's LNC when nothing sets it, on the current API's platforms (trn2 / trn3): 2; a kernel
+# launched without an LNC is configured for 1, a mismatch neuronx-cc refuses (error EVRF066)
+CURRENT_COMPILER_LNC = 2
 API_ENV = "NKI_PA_API"            # "legacy" | "nki" | "auto": overrides the automatic choice
 TARGETS = ("trn1", "trn2", "trn3")
 # The API the simulator runs when none is asked for, per target.
@@ -176,8 +180,10 @@ class Api:
         with ``item_split`` (a kernel whose host schedule can be cut in item parts, one per
         core: the scheduled kernel), over any Hkv -- as on the current API with ``overlap`` (a
         kernel that runs an odd Hkv's middle head on both cores, ``ops.kv_heads(overlap=True)``:
-        the dense kernel); else 1. On a device with no explicit choice: the environment's, or
-        the compiler's own.
+        the dense kernel); else 1. On a device the launch must use neuronx-cc's LNC (error
+        EVRF066 otherwise): ``lnc``, else the environment variable, else the ``--lnc`` /
+        ``--logical-nc-config`` of ``NEURON_CC_FLAGS``, else the compiler's default on the
+        current API (2: trn2 / trn3); None on the legacy API with nothing set (the legacy grid).
 
         Raises:
             ValueError: ``lnc`` / the environment variable is not 1 or 2.
@@ -189,9 +195,11 @@ class Api:
             env = os.environ.get(LNC_ENV, "").strip()
             if env:
                 lnc, source = env, LNC_ENV
+        if not self.simulated and self.target is None:          # a device: the compiler's LNC
+            lnc, source = self._device_lnc(lnc, source)
+            if lnc is None:
+                return None             # legacy API, nothing set: the legacy grid decides
         if lnc is None:
-            if not self.simulated and self.target is None:
-                return None             # the device's (compiler's) LNC
             want = PLATFORM_LNC.get(self.target, 1)
             return (want if want == 1 or self._can_split(num_kv_heads, want, item_split, overlap)
                     else 1)
@@ -205,10 +213,28 @@ class Api:
             if not self._can_split(num_kv_heads, lnc, item_split, overlap):
                 need = ("nl.nc is needed" if item_split else
                         "an even Hkv and, on the legacy API, nl.nc are needed")
+                fix = ("set NEURON_LOGICAL_NC_CONFIG=1 (neuronx-cc then compiles at LNC 1 too)"
+                       if not self.simulated else "use lnc=1")
                 raise NotImplementedError(
                     f"{source}=2: the {self.name!r} API here cannot split a launch over "
-                    f"{num_kv_heads} KV head(s) between two cores ({need}); use lnc=1")
+                    f"{num_kv_heads} KV head(s) between two cores ({need}); {fix}")
         return lnc
+
+    def _device_lnc(self, lnc, source):
+        """``(lnc, source)`` on a device: the choice made so far, checked against the one in
+        ``NEURON_CC_FLAGS`` (ValueError if they differ: the compile would fail with EVRF066),
+        else that one, else the current API's compiler default."""
+        cc = compiler_lnc()
+        if cc is not None:
+            if lnc is not None and str(lnc) != cc:
+                raise ValueError(f"{source}={lnc!r}, but {CC_FLAGS_ENV} makes neuronx-cc compile at "
+                                 f"LNC {cc}: a kernel must use the compiler's LNC (error EVRF066); "
+                                 "make the two agree")
+            if lnc is None:
+                return cc, f"the --lnc of {CC_FLAGS_ENV}"
+        if lnc is None and self.name == CURRENT:
+            return CURRENT_COMPILER_LNC, "neuronx-cc's default LNC on trn2 / trn3"
+        return lnc, source
 
     def _can_split(self, num_kv_heads, lnc, item_split=False, overlap=False):
         if num_kv_heads % lnc and not (item_split or (overlap and self.name == CURRENT)):
@@ -249,6 +275,22 @@ class Api:
             env = os.environ.get(LNC_ENV, "").strip()
             return (k if cores is None or env == str(cores) else k[cores])(*args, **kwargs)
         return pkg.simulator.simulate_kernel(k, tuple(args), dict(kwargs), cores)
+
+
+def compiler_lnc() -> str | None:
+    """The LNC ``NEURON_CC_FLAGS`` gives neuronx-cc (``--lnc N``, ``--lnc=N``,
+    ``--logical-nc-config N`` or ``=N``; the last one wins), else None."""
+    import shlex
+
+    words = shlex.split(os.environ.get(CC_FLAGS_ENV, ""))
+    found = None
+    for i, w in enumerate(words):
+        for flag in ("--lnc", "--logical-nc-config"):
+            if w == flag and i + 1 < len(words):
+                found = words[i + 1]
+            elif w.startswith(flag + "="):
+                found = w[len(flag) + 1:]
+    return found
 
 
 def _sim_target(target):

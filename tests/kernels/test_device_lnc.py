@@ -1,0 +1,82 @@
+"""The LNC a launch uses on a device (``nki_kernels.toolchain.Api.lnc`` with no simulator target):
+neuronx-cc refuses a kernel configured for another LNC than its own (error EVRF066), and a kernel
+launched without one is configured for 1 while neuronx-cc compiles trn2 / trn3 at 2 by default.
+So with nothing set the current API launches at 2; ``NEURON_LOGICAL_NC_CONFIG`` or the
+``--lnc`` of ``NEURON_CC_FLAGS`` choose otherwise, and the two must agree. The device branch of
+``Api.launch`` is exercised on the simulator's kernel objects (no device here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nki_sim
+from nki_kernels import toolchain
+
+DEVICE = {name: toolchain.Api(name, False, None) for name in ("nki", "legacy")}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    monkeypatch.delenv(toolchain.LNC_ENV, raising=False)
+    monkeypatch.delenv(toolchain.CC_FLAGS_ENV, raising=False)
+    return monkeypatch
+
+
+def test_nothing_set_launches_at_the_compilers_default(clean_env):
+    assert DEVICE["nki"].lnc(None, 8) == 2                            # must-pass: not 1
+    assert DEVICE["nki"].lnc(None, 1, item_split=True) == 2           # the scheduled kernel's parts
+    assert DEVICE["nki"].lnc(None, 3, overlap=True) == 2              # the dense kernel
+    assert DEVICE["legacy"].lnc(None, 8) is None                      # the legacy grid decides
+    with pytest.raises(NotImplementedError, match=r"cannot split a launch over 3 KV head\(s\).*"
+                                                  r"set NEURON_LOGICAL_NC_CONFIG=1"):
+        DEVICE["nki"].lnc(None, 3)                                    # must-fail: no split
+
+
+@pytest.mark.parametrize("flags, want", [
+    ("--lnc=1", 1), ("--lnc 1", 1), ("-O2 --logical-nc-config 2", 2),
+    ("--logical-nc-config=1 --verbose", 1), ("--lnc=2 --lnc=1", 1), ("-O1", 2)])
+def test_the_compiler_flags_set_the_lnc(clean_env, flags, want):
+    clean_env.setenv(toolchain.CC_FLAGS_ENV, flags)
+    assert DEVICE["nki"].lnc(None, 8) == want
+    set_by_flags = "--lnc" in flags or "--logical-nc-config" in flags
+    assert DEVICE["legacy"].lnc(None, 8) == (want if set_by_flags else None)
+
+
+def test_the_environment_and_the_flags_must_agree(clean_env):
+    clean_env.setenv(toolchain.LNC_ENV, "2")
+    clean_env.setenv(toolchain.CC_FLAGS_ENV, "--lnc=2")
+    assert DEVICE["nki"].lnc(None, 8) == 2                            # must-pass
+    clean_env.setenv(toolchain.CC_FLAGS_ENV, "--lnc=1")
+    with pytest.raises(ValueError, match=r"NEURON_LOGICAL_NC_CONFIG='2', but NEURON_CC_FLAGS makes "
+                                         r"neuronx-cc compile at LNC 1.*EVRF066"):
+        DEVICE["nki"].lnc(None, 8)                                    # must-fail
+    clean_env.delenv(toolchain.LNC_ENV)
+    with pytest.raises(ValueError, match=r"lnc=2, but NEURON_CC_FLAGS"):
+        DEVICE["nki"].lnc(2, 8)
+    clean_env.setenv(toolchain.CC_FLAGS_ENV, "--lnc=4")
+    with pytest.raises(ValueError, match=r"the --lnc of NEURON_CC_FLAGS must be 1 or 2; got '4'"):
+        DEVICE["nki"].lnc(None, 8)
+
+
+def test_the_device_launch_brackets_the_compilers_lnc(clean_env, batch_factory,
+                                                      build_kernel_inputs):
+    # no environment variable: the kernel is launched as kernel[2] (here on the simulator's kernel
+    # object, which checks the bracket against the environment as neuronx-cc does; the bracket is
+    # deprecated from NKI 0.7, so setting NEURON_LOGICAL_NC_CONFIG avoids the warning)
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
+
+    b = batch_factory(71, [2, 1], [300, 90], H=4, Hkv=2, d=16, block_size=16)
+    _, inputs = build_kernel_inputs(b, large_tile_size=512)
+    kwargs = dict(softmax_scale=0.25, mixed_precision=True, LARGE_TILE_SZ=512)
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace, pytest.warns(
+            DeprecationWarning, match=r"kernel\[lnc\] is being deprecated"):
+        out = DEVICE["nki"].launch(flash_paged_attention, inputs, kwargs, num_kv_heads=2,
+                                   device=True)
+    assert {e.program_id[0] for e in trace.events} == {0, 1}
+    clean_env.setenv(toolchain.LNC_ENV, "1")
+    with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
+        one = DEVICE["nki"].launch(flash_paged_attention, inputs, kwargs, num_kv_heads=2,
+                                   device=True)
+    assert {e.program_id[0] for e in trace.events} == {0}
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(one))
