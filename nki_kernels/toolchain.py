@@ -30,12 +30,12 @@ from nki_kernels.ops import APIS  # noqa: E402  ("legacy", "nki")
 
 LEGACY, CURRENT = APIS
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"   # 1 | 2: physical cores per logical core (the launch's LNC)
-PLATFORM_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}     # the platforms' default LNC
+MULTI_CORE_LNC = 2                 # the default LNC of trn2 / trn3 (neuronx-cc's), the only >1 value
+PLATFORM_LNC = {"trn1": 1, "trn2": MULTI_CORE_LNC, "trn3": MULTI_CORE_LNC}   # the platforms' defaults
 CC_FLAGS_ENV = "NEURON_CC_FLAGS"   # neuronx-cc's extra flags: --lnc / --logical-nc-config N set its LNC
-# neuronx-cc's LNC when nothing sets it, on the current API's platforms (trn2 / trn3: the same
-# platform default); a kernel launched without an LNC is configured for 1, a mismatch neuronx-cc
-# refuses (error EVRF066)
-CURRENT_COMPILER_LNC = PLATFORM_LNC["trn2"]
+# neuronx-cc's LNC when nothing sets it, on the current API's platforms (trn2 / trn3); a kernel
+# launched without an LNC is configured for 1, a mismatch neuronx-cc refuses (error EVRF066)
+CURRENT_COMPILER_LNC = MULTI_CORE_LNC
 API_ENV = "NKI_PA_API"            # "legacy" | "nki" | "auto": overrides the automatic choice
 TARGETS = ("trn1", "trn2", "trn3")
 # The API the simulator runs when none is asked for, per target.

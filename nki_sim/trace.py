@@ -11,6 +11,7 @@ descriptor.  Events carry no timing: the simulator is eager (see nki_sim/README.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -218,6 +219,32 @@ _basenames: dict = {}        # co_filename -> basename (cache)
 
 
 _depths: dict = {}           # code object of emit's caller -> depths of the kernel frame seen
+_kernel_side: dict = {}      # code object -> whether its frames run inside the kernel call (cache)
+
+
+def _inside_kernel(frame) -> bool:
+    """Whether ``frame`` runs inside the running kernel's call (the kernel function's frame is
+    among its callers), cached per code object: a depth remembered for one call stack may, on
+    another, land on the code that LAUNCHED the kernel (a test calling ``simulate_kernel``), whose
+    caller below is nki_sim too. Checked only on the remembered-depth path; a code object found
+    outside (or too deep to tell) sends events to the full walk, which is always right."""
+    code = frame.f_code
+    inside = _kernel_side.get(code)
+    if inside is None:
+        k = state.kernel
+        top = k.code if k is not None else None
+        if top is None:
+            return True
+        inside, f, n = False, frame, 0
+        while f is not None and n < 64:
+            if f.f_code is top:
+                inside = True
+                break
+            f, n = f.f_back, n + 1
+        if len(_kernel_side) > 50000:     # bounded, as _in_sim_code
+            _kernel_side.clear()
+        _kernel_side[code] = inside
+    return inside
 
 
 def _sim_code(code, frame) -> bool:
@@ -257,7 +284,7 @@ def kernel_src_loc() -> tuple:
         if not (_sim_code(code, f) if sim is None else sim):
             below = getframe(d - 1)
             sim = known.get(below.f_code)
-            if _sim_code(below.f_code, below) if sim is None else sim:
+            if (_sim_code(below.f_code, below) if sim is None else sim) and _inside_kernel(f):
                 base = _basenames.get(code.co_filename)
                 return _loc(f) if base is None else (base, f.f_lineno)
     f, d = caller, 1
@@ -265,7 +292,7 @@ def kernel_src_loc() -> tuple:
         if not _sim_code(f.f_code, f):
             seen = _depths.setdefault(key, [])
             if d not in seen and len(seen) < 8:
-                seen.append(d)
+                bisect.insort(seen, d)        # tried innermost first
             return _loc(f)
         f = f.f_back
         d += 1

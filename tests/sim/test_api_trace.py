@@ -338,3 +338,28 @@ def test_peak_psum_against_eight_banks(rng, n_tiles, over):
     s = trace.summary()
     assert s["peak_psum_bytes_per_partition"] >= n_tiles * 2048
     assert s["psum_over_capacity"] is over
+
+
+class _EveryDepthOutermostFirst(dict):
+    """A stand-in for the remembered kernel-frame depths: for every caller, depths 60 .. 1."""
+
+    def get(self, key, default=None):
+        return list(range(60, 0, -1))
+
+    def setdefault(self, key, default=None):
+        return []
+
+
+def test_src_loc_never_lands_on_the_code_that_launched_the_kernel(indirect, rng, monkeypatch):
+    # the remembered-depth shortcut may offer the frame that called simulate_kernel (outside
+    # nki_sim, with nki_sim below it); it must be refused for the kernel's own line
+    from nki_sim import trace as tr
+
+    monkeypatch.setattr(tr, "_depths", _EveryDepthOutermostFirst())
+    monkeypatch.setattr(tr, "_kernel_side", {})
+    data = rng.standard_normal((64, 96)).astype(ml_dtypes.bfloat16)
+    idx = rng.integers(0, 64, size=(128, 3)).astype(np.int32)
+    with nki_sim.tracing() as trace:
+        nki.simulate_kernel(indirect.three_gathers, data, idx)
+    locs = {e.src_loc for e in _dma(trace) if e.dma_kind == "indirect"}
+    assert locs == {("indirect_kernels.py", _line_of(indirect, "acc[i_p, j * width + i_f] = nl.load("))}
