@@ -7,7 +7,8 @@ Nothing here is a measurement; docs/cost-model.md explains the model and prints 
 (:data:`TRN1`, :data:`TRN2`), each field carrying its unit, its source and whether it is
 documented, derived or an estimate.
 
-Model (all SPMD programs of a launch run on ONE physical NeuronCore, summed; the trace's
+Model (all SPMD programs of a launch on one physical NeuronCore are summed; a launch on both
+cores of a logical core, events tagged ``core``, takes as long as its slower core; the trace's
 kernel launches, ``Event.launch``, run one after the other and their reports add up):
 
 * Compute engines (tensor/vector/scalar/gpsimd): per instruction, the documented cycle formula
@@ -37,6 +38,7 @@ kernel launches, ``Event.launch``, run one after the other and their reports add
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -302,10 +304,38 @@ def estimate(trace_or_events: Any, target: Any = "trn2") -> CostReport:
     Kernel launches run one after the other: each launch (``Event.launch``) is modeled on its
     own (its busiest resource, overlap and DMA fill / drain) and the launches' reports are
     summed (:func:`combine`), so two launches with different bottlenecks -- a decode class
-    bound by DMA and a prefill class bound by ScalarE -- never overlap in the model."""
+    bound by DMA and a prefill class bound by ScalarE -- never overlap in the model. A launch
+    on both physical cores of a logical core (events tagged ``core``) takes as long as its
+    slower core: its report is that core's (plus :data:`API` ``lnc_launch_ns``), so
+    ``modeled_us`` equals :func:`estimate_cores`' ``launch_us``; :func:`estimate_cores` gives
+    every core's report, and ``combine(list(estimate_cores(...).per_core.values()))`` the
+    bytes, FLOPs and instruction counts of all cores."""
     hw = get_constants(target)
     events = getattr(trace_or_events, "events", trace_or_events)
-    return combine([_estimate_launch(evs, hw) for evs in split_launches(events) or [[]]])
+    reports = []
+    for evs in split_launches(events) or [[]]:
+        per_core = _launch_cores(evs, hw)
+        if len(per_core) == 1:
+            reports.append(next(iter(per_core.values())))
+            continue
+        slow = max(per_core.values(), key=lambda r: r.modeled_us)
+        t = slow.modeled_us + _lnc_launch_us()
+        reports.append(dataclasses.replace(slow, modeled_us=t, fraction_of_roofline=(
+            slow.roofline_us / t if t > 0 else 0.0)))
+    return combine(reports)
+
+
+def _launch_cores(events: list, hw: HardwareConstants) -> dict:
+    """``{core: CostReport}`` of one launch's events, by their ``core`` attr (none: core 0)."""
+    cores: dict = {0: []} if not events else {}
+    for ev in events:
+        cores.setdefault(int(_attr(ev, "core", 0) or 0), []).append(ev)
+    return {c: _estimate_launch(e, hw) for c, e in sorted(cores.items())}
+
+
+def _lnc_launch_us() -> float:
+    """:data:`API` ``lnc_launch_ns`` in us: the overhead of a launch on more than one core."""
+    return API.lnc_launch_ns / 1e3
 
 
 def _estimate_launch(events: Iterable[Any], hw: HardwareConstants) -> CostReport:
@@ -399,7 +429,8 @@ def _estimate_launch(events: Iterable[Any], hw: HardwareConstants) -> CostReport
 def estimate_cores(trace_or_events: Any, target: Any = "trn2") -> LaunchReport:
     """Model each logical core of a trace separately (events carry their core in ``attrs``
     ``core``; events without one belong to core 0), launch by launch: a launch takes as long as
-    its slower core (plus :data:`API` ``lnc_launch_ns``) and launches run one after the other,
+    its slower core (plus :data:`API` ``lnc_launch_ns`` when it runs on more than one core) and
+    launches run one after the other,
     so ``launch_us`` is the sum over launches; ``per_core`` holds each core's reports combined
     over the launches (:func:`combine`), ``slowest_core`` the core with the largest of those."""
     hw = get_constants(target)
@@ -407,11 +438,9 @@ def estimate_cores(trace_or_events: Any, target: Any = "trn2") -> LaunchReport:
     launch_us = 0.0
     per_launch: dict = {}
     for evs in split_launches(events) or [[]]:
-        cores: dict = {0: []} if not evs else {}
-        for ev in evs:
-            cores.setdefault(int(_attr(ev, "core", 0) or 0), []).append(ev)
-        reps = {c: _estimate_launch(e, hw) for c, e in sorted(cores.items())}
-        launch_us += max(r.modeled_us for r in reps.values()) + API.lnc_launch_ns / 1e3
+        reps = _launch_cores(evs, hw)
+        launch_us += max(r.modeled_us for r in reps.values()) + (
+            _lnc_launch_us() if len(reps) > 1 else 0.0)
         for c, r in reps.items():
             per_launch.setdefault(c, []).append(r)
     per = {c: combine(rs) for c, rs in sorted(per_launch.items())}

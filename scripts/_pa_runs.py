@@ -163,8 +163,8 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
     e.g. ``trn2-lnc2-legacy``. Per-engine and DMA times are the slower core's;
     bytes, FLOPs and instruction counts are of all cores."""
     from nki_sim import cost
-    rep = cost.estimate(trace, target)
     launch = cost.estimate_cores(trace, target)
+    rep = cost.combine(list(launch.per_core.values()))     # bytes, FLOPs, counts of all cores
     work = useful_work(w, **(geometry or {}))
     roof = useful_roofline_us(work, target)
     roof_us = roof["us"] / lnc
@@ -191,7 +191,7 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
         bottleneck=slow.bottleneck,
         dma_engine_max_us=slow.dma_engine_max_us, dma_queue_us=slow.dma_queue_us,
         dma_hbm_cap_us=slow.dma_hbm_cap_us, exposed_latency_us=slow.exposed_latency_us,
-        cost_model_fraction_of_roofline=rep.fraction_of_roofline,
+        cost_model_fraction_of_roofline=rep.roofline_us / lnc / launch.launch_us,
         instructions=len(trace.events), sim_seconds=sim_s,
         meta={k: v for k, v in meta.items() if k not in ("mask_bytes", "index_bytes")})
 
