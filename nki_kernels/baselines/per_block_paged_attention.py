@@ -33,8 +33,8 @@ import functools
 from nki_kernels.toolchain import nki, nisa, nl
 from nki_kernels.constants import B_P_SIZE, tile_geometry
 from nki_kernels.dense.flash_paged_attention import flash_paged_attention_body, output_shape
+from nki_kernels.dense.kv_load import transpose_keys
 from nki_kernels.ops import legacy as legacy_ops
-from nki_kernels.tile_ops import transpose_blocks
 
 
 @nki.jit
@@ -112,5 +112,5 @@ def load_kv_tile_per_block(ops, kv_flat, block_rows, tile_idx, *, n_loads, tiled
             v_tile[:, nl.ds(l * row_w, row_w)] = nisa.tensor_copy(
                 v_rows, dtype=kernel_dtype, engine=nisa.scalar_engine)
         # the product loader's K transposes, call for call (nki_kernels/dense/kv_load.py)
-        transpose_blocks(ops, k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp, evac="scalar")
+        transpose_keys(ops, k_tile, l, k_rows, v_tile, tiled_block_size=bp, head_size=d)
     return k_tile, v_tile

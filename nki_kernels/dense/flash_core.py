@@ -10,8 +10,12 @@ State per (Q tile, query head) "slot" s, kept in SBUF across KV tiles (all rows 
     nm_buf[:, s]          NEGATED running row max -m of the masked, scaled scores (fp32); kept
                           negated because -m is the bias of every exp()
     l_buf[:, s]           running row sum of exp(score - m) (fp32; plain sum, not log-sum-exp)
-    o_buf[:, s*d:(s+1)*d] running un-normalised output sum_k exp(score_k - m) v_k (acc dtype)
-Initial state (set by the caller): nm = -M_FLOOR, l = 0, o = 0. Final output: o / max(l, L_FLOOR).
+    o_buf[:, s*w:(s+1)*w] (w = d + 1) running un-normalised output sum_k exp(score_k - m) v_k
+                          (acc dtype) in columns 0 .. d-1, and in column d the same sum of the
+                          keys' fault flags (``nki_kernels.dense.finite``): > 0 iff the row
+                          saw a key whose K or V was not finite
+Initial state (set by the caller): nm = -M_FLOOR, l = 0, o = 0. Final output: o / max(l, L_FLOOR),
+NaN in every row whose fault column is > 0.
 See ``nki_kernels.constants`` for why masked scores use NEG_MASK with m starting at M_FLOOR:
 masked keys contribute exactly 0, an all-masked tile changes nothing, and a row masked
 everywhere ends with o = l = 0 (output exactly 0).
@@ -20,8 +24,8 @@ everywhere ends with o = l = 0 (output exactly 0).
 from __future__ import annotations
 
 from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK, STEP_KEYS
+from nki_kernels.dense.finite import value_stride
 from nki_kernels.tile_ops import transpose_blocks
-
 
 def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
                          k_start, width, kernel_dtype, use_dma_transpose):
@@ -32,11 +36,13 @@ def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, 
         q_tile: SBUF ``(d, 128)`` kernel_dtype, already multiplied by the softmax scale
             (column r = query row r of the Q tile).
         k_tile: SBUF ``(d, >= k_start + width)`` kernel_dtype; column c = key c.
-        v_tile: SBUF ``(128, ...)`` kernel_dtype; columns ``[(c//128)*d, (c//128+1)*d)`` at
-            partition ``c % 128`` hold the value of key c (the layout of ``load_kv_tile``).
+        v_tile: SBUF ``(128, ...)`` kernel_dtype, the layout of ``finite.finite_values``: columns
+            ``[(c//128)*w, (c//128)*w + d)`` at partition ``c % 128`` hold the value of key c
+            (w = d + 1), column ``(c//128)*w + d`` its fault flag.
         mask_tile: SBUF ``(128, >= width)`` bool / uint8 (a tile or a column slice of one);
             ``mask_tile[r, c]`` = row r may see key k_start + c.
-        o_buf, nm_buf, l_buf: SBUF state tiles (module docstring), updated in place.
+        o_buf, nm_buf, l_buf: SBUF state tiles (module docstring; o_buf's slots d + 1 wide),
+            updated in place.
         slot: state slot index (int or loop expression).
         k_start: first key (Python int, multiple of 128).
         width: W (Python int, multiple of 128, <= STEP_KEYS: bounds the per-step SBUF tiles).
@@ -50,7 +56,7 @@ def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, 
         Pr = exp(S + nm_new) (kernel_dtype), rs = rowsum(exp(S + nm_new)) (fp32)  [ScalarE, fused]
         l = alpha*l + rs;  nm = nm_new
         P^T in 128x128 blocks (DMA or PE transpose)
-        o = alpha*o + sum_k P^T_k^T V_k                   (PSUM accumulation over 128-key chunks)
+        o = alpha*o + sum_k P^T_k^T [V_k | fault_k]       (PSUM accumulation over 128-key chunks)
     """
     P = B_P_SIZE
     d = q_tile.shape[0]
@@ -101,60 +107,23 @@ def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, 
     else:
         transpose_blocks(ops, probs_t, 0, probs, 0, P, n_k, evac="scalar")
 
-    # Step 5: P V over 128-key chunks, accumulated in one PSUM tile.
-    v_col = (k_start // P) * d
-    pv = ops.psum((P, d), f32)
+    # Step 5: P [V | fault] over 128-key chunks, accumulated in one PSUM tile (the fault column
+    # is one more moving column: a row's sum of the probabilities of the faulty keys it saw).
+    w = value_stride(d)
+    v_col = (k_start // P) * w
+    pv = ops.psum((P, w), f32)
     for k in ops.static_range(n_k):
-        ops.matmul(pv, probs_t[:, ops.ds(k * P, P)], v_tile[:, ops.ds(v_col + k * d, d)],
+        ops.matmul(pv, probs_t[:, ops.ds(k * P, P)], v_tile[:, ops.ds(v_col + k * w, w)],
                    accumulate=k > 0)
 
     # l = alpha * l + rowsum;  nm = nm_new;  o = alpha * o + P V.
     l_col = l_buf[:, ops.ds(slot, 1)]
     ops.tensor_scalar(l_col, l_col, "multiply", alpha, op1="add", operand1=row_sum)
     ops.copy(nm_buf[:, ops.ds(slot, 1)], nm_new)
-    o_view = o_buf[:, ops.ds(slot * d, d)]
-    scaled = ops.sbuf((P, d), acc_dtype)
+    o_view = o_buf[:, ops.ds(slot * w, w)]
+    scaled = ops.sbuf((P, w), acc_dtype)
     ops.tensor_tensor(scaled, o_view, alpha, "multiply")
     ops.tensor_tensor(o_view, scaled, pv, "add")
-
-
-def visible_values(ops, v_tile, mask_tile, ones, *, head_size, kernel_dtype):
-    """``v_tile`` with the value rows of keys that NO row of the Q tile may see set to 0.
-
-    A masked key's probability is exactly 0, but 0 * NaN (or Inf) in the P V matmul is NaN: a
-    cache slot no query may see (a block tail past a sequence's context, padding entries of the
-    block table pointing at block 0, another batch's data) must not reach the output. The
-    per-key visibility count ``mask^T 1`` comes from TensorE (one 128-key chunk per matmul,
-    keys on partitions like the V chunks) and a select (never a multiply) zeroes the unseen
-    rows. A key some row of the tile may see keeps its value, so a sequence's OWN visible NaN
-    still reaches the other rows of the same 128-row Q tile (0 * NaN); other tiles, and every
-    row of a tile that does not see it, stay clean.
-
-    Args:
-        ops: the op layer.
-        v_tile: SBUF ``(128, W//128 * d)`` kernel_dtype (the ``load_kv_tile`` layout).
-        mask_tile: SBUF ``(128, W)`` bool / uint8, ``mask_tile[r, c]`` = row r may see key c.
-        ones: SBUF ``(128, 1)`` kernel_dtype of ones (allocated once by the caller).
-        head_size: d.  kernel_dtype: dtype of v_tile and the result.
-
-    Returns:
-        SBUF ``(128, W//128 * d)`` kernel_dtype.
-    """
-    P = B_P_SIZE
-    d = head_size
-    n_k = mask_tile.shape[1] // P
-    mask_k = ops.sbuf((P, n_k * P), kernel_dtype)
-    ops.copy(mask_k, mask_tile, engine="gpsimd")                   # idle engine
-    seen = ops.psum((P, n_k), ops.float32)
-    for k in ops.parallel_range(n_k):
-        ops.matmul(seen[:, ops.ds(k, 1)], mask_k[:, ops.ds(k * P, P)], ones)
-    # the counts as predicates (a count > 0 selects): one conversion for every chunk on the
-    # current API, none on the legacy API (nl.where takes float predicates)
-    vis = ops.flags(seen, 0, 1, n_k)
-    v_out = ops.sbuf((P, n_k * d), kernel_dtype)
-    for k in ops.parallel_range(n_k):
-        ops.where(v_out[:, ops.ds(k * d, d)], vis.column(k, P), v_tile[:, ops.ds(k * d, d)], 0.0)
-    return v_out
 
 
 def _masked_scores(ops, scores, q_tile, k_tile, mask_tile, k_start, c0, cw, row_max=None):

@@ -21,7 +21,9 @@ from nki_kernels.dense.block_tables import load_block_tables
 from nki_kernels.constants import (B_P_SIZE, FP32_EXACT_INT, L_FLOOR, M_FLOOR, MAX_BLOCK_SIZE,
                                    MAX_HEAD_SIZE, MAX_LARGE_TILE, MIN_BLOCK_SIZE, MIN_LARGE_TILE,
                                    BLOCK_TABLE_BUDGET_BYTES, STEP_KEYS, tile_geometry)
-from nki_kernels.dense.flash_core import flash_attention_tile, visible_values
+from nki_kernels.dense.finite import (FAULT_NAN, finite_columns, finite_values, poison_values,
+                                     value_stride)
+from nki_kernels.dense.flash_core import flash_attention_tile
 from nki_kernels.dense.kv_load import flat_kv_view, load_kv_tile
 from nki_kernels.ops import KernelFamily, dtype_name, itemsize
 from nki_kernels.sbuf_plan import q_tiles_per_group
@@ -152,13 +154,13 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
             -m, l, o = -M_FLOOR, 0, 0; Qs = scale * Q   for every slot (Q tile i, query head g)
             for j in sequential_range(n_tiles):               # context: one KV load per KV head
                 K, V = load_kv(kv_flat, rows, j)               # nL indirect DMAs each for K and V
-                for i: V_i = visible_values(V, mask[i, tile j])  # keys no row of Q tile i sees -> 0
-                    for g, step s of <= 2048 keys:
-                        flash_attention_tile(Qs[i, g], K[:, s], V_i[:, s], mask[i, tile j][:, s], state[i, g])
+                Vf = finite_values(V)             # non-finite value rows -> 0, + a fault column
+                for i, g, step s of <= 2048 keys:
+                    flash_attention_tile(Qs[i, g], K[:, s], Vf[:, s], mask[i, tile j][:, s], state[i, g])
             for active window w (<= 2048 keys):               # new tokens, causal tile skipping
-                for i with (i+1)*128 > w0, g: flash_attention_tile(Qs[i, g], K_w, V_w,
+                for i with (i+1)*128 > w0, g: flash_attention_tile(Qs[i, g], K_w, finite_values(V_w),
                                                    mask[i, ctx + w0 : ctx + min(w0+2048, (i+1)*128)])
-            out[i, g] = o / max(l, L_FLOOR)
+            out[i, g] = o / max(l, L_FLOOR), NaN where the row's fault sum > 0
     """
     # Step 0: validate inputs and derive the geometry (plain Python on shapes and dtypes).
     cfg = _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
@@ -214,6 +216,11 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
     n_groups = (n_q + q_per_group - 1) // q_per_group
     f32 = ops.float32
 
+    gen2 = ops.nc_gen() == "gen2"       # PE transposes spread non-finite values (finite.py)
+    ones_d = None
+    if gen2:
+        ones_d = ops.sbuf((d, 1), kd)
+        ops.memset(ones_d, 1.0)
     if n_tiles > 0:
         # Flat-cache rows of every large tile for this KV head: (128, nL * n_tiles) int32.
         # The head enters the row ids (legacy) or the gathers' HBM offset (current API).
@@ -221,8 +228,6 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                                           cfg.T, cfg.Hkv)
         rows = load_block_tables(ops, block_tables, num_tiles=n_tiles, blocks_per_tile=cfg.M,
                                  tiling_factor=cfg.T, num_kv_heads=cfg.Hkv, head_row=head_row)
-        ones = ops.sbuf((P, 1), kd)                                 # visible_values' reducer
-        ops.memset(ones, 1.0)
 
     for grp in ops.static_range(n_groups):         # static: the last group may be smaller
         i0 = grp * q_per_group
@@ -233,14 +238,19 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
         nm_buf = ops.sbuf((P, n_slots), f32)                          # -max
         ops.memset(nm_buf, -M_FLOOR)
         l_buf = ops.zeros((P, n_slots), f32)
-        o_buf = ops.zeros((P, n_slots * d), acc)
+        sw = value_stride(d)                                # o and the fault column per slot
+        o_buf = ops.zeros((P, n_slots * sw), acc)
         q_buf = ops.sbuf((d, n_slots * P), kd)
+        q_faults = ops.sbuf((P, n_slots), f32) if gen2 else None   # non-finite Q channels
         for ii in ops.parallel_range(nqg):
             for g in ops.parallel_range(G):
                 q_raw = ops.sbuf((d, P), query.dtype)
                 ops.load(q_raw, query[0, head * G + g, :, ops.ds((i0 + ii) * P, P)])
-                ops.tensor_scalar(q_buf[:, ops.ds((ii * G + g) * P, P)], q_raw, "multiply",
-                                  cfg.scale)
+                q_slot = q_buf[:, ops.ds((ii * G + g) * P, P)]
+                ops.tensor_scalar(q_slot, q_raw, "multiply", cfg.scale)
+                if gen2:        # P's PE transposes would spread a non-finite query row
+                    counts = finite_columns(ops, q_slot, ones_d, kernel_dtype=kd)
+                    ops.copy(q_faults[:, ops.ds(ii * G + g, 1)], counts)
 
         # Step 2: context tiles -- every Q tile of the group against every context tile (the
         # mask removes other sequences' and padding tokens); one KV load per tile and group.
@@ -249,12 +259,11 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                 k_tile, v_tile = run.load_kv(ops, kv_flat, rows, j, n_loads=cfg.n_loads,
                                              tiled_block_size=cfg.bp, head_size=d,
                                              kernel_dtype=kd)
+                # non-finite value rows -> 0 and a fault flag (garbage-safe P V)
+                v_seen = finite_values(ops, v_tile, head_size=d, kernel_dtype=kd)
                 for ii in ops.parallel_range(nqg):
                     mask_tile = ops.sbuf((P, LT), mask.dtype)
                     ops.load(mask_tile, mask[ops.ds((i0 + ii) * P, P), ops.ds(j * LT, LT)])
-                    # values of keys no row of this Q tile may see -> 0 (garbage-safe P V)
-                    v_seen = visible_values(ops, v_tile, mask_tile, ones, head_size=d,
-                                            kernel_dtype=kd)
                     for g in ops.parallel_range(G):
                         slot = ii * G + g
                         for st in ops.static_range(LT // step):    # online-softmax steps
@@ -277,6 +286,10 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
             v_act = ops.sbuf((P, (wt // P) * d), kd)
             for c in ops.parallel_range(wt // P):
                 ops.load_cast(v_act[:, ops.ds(c * d, d)], value[0, head, ops.ds(w0 + c * P, P), :])
+            if gen2:            # the new tokens' K^T, element by element; faults into V
+                poison_values(ops, v_act, finite_columns(ops, k_act, ones_d, kernel_dtype=kd),
+                              head_size=d)
+            v_act = finite_values(ops, v_act, head_size=d, kernel_dtype=kd)
             for ii in ops.static_range(nqg):
                 n_keys = (i0 + ii + 1) * P
                 if n_keys <= w0:
@@ -291,14 +304,24 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                                          width=width, kernel_dtype=kd,
                                          use_dma_transpose=run.use_dma_t)
 
-        # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0.
+        # Step 4: normalise and store. Fully masked rows have o = 0, l = 0 -> 0 / L_FLOOR = 0;
+        # a row that saw a non-finite value (fault column > 0) is NaN, as in the reference.
         for ii in ops.parallel_range(nqg):
             for g in ops.parallel_range(G):
                 slot = ii * G + g
                 l_safe = ops.sbuf((P, 1), f32)
                 ops.floored_divisors(l_safe, l_buf[:, ops.ds(slot, 1)], L_FLOOR)
+                fault = o_buf[:, ops.ds(slot * sw + d, 1)]
+                if gen2:
+                    total = ops.sbuf((P, 1), f32)
+                    ops.tensor_tensor(total, fault, q_faults[:, ops.ds(slot, 1)], "add")
+                    fault = total
+                clean = ops.sbuf((P, 1), f32)
+                ops.tensor_tensor(clean, fault, 0.0, "equal")
+                l_div = ops.sbuf((P, 1), f32)                 # NaN divisor for a faulty row
+                ops.where(l_div, clean, l_safe, FAULT_NAN)
                 out_tile = ops.sbuf((P, d), query.dtype)
-                ops.divide_by(out_tile, o_buf[:, ops.ds(slot * d, d)], l_safe)
+                ops.divide_by(out_tile, o_buf[:, ops.ds(slot * sw, d)], l_div)
                 ops.dma(out[0, head * G + g, ops.ds((i0 + ii) * P, P), :], out_tile)
 
 

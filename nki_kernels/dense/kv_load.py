@@ -21,6 +21,7 @@ column c on the same token; for b' == 1 the order is the natural one.
 from __future__ import annotations
 
 from nki_kernels.constants import B_P_SIZE
+from nki_kernels.dense.finite import finite_key_rows
 from nki_kernels.ops import dtype_name
 from nki_kernels.tile_ops import transpose_blocks
 
@@ -77,8 +78,19 @@ def load_kv_tile(ops, kv_flat, block_rows, tile_idx, *, n_loads, tiled_block_siz
             _gather_cast(ops, v_tile[:, ops.ds(l * row_w, row_w)], kv_flat, 1, block_rows, col)
         k_rows = ops.sbuf((B_P_SIZE, row_w), kernel_dtype)
         _gather_cast(ops, k_rows, kv_flat, 0, block_rows, col)
-        transpose_blocks(ops, k_tile, l * B_P_SIZE * bp, k_rows, 0, d, bp, evac="scalar")
+        transpose_keys(ops, k_tile, l, k_rows, v_tile, tiled_block_size=bp, head_size=d)
     return k_tile, v_tile
+
+
+def transpose_keys(ops, k_tile, load, k_rows, v_tile, *, tiled_block_size, head_size):
+    """K rows of load ``load`` (SBUF ``(128, b'*d)``) into ``k_tile``'s columns ``[load*128*b',
+    (load+1)*128*b')`` by PE transposes; on NeuronCore-v2, whose transposes spread a non-finite
+    element along its transposed row, the non-finite key rows are zeroed first and their fault
+    moved into ``v_tile``'s rows of the same keys (``finite.finite_key_rows``)."""
+    bp, d = tiled_block_size, head_size
+    if ops.nc_gen() == "gen2":
+        finite_key_rows(ops, k_rows, v_tile, load * bp * d, head_size=d)
+    transpose_blocks(ops, k_tile, load * B_P_SIZE * bp, k_rows, 0, d, bp, evac="scalar")
 
 
 def _gather_cast(ops, dst, kv_flat, kv, block_rows, col):

@@ -9,7 +9,8 @@ and call its destination-passing ops. Both modules provide the same names; the l
 lowers each op to the call the kernels made before the layer existed (same instructions), the
 current one to the documented ``nisa.op(dst=..., ...)`` form (``.ap()`` / ``vector_offset``
 indirect DMAs, plain ``range`` loops, no ``mask=``, no SPMD grid; its DMA ops live in
-``nki_kernels.ops.current_dma``, re-exported). Only these modules (and
+``nki_kernels.ops.current_dma``, re-exported; the legacy ones in ``legacy_dma``). Only these
+modules (and
 ``nki_kernels.toolchain``, which chooses the API) name ``neuronxcc.nki`` or ``nki``.
 
 Interface (``ops`` below is either module; ``dst`` is always written, never returned):
@@ -41,7 +42,10 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      columns' divisors at once) where where_max (+ its row max; current API)
                      tensor_reduce (negate=) scalar_reduce
                      (``data op0 operand0`` and its row reduction) range_select_max (start=)
-                     matmul (accumulate=) transpose; flags(src, col0, stride, n): 0/1 float
+                     matmul (accumulate=) transpose; where_chunks(dst, dst_stride, pred, src,
+                     n, width) (a select per chunk, one flag each), tensor_scalar_columns /
+                     tensor_tensor_columns(dst, col0, stride, ...) (every ``stride``-th column,
+                     one instruction); flags(src, col0, stride, n): 0/1 float
                      columns as predicates (``.column(i, rows)``; current API: converted once); engines by name ("scalar", "vector",
                      "gpsimd"), ALU ops and activation functions by name ("add", "exp", ...)
     DMA              load(dst, src) direct; gather(dst, table, idx, idx_col, lead=, col0=,

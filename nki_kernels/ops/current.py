@@ -387,6 +387,31 @@ def transpose(dst, src):
     nisa.nc_transpose(dst=dst, data=src)
 
 
+def tensor_scalar_columns(dst, col0, stride, data, op0, operand0, op1=None, operand1=None):
+    """``dst[:, col0 + i * stride] = (data[:, i] op0 operand0) op1 operand1`` for i < n, ``data``
+    (P, n): one instruction writing every ``stride``-th column (a strided ``.ap`` destination)."""
+    tensor_scalar(free_view(dst, ((stride, data.shape[1]),), col0=col0), data, op0, operand0,
+                  op1=op1, operand1=operand1)
+
+
+def tensor_tensor_columns(dst, col0, stride, b, op):
+    """``dst[:, col0 + i * stride] = dst[:, col0 + i * stride] op b[:, i]`` for i < n, ``b``
+    (P, n): one instruction on every ``stride``-th column (strided ``.ap`` views)."""
+    cols = free_view(dst, ((stride, b.shape[1]),), col0=col0)
+    tensor_tensor(cols, cols, b, op)
+
+
+def where_chunks(dst, dst_stride, pred, src, count, width, on_false=0.0):
+    """``dst[:, k*dst_stride : +width] = where(pred[:, k], src[:, k*width : +width], on_false)``
+    for k < count (``pred`` (P, count), one flag per chunk): one select over (P, count, width)
+    access patterns, the predicate's chunk flag broadcast along the chunk (step 0)."""
+    p = _predicate(pred)
+    nisa.select_reduce(dst=free_view(dst, ((dst_stride, count), (1, width))),
+                       predicate=free_view(p, ((1, count), (0, width))),
+                       on_true=free_view(src, ((width, count), (1, width))),
+                       on_false=float(on_false))
+
+
 def engine_names(engine):
     """Engine names are the interface here already."""
     return engine

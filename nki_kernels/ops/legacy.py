@@ -25,7 +25,7 @@ FP32_MIN = float(np.finfo(np.float32).min)
 _ENGINES = {None: None, "scalar": nisa.scalar_engine, "vector": nisa.vector_engine,
             "gpsimd": nisa.gpsimd_engine}
 _ALU = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-        "minimum": np.minimum, "max": np.max, "min": np.min}
+        "minimum": np.minimum, "max": np.max, "min": np.min, "equal": np.equal}
 _NL = {"add": nl.add, "subtract": nl.subtract, "multiply": nl.multiply, "maximum": nl.maximum,
        "minimum": nl.minimum, "less": nl.less, "equal": nl.equal, "divide": nl.divide}
 _ACT = {"exp": np.exp, "tanh": np.tanh, "abs": np.abs, "relu": nl.relu, "copy": np.copy}
@@ -343,66 +343,34 @@ def transpose(dst, src):
     dst[...] = nisa.nc_transpose(src)
 
 
-# ---- DMA --------------------------------------------------------------------------------------
-def load(dst, src):
-    """Direct DMA of an HBM region into an on-chip tile."""
-    dst[...] = nl.load(src)
+def tensor_scalar_columns(dst, col0, stride, data, op0, operand0, op1=None, operand1=None):
+    """``dst[:, col0 + i * stride] = (data[:, i] op0 operand0) op1 operand1`` for i < n, ``data``
+    (P, n): one instruction writing every ``stride``-th column (an ``nl.arange`` index
+    expression on the destination)."""
+    kw = {} if op1 is None else {"op1": _ALU[op1], "operand1": operand1}
+    i_p = nl.arange(data.shape[0])[:, None]
+    i_f = nl.arange(data.shape[1])[None, :]
+    dst[i_p, col0 + i_f * stride] = nisa.tensor_scalar(data, _ALU[op0], operand0,
+                                                       dtype=dst.dtype, **kw)
 
 
-def gather(dst, table, idx, idx_col, *, lead=(), col0=0, tokens=1, step=0, width=None,
-           dst_step=None):
-    """``dst[p, :] = table[*lead, idx[p, idx_col], col0 : col0 + n]`` for the ``P, n`` of ``dst``;
-    rows whose index is out of bounds are skipped (``dst`` keeps them). ``tokens > 1``: the row's
-    ``tokens`` pieces of ``w`` elements (``width``, default ``n / tokens``) lie ``step`` apart
-    and land ``dst_step`` (default w) apart,
-    ``dst[p, s*dst_step + e] = table[*lead, idx[p, idx_col], col0 + s*step + e]`` (one indirect
-    DMA; an ``nl.arange`` expression over (partition, piece, element))."""
-    if tokens > 1:
-        w = dst.shape[1] // tokens if width is None else width
-        i_p = nl.arange(dst.shape[0])[:, None, None]
-        i_s = nl.arange(tokens)[None, :, None]
-        i_e = nl.arange(w)[None, None, :]
-        src = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_s * step + i_e)]
-        out = i_s * (w if dst_step is None else dst_step) + i_e
-        nisa.dma_copy(dst=dst[i_p, out], src=src, oob_mode=nisa.oob_mode.skip)
-        return
-    i_p = nl.arange(dst.shape[0])[:, None]
-    i_f = nl.arange(dst.shape[1])[None, :]
-    src = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_f if col0 else i_f)]
-    nisa.dma_copy(dst=dst[i_p, i_f], src=src, oob_mode=nisa.oob_mode.skip)
+def tensor_tensor_columns(dst, col0, stride, b, op):
+    """``dst[:, col0 + i * stride] = dst[:, col0 + i * stride] op b[:, i]`` for i < n, ``b``
+    (P, n): one instruction on every ``stride``-th column (``nl.arange`` index expressions)."""
+    i_p = nl.arange(b.shape[0])[:, None]
+    i_f = nl.arange(b.shape[1])[None, :]
+    dst[i_p, col0 + i_f * stride] = _NL[op](dst[i_p, col0 + i_f * stride], b, dtype=dst.dtype)
 
 
-def scatter(table, idx, idx_col, src, *, lead=(), col0=0):
-    """``table[*lead, idx[p, idx_col], col0 : col0 + n] = src[p, :]``; out-of-bounds rows skipped."""
-    i_p = nl.arange(src.shape[0])[:, None]
-    i_f = nl.arange(src.shape[1])[None, :]
-    dst = table[tuple(lead) + (idx[i_p, idx_col], col0 + i_f if col0 else i_f)]
-    nisa.dma_copy(dst=dst, src=src[i_p, i_f], oob_mode=nisa.oob_mode.skip)
-
-
-def has_gather_transpose(dtype, width):
-    """Trace-time flag: an indirect (gather) DMA transpose; the legacy API documents none."""
-    del dtype, width
-    return False
-
-
-def has_sbuf_dma_transpose(dtype):
-    """Trace-time flag: an on-chip DMA transpose of a multi-block view. The legacy API's
-    ``nisa.dma_transpose`` (v3) returns a new tile of one 2-D block; this layer does not use it
-    (128-row blocks move 256 B per partition, below the DMA's efficient descriptor size)."""
-    del dtype
-    return False
-
-
-def transpose_on_dma(dst, dst_col, src, src_col, n_blocks, width=128):
-    raise NotImplementedError("the legacy ops layer has no SBUF DMA transpose of block views; "
-                              "check ops.has_sbuf_dma_transpose(dtype) and use transpose()")
-
-
-def gather_transpose(dst, table, idx, idx_col, *, tokens, width, lead=(), col0=0, step=None,
-                     src_col0=0):
-    raise NotImplementedError("the legacy NKI API has no indirect DMA transpose; check "
-                              "has_gather_transpose() and use PE transposes")
+def where_chunks(dst, dst_stride, pred, src, count, width, on_false=0.0):
+    """``dst[:, k*dst_stride : +width] = where(pred[:, k], src[:, k*width : +width], on_false)``
+    for k < count (``pred`` (P, count), one flag per chunk): one ``nl.where`` over
+    (P, count, width) ``nl.arange`` index expressions, the flag broadcast along its chunk."""
+    i_p = nl.arange(src.shape[0])[:, None, None]
+    i_k = nl.arange(count)[None, :, None]
+    i_w = nl.arange(width)[None, None, :]
+    dst[i_p, i_k * dst_stride + i_w] = nl.where(pred[i_p, i_k], src[i_p, i_k * width + i_w],
+                                                on_false, dtype=dst.dtype)
 
 
 def engine_names(engine):
@@ -413,56 +381,6 @@ def engine_names(engine):
         if obj is engine or (obj is not None and engine is not None and obj == engine):
             return name
     raise ValueError(f"unknown legacy engine {engine!r}")
-
-
-# ---- cache kernels: row-tile views of HBM row tensors and in-place arguments -----------------
-# (added for the KV-cache write / block copy / MLA cache kernels; see the ops package docstring)
-from nki_kernels.toolchain import nt  # noqa: E402
-
-MUTABLE = nt.mutable_tensor     # annotation of a kernel argument the kernel writes in place
-
-
-def row_block(table, first, stride, parts, count):
-    """View ``(parts, count, F)`` of a 2-D HBM row tensor ``table`` (R, F):
-    ``[p, t, :] = table[p * stride + first + t, :]`` (one ``nl.arange`` index expression)."""
-    i_p = nl.arange(parts)[:, None, None]
-    i_t = nl.arange(count)[None, :, None]
-    i_f = nl.arange(table.shape[1])[None, None, :]
-    return table[i_p * stride + first + i_t, i_f]
-
-
-def rows(table, start, n):
-    """View ``(n, F)`` of rows ``start .. start + n - 1`` of a 2-D HBM row tensor ``table``."""
-    i_p = nl.arange(n)[:, None]
-    i_f = nl.arange(table.shape[1])[None, :]
-    return table[start + i_p, i_f]
-
-
-def gather_rows(dst, table, idx, idx_col):
-    """``dst[p, :] = table[idx[p, idx_col], :]`` (2-D ``table``); every index must be in bounds
-    (no skip: an out-of-bounds row is an error). ``nl.load`` of an ``nl.arange`` expression."""
-    i_p = nl.arange(dst.shape[0])[:, None]
-    i_f = nl.arange(dst.shape[1])[None, :]
-    dst[...] = nl.load(table[idx[i_p, idx_col], i_f])
-
-
-def scatter_rows(table, idx, idx_col, src):
-    """``table[idx[p, idx_col], :] = src[p, :]`` (2-D ``table``); every index in bounds."""
-    i_p = nl.arange(src.shape[0])[:, None]
-    i_f = nl.arange(src.shape[1])[None, :]
-    nl.store(table[idx[i_p, idx_col], i_f], value=src)
-
-
-def load_cast(dst, src):
-    """Direct DMA of an HBM region into an on-chip tile of another float dtype: ``nl.load``
-    with ``dtype=`` (the legacy load converts on the way in)."""
-    dst[...] = nl.load(src, dtype=dst.dtype)
-
-
-def dma_transpose_block(dst, src):
-    """``dst = src.T`` for one 2-D block of a 2-byte dtype, SBUF -> SBUF on the DMA engines
-    (``nisa.dma_transpose``, NeuronCore-v3; vLLM's kernel transposes P so)."""
-    dst[...] = nisa.dma_transpose(src)
 
 
 def check_head_grid(kernel, num_kv_heads):
@@ -477,7 +395,5 @@ def check_head_grid(kernel, num_kv_heads):
                  f"be [1, Hkv] = [1, {num_kv_heads}]", list(grid))
 
 
-def dma(dst, src):
-    """Direct DMA ``dst <- src`` written as ``nisa.dma_copy`` (e.g. into a column range of an
-    existing tile; :func:`load` is the ``nl.load`` form)."""
-    nisa.dma_copy(dst=dst, src=src)
+# ---- DMA (nki_kernels.ops.legacy_dma, re-exported: one op-layer namespace) --------------------
+from nki_kernels.ops.legacy_dma import *  # noqa: E402,F401,F403

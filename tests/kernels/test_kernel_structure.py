@@ -12,7 +12,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "nki_kernels"
-NKI_MODULES = {"ops/legacy.py", "ops/current.py", "ops/current_dma.py", "toolchain.py"}
+NKI_MODULES = {"ops/legacy.py", "ops/legacy_dma.py", "ops/current.py", "ops/current_dma.py",
+               "toolchain.py"}
 # the benchmarks' legacy-API baseline kernels (not product kernels) import the legacy package
 LEGACY_ONLY = {"baselines/per_block_paged_attention.py", "baselines/kv_write_per_token.py",
                "baselines/block_copy_batched.py"}

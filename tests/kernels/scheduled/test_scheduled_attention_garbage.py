@@ -179,9 +179,9 @@ def test_a_sequences_own_garbage_stays_in_that_sequence(what, seq, poison, batch
 
 @pytest.mark.parametrize("poison", ["nan", "inf"])
 def test_dense_kernel_keeps_block_tail_garbage_out_of_every_output(poison, batch_factory):
-    # The dense kernel gathers whole blocks; the values of keys no row of a 128-row Q tile may
-    # see are zeroed before P V (nki_kernels.dense.flash_core.visible_values, docs/layouts.md §16.6),
-    # so NaN / Inf in block tails changes no output bit (it used to turn the whole tile NaN).
+    # The dense kernel gathers whole blocks; value rows that are not finite are zeroed before
+    # P V (nki_kernels.dense.finite, docs/layouts.md §16.6), so NaN / Inf in block tails, which
+    # no query sees, changes no output bit.
     b = _batch(batch_factory, np.float32)
     clean = _run(b, kernel="dense")
     assert np.isfinite(clean).all()
