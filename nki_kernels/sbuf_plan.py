@@ -24,6 +24,7 @@ import warnings
 
 from nki_kernels.contract import (PARTITIONS as B_P_SIZE, SBUF_USABLE,  # noqa: F401
                                   STATE_BUDGET_BYTES, STEP_KEYS)
+from nki_kernels.dense.finite import value_stride
 # Slack for the allocator (alignment, the small per-step (128, 1) tiles, PSUM-evacuation copies).
 SBUF_MARGIN = 16 * 1024
 
@@ -37,7 +38,7 @@ def working_set_bytes(*, large_tile, head_size, tiled_block_size, kernel_itemsiz
     LT, d, bp = large_tile, head_size, tiled_block_size
     step = min(LT, STEP_KEYS)
     kv_tiles = 2 * (LT * kernel_itemsize + (LT // B_P_SIZE) * d * kernel_itemsize + LT) + \
-        (LT // B_P_SIZE) * (d + 1) * kernel_itemsize
+        (LT // B_P_SIZE) * value_stride(d) * kernel_itemsize
     load = bp * d * cache_itemsize + (bp * d * kernel_itemsize if cache_itemsize != kernel_itemsize else 0)
     compute = 4 * step + 2 * step * kernel_itemsize
     return kv_tiles + load + compute
@@ -46,7 +47,7 @@ def working_set_bytes(*, large_tile, head_size, tiled_block_size, kernel_itemsiz
 def q_tiles_per_group(*, nc_gen, n_q_tiles, heads_per_kv, large_tile, head_size, tiled_block_size,
                       kernel_itemsize, acc_itemsize, cache_itemsize, table_bytes, kernel):
     """Q tiles whose online-softmax state and scaled Q stay in SBUF together (>= 1)."""
-    slot = (head_size + 1) * acc_itemsize + 8 + B_P_SIZE * kernel_itemsize
+    slot = value_stride(head_size) * acc_itemsize + 8 + B_P_SIZE * kernel_itemsize
     per_tile = heads_per_kv * slot
     fixed = working_set_bytes(large_tile=large_tile, head_size=head_size,
                               tiled_block_size=tiled_block_size, kernel_itemsize=kernel_itemsize,
