@@ -52,13 +52,13 @@ def check_api(api: Any) -> str | None:
 
 def check_lnc(api: str | None, lnc: Any, num_kv_heads: int) -> None:
     """Validate a dense-kernel launch's ``lnc`` (``nki_kernels.toolchain.Api.lnc`` with the
-    dense kernel's ``overlap_heads``: any Hkv on the current API, an even one on the legacy API)
+    dense kernel's ``odd_heads``: any Hkv on the current API, an even one on the legacy API)
     before any work: ValueError for a value other than 1 / 2, NotImplementedError for 2 where
     it cannot run, naming what to use instead."""
     from nki_kernels import toolchain
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
-    toolchain.resolve_api(api).lnc(lnc, num_kv_heads, overlap=flash_paged_attention.overlap_heads)
+    toolchain.resolve_api(api).lnc(lnc, num_kv_heads, odd_heads=flash_paged_attention.odd_heads)
 
 
 def item_parts_for(api: str | None, lnc: Any, num_kv_heads: int) -> int:

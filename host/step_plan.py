@@ -253,7 +253,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``; the
         cores split the KV heads; scheduled kernel: two cores over an odd Hkv cut each class's
         schedule in two item parts, so the plan's launches must run on two cores; dense
-        kernel: an odd Hkv's middle head runs on both cores, current API only),
+        kernel: an odd Hkv's last head split by query tiles, current API only),
         kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
             "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
             (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),

@@ -173,14 +173,14 @@ class Api:
         return family.for_api(self.name)
 
     def lnc(self, lnc=None, num_kv_heads: int = 2, *, item_split: bool = False,
-            overlap: bool = False) -> int:
+            odd_heads: bool = False) -> int:
         """Physical cores a launch uses (the logical core's LNC): ``lnc`` (1 | 2), else the
         environment variable ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (:data:`PLATFORM_LNC`:
         2 on trn2 / trn3, 1 on trn1) when this API can split the launch (the current API: its
         KV heads by ``nl.program_id(0)``; legacy: ``nl.nc`` SPMD programs) over an even Hkv or,
         with ``item_split`` (a kernel whose host schedule can be cut in item parts, one per
-        core: the scheduled kernel), over any Hkv -- as on the current API with ``overlap`` (a
-        kernel that runs an odd Hkv's middle head on both cores, ``ops.kv_heads(overlap=True)``:
+        core: the scheduled kernel), over any Hkv -- as on the current API with ``odd_heads`` (a
+        kernel that splits an odd Hkv's last head between the cores by query tiles:
         the dense kernel); else 1. On a device the launch must use neuronx-cc's LNC (error
         EVRF066 otherwise): ``lnc``, else the environment variable, else the ``--lnc`` /
         ``--logical-nc-config`` of ``NEURON_CC_FLAGS``, else the compiler's default on the
@@ -202,7 +202,7 @@ class Api:
                 return None             # legacy API, nothing set: the legacy grid decides
         if lnc is None:
             want = PLATFORM_LNC.get(self.target, 1)
-            return (want if want == 1 or self._can_split(num_kv_heads, want, item_split, overlap)
+            return (want if want == 1 or self._can_split(num_kv_heads, want, item_split, odd_heads)
                     else 1)
         if str(lnc) not in ("1", "2") or isinstance(lnc, bool):
             raise ValueError(f"{source} must be 1 or 2; got {lnc!r}")
@@ -211,7 +211,7 @@ class Api:
             if self.target == "trn1":
                 raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
                                           "NeuronCore; use lnc=1")
-            if not self._can_split(num_kv_heads, lnc, item_split, overlap):
+            if not self._can_split(num_kv_heads, lnc, item_split, odd_heads):
                 need = ("nl.nc is needed" if item_split else
                         "an even Hkv and, on the legacy API, nl.nc are needed")
                 fix = ("set NEURON_LOGICAL_NC_CONFIG=1 (neuronx-cc then compiles at LNC 1 too)"
@@ -237,8 +237,8 @@ class Api:
             return CURRENT_COMPILER_LNC, "neuronx-cc's default LNC on trn2 / trn3"
         return lnc, source
 
-    def _can_split(self, num_kv_heads, lnc, item_split=False, overlap=False):
-        if num_kv_heads % lnc and not (item_split or (overlap and self.name == CURRENT)):
+    def _can_split(self, num_kv_heads, lnc, item_split=False, odd_heads=False):
+        if num_kv_heads % lnc and not (item_split or (odd_heads and self.name == CURRENT)):
             return False
         return self.name == CURRENT or hasattr(self.ops.nl, "nc")
 
@@ -248,7 +248,7 @@ class Api:
         LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
         its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. A schedule
         cut in ``item_parts`` > 1 parts runs on exactly that many cores, each core its part of
-        every head (legacy grid ``[nl.nc(2), Hkv]``); a family with ``overlap_heads`` splits an
+        every head (legacy grid ``[nl.nc(2), Hkv]``); a family with ``odd_heads`` splits an
         odd Hkv on the current API too (:meth:`lnc`). ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator).
@@ -264,7 +264,7 @@ class Api:
                                f"active (NKI_PA_BACKEND={BACKEND_REQUEST!r}); use backend='sim' "
                                "or 'auto'")
         cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1,
-                         overlap=family.overlap_heads)
+                         odd_heads=family.odd_heads)
         if item_parts > 1 and cores != item_parts:
             raise ValueError(f"lnc must be {item_parts} for a schedule in {item_parts} item "
                              f"parts (plan it with the launch's lnc); got {cores}")

@@ -4,7 +4,7 @@ One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): on the lega
 program per KV head (grid ``[1, Hkv]``, ``flash_paged_attention[1, Hkv]``; LNC=2: ``[1,
 nl.spmd_dim(nl.nc(2), Hkv/2)]``), on the current API one launch looping over the KV heads
 (``flash_paged_attention.for_api("nki")``; LNC=2: each physical core over its half, an odd Hkv's
-middle head on both). Interface of vLLM's ``flash_paged_attention`` after PR #13245 / #15911 (fused
+last head split between the cores by query tiles). Interface of vLLM's ``flash_paged_attention`` after PR #13245 / #15911 (fused
 ``kv_cache``); host wrappers live in ``host/attention.py``.
 """
 
@@ -79,7 +79,7 @@ def _build(ops):
     return flash_paged_attention
 
 
-flash_paged_attention = KernelFamily(_build, "flash_paged_attention", overlap_heads=True)
+flash_paged_attention = KernelFamily(_build, "flash_paged_attention", odd_heads=True)
 
 
 def output_shape(query):
@@ -187,8 +187,13 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
         kernel=KERNEL)
     run = _Run(cfg=cfg, LT=LARGE_TILE_SZ, use_dma_t=dma_t_ok and p_transpose != "pe",
                q_per_group=q_per_group, load_kv=load_kv)
-    for head in ops.kv_heads(Hkv, overlap=True):    # LNC=2: each core its half (odd Hkv: +1)
-        _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out)
+    args = (query, key, value, kv_cache, block_tables, mask, out)
+    core, cores = ops.launch_core()
+    odd = Hkv % cores                  # current API, LNC=2, odd Hkv: the last head by Q tiles
+    for head in ops.kv_heads(Hkv - odd):            # LNC=2: each core its half of the rest
+        _head(ops, run, head, *args)
+    if odd:
+        _head(ops, run, Hkv - 1, *args, q_part=(core, cores))
     return out
 
 
@@ -204,13 +209,23 @@ class _Run:
     load_kv: Any
 
 
-def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
-    """Every Q-tile group of one KV head (the body of :func:`flash_paged_attention_body`)."""
+def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out, q_part=None):
+    """Every Q-tile group of one KV head (the body of :func:`flash_paged_attention_body`), or
+    with ``q_part = (core, 2)`` this core's half of its Q tiles: ``ceil(n_q / 2)`` tiles from
+    tile ``core * (n_q - ceil(n_q / 2))`` (an odd n_q's middle tile on both cores, which store
+    the same values); the first tile enters the HBM offsets of the Q, mask and output accesses
+    (``nl.program_id`` arithmetic, as ``ops.head_rows``), and the new tokens' causal skipping
+    is decided for the later core's tiles (the earlier core's extra keys are masked)."""
     cfg, LT = run.cfg, run.LT
     kd, acc = getattr(ops, cfg.kernel_dtype), getattr(ops, cfg.acc_dtype)   # the op layer's dtypes
     G, d, Qpad, n_tiles, ctx = cfg.G, cfg.d, cfg.Qpad, cfg.n_tiles, cfg.ctx
     P = B_P_SIZE
     n_q = Qpad // P
+    q0 = q_last = 0                        # this core's first Q tile; the later core's (static)
+    if q_part is not None:
+        core, cores = q_part
+        n_own = -(-n_q // cores)
+        q0, q_last, n_q = core * (n_q - n_own), (cores - 1) * (n_q - n_own), n_own
     step = min(LT, STEP_KEYS)              # keys per online-softmax step (divides LT)
     q_per_group = run.q_per_group
     n_groups = (n_q + q_per_group - 1) // q_per_group
@@ -245,7 +260,7 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
         for ii in ops.parallel_range(nqg):
             for g in ops.parallel_range(G):
                 q_raw = ops.sbuf((d, P), query.dtype)
-                ops.load(q_raw, query[0, head * G + g, :, ops.ds((i0 + ii) * P, P)])
+                ops.load(q_raw, query[0, head * G + g, :, ops.ds((q0 + i0 + ii) * P, P)])
                 q_slot = q_buf[:, ops.ds((ii * G + g) * P, P)]
                 ops.tensor_scalar(q_slot, q_raw, "multiply", cfg.scale)
                 if gen2:        # P's PE transposes would spread a non-finite query row
@@ -263,7 +278,7 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                 v_seen = finite_values(ops, v_tile, head_size=d, kernel_dtype=kd)
                 for ii in ops.parallel_range(nqg):
                     mask_tile = ops.sbuf((P, LT), mask.dtype)
-                    ops.load(mask_tile, mask[ops.ds((i0 + ii) * P, P), ops.ds(j * LT, LT)])
+                    ops.load(mask_tile, mask[ops.ds((q0 + i0 + ii) * P, P), ops.ds(j * LT, LT)])
                     for g in ops.parallel_range(G):
                         slot = ii * G + g
                         for st in ops.static_range(LT // step):    # online-softmax steps
@@ -278,9 +293,9 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
         # and the last needed window is cut at (i+1)*128. Static loops: widths differ.
         for w in ops.static_range((Qpad + step - 1) // step):
             w0 = w * step
-            if (i0 + nqg) * P <= w0:
+            if (q_last + i0 + nqg) * P <= w0:
                 continue                           # no Q tile of this group reaches window w
-            wt = min(step, (i0 + nqg) * P - w0)
+            wt = min(step, (q_last + i0 + nqg) * P - w0)
             k_act = ops.sbuf((d, wt), kd)
             ops.load_cast(k_act, key[0, head, :, ops.ds(w0, wt)])
             v_act = ops.sbuf((P, (wt // P) * d), kd)
@@ -291,12 +306,12 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                               head_size=d)
             v_act = finite_values(ops, v_act, head_size=d, kernel_dtype=kd)
             for ii in ops.static_range(nqg):
-                n_keys = (i0 + ii + 1) * P
+                n_keys = (q_last + i0 + ii + 1) * P
                 if n_keys <= w0:
                     continue
                 width = min(wt, n_keys - w0)
                 mask_tile = ops.sbuf((P, width), mask.dtype)
-                ops.load(mask_tile, mask[ops.ds((i0 + ii) * P, P), ops.ds(ctx + w0, width)])
+                ops.load(mask_tile, mask[ops.ds((q0 + i0 + ii) * P, P), ops.ds(ctx + w0, width)])
                 for g in ops.parallel_range(G):
                     slot = ii * G + g
                     flash_attention_tile(ops, q_buf[:, ops.ds(slot * P, P)], k_act, v_act,
@@ -322,7 +337,7 @@ def _head(ops, run, head, query, key, value, kv_cache, block_tables, mask, out):
                 ops.where(l_div, clean, l_safe, FAULT_NAN)
                 out_tile = ops.sbuf((P, d), query.dtype)
                 ops.divide_by(out_tile, o_buf[:, ops.ds(slot * sw, d)], l_div)
-                ops.dma(out[0, head * G + g, ops.ds((i0 + ii) * P, P), :], out_tile)
+                ops.dma(out[0, head * G + g, ops.ds((q0 + i0 + ii) * P, P), :], out_tile)
 
 
 def _is_pow2(x) -> bool:

@@ -25,10 +25,10 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      step 0 broadcasts), bitcast(t, dt), filled_as_words(shape, dt, fill) (a
                      1- or 2-byte tile written through its float32 view)
     loops, programs  static_range / parallel_range / sequential_range (legacy: nl.static_range /
-                     affine_range / sequential_range; current: range); kv_heads(Hkv,
-                     overlap=): the KV heads this program runs (legacy: its SPMD program;
-                     current: all of them in a loop, under LNC=2 this core's half, by
-                     ``nl.program_id(0)``; ``overlap``: an odd Hkv's middle head on both);
+                     affine_range / sequential_range; current: range); kv_heads(Hkv): the KV
+                     heads this program runs (legacy: its SPMD program; current: all of them
+                     in a loop, under LNC=2 this core's half, by ``nl.program_id(0)``);
+                     launch_core(): ``(core, cores)`` of this program (legacy: ``(0, 1)``);
                      head_rows(table, head, rows_per_head, Hkv): where a head enters gathered
                      row ids (legacy: the ids, by iota; current: the DMA's HBM offset);
                      launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
@@ -136,12 +136,12 @@ class KernelFamily:
     legacy kernel object keep working.
     """
 
-    def __init__(self, build, name: str, *, overlap_heads: bool = False):
+    def __init__(self, build, name: str, *, odd_heads: bool = False):
         self._build = build
         self.__name__ = name
-        # the kernel splits its heads with kv_heads(overlap=True): on the current API an odd
-        # Hkv runs on two cores too (nki_kernels.toolchain.Api.lnc)
-        self.overlap_heads = overlap_heads
+        # the kernel runs an odd Hkv on two cores of the current API too (the dense kernel:
+        # the heads but the last split by head, the last by query tiles; toolchain.Api.lnc)
+        self.odd_heads = odd_heads
         self._jitted = {}
         self._lock = threading.Lock()
 

@@ -103,24 +103,22 @@ def static_range(n):
 parallel_range = sequential_range = static_range
 
 
-def kv_heads(num_kv_heads, item_parts=1, overlap=False):
+def kv_heads(num_kv_heads, item_parts=1):
     """The KV heads this launch runs: all; under LNC=2 (``nl.num_programs(0) == 2``) the Hkv / 2
-    of core ``nl.program_id(0)``, or all with ``item_parts`` = 2 (each core its part of the items).
-    ``overlap``: an odd Hkv is split too, each core running ceil(Hkv / 2) heads -- core c heads
-    ``c * (Hkv - ceil(Hkv / 2)) + j`` -- so one head runs on both cores, which write the same
-    values (a kernel whose heads write disjoint outputs and nothing else: the dense kernel)."""
+    of core ``nl.program_id(0)`` (core c heads ``c * Hkv / 2 + j``), or all with ``item_parts``
+    = 2 (each core its part of the items)."""
     cores = nl.num_programs(axes=0)
     if item_parts not in (1, cores):
         raise ValueError(f"a schedule in {item_parts} item parts needs a launch on "
                          f"{item_parts} cores; this one runs on {cores}")
     if cores == 1 or item_parts != 1:
         return range(num_kv_heads)
-    if num_kv_heads % cores and not overlap:
+    if num_kv_heads % cores:
         raise NotImplementedError(f"a launch on {cores} cores splits its KV heads evenly; "
                                   f"Hkv = {num_kv_heads} is not a multiple of {cores}: use lnc=1 "
                                   "or a schedule in item parts")
-    per = -(-num_kv_heads // cores)
-    return [nl.program_id(axis=0) * (num_kv_heads - per) + j for j in range(per)]
+    per = num_kv_heads // cores
+    return [nl.program_id(axis=0) * per + j for j in range(per)]
 
 
 def head_rows(table, head, rows_per_head, num_kv_heads):

@@ -109,11 +109,10 @@ parallel_range = nl.affine_range
 sequential_range = nl.sequential_range
 
 
-def kv_heads(num_kv_heads, item_parts=1, overlap=False):
+def kv_heads(num_kv_heads, item_parts=1):
     """The KV heads this program runs: one per program, ``program_id(1)`` of the ``[1, Hkv]``
-    SPMD grid (or of the ``[nl.nc(2), Hkv]`` grid of a schedule cut in item parts; ``overlap``
-    has no use: the grid places the programs)."""
-    del num_kv_heads, item_parts, overlap
+    SPMD grid (or of the ``[nl.nc(2), Hkv]`` grid of a schedule cut in item parts)."""
+    del num_kv_heads, item_parts
     return (nl.program_id(axis=1),)
 
 

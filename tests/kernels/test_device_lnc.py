@@ -26,7 +26,7 @@ def clean_env(monkeypatch):
 def test_nothing_set_launches_at_the_compilers_default(clean_env):
     assert DEVICE["nki"].lnc(None, 8) == 2                            # must-pass: not 1
     assert DEVICE["nki"].lnc(None, 1, item_split=True) == 2           # the scheduled kernel's parts
-    assert DEVICE["nki"].lnc(None, 3, overlap=True) == 2              # the dense kernel
+    assert DEVICE["nki"].lnc(None, 3, odd_heads=True) == 2              # the dense kernel
     assert DEVICE["legacy"].lnc(None, 8) is None                      # the legacy grid decides
     with pytest.raises(NotImplementedError, match=r"cannot split a launch over 3 KV head\(s\).*"
                                                   r"set NEURON_LOGICAL_NC_CONFIG=1"):

@@ -1,6 +1,6 @@
 """The dense vLLM-interface kernel on both physical cores of a trn2 logical core (LNC=2): the KV
-heads split between the cores (current API: each core loops over its half, an odd Hkv's middle
-head on both; legacy API: ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), outputs bit-identical to LNC=1
+heads split between the cores (current API: each core loops over its half, an odd Hkv's last
+head split by query tiles; legacy API: ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), outputs bit-identical to LNC=1
 and within tolerance of the float64 reference, garbage in unseen cache slots never reaching the
 output, the modeled launch time being the slower core's, the platform's LNC as the default of
 both host entry points, and two cores refused where they cannot run."""
@@ -25,12 +25,13 @@ QLENS, CLENS = [130, 1, 3], [700, 1500, 40]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _run(b, api, lnc, kv_cache=None, mixed=True):
+def _run(b, api, lnc, kv_cache=None, mixed=True, **kw):
     with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
         out = paged_attention(b.query, b.key, b.value,
                               b.kv_cache if kv_cache is None else kv_cache, b.block_tables,
                               b.query_lens, b.context_lens, kernel="dense", backend="sim",
-                              large_tile_size=512, mixed_precision=mixed, api=api, lnc=lnc)
+                              large_tile_size=512, mixed_precision=mixed, api=api, lnc=lnc,
+                              **kw)
     return out, trace
 
 
@@ -51,27 +52,36 @@ def test_two_cores_match_one_core_and_the_reference(batch_factory, tol, api, hkv
     rep1, rep2 = (cost.estimate_cores(t, "trn2") for t in (t1, t2))
     per = [r.modeled_us for r in rep2.per_core.values()]
     assert rep2.launch_us == pytest.approx(max(per))
-    # each core runs ceil(Hkv / 2) of the Hkv heads: modeled time ~ that share of one core's
-    share = -(-hkv // 2) / hkv
-    assert rep2.launch_us < (share + 0.05) * rep1.launch_us
-    assert rep2.launch_us > (share - 0.05) * rep1.launch_us
+    ratio = rep2.launch_us / rep1.launch_us
+    if hkv % 2 == 0:                # each core runs half of the heads
+        assert 0.45 < ratio < 0.55
+    else:                           # floor(Hkv / 2) heads and half of the last head's Q tiles
+        assert _stores(t1)[0] >= 2 * 2 * hkv                 # >= 2 Q tiles per query head
+        half, whole = (hkv // 2 + 0.5) / hkv, (hkv // 2 + 1) / hkv
+        assert half - 0.05 < ratio < whole - 0.05            # below the whole last head on both
 
 
-def test_each_core_runs_its_heads(batch_factory):
-    # current API, Hkv = 3: core 0 runs heads 0, 1 and core 1 heads 1, 2 (the middle head on
-    # both), so each core stores 2/3 of the output tiles one core stores
-    b = batch_factory(62, [2, 1], [300, 90], H=6, Hkv=3, d=16, block_size=16)
+def _stores(trace):
+    """Output tile stores (DMAs into HBM) per core."""
+    n = {}
+    for e in trace.events:
+        if e.engine == "dma" and e.dst_buffer == "hbm":
+            n[e.attr("core", 0)] = n.get(e.attr("core", 0), 0) + 1
+    return n
 
-    def stores(trace):
-        n = {}
-        for e in trace.events:
-            if e.engine == "dma" and e.dst_buffer == "hbm":
-                n[e.attr("core", 0)] = n.get(e.attr("core", 0), 0) + 1
-        return n
 
-    one = stores(_run(b, "nki", 1)[1])
-    two = stores(_run(b, "nki", 2)[1])
-    assert one[0] % 3 == 0 and two == {0: one[0] * 2 // 3, 1: one[0] * 2 // 3}
+@pytest.mark.parametrize("qlens, n_q", [([2, 1], 1), ([130, 1, 3], 2), ([300, 90], 4)])
+def test_each_core_runs_its_heads_and_its_half_of_the_last_heads_q_tiles(batch_factory, qlens,
+                                                                         n_q):
+    # current API, Hkv = 3, G = 2 (unpacked: one output tile per query head and Q tile): core 0
+    # runs head 0 and core 1 head 1, and each its half of head 2's n_q query tiles (an odd n_q's
+    # middle tile on both, which store the same values)
+    b = batch_factory(62, qlens, [300, 90, 40][:len(qlens)], H=6, Hkv=3, d=16, block_size=16)
+    one = _stores(_run(b, "nki", 1, gqa_packing=False)[1])
+    two = _stores(_run(b, "nki", 2, gqa_packing=False)[1])
+    assert one == {0: 3 * 2 * n_q}
+    per_core = 2 * n_q + 2 * -(-n_q // 2)
+    assert two == {0: per_core, 1: per_core}
 
 
 @pytest.mark.parametrize("api, hkv", [("nki", 2), ("nki", 3), ("legacy", 2)])
@@ -138,7 +148,7 @@ def test_two_cores_where_they_cannot_run_are_refused_before_any_work(batch_facto
             paged_attention(*b.args(), kernel="dense", backend="sim", api="legacy", lnc=2)
 
 
-def test_kv_heads_overlap_splits_an_odd_count():
+def test_kv_heads_splits_an_even_count_and_refuses_an_odd_one():
     from nki_kernels.ops import current
 
     class _NL:          # nl.num_programs / nl.program_id of core `core` of a 2-core launch
@@ -156,9 +166,9 @@ def test_kv_heads_overlap_splits_an_odd_count():
         split = {}
         for core in (0, 1):
             current.nl = _NL(core)
-            split[core] = list(current.kv_heads(3, overlap=True))
-            assert list(current.kv_heads(4, overlap=True)) == list(current.kv_heads(4))  # even
-        assert split == {0: [0, 1], 1: [1, 2]}                                      # must-pass
+            split[core] = list(current.kv_heads(4))
+            assert list(current.kv_heads(0)) == []           # Hkv = 1: no head split by head
+        assert split == {0: [0, 1], 1: [2, 3]}                                       # must-pass
         with pytest.raises(NotImplementedError, match="Hkv = 3 is not a multiple of 2"):
             current.kv_heads(3)                                                     # must-fail
     finally:
