@@ -4,8 +4,8 @@ One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): on the lega
 program per KV head (grid ``[1, Hkv]``, ``flash_paged_attention[1, Hkv]``; LNC=2: ``[1,
 nl.spmd_dim(nl.nc(2), Hkv/2)]``), on the current API one launch looping over the KV heads
 (``flash_paged_attention.for_api("nki")``; LNC=2: each physical core over its half, an odd Hkv's
-last head split between the cores by query tiles). Interface of vLLM's ``flash_paged_attention`` after PR #13245 / #15911 (fused
-``kv_cache``); host wrappers live in ``host/attention.py``.
+last head split between the cores by query tiles). Interface of vLLM's ``flash_paged_attention``
+after PR #13245 / #15911 (fused ``kv_cache``); host wrappers live in ``host/attention.py``.
 """
 
 from __future__ import annotations
