@@ -73,6 +73,7 @@ class Trace:
         self.targets: dict = {}      # target name -> {"sbuf": peak, "psum": peak} of runs on it
         self.writers: dict = {}      # allocation id -> seq of the event that last wrote it
         self.launch = 0              # kernel launches begun while tracing (Event.launch)
+        self.call_sites_past = ()    # path fragments src_loc skips past (tracing())
 
     def _note_run(self, target):
         self.targets.setdefault(target.name, {"sbuf": 0, "psum": 0})
@@ -175,9 +176,16 @@ def split_launches(events) -> list:
 
 
 @contextlib.contextmanager
-def tracing():
-    """Record events of all kernels simulated inside the block."""
+def tracing(call_sites_past=()):
+    """Record events of all kernels simulated inside the block.
+
+    ``call_sites_past``: path fragments (e.g. ``"kernels/ops/"``) of helper modules that a
+    profile wants to see through: an event's ``src_loc`` is then the innermost frame outside
+    the simulator AND outside every file whose path contains one of them -- the line that
+    called the helper -- instead of the helper's own line (slower: each event walks its
+    frames)."""
     t = Trace()
+    t.call_sites_past = tuple(call_sites_past)
     state.traces.append(t)
     try:
         yield t
@@ -264,6 +272,18 @@ def _loc(frame) -> tuple:
     return (base, frame.f_lineno)
 
 
+def call_site_loc(past) -> tuple:
+    """(file basename, line) of the innermost frame outside nki_sim and outside every file
+    whose path contains a fragment of ``past`` (:func:`tracing`'s ``call_sites_past``)."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not _sim_code(f.f_code, f) and not any(p in fn for p in past):
+            return _loc(f)
+        f = f.f_back
+    return ("", 0)
+
+
 def kernel_src_loc() -> tuple:
     """(file basename, line) of the innermost frame outside the nki_sim package.
 
@@ -324,7 +344,8 @@ def emit(engine, op, *, name="", in_shapes=(), out_shape=(), in_dtypes=(), out_d
         "in_dtypes": tuple([d if type(d) is str else dname(d) for d in in_dtypes]),
         "out_dtype": out_dtype if type(out_dtype) is str else dname(out_dtype),
         "partitions": int(partitions), "free_elems": int(free_elems), "bytes": int(nbytes),
-        "src_loc": kernel_src_loc(),
+        "src_loc": (call_site_loc(traces[-1].call_sites_past) if traces[-1].call_sites_past
+                    else kernel_src_loc()),
         "loop_indices": tuple([f.value for f in k.loops]) if k else (),
         "program_id": tuple(k.program_id) if k else (),
         "dma_kind": dma_kind, "src_buffer": src_buffer, "dst_buffer": dst_buffer,

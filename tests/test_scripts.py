@@ -17,7 +17,7 @@ OWN = ("bench_block_copy", "bench_cache_write", "bench_floors", "bench_gqa_packi
        "bench_host_prep",
        "bench_kv_dma_modes", "bench_kv_layout", "bench_lnc_parts", "bench_masked_weight",
        "bench_prefill_choices", "bench_schedule_whatif", "bench_sim_speed", "bench_variants",
-       "time_flash_sim")
+       "profile_call_sites", "time_flash_sim")
 
 
 @pytest.fixture
@@ -58,7 +58,9 @@ def test_json_folder_is_checked_before_the_run(name, tmp_path, capsys, load_scri
     ("bench_kv_dma_modes", ["--markdown", "no-such-folder/page"]),
     ("bench_lnc_parts", ["--markdown", "no-such-folder/page"]),
     ("bench_masked_weight", ["--markdown", "no-such-folder/page"]),
-    ("bench_prefill_choices", ["--markdown", "no-such-folder/page"])])
+    ("bench_prefill_choices", ["--markdown", "no-such-folder/page"]),
+    ("profile_call_sites", ["--top", "0"]), ("profile_call_sites", ["decode_8:trn3"]),
+    ("profile_call_sites", ["decode_8"])])
 def test_bad_arguments_exit_2_before_the_run(name, bad, capsys, load_script):
     with pytest.raises(SystemExit) as e:
         load_script(name).main(["--quick", *bad])
@@ -456,3 +458,19 @@ def test_floor_grows_with_the_work(load_script):
     fl.prefill(2048, 2048, wl.HKV, wl.D)
     for share in (0.0, 1.0):
         assert best["modeled_us"] <= mod.modeled(fl, wl.D, share)["modeled_us"]
+
+
+def test_profile_call_sites_attributes_time_to_kernel_lines(run_quick):
+    """Every call site is a kernel line outside the op layer, and the sites of each resource
+    add up to at most its total (the top few of them)."""
+    doc = run_quick("profile_call_sites", "--top", "3")
+    assert [r["run"] for r in doc["rows"]] == ["decode_8:trn1", "mixed_1x128+6:trn2"]
+    op_layer = ("@legacy.py:", "@legacy_dma.py:", "@current.py:", "@current_dma.py:")
+    for row in doc["rows"]:
+        assert row["modeled_us"] > 0 and {"dma", "tensor", "scalar"} <= set(row["resources"])
+        for name, res in row["resources"].items():
+            assert 1 <= len(res["sites"]) <= 3
+            assert sum(us for _, us, _ in res["sites"]) <= res["us"] * (1 + 1e-9)
+            assert not any(tag in site for site, _, _ in res["sites"] for tag in op_layer), name
+    ports = set(doc["rows"][0]["resources"])
+    assert {"port vector+scalar", "port vector+gpsimd"} <= ports          # trn1's shared ports
