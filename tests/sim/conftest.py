@@ -53,6 +53,12 @@ def indirect():
     return load_kernels("indirect_kernels")
 
 
+@pytest.fixture(scope="session")
+def helper_ops():
+    """A helper module a kernel calls (the trace's call-site attribution)."""
+    return load_kernels("helper_ops")
+
+
 @pytest.fixture
 def sim_only():
     """Skip unless the kernels run on nki_sim (trace, targets, simulator-only errors)."""

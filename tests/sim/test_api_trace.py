@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -365,22 +366,17 @@ def test_src_loc_never_lands_on_the_code_that_launched_the_kernel(indirect, rng,
     assert locs == {("indirect_kernels.py", _line_of(indirect, "acc[i_p, j * width + i_f] = nl.load("))}
 
 
-def _through_helper(a):
-    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    t = nl.load(a)
-    u = _HELPERS.doubled(t)                     # the helper's event: call site here
-    nl.store(out, u)
-    return out
+def test_call_sites_past_attributes_a_helpers_events_to_its_caller(helper_ops):
+    def _through_helper(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        u = helper_ops.doubled(t)                   # the helper's event: call site here
+        nl.store(out, u)
+        return out
 
-
-def test_call_sites_past_attributes_a_helpers_events_to_its_caller():
-    from conftest import load_kernels
-
-    global _HELPERS
-    _HELPERS = load_kernels("helper_ops")
     a = np.arange(128 * 8, dtype=np.float32).reshape(128, 8)
-    here = ("test_api_trace.py", _line_of(__import__(__name__), "the helper's event" + ": call site"))
-    helper = ("helper_ops.py", _line_of(_HELPERS, "return nl.multiply(t, 2.0)"))
+    here = ("test_api_trace.py", _line_of(sys.modules[__name__], "the helper's event" + ": call site"))
+    helper = ("helper_ops.py", _line_of(helper_ops, "return nl.multiply(t, 2.0)"))
     with nki_sim.tracing() as plain:
         np.testing.assert_array_equal(nki.simulate_kernel(_through_helper, a), 2 * a)
     with nki_sim.tracing(call_sites_past=("helper_ops",)) as sites:
