@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import nki_sim
 from host import paged_attention, paged_attention_ref
@@ -147,3 +148,56 @@ def _no_check(ops, x_t):
     for c in range(x_t.shape[1] // 128):
         ops.matmul(counts[:, ops.ds(c, 1)], eye[:, ops.ds(c * 128, 128)], zeros)
     return counts
+
+
+# ---- random batches: any sequence, any fault site, any value -----------------------------------
+_PAIR = st.sampled_from(PAIRS)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 70)), min_size=2, max_size=5),
+       pair=_PAIR, seed=st.integers(0, 2**16), value=st.sampled_from([np.nan, np.inf, -np.inf]),
+       site=st.sampled_from(["q", "k", "v", "cache_k", "cache_v"]), mixed=st.booleans())
+def test_random_faults_never_reach_another_sequence(lens, pair, seed, value, site, mixed):
+    """Random batches (2-5 sequences of 1-40 new tokens on 0-70 cached ones, block 16): a
+    fault at a random element of one sequence's query, new key / value, or of a cached key /
+    value in one of its blocks, leaves every other sequence's output bit-identical."""
+    target, api = pair
+    rng = np.random.default_rng(seed)
+    qlens, clens = [q for q, _ in lens], [c for _, c in lens]
+    T, S, Hkv, H, d, B = sum(qlens), len(lens), 2, 4, 16, 16
+    nb = [-(-c // B) for c in clens]
+    N = sum(nb) + 2
+    ids = rng.permutation(N)[:sum(nb)]
+    table = np.full((S, max(max(nb), 1)), -1, np.int32)
+    o = 0
+    for i, n in enumerate(nb):
+        table[i, :n] = ids[o:o + n]
+        o += n
+    arrays = dict(q=rng.uniform(-1, 1, (T, H, d)), k=rng.uniform(-1, 1, (T, Hkv, d)),
+                  v=rng.uniform(-1, 1, (T, Hkv, d)), cache=rng.uniform(-1, 1, (2, N, Hkv, B, d)))
+    arrays = {n: a.astype(np.float32) for n, a in arrays.items()}
+    owner = int(rng.integers(S))
+    if site.startswith("cache") and nb[owner] == 0:
+        site = site[-1]                          # no cached block: its new key / value instead
+    bad = {n: a.copy() for n, a in arrays.items()}
+    if site.startswith("cache"):
+        blk = table[owner, rng.integers(nb[owner])]
+        bad["cache"][0 if site == "cache_k" else 1, blk, rng.integers(Hkv), rng.integers(B),
+                     rng.integers(d)] = value
+    else:
+        tok = sum(qlens[:owner]) + int(rng.integers(qlens[owner]))
+        a = bad[site]
+        a[tok, rng.integers(a.shape[1]), rng.integers(d)] = value
+
+    def run(x):
+        with nki_sim.use_target(target):
+            return np.asarray(paged_attention(x["q"], x["k"], x["v"], x["cache"], table, qlens,
+                                              clens, kernel="dense", backend="sim", api=api,
+                                              mixed_precision=mixed, large_tile_size=512))
+    clean, out = run(arrays), run(bad)
+    starts = np.cumsum([0] + qlens)
+    for s in range(S):
+        if s != owner:
+            rows = slice(starts[s], starts[s + 1])
+            assert out[rows].tobytes() == clean[rows].tobytes(), (s, owner, site)
