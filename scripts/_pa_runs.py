@@ -196,7 +196,7 @@ def make_row(w: Workload, block_size: int, target: str, kernel: str, trace, sim_
         meta={k: v for k, v in meta.items() if k not in ("mask_bytes", "index_bytes")})
 
 
-def breakdown(trace, target: str, top: int = 6) -> dict:
+def breakdown(trace, target: str, top: int = 6, ports: bool = False) -> dict:
     """Where the modeled time goes: {engine: {"us": total, "kinds": [(kind, us, count), ...]}}.
 
     Compute engines: ``nki_sim.cost.compute_cycles`` per event / clock of the engine the cost
@@ -204,7 +204,8 @@ def breakdown(trace, target: str, top: int = 6) -> dict:
     dependent-issue waits. DMA: per instruction kind (op, direct/indirect, src->dst, line),
     the mean busy time of the 16 DMA engines (``dma_instruction_cost``) -- the DMA total of the
     cost model is max(busiest engine, sum(latency)/dma_inflight, HBM cap), reported beside it.
-    GpSimd also carries the software-DGE descriptor generation of indirect DMAs."""
+    GpSimd also carries the software-DGE descriptor generation of indirect DMAs. ``ports``: also
+    ``"port <name>"`` for each shared port with busy time (``nki_sim.cost.instruction_ports``)."""
     from nki_sim import cost
     hw = cost.get_constants(target)
     acc = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
@@ -224,9 +225,12 @@ def breakdown(trace, target: str, top: int = 6) -> dict:
                 g[1] += 1
             continue
         eng = cost.assigned_engine(ev, hw)
-        a = acc[eng][f"{ev.op} @{loc}"]
-        a[0] += cost.compute_cycles(ev, hw, eng) / hw.clock_ghz(eng)
-        a[1] += 1
+        ns = cost.compute_cycles(ev, hw, eng) / hw.clock_ghz(eng)
+        for res in (eng,) + (tuple(f"port {p}" for p in cost.instruction_ports(ev, eng, hw))
+                             if ports else ()):
+            a = acc[res][f"{ev.op} @{loc}"]
+            a[0] += ns
+            a[1] += 1
     rep = cost.estimate(trace, target)
     for eng, us in rep.stall_by_engine_us.items():
         if us:
@@ -235,6 +239,10 @@ def breakdown(trace, target: str, top: int = 6) -> dict:
     for eng, total in rep.per_engine_us.items():
         kinds = sorted(acc[eng].items(), key=lambda kv: -kv[1][0])
         out[eng] = dict(us=total, kinds=[(k, ns / 1e3, n) for k, (ns, n) in kinds[:top]])
+    for port, total in (rep.port_us.items() if ports else ()):
+        if total:
+            kinds = sorted(acc[f"port {port}"].items(), key=lambda kv: -kv[1][0])
+            out[f"port {port}"] = dict(us=total, kinds=[(k, ns / 1e3, n) for k, (ns, n) in kinds[:top]])
     out["dma"].update(engine_max_us=rep.dma_engine_max_us, queue_us=rep.dma_queue_us,
                       hbm_cap_us=rep.dma_hbm_cap_us)
     out["modeled_us"] = rep.modeled_us

@@ -7,10 +7,10 @@ mixed precision) through ``host.paged_attention`` on nki_sim, traced with
 kernel line that called the op layer (``sched_core.py:283``), not to the op layer's own line
 (``legacy.py:317``, which every caller of the op shares). For each engine, each shared port
 (trn1: VectorE + ScalarE on PSUM, VectorE + GpSimd on SBUF; trn2: VectorE's performance mode on
-GpSimd's bus) and the DMA queues it prints the call sites with the most busy time: the cost
-model's per-instruction time (``nki_sim.cost``: compute cycles / clock; a DMA's mean busy time
-over the 16 DMA engines; GpSimd also carries the software-DGE descriptors of indirect DMAs) and
-the instruction count. One physical core (``lnc=1``). Every time is MODELED.
+GpSimd's bus) and the DMA queues it prints the cost model's total and the call sites with the
+most busy time (``_pa_runs.breakdown``, as the benchmark's ``--breakdown``: compute cycles /
+clock; a DMA's mean busy time over the 16 DMA engines; GpSimd also carries the software-DGE
+descriptors of indirect DMAs) and their instruction counts. One physical core (``lnc=1``). Every time is MODELED.
 
     python scripts/profile_call_sites.py --quick
     python scripts/profile_call_sites.py mixed_2x+30:trn1 decode_32:trn2:nki --top 12
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,40 +44,9 @@ def parse_run(spec: str) -> tuple:
     return parts[0], parts[1], (parts[2] if len(parts) == 3 else None)
 
 
-def profile(trace, target: str) -> dict:
-    """{resource: {"us": total, "sites": {site: [us, count]}}} for the engines, the ports and
-    "dma" of ``trace`` (one core)."""
-    from nki_sim import cost
-
-    hw = cost.get_constants(target)
-    acc = defaultdict(lambda: {"us": 0.0, "sites": defaultdict(lambda: [0.0, 0])})
-    rotation = 0
-
-    def add(resource, site, us):
-        r = acc[resource]
-        r["us"] += us
-        r["sites"][site][0] += us
-        r["sites"][site][1] += 1
-
-    for ev in trace.events:
-        site = f"{ev.src_loc[0]}:{ev.src_loc[1]}"
-        if ev.engine == "dma":
-            c = cost.dma_instruction_cost(ev, hw, rotation)
-            rotation = (rotation + c.engines_used) % hw.dma_engines
-            add("dma", f"{ev.op} {ev.dma_kind} @{site}", float(c.engine_ns.sum()) / hw.dma_engines / 1e3)
-            if c.gpsimd_ns:
-                add("gpsimd", f"swdge descriptors ({ev.op}) @{site}", c.gpsimd_ns / 1e3)
-            continue
-        engine = cost.assigned_engine(ev, hw)
-        us = cost.compute_cycles(ev, hw, engine) / hw.clock_ghz(engine) / 1e3
-        add(engine, f"{ev.op} @{site}", us)
-        for port in cost.instruction_ports(ev, engine, hw):
-            add(f"port {port}", f"{ev.op} @{site}", us)
-    return {k: {"us": v["us"], "sites": dict(v["sites"])} for k, v in acc.items()}
-
-
 def run(spec: str, kernel: str, top: int) -> dict:
     """One profiled run -> a JSON row."""
+    import _pa_runs
     import nki_sim
     from _pa_workloads import make_batch, make_workloads
 
@@ -94,15 +62,14 @@ def run(spec: str, kernel: str, top: int) -> dict:
     with nki_sim.use_target(target), nki_sim.tracing(call_sites_past=(OP_LAYER,)) as trace:
         host.paged_attention(**batch, kernel=kernel, backend="sim", mixed_precision=True,
                              api=api, lnc=1)
-    prof = profile(trace, target)
-    rep = cost.estimate(trace, target)
-    order = sorted(prof, key=lambda k: -prof[k]["us"])
+    bd = _pa_runs.breakdown(trace, target, top, ports=True)
+    modeled = bd.pop("modeled_us")
+    order = sorted(bd, key=lambda k: -bd[k]["us"])
     return dict(run=spec, kernel=kernel, workload=name, target=target, api=api,
-                modeled_us=rep.modeled_us, bottleneck=rep.bottleneck,
+                modeled_us=modeled, bottleneck=cost.estimate(trace, target).bottleneck,
                 sim_seconds=time.perf_counter() - t0,
-                resources={k: dict(us=prof[k]["us"], sites=sorted(
-                    ([s, us, n] for s, (us, n) in prof[k]["sites"].items()),
-                    key=lambda x: -x[1])[:top]) for k in order})
+                resources={k: dict(us=bd[k]["us"], sites=[list(x) for x in bd[k]["kinds"]])
+                           for k in order})
 
 
 def text(row: dict) -> str:

@@ -27,6 +27,7 @@ from nki_kernels.constants import B_F_SIZE, B_P_SIZE, NEG_MASK, STEP_KEYS
 from nki_kernels.dense.finite import value_stride
 from nki_kernels.tile_ops import transpose_blocks
 
+
 def flash_attention_tile(ops, q_tile, k_tile, v_tile, mask_tile, o_buf, nm_buf, l_buf, slot, *,
                          k_start, width, kernel_dtype, use_dma_transpose):
     """One online-softmax step: fold keys ``[k_start, k_start + width)`` into slot ``slot``.
