@@ -81,7 +81,8 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
         lnc: physical cores per launch, 1 or 2 (trn2 / trn3: the KV heads split between the
             two cores of a logical core; scheduled kernel: an odd Hkv, e.g. 1, splits each
             class's query groups instead, docs/layouts.md §16.3 "Item parts"; dense kernel: an
-            odd Hkv's last head split between the cores by query tiles, current API only); None:
+            odd Hkv split between the cores by query tiles, the last head on the current API,
+            every head on the legacy API); None:
             ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (``nki_kernels.toolchain.Api.lnc``).
         kernel: "scheduled" (default) runs ``nki_kernels.scheduled.scheduled_attention`` through a host
             schedule (``host.scheduled.schedule``): only (query block, KV tile) pairs of the same sequence,

@@ -52,7 +52,7 @@ def check_api(api: Any) -> str | None:
 
 def check_lnc(api: str | None, lnc: Any, num_kv_heads: int) -> None:
     """Validate a dense-kernel launch's ``lnc`` (``nki_kernels.toolchain.Api.lnc`` with the
-    dense kernel's ``odd_heads``: any Hkv on the current API, an even one on the legacy API)
+    dense kernel's ``odd_heads``: any Hkv on both APIs, an odd one split by query tiles)
     before any work: ValueError for a value other than 1 / 2, NotImplementedError for 2 where
     it cannot run, naming what to use instead."""
     from nki_kernels import toolchain

@@ -253,7 +253,8 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         ``NEURON_LOGICAL_NC_CONFIG`` or the platform's, ``nki_kernels.toolchain.Api.lnc``; the
         cores split the KV heads; scheduled kernel: two cores over an odd Hkv cut each class's
         schedule in two item parts, so the plan's launches must run on two cores; dense
-        kernel: an odd Hkv's last head split by query tiles, current API only),
+        kernel: an odd Hkv split by query tiles, the last head on the current API, every
+        head on the legacy API),
         kv_layout: "fused" (default; each layer's kv_cache is one (2, N, Hkv, B, d) array) or
             "block_kv" (each layer's kv_cache is vLLM's (key_cache, value_cache) pair of
             (N, B, Hkv, d) caches, read in place; scheduled kernel, no fp8),
@@ -267,7 +268,7 @@ def plan_paged_attention(block_tables: Any, query_lens: Any, context_lens: Any, 
         NotImplementedError: valid but unsupported combinations (variants or fp8 with the dense
             kernel, gqa_packing=False with the scheduled kernel, partial_tile_size with dense,
             kv_layout="block_kv" with the dense kernel or an fp8 cache, lnc=2 where the API
-            cannot split the launch: trn1, the dense kernel over an odd Hkv on the legacy API).
+            cannot split the launch: trn1, a legacy front end without ``nl.nc``).
         RuntimeError: an ``api`` the installed toolchain cannot run (``host.launch.check_api``).
     """
     unknown = sorted(set(variant_options) - set(_VARIANT_OPTIONS))

@@ -179,9 +179,9 @@ class Api:
         2 on trn2 / trn3, 1 on trn1) when this API can split the launch (the current API: its
         KV heads by ``nl.program_id(0)``; legacy: ``nl.nc`` SPMD programs) over an even Hkv or,
         with ``item_split`` (a kernel whose host schedule can be cut in item parts, one per
-        core: the scheduled kernel), over any Hkv -- as on the current API with ``odd_heads`` (a
-        kernel that splits an odd Hkv's last head between the cores by query tiles:
-        the dense kernel); else 1. On a device the launch must use neuronx-cc's LNC (error
+        core: the scheduled kernel), over any Hkv -- as with ``odd_heads`` (a kernel that
+        splits an odd Hkv's heads between the cores by query tiles: the dense kernel, the last
+        head on the current API, every head on the legacy API); else 1. On a device the launch must use neuronx-cc's LNC (error
         EVRF066 otherwise): ``lnc``, else the environment variable, else the ``--lnc`` /
         ``--logical-nc-config`` of ``NEURON_CC_FLAGS``, else the compiler's default on the
         current API (2: trn2 / trn3); None on the legacy API with nothing set (the legacy grid).
@@ -189,7 +189,8 @@ class Api:
         Raises:
             ValueError: ``lnc`` / the environment variable is not 1 or 2.
             NotImplementedError: 2 where it cannot run (trn1; an odd Hkv without
-                ``item_split``; a legacy front end without ``nl.nc``), saying to use 1.
+                ``item_split`` or ``odd_heads``; a legacy front end without ``nl.nc``), saying
+                to use 1.
         """
         source = "lnc"
         if lnc is None:
@@ -212,7 +213,7 @@ class Api:
                 raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
                                           "NeuronCore; use lnc=1")
             if not self._can_split(num_kv_heads, lnc, item_split, odd_heads):
-                need = ("nl.nc is needed" if item_split else
+                need = ("nl.nc is needed" if item_split or odd_heads else
                         "an even Hkv and, on the legacy API, nl.nc are needed")
                 fix = ("set NEURON_LOGICAL_NC_CONFIG=1 (neuronx-cc then compiles at LNC 1 too)"
                        if not self.simulated else "use lnc=1")
@@ -238,7 +239,7 @@ class Api:
         return lnc, source
 
     def _can_split(self, num_kv_heads, lnc, item_split=False, odd_heads=False):
-        if num_kv_heads % lnc and not (item_split or (odd_heads and self.name == CURRENT)):
+        if num_kv_heads % lnc and not (item_split or odd_heads):
             return False
         return self.name == CURRENT or hasattr(self.ops.nl, "nc")
 
@@ -249,7 +250,8 @@ class Api:
         its KV heads, each core over half of them with LNC=2); ``lnc``: :meth:`lnc`. A schedule
         cut in ``item_parts`` > 1 parts runs on exactly that many cores, each core its part of
         every head (legacy grid ``[nl.nc(2), Hkv]``); a family with ``odd_heads`` splits an
-        odd Hkv on the current API too (:meth:`lnc`). ``device`` runs it on a
+        odd Hkv too (:meth:`lnc`; legacy grid ``[nl.nc(2), Hkv]``, each program half of its
+        head's query tiles). ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator).
 
@@ -269,7 +271,10 @@ class Api:
             raise ValueError(f"lnc must be {item_parts} for a schedule in {item_parts} item "
                              f"parts (plan it with the launch's lnc); got {cores}")
         if self.name == LEGACY:
-            grid = k[self.ops.launch_grid(num_kv_heads, cores or 1, item_parts)]
+            parts = item_parts
+            if parts == 1 and family.odd_heads and cores and num_kv_heads % cores:
+                parts = cores           # an odd Hkv: each program half of its head's Q tiles
+            grid = k[self.ops.launch_grid(num_kv_heads, cores or 1, parts)]
             return grid(*args, **kwargs) if device else nki.simulate_kernel(grid, *args, **kwargs)
         pkg = load_current()[0]
         if device:

@@ -2,7 +2,8 @@
 
 One source for both NKI APIs (the op layer, :mod:`nki_kernels.ops`): on the legacy API one
 program per KV head (grid ``[1, Hkv]``, ``flash_paged_attention[1, Hkv]``; LNC=2: ``[1,
-nl.spmd_dim(nl.nc(2), Hkv/2)]``), on the current API one launch looping over the KV heads
+nl.spmd_dim(nl.nc(2), Hkv/2)]``, an odd Hkv ``[nl.nc(2), Hkv]``, each program half of its
+head's query tiles), on the current API one launch looping over the KV heads
 (``flash_paged_attention.for_api("nki")``; LNC=2: each physical core over its half, an odd Hkv's
 last head split between the cores by query tiles). Interface of vLLM's ``flash_paged_attention``
 after PR #13245 / #15911 (fused ``kv_cache``); host wrappers live in ``host/attention.py``.
@@ -166,7 +167,7 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
     cfg = _check_inputs(query, key, value, kv_cache, block_tables, mask, softmax_scale,
                         mixed_precision, LARGE_TILE_SZ)
     Hkv = cfg.Hkv
-    ops.check_head_grid(KERNEL, Hkv)
+    ops.check_head_grid(KERNEL, Hkv, query_parts=True)
     dma_t_ok = ops.nc_gen() != "gen2" and itemsize(cfg.kernel_dtype) == 2
     kernel_check(p_transpose in ("auto", "pe") or (p_transpose == "dma" and dma_t_ok), KERNEL,
                  "p_transpose", "be 'auto', 'pe', or 'dma' (gen3 with a 2-byte kernel dtype)",
@@ -190,8 +191,9 @@ def flash_paged_attention_body(ops, query, key, value, kv_cache, block_tables, m
     args = (query, key, value, kv_cache, block_tables, mask, out)
     core, cores = ops.launch_core()
     odd = Hkv % cores                  # current API, LNC=2, odd Hkv: the last head by Q tiles
+    part, parts = ops.query_part()     # legacy API, LNC=2, odd Hkv: every head by Q tiles
     for head in ops.kv_heads(Hkv - odd):            # LNC=2: each core its half of the rest
-        _head(ops, run, head, *args)
+        _head(ops, run, head, *args, q_part=(part, parts) if parts > 1 else None)
     if odd:
         _head(ops, run, Hkv - 1, *args, q_part=(core, cores))
     return out

@@ -29,6 +29,8 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      heads this program runs (legacy: its SPMD program; current: all of them
                      in a loop, under LNC=2 this core's half, by ``nl.program_id(0)``);
                      launch_core(): ``(core, cores)`` of this program (legacy: ``(0, 1)``);
+                     query_part(): ``(part, parts)`` of its head's query tiles (legacy grid
+                     ``[nl.nc(2), Hkv]``: ``(program_id(0), 2)``; else ``(0, 1)``);
                      head_rows(table, head, rows_per_head, Hkv): where a head enters gathered
                      row ids (legacy: the ids, by iota; current: the DMA's HBM offset);
                      launch_grid(Hkv, lnc) (legacy: ``[1, Hkv]``, LNC=2 ``[1, nl.spmd_dim(
@@ -63,8 +65,9 @@ Interface (``ops`` below is either module; ``dst`` is always written, never retu
                      the DMA keeps the dtype, ScalarE converts); dma(dst, src): a direct DMA
                      (e.g. SBUF -> HBM); gather_rows / scatter_rows / row_block / rows (the
                      cache kernels' row tiles; every index in bounds)
-    launch checks    check_head_grid(kernel, Hkv): the legacy ``[1, Hkv]`` grid (ValueError;
-                     nothing on the current API)
+    launch checks    check_head_grid(kernel, Hkv, query_parts=): the legacy ``[1, Hkv]`` grid
+                     (or ``[nl.nc(2), Hkv]`` with query_parts; ValueError; nothing on the
+                     current API)
 
 Porting a kernel onto the layer (what every product kernel family did):
 
@@ -139,8 +142,9 @@ class KernelFamily:
     def __init__(self, build, name: str, *, odd_heads: bool = False):
         self._build = build
         self.__name__ = name
-        # the kernel runs an odd Hkv on two cores of the current API too (the dense kernel:
-        # the heads but the last split by head, the last by query tiles; toolchain.Api.lnc)
+        # the kernel runs an odd Hkv on two cores too (the dense kernel: on the current API
+        # the heads but the last split by head, the last by query tiles; on the legacy API
+        # every head by query tiles, grid [nl.nc(2), Hkv]; toolchain.Api.lnc)
         self.odd_heads = odd_heads
         self._jitted = {}
         self._lock = threading.Lock()

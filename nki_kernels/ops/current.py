@@ -144,6 +144,12 @@ def launch_core():
     return (0 if cores == 1 else nl.program_id(axis=0)), cores
 
 
+def query_part():
+    """``(0, 1)``: a launch of this API splits its KV heads between its cores (:func:`kv_heads`);
+    a kernel that splits an odd Hkv's last head by query tiles does so with :func:`launch_core`."""
+    return 0, 1
+
+
 def launch_grid(num_kv_heads, lnc=1, item_parts=1):
     """No SPMD grid: one launch covers every KV head (``lnc`` cores split them or the items)."""
     del num_kv_heads, lnc, item_parts
@@ -415,9 +421,9 @@ def engine_names(engine):
     return engine
 
 
-def check_head_grid(kernel, num_kv_heads):
+def check_head_grid(kernel, num_kv_heads, query_parts=False):
     """No SPMD grid on this API (the kernel loops over its KV heads): nothing to check."""
-    del kernel, num_kv_heads
+    del kernel, num_kv_heads, query_parts
 
 
 # ---- DMA (nki_kernels.ops.current_dma, re-exported: one op-layer namespace) -------------

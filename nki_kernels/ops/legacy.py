@@ -138,12 +138,22 @@ def launch_core():
     return 0, 1
 
 
+def query_part():
+    """``(part, parts)``: which part of its KV head's query tiles this program runs -- on the
+    ``[nl.nc(2), Hkv]`` grid (:func:`launch_grid` with two parts: the dense kernel over an odd
+    Hkv at LNC=2) ``(nl.program_id(0), 2)``, program ``(c, h)`` on core c running half of head
+    h's query tiles; on a ``[1, ...]`` grid ``(0, 1)``."""
+    parts = nl.num_programs(axes=0)
+    return (0, 1) if parts == 1 else (nl.program_id(axis=0), parts)
+
+
 def launch_grid(num_kv_heads, lnc=1, item_parts=1):
     """The SPMD grid of a launch over ``num_kv_heads`` KV heads: ``[1, Hkv]``; with ``lnc=2``
     ``[1, nl.spmd_dim(nl.nc(2), Hkv / 2)]`` (physical core 0 runs programs ``0 .. Hkv/2 - 1``,
     core 1 the rest; ``program_id(1)`` is still the KV head), or with ``item_parts=2`` (a
-    schedule cut in two item parts, any Hkv) ``[nl.nc(2), Hkv]``: program ``(c, h)`` on core c
-    runs part c of head h."""
+    schedule cut in two item parts, any Hkv; the dense kernel's query-tile halves of an odd
+    Hkv, :func:`query_part`) ``[nl.nc(2), Hkv]``: program ``(c, h)`` on core c runs part c of
+    head h."""
     if lnc == 1:
         if item_parts != 1:
             raise ValueError(f"a schedule in {item_parts} item parts needs lnc={item_parts}; "
@@ -382,16 +392,19 @@ def engine_names(engine):
     raise ValueError(f"unknown legacy engine {engine!r}")
 
 
-def check_head_grid(kernel, num_kv_heads):
-    """A per-KV-head kernel's launch grid must be ``[1, Hkv]`` (ValueError naming it)."""
+def check_head_grid(kernel, num_kv_heads, query_parts=False):
+    """A per-KV-head kernel's launch grid must be ``[1, Hkv]`` or, with ``query_parts`` (a
+    kernel that splits its heads' query tiles by :func:`query_part`), ``[nl.nc(2), Hkv]``
+    (ValueError naming it)."""
     from nki_kernels._assert import kernel_check
 
     ndim = nl.program_ndim()
-    kernel_check(ndim == 2, kernel, "launch grid", f"be 2-D [1, Hkv] = [1, {num_kv_heads}]",
-                 f"{ndim}-D")
+    want = f"[1, Hkv] = [1, {num_kv_heads}]" + (
+        f" or [2, Hkv] = [2, {num_kv_heads}]" if query_parts else "")
+    kernel_check(ndim == 2, kernel, "launch grid", f"be 2-D {want}", f"{ndim}-D")
     grid = (nl.num_programs(axes=0), nl.num_programs(axes=1))
-    kernel_check(grid == (1, num_kv_heads), kernel, "launch grid",
-                 f"be [1, Hkv] = [1, {num_kv_heads}]", list(grid))
+    ok = grid == (1, num_kv_heads) or (query_parts and grid == (2, num_kv_heads))
+    kernel_check(ok, kernel, "launch grid", f"be {want}", list(grid))
 
 
 # ---- DMA (nki_kernels.ops.legacy_dma, re-exported: one op-layer namespace) --------------------

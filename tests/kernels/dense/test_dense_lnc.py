@@ -1,6 +1,7 @@
 """The dense vLLM-interface kernel on both physical cores of a trn2 logical core (LNC=2): the KV
 heads split between the cores (current API: each core loops over its half, an odd Hkv's last
-head split by query tiles; legacy API: ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), outputs bit-identical to LNC=1
+head split by query tiles; legacy API: ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``, an odd Hkv
+``[nl.nc(2), Hkv]`` with every head split by query tiles), outputs bit-identical to LNC=1
 and within tolerance of the float64 reference, garbage in unseen cache slots never reaching the
 output, the modeled launch time being the slower core's, the platform's LNC as the default of
 both host entry points, and two cores refused where they cannot run."""
@@ -37,7 +38,8 @@ def _run(b, api, lnc, kv_cache=None, mixed=True, **kw):
 
 @pytest.mark.parametrize("api, hkv, dtype", [
     ("nki", 2, BF16), ("nki", 4, np.float32), ("nki", 3, BF16), ("nki", 1, np.float32),
-    ("legacy", 2, BF16), ("legacy", 4, np.float32)])
+    ("legacy", 2, BF16), ("legacy", 4, np.float32), ("legacy", 3, BF16),
+    ("legacy", 1, np.float32)])
 def test_two_cores_match_one_core_and_the_reference(batch_factory, tol, api, hkv, dtype):
     b = batch_factory(61, QLENS, CLENS, H=2 * hkv, Hkv=hkv, d=32, block_size=16, dtype=dtype)
     mixed = dtype == BF16
@@ -55,10 +57,13 @@ def test_two_cores_match_one_core_and_the_reference(batch_factory, tol, api, hkv
     ratio = rep2.launch_us / rep1.launch_us
     if hkv % 2 == 0:                # each core runs half of the heads
         assert 0.45 < ratio < 0.55
-    else:                           # floor(Hkv / 2) heads and half of the last head's Q tiles
+    elif api == "nki":              # floor(Hkv / 2) heads and half of the last head's Q tiles
         assert _stores(t1)[0] >= 2 * 2 * hkv                 # >= 2 Q tiles per query head
         half, whole = (hkv // 2 + 0.5) / hkv, (hkv // 2 + 1) / hkv
         assert half - 0.05 < ratio < whole - 0.05            # below the whole last head on both
+    else:                           # legacy: every head, half of its Q tiles on each core
+        assert _stores(t1)[0] >= 2 * 2 * hkv
+        assert 0.45 < ratio < 0.95                           # both cores load every head's KV
 
 
 def _stores(trace):
@@ -82,9 +87,16 @@ def test_each_core_runs_its_heads_and_its_half_of_the_last_heads_q_tiles(batch_f
     assert one == {0: 3 * 2 * n_q}
     per_core = 2 * n_q + 2 * -(-n_q // 2)
     assert two == {0: per_core, 1: per_core}
+    # legacy API (grid [nl.nc(2), Hkv]): every head split by query tiles
+    out1, _ = _run(b, "legacy", 1, gqa_packing=False)
+    out2, t2 = _run(b, "legacy", 2, gqa_packing=False)
+    assert _stores(t2) == {0: 3 * 2 * -(-n_q // 2), 1: 3 * 2 * -(-n_q // 2)}
+    # a split head's earlier tiles run the later core's wider windows (their extra keys masked:
+    # exact zeros), so its sums may round differently than at LNC 1, within float32 rounding
+    np.testing.assert_allclose(out2, out1, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("api, hkv", [("nki", 2), ("nki", 3), ("legacy", 2)])
+@pytest.mark.parametrize("api, hkv", [("nki", 2), ("nki", 3), ("legacy", 2), ("legacy", 3)])
 def test_garbage_where_no_query_looks_never_reaches_the_output_on_two_cores(
         batch_factory, poison_unseen, api, hkv):
     b = batch_factory(63, QLENS, CLENS, H=2 * hkv, Hkv=hkv, d=32, block_size=16, dtype=BF16)
@@ -94,12 +106,13 @@ def test_garbage_where_no_query_looks_never_reaches_the_output_on_two_cores(
     np.testing.assert_array_equal(dirty, clean)
 
 
-def test_two_core_launches_from_a_thread_pool_are_bit_identical(batch_factory):
+@pytest.mark.parametrize("api", ["nki", "legacy"])
+def test_two_core_launches_from_a_thread_pool_are_bit_identical(batch_factory, api):
     b = batch_factory(64, QLENS, CLENS, H=6, Hkv=3, d=16, block_size=16, dtype=BF16)
-    want, _ = _run(b, "nki", 2)
+    want, _ = _run(b, api, 2)
     with ThreadPoolExecutor(max_workers=3) as pool:
         outs = [f.result(timeout=300) for f in
-                [pool.submit(_run, b, "nki", 2) for _ in range(3)]]
+                [pool.submit(_run, b, api, 2) for _ in range(3)]]
     assert all(out.tobytes() == want.tobytes() for out, _ in outs)
 
 
@@ -129,20 +142,26 @@ def test_the_platform_lnc_is_the_default_of_both_entry_points(batch_factory, bui
 
 
 def test_two_cores_where_they_cannot_run_are_refused_before_any_work(batch_factory,
-                                                                    build_kernel_inputs):
+                                                                    build_kernel_inputs,
+                                                                    monkeypatch):
     b = batch_factory(66, [2], [300], H=3, Hkv=3, d=16, block_size=16)
     _, inputs = build_kernel_inputs(b, large_tile_size=512)
     with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
-        # the legacy API splits an even Hkv only (its grid places whole programs)
-        with pytest.raises(NotImplementedError, match=r"lnc=2: the 'legacy' API here cannot "
-                                                      r"split a launch over 3 KV head\(s\)"):
-            paged_attention(*b.args(), kernel="dense", backend="sim", api="legacy", lnc=2)
+        with pytest.raises(ValueError, match="lnc must be 1 or 2; got 3"):
+            flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", lnc=3)
+        # a legacy front end that cannot place programs on cores (no nl.nc) splits nothing
+        legacy_nl = toolchain.resolve_api("legacy").ops.nl
+        monkeypatch.delattr(legacy_nl, "nc")
+        for hkv in (3, 2):
+            with pytest.raises(NotImplementedError, match=r"lnc=2: the 'legacy' API here cannot "
+                                                          rf"split a launch over {hkv} KV head\(s\) "
+                                                          r"between two cores \(nl\.nc is needed\)"):
+                toolchain.resolve_api("legacy").lnc(2, hkv, odd_heads=True)
         with pytest.raises(NotImplementedError, match="cannot split a launch over 3 KV head"):
             flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", api="legacy",
                                       lnc=2)
-        with pytest.raises(ValueError, match="lnc must be 1 or 2; got 3"):
-            flash_attn_varlen_nkifunc(*inputs, LARGE_TILE_SZ=512, backend="sim", lnc=3)
     assert not trace.events
+    monkeypatch.undo()
     with nki_sim.use_target("trn1"):
         with pytest.raises(NotImplementedError, match="trn1 logical core is one NeuronCore"):
             paged_attention(*b.args(), kernel="dense", backend="sim", api="legacy", lnc=2)

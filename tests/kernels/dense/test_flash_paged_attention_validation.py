@@ -45,6 +45,8 @@ def _run(grid=(1, HKV), **kw):
 def test_valid_inputs_pass():
     out = _run(LARGE_TILE_SZ=LT)
     assert out.shape == (1, H, QPAD, D) and np.isfinite(out).all()
+    # [2, Hkv]: program (c, h) runs half of head h's query tiles (ops.query_part)
+    np.testing.assert_allclose(_run(grid=(2, HKV), LARGE_TILE_SZ=LT), out, rtol=1e-6, atol=1e-7)
 
 
 BAD = [
@@ -67,6 +69,8 @@ BAD = [
     ("softmax_scale", dict(softmax_scale=float("nan"), LARGE_TILE_SZ=LT)),
     ("mixed_precision", dict(mixed_precision="yes", LARGE_TILE_SZ=LT)),
     ("launch grid", dict(grid=(1, HKV + 1), LARGE_TILE_SZ=LT)),
+    ("launch grid", dict(grid=(3, HKV), LARGE_TILE_SZ=LT)),
+    ("launch grid", dict(grid=(2, HKV + 1), LARGE_TILE_SZ=LT)),
 ]
 
 
