@@ -1,8 +1,10 @@
 """How the cache-op kernels spread R independent rows over 128-partition DMAs.
 
-Pure Python arithmetic shared by :mod:`nki_kernels.cache.kv_cache_update` and
-:mod:`nki_kernels.cache.block_copy` (no NKI calls; it runs at trace time on plain ints), plus two
-trace-time checks (cache dtype, toolchain support for indirect-DMA skipping).
+Shared by the cache kernels (:mod:`nki_kernels.cache.kv_cache_update`,
+:mod:`nki_kernels.cache.block_copy`, :mod:`nki_kernels.cache.mla_cache_update`): the tiling
+arithmetic (plain Python on ints at trace time), the loop that runs a launch's tiles on its
+cores (:func:`run_row_tiles`, device code on the op layer) and two trace-time checks (cache
+dtype, toolchain support for indirect-DMA skipping).
 
 Every row of a cache op carries its own destination (and source) index, so the order in
 which rows are assigned to partitions is free. We pick the order that makes the *direct*
@@ -17,6 +19,12 @@ Bulk tiles are grouped into chunks of ``chunk`` tiles; one chunk's per-row input
 (128, chunk, row_elems): partition p reads the contiguous run of rows
 p*n_tiles + first .. p*n_tiles + first + chunk - 1, i.e. one descriptor per partition.
 The indirect stores/gathers then move one tile (128 rows) per DMA instruction.
+
+Cores. A launch on the two physical cores of a trn2 logical core (current API, LNC=2) splits
+the rows: core c takes R_c = ceil(R / 2) rows from row c * (R - R_c) (an odd R's middle row on
+both) and tiles them as above (bulk row base + p * n_tiles + t, tail rows after them). The row
+written by both cores gets the same bytes from both: every cache op's destinations are unique
+and no source row is also a destination (host-validated), so each row's copy is idempotent.
 """
 
 from __future__ import annotations
@@ -72,6 +80,32 @@ def plan_rows(rows: int, bytes_per_row_per_tile: int, budget_bytes: int) -> RowT
     chunk = max(1, min(n_tiles, budget_bytes // bytes_per_row_per_tile)) if n_tiles else 1
     n_full_chunks, last_chunk = divmod(n_tiles, chunk)
     return RowTiling(rows, n_tiles, rem, chunk, n_full_chunks, last_chunk)
+
+
+def run_row_tiles(ops, rows: int, bytes_per_row_per_tile: int, budget_bytes: int, chunk,
+                  tail) -> None:
+    """Run a cache op's ``rows`` rows on this launch's cores (module docstring, "Cores"), each
+    core tiling its share with :func:`plan_rows`: ``chunk(first, n_tiles, count)`` per chunk of
+    full tiles (rows ``first + p * n_tiles + t``, ``t < count``), then ``tail(start, n)`` for
+    the tail rows ``start .. start + n - 1``. ``first`` / ``start`` may hold ``nl.program_id``
+    arithmetic (they enter HBM access offsets only). One core (legacy API, LNC=1): the plan of
+    all rows, from row 0.
+
+    The chunk loop is sequential: the scatter destinations are data-dependent (index tiles) and
+    do not mention the chunk, so NKI's affine_range output-dependency rule (each iteration
+    writes a different, index-visible location; err_unexpected_output_dependencies) cannot be
+    shown statically; within a chunk the callers' tile loops are affine (the index subscript
+    carries the tile, the form AWS kernels use)."""
+    core, cores = ops.launch_core()
+    own = -(-rows // cores)                      # this core's rows
+    base = core * (rows - own)                   # its first one
+    plan = plan_rows(own, bytes_per_row_per_tile, budget_bytes)
+    for c in ops.sequential_range(plan.n_full_chunks):
+        chunk(base + c * plan.chunk, plan.n_tiles, plan.chunk)
+    if plan.last_chunk > 0:
+        chunk(base + plan.n_full_chunks * plan.chunk, plan.n_tiles, plan.last_chunk)
+    if plan.rem > 0:
+        tail(base + plan.n_tiles * PMAX, plan.rem)
 
 
 def cache_itemsize(ops, dtype, kernel: str) -> int:

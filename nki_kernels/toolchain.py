@@ -243,7 +243,14 @@ class Api:
             return False
         return self.name == CURRENT or hasattr(self.ops.nl, "nc")
 
-    def launch(self, family, args, kwargs, *, num_kv_heads: int, device: bool, lnc=None,
+    def run(self, family, *args, lnc=None, **kwargs):
+        """Run a kernel without a head grid (the cache kernels) where this API's package runs:
+        :meth:`launch` with ``num_kv_heads=None`` on the device with a real package, on the
+        simulator with nki_sim. Returns the kernel's output (the written cache)."""
+        return self.launch(family, args, kwargs, num_kv_heads=None, device=not self.simulated,
+                           lnc=lnc)
+
+    def launch(self, family, args, kwargs, *, num_kv_heads: int | None, device: bool, lnc=None,
                item_parts: int = 1):
         """Run ``family`` on this API: legacy one program per KV head (grid ``[1, Hkv]``; with
         LNC=2 ``[1, nl.spmd_dim(nl.nc(2), Hkv/2)]``), current one launch (the kernel loops over
@@ -251,7 +258,9 @@ class Api:
         cut in ``item_parts`` > 1 parts runs on exactly that many cores, each core its part of
         every head (legacy grid ``[nl.nc(2), Hkv]``); a family with ``odd_heads`` splits an
         odd Hkv too (:meth:`lnc`; legacy grid ``[nl.nc(2), Hkv]``, each program half of its
-        head's query tiles). ``device`` runs it on a
+        head's query tiles). ``num_kv_heads`` None: a kernel without a head grid that splits its
+        rows between the cores it runs on (the cache kernels, ``nki_kernels.row_tiles``): legacy
+        one program, current at the launch's LNC (:meth:`lnc`, any Hkv). ``device`` runs it on a
         Trainium device (a real package only), else on the API's simulator. Returns the
         kernel's output as returned (NumPy on the simulator).
 
@@ -265,8 +274,13 @@ class Api:
                                f"{self.name!r}) and a Trainium device, but the simulator is "
                                f"active (NKI_PA_BACKEND={BACKEND_REQUEST!r}); use backend='sim' "
                                "or 'auto'")
-        cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1,
-                         odd_heads=family.odd_heads)
+        if num_kv_heads is None:        # no head grid: the kernel splits its rows between cores
+            if self.name == LEGACY:     # one program (legacy SDKs have no LNC check)
+                return k(*args, **kwargs) if device else nki.simulate_kernel(k, *args, **kwargs)
+            cores = self.lnc(lnc, item_split=True)
+        else:
+            cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1,
+                             odd_heads=family.odd_heads)
         if item_parts > 1 and cores != item_parts:
             raise ValueError(f"lnc must be {item_parts} for a schedule in {item_parts} item "
                              f"parts (plan it with the launch's lnc); got {cores}")

@@ -20,8 +20,9 @@ indirect gather and one indirect scatter per batch of <= 128 rows:
 
 The two coalesced variants run on each NKI API of ``--api`` (nki_pa_cli.script_args; default
 both: legacy and the current ``nki``; one kernel source); the per-block / per-group baseline
-kernel is legacy-only. Every trace is simulated for trn2; the current API supports trn2 / trn3
-only, so its rows have no trn1 figure.
+kernel is legacy-only. Every trace is simulated for trn2 on one physical core (``lnc=1``, as the
+single-program baselines; at LNC 2 the current API's launch splits the rows between the two
+cores); the current API supports trn2 / trn3 only, so its rows have no trn1 figure.
 
 Reported from the simulator trace: gather + scatter DMA instructions, index-load DMAs, all DMA
 instructions, descriptors, KV payload bytes (gather + scatter; must be equal across variants, the
@@ -121,10 +122,10 @@ def bench(n_layers: int, n: int, hkv: int = 8, block: int = 16, head: int = 128,
                 dst_layer[...] = src_layer
             with nki_sim.use_target("trn2"), nki_sim.tracing() as trace:
                 if variant == "coalesced":
-                    copy_blocks(layers, mapping, api=api)
+                    copy_blocks(layers, mapping, api=api, lnc=1)
                 elif variant == "coalesced per layer":          # L launches of the same kernel
                     for layer in layers:
-                        copy_blocks([layer], mapping, api=api)
+                        copy_blocks([layer], mapping, api=api, lnc=1)
                 else:
                     ordered, sizes = batches(pairs, n_layers, n, g, n_sub,
                                              "block" if variant == "per-block" else "group")

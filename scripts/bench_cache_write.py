@@ -6,7 +6,8 @@ padding slots = -1) this runs, on the nki_sim simulator with tracing:
 
 * ``nki (128 rows/DMA)``: ``host.reshape_and_cache`` -> ``nki_kernels.cache.kv_cache_update``: any 128
   (token, head) rows per indirect store, K / V / index loads chunked; on each NKI API of
-  ``--api`` (one kernel source; the current API is modeled on trn2 only);
+  ``--api`` (one kernel source; the current API is modeled on trn2 only), on one physical core
+  (``lnc=1``, as the single-program baseline; at LNC 2 the two cores split the rows);
 * ``nki, vLLM block-KV``: the same call on vLLM's layout, a (key_cache, value_cache) pair of
   (N, B, Hkv, d) caches (``host/cache/block_kv.py``): one row of Hkv * d elements per token, so one
   DMA descriptor per token and K / V instead of Hkv;
@@ -122,10 +123,10 @@ def bench(repeats: int, workloads=WORKLOADS, apis=("legacy", "nki")) -> list[dic
         for api in apis:
             ours = cache.copy()
             with nki_sim.use_target("trn2"), nki_sim.tracing() as t_ours:
-                reshape_and_cache(key, value, ours, slots, api=api)
+                reshape_and_cache(key, value, ours, slots, api=api, lnc=1)
             kv, pair = block_kv_pair(cache)
             with nki_sim.use_target("trn2"), nki_sim.tracing() as t_blk:
-                reshape_and_cache(key, value, pair, slots, api=api)
+                reshape_and_cache(key, value, pair, slots, api=api, lnc=1)
             if kv.tobytes() != block_kv_pair(ours)[0].tobytes():
                 raise AssertionError(f"{label}: the block-KV write disagrees ({api})")
             per_api.append((api, t_ours, t_blk))

@@ -173,8 +173,8 @@ def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_s
     rows = block_kv_row_index(slots, num_slots=N * B, num_kv_heads=Hkv, per_head=per_head)
     from nki_kernels.cache.kv_cache_update import kv_cache_update_blocks
 
-    run_api.kernel(kv_cache_update_blocks)(
-        np.ascontiguousarray(k.astype(k_cache.dtype, copy=False)),
+    run_api.run(
+        kv_cache_update_blocks, np.ascontiguousarray(k.astype(k_cache.dtype, copy=False)),
         np.ascontiguousarray(v.astype(k_cache.dtype, copy=False)), k_cache, v_cache, rows,
         row_elems=d if per_head else Hkv * d)
     return kv_cache

@@ -15,6 +15,12 @@ the bytes unchanged. The kernels see a float8_e4m3fn cache through its float8_e4
 ``nki``; trn2 / trn3) or None / "auto" (``nki_kernels.toolchain.resolve_api``: the installed toolchain,
 else the simulator target's API); a bad value is a ValueError before anything is written.
 
+``lnc``: physical cores of the launch (``nki_kernels.toolchain.Api.lnc``: the argument, else
+``NEURON_LOGICAL_NC_CONFIG``, else the platform's: 2 on trn2 / trn3 -- on a device the
+compiler's, which every kernel of a model must match, error EVRF066). On the current API at
+LNC 2 the two cores split the rows (``nki_kernels.row_tiles``, "Cores"); the legacy API runs
+one program (legacy SDKs have no LNC check). 2 on trn1 is a NotImplementedError.
+
 All three update the destination cache IN PLACE and validate everything (shapes, dtypes, every
 slot / block id, duplicates, overlaps) before the kernel runs, so a rejected call leaves the
 cache byte-identical. The host builds one int32 row index per moved row (cheap O(rows) NumPy);
@@ -36,6 +42,8 @@ NotImplementedError (on Trainium the kernels are called through torch-xla, not t
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -121,12 +129,27 @@ def _block_layout(name: str, cache: np.ndarray) -> np.ndarray:
     return cache
 
 
-def resolve_kernel_api(api: Any) -> Any:
-    """``api`` resolved up front (``nki_kernels.toolchain.resolve_api``: a ValueError naming ``api`` and
-    the accepted values for a bad one); ``.kernel(family)`` is the family's jitted kernel."""
+@dataclass(frozen=True)
+class KernelRunner:
+    """The API and LNC of a cache op, resolved and validated before anything is written:
+    ``run(family, *args, **kwargs)`` runs a cache kernel on them (``nki_kernels.toolchain.Api.run``)."""
+
+    api: Any
+    lnc: Any = None
+
+    def run(self, family: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.api.run(family, *args, lnc=self.lnc, **kwargs)
+
+
+def resolve_kernel_api(api: Any, lnc: Any = None) -> KernelRunner:
+    """``api`` and ``lnc`` resolved up front (``nki_kernels.toolchain.resolve_api`` and
+    ``Api.lnc``: a ValueError naming a bad value, a NotImplementedError for two cores where
+    they cannot run, e.g. on trn1)."""
     from nki_kernels.toolchain import resolve_api
 
-    return resolve_api(api)
+    chosen = resolve_api(api)
+    chosen.lnc(lnc, item_split=True)            # the cache kernels split their rows: any Hkv
+    return KernelRunner(chosen, lnc)
 
 
 def check_int32_rows(what: str, value: int) -> None:
@@ -155,7 +178,8 @@ def cache_write_row_index(slot_mapping: np.ndarray, *, num_blocks: int, num_kv_h
 
 
 def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
-                      k_scale: Any = None, v_scale: Any = None, api: Any = None) -> Any:
+                      k_scale: Any = None, v_scale: Any = None, api: Any = None,
+                      lnc: Any = None) -> Any:
     """Write new tokens' K and V into the paged cache in place (vLLM ``reshape_and_cache``).
 
     Args:
@@ -171,6 +195,7 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
             round to nearest even, S = 240 for float8_e4m3fn (not 448: host/fp8.py) and 57344 for
             float8_e5m2.
         api: "legacy" | "nki" | None / "auto" (module docstring).
+        lnc: physical cores of the launch, 1 | 2 | None (module docstring).
 
     Returns:
         ``kv_cache`` (the same object).
@@ -180,7 +205,7 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
             non-contiguous or read-only cache, missing scales for an fp8 cache or scales for a
             non-fp8 cache, an unknown ``api`` -- all before anything is written.
     """
-    run_api = resolve_kernel_api(api)
+    run_api = resolve_kernel_api(api, lnc)
     if is_block_kv(kv_cache):       # vLLM block-KV: (key_cache, value_cache), host/cache/block_kv.py
         return reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, k_scale=k_scale,
                                         v_scale=v_scale, run_api=run_api, writable=writable_array,
@@ -202,13 +227,13 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
                                       block_size=block_size)
     if k_sc is not None:      # fp8: the kernel quantizes float32 / bf16 / fp16 rows (exact upcasts)
         in_dtype = k.dtype if k.dtype == v.dtype and k.dtype.name in _CACHE_DTYPES else np.float32
-        run_api.kernel(kv_cache_update_fp8)(np.ascontiguousarray(k, dtype=in_dtype), np.ascontiguousarray(v, dtype=in_dtype),
-                            kernel_cache_view(cache), row_index,
-                            cache_write_row_scales(k_sc, v_sc, k.shape[0]))
+        run_api.run(kv_cache_update_fp8, np.ascontiguousarray(k, dtype=in_dtype),
+                    np.ascontiguousarray(v, dtype=in_dtype), kernel_cache_view(cache), row_index,
+                    cache_write_row_scales(k_sc, v_sc, k.shape[0]))
         return kv_cache
     key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
     value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
-    run_api.kernel(kv_cache_update)(key_c, value_c, cache, row_index)
+    run_api.run(kv_cache_update, key_c, value_c, cache, row_index)
     return kv_cache
 
 
@@ -351,7 +376,7 @@ def copy_layers(kv_caches: Any) -> list[np.ndarray]:
 
 
 def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-                api: Any = None) -> None:
+                api: Any = None, lnc: Any = None) -> None:
     """Copy blocks inside every layer's cache, all layers in ONE kernel launch (vLLM ``copy_blocks``).
 
     For every layer and both K and V: ``cache[:, dst] = cache[:, src]`` for each [src, dst] row of
@@ -375,11 +400,13 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         max_row_bytes: upper bound for one DMA row (a partition's share); rows are contiguous
             pieces of a (kv, block) slab.
         api: "legacy" | "nki" | None / "auto" (module docstring).
+        lnc: physical cores of the launch, 1 | 2 | None (module docstring).
 
     Raises:
-        ValueError: anything invalid (an unknown ``api`` included), before anything is written.
+        ValueError: anything invalid (an unknown ``api`` or ``lnc`` included), before anything
+            is written.
     """
-    run_api = resolve_kernel_api(api)
+    run_api = resolve_kernel_api(api, lnc)
     runs = block_kv_layers(kv_caches, writable_array, kv_caches_share_buffer)
     if runs is not None:            # vLLM block-KV pairs: zero-copy launches (host/cache/block_kv.py)
         for run in runs:
@@ -406,16 +433,18 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         first = kernel_cache_view(layers[0])
         raw = np.lib.stride_tricks.as_strided(first.reshape(-1).view(np.uint8),
                                               shape=(n_layers, first.nbytes), strides=(first.nbytes, 1))
-        run_api.kernel(copy_cache_blocks)(raw.view(first.dtype).reshape(n_layers, *first.shape), pairs, row_elems=f)
+        run_api.run(copy_cache_blocks, raw.view(first.dtype).reshape(n_layers, *first.shape), pairs,
+                    row_elems=f)
         return
     stacked = np.stack(layers)  # host copy of all layers: see the docstring
-    run_api.kernel(copy_cache_blocks)(kernel_cache_view(stacked), pairs, row_elems=f)
+    run_api.run(copy_cache_blocks, kernel_cache_view(stacked), pairs, row_elems=f)
     for layer, new in zip(layers, stacked):
         layer[:, dst] = new[:, dst]
 
 
 def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
-                max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, api: Any = None) -> None:
+                max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, api: Any = None,
+                lnc: Any = None) -> None:
     """Copy blocks from one cache to another in place: ``dst_cache[:, d] = src_cache[:, s]`` (vLLM ``swap_blocks``).
 
     Args:
@@ -425,11 +454,13 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
             If both arguments are the same cache this is :func:`copy_blocks` on one layer (a block
             may then not be both a source and a destination); partially overlapping caches are rejected.
         api: "legacy" | "nki" | None / "auto" (module docstring).
+        lnc: physical cores of the launch, 1 | 2 | None (module docstring).
 
     Raises:
-        ValueError: anything invalid (an unknown ``api`` included), before anything is written.
+        ValueError: anything invalid (an unknown ``api`` or ``lnc`` included), before anything
+            is written.
     """
-    run_api = resolve_kernel_api(api)
+    run_api = resolve_kernel_api(api, lnc)
     dst_given = writable_array(dst_cache, "dst_cache")
     src_given, _ = to_numpy(src_cache, "src_cache")
     src = _block_layout("src_cache", src_given)
@@ -456,5 +487,5 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     from nki_kernels.cache.block_copy import swap_cache_blocks
 
     # np.ascontiguousarray copies only a non-contiguous source (the source is read, never written)
-    run_api.kernel(swap_cache_blocks)(kernel_cache_view(np.ascontiguousarray(src)), kernel_cache_view(dst), pairs,
-                      row_elems=f)
+    run_api.run(swap_cache_blocks, kernel_cache_view(np.ascontiguousarray(src)),
+                kernel_cache_view(dst), pairs, row_elems=f)

@@ -32,7 +32,7 @@ def mla_cache_write_row_index(slot_mapping: np.ndarray, *, num_blocks: int, bloc
 
 
 def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any, *,
-                         api: Any = None) -> Any:
+                         api: Any = None, lnc: Any = None) -> Any:
     """Write new tokens' latent ``kv_c`` and rotary key ``k_pe`` into the MLA cache in place.
 
     Args:
@@ -44,6 +44,7 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
         slot_mapping: (T,) integer; slot = block * B + offset. Negative slots (padding) are
             skipped and touch nothing; every other slot must be < N * B and appear at most once.
         api: "legacy" | "nki" | None / "auto": the NKI API of the kernel (``host.cache.cache_ops``).
+        lnc: physical cores of the launch, 1 | 2 | None (``host.cache.cache_ops``).
 
     Returns:
         ``kv_cache`` (the same object).
@@ -54,7 +55,7 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
             before anything is written.
         NotImplementedError: an fp8 cache; N * B beyond the int32 index range.
     """
-    run_api = resolve_kernel_api(api)
+    run_api = resolve_kernel_api(api, lnc)
     cache = writable_array(kv_cache, "kv_cache")
     latent = check_float_array("kv_c", kv_c, ndim=2)
     rope = check_float_array("k_pe", k_pe, ndim=2)
@@ -75,5 +76,5 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
     latent_c = np.ascontiguousarray(latent.astype(cache.dtype, copy=False))
     rope_c = np.ascontiguousarray(rope.astype(cache.dtype, copy=False))
     row_index = mla_cache_write_row_index(slots, num_blocks=N, block_size=B)
-    run_api.kernel(mla_cache_update)(latent_c, rope_c, cache, row_index)
+    run_api.run(mla_cache_update, latent_c, rope_c, cache, row_index)
     return kv_cache

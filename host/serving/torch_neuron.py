@@ -18,8 +18,10 @@ packed Q^T, the overlay rows from the cache and the new K/V), and the output row
 back on the device.
 
 Selection: ``host.serving.torch_ops`` registers the functions here as the ops' XLA kernels. Each call
-first checks :func:`toolchain_status`: torch-neuronx and torch-xla importable AND
-``nki_kernels.toolchain`` resolved to a real NKI package. If not, ``NotImplementedError`` says what
+first checks :func:`toolchain_status`: torch-neuronx and torch-xla importable AND the API the
+launches run on (``nki_kernels.toolchain.resolve_api``) a real NKI package. The cache ops launch
+their kernels on that API too, at the compiler's LNC (the cores split the rows). If not,
+``NotImplementedError`` says what
 is missing; the call is never routed to the CPU or the simulator behind the caller's back. CPU
 tensors never reach this module.
 
@@ -53,22 +55,30 @@ REQUIRED_MODULES = ("torch_neuronx", "torch_xla")
 _find_spec = importlib.util.find_spec  # module attribute so tests can stand in for installs
 
 
-def toolchain_status() -> tuple[bool, str]:
-    """``(available, reason)``: can the ops run their kernels on a Neuron device here?"""
+def toolchain_status(api: str | None = None) -> tuple[bool, str]:
+    """``(available, reason)``: can the ops run their kernels on a Neuron device here? torch-neuronx
+    and torch-xla importable, and the NKI API the launches run on
+    (``nki_kernels.toolchain.resolve_api(api)``: the current ``nki`` on a trn2 / trn3 install of
+    SDK 2.34, the legacy ``neuronxcc.nki`` on SDK <= 2.28) a real package, not nki_sim."""
     missing = [m for m in REQUIRED_MODULES if _find_spec(m) is None]
     if missing:
         return False, f"{', '.join(missing)} not importable"
     from nki_kernels import toolchain
 
-    if toolchain.SIMULATED:
-        return False, ("neuronxcc.nki is the nki_sim simulator (neuronx-cc not installed, or "
-                       f"NKI_PA_BACKEND={toolchain.BACKEND_REQUEST!r})")
-    return True, "torch-neuronx, torch-xla and neuronxcc.nki are importable"
+    try:
+        chosen = toolchain.resolve_api(api)
+    except (RuntimeError, NotImplementedError) as err:
+        return False, f"no NKI API to launch on ({err})"
+    pkg = "neuronxcc.nki" if chosen.name == toolchain.LEGACY else "nki"
+    if chosen.simulated:
+        return False, (f"{pkg} (api={chosen.name!r}) is the nki_sim simulator (the Neuron "
+                       f"toolchain is not installed, or NKI_PA_BACKEND={toolchain.BACKEND_REQUEST!r})")
+    return True, f"torch-neuronx, torch-xla and {pkg} (api={chosen.name!r}) are importable"
 
 
-def require_toolchain(op: str) -> None:
+def require_toolchain(op: str, api: str | None = None) -> None:
     """Raise ``NotImplementedError`` unless :func:`toolchain_status` says available."""
-    ok, why = toolchain_status()
+    ok, why = toolchain_status(api)
     if not ok:
         raise NotImplementedError(
             f"nki_pa::{op} on an XLA device needs the Neuron toolchain (torch-neuronx, torch-xla, "
@@ -80,7 +90,8 @@ def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | Non
            lnc: int | None = None, item_parts: int = 1, **kwargs: Any) -> Any:
     """Call an ``@nki.jit`` kernel on torch tensors (torch-neuronx lowers it into the XLA graph)
     and return its output. A legacy-only kernel (a benchmark baseline) runs as
-    ``kernel[grid](...)`` (``grid`` None: no grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``) runs on
+    ``kernel[grid](...)`` (``grid`` None: no grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``; ``grid`` None:
+    a cache kernel, which splits its rows between the launch's cores) runs on
     ``nki_kernels.toolchain.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
     Hkv)``, current ``kernel(...)`` -- one launch at neuronx-cc's LNC (``lnc``, else
     ``NEURON_LOGICAL_NC_CONFIG``, else ``NEURON_CC_FLAGS``' ``--lnc``, else 2 on trn2 / trn3:
@@ -92,8 +103,8 @@ def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | Non
         from nki_kernels import toolchain
 
         chosen = toolchain.resolve_api(api)
-        return chosen.launch(kernel, args, kwargs, num_kv_heads=grid[1], device=True, lnc=lnc,
-                             item_parts=item_parts)
+        return chosen.launch(kernel, args, kwargs, num_kv_heads=None if grid is None else grid[1],
+                             device=True, lnc=lnc, item_parts=item_parts)
     return (kernel[grid] if grid else kernel)(*args, **kwargs)
 
 
@@ -110,7 +121,7 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                          gqa_packing=None, attention_kernel=None, sliding_window=None,
                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
                          v_scale=None, api=None, value_cache=None):
-    require_toolchain("paged_attention")
+    require_toolchain("paged_attention", api)
     if value_cache is not None:
         raise NotImplementedError("the XLA device path reads a fused (2, N, Hkv, B, d) kv_cache "
                                   "only; vLLM's block-KV pair (kv_cache=key_cache, value_cache=) "
@@ -278,7 +289,7 @@ def device_reshape_and_cache(key, value, kv_cache, slot_mapping) -> None:
     rows = cache_write_row_index(slots, num_blocks=N, num_kv_heads=Hkv, block_size=B)
     from nki_kernels.cache.kv_cache_update import kv_cache_update
 
-    out = launch(kv_cache_update.for_api("legacy"), None, key.to(kv_cache.dtype).contiguous(),
+    out = launch(kv_cache_update, None, key.to(kv_cache.dtype).contiguous(),
                  value.to(kv_cache.dtype).contiguous(), kv_cache,
                  torch.from_numpy(rows).to(kv_cache.device))
     _write_back(kv_cache, out)
@@ -302,7 +313,7 @@ def device_copy_blocks(kv_caches, block_mapping) -> None:
                                  n_sub=slab // f)
     from nki_kernels.cache.block_copy import copy_cache_blocks
 
-    out = launch(copy_cache_blocks.for_api("legacy"), None, whole, torch.from_numpy(pairs).to(whole.device),
+    out = launch(copy_cache_blocks, None, whole, torch.from_numpy(pairs).to(whole.device),
                  row_elems=f)
     _write_back(whole, out)
 

@@ -50,7 +50,7 @@ Pseudocode:
 
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.ops import KernelFamily, dtype_name
-from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows
+from nki_kernels.row_tiles import PMAX, cache_itemsize, run_row_tiles
 
 
 # Largest row a partition holds (F * itemsize); >= 4 KiB per partition already saturates DMA.
@@ -150,18 +150,10 @@ def _check(ops, name, src_rows, dst_rows, row_pairs):
 
 def _copy_rows(ops, src_rows, dst_rows, row_pairs):
     """Gather rows of ``src_rows`` and scatter them into ``dst_rows``, 128 rows per DMA."""
-    plan = plan_rows(row_pairs.shape[0], 8, INDEX_CHUNK_BUDGET_BYTES)
-    # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
-    # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
-    # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
-    # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
-    for c in ops.sequential_range(plan.n_full_chunks):
-        _copy_chunk(ops, src_rows, dst_rows, row_pairs, plan.n_tiles, c * plan.chunk, plan.chunk)
-    if plan.last_chunk > 0:
-        _copy_chunk(ops, src_rows, dst_rows, row_pairs, plan.n_tiles,
-                    plan.n_full_chunks * plan.chunk, plan.last_chunk)
-    if plan.rem > 0:
-        _copy_tail(ops, src_rows, dst_rows, row_pairs, plan.n_tiles * PMAX, plan.rem)
+    run_row_tiles(ops, row_pairs.shape[0], 8, INDEX_CHUNK_BUDGET_BYTES,
+                  lambda first, n_tiles, n: _copy_chunk(ops, src_rows, dst_rows, row_pairs,
+                                                        n_tiles, first, n),
+                  lambda start, n: _copy_tail(ops, src_rows, dst_rows, row_pairs, start, n))
 
 
 def _copy_chunk(ops, src_rows, dst_rows, row_pairs, n_tiles, first, n_chunk):

@@ -81,7 +81,7 @@ row_scale load per chunk (and one for the tail tile).
 from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.ops import KernelFamily
-from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows, require_oob_skip
+from nki_kernels.row_tiles import PMAX, cache_itemsize, require_oob_skip, run_row_tiles
 
 
 KERNEL = "kv_cache_update"
@@ -289,18 +289,9 @@ def _scatter_rows(ops, name, rows_in, targets, row_index, row_scale, bytes_per_t
                        f"keep d * itemsize <= {MAX_ROW_BYTES}")
     require_oob_skip(ops, name)
     ins = rows_in + (row_index, row_scale)
-    plan = plan_rows(rows_in[0].shape[0], bytes_per_tile, CHUNK_BUDGET_BYTES)
-    # sequential over chunks: the scatter destinations are data-dependent (index tiles) and do not
-    # mention c, so NKI's affine_range output-dependency rule (each iteration writes a different,
-    # index-visible location; err_unexpected_output_dependencies) cannot be shown statically.
-    # Within a chunk the index subscript carries t (the form AWS kernels use in affine loops).
-    for c in ops.sequential_range(plan.n_full_chunks):
-        _write_chunk(ops, ins, targets, bound, plan.n_tiles, c * plan.chunk, plan.chunk)
-    if plan.last_chunk > 0:
-        _write_chunk(ops, ins, targets, bound, plan.n_tiles, plan.n_full_chunks * plan.chunk,
-                     plan.last_chunk)
-    if plan.rem > 0:
-        _write_tail(ops, ins, targets, bound, plan.n_tiles * PMAX, plan.rem)
+    run_row_tiles(ops, rows_in[0].shape[0], bytes_per_tile, CHUNK_BUDGET_BYTES,
+                  lambda first, n_tiles, n: _write_chunk(ops, ins, targets, bound, n_tiles, first, n),
+                  lambda start, n: _write_tail(ops, ins, targets, bound, start, n))
 
 
 def _quantize(ops, x, inv_scale, bound, dtype):

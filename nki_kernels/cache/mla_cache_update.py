@@ -48,7 +48,7 @@ Pseudocode:
 from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 from nki_kernels._assert import kernel_check, kernel_unsupported
 from nki_kernels.ops import KernelFamily, dtype_name
-from nki_kernels.row_tiles import PMAX, cache_itemsize, plan_rows, require_oob_skip
+from nki_kernels.row_tiles import PMAX, cache_itemsize, require_oob_skip, run_row_tiles
 
 
 KERNEL = "mla_cache_update"
@@ -105,17 +105,11 @@ def _build(ops):
         require_oob_skip(ops, KERNEL)
 
         cache_rows = kv_cache.reshape((n_blocks * block_size, entry))      # free view: slot = row
-        plan = plan_rows(n_tok, row_bytes + 4, CHUNK_BUDGET_BYTES)
         ins = (kv_c, k_pe, row_index)
-        # sequential over chunks: the scatter destinations are data-dependent and do not mention
-        # c (same reasoning as nki_kernels.cache.kv_cache_update); tiles of a chunk are affine.
-        for c in ops.sequential_range(plan.n_full_chunks):
-            _write_chunk(ops, ins, cache_rows, plan.n_tiles, c * plan.chunk, plan.chunk)
-        if plan.last_chunk > 0:
-            _write_chunk(ops, ins, cache_rows, plan.n_tiles, plan.n_full_chunks * plan.chunk,
-                         plan.last_chunk)
-        if plan.rem > 0:
-            _write_tail(ops, ins, cache_rows, plan.n_tiles * PMAX, plan.rem)
+        run_row_tiles(ops, n_tok, row_bytes + 4, CHUNK_BUDGET_BYTES,
+                      lambda first, n_tiles, n: _write_chunk(ops, ins, cache_rows, n_tiles, first,
+                                                             n),
+                      lambda start, n: _write_tail(ops, ins, cache_rows, start, n))
         return kv_cache
 
     return mla_cache_update

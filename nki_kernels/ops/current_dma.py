@@ -136,8 +136,10 @@ def row_block(table, first, stride, parts, count):
 
 
 def rows(table, start, n):
-    """View ``(n, F)`` of rows ``start .. start + n - 1`` of a 2-D HBM row tensor ``table``."""
-    return table[start:start + n, :]
+    """View ``(n, F)`` of rows ``start .. start + n - 1`` of a 2-D HBM row tensor ``table`` (an
+    ``.ap`` pattern: ``start`` may hold ``nl.program_id`` arithmetic, as in :func:`row_block`)."""
+    F = table.shape[1]
+    return table.ap([[F, n], [1, F]], offset=table.offset + start * F)
 
 
 def gather_rows(dst, table, idx, idx_col):

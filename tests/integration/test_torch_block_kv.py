@@ -75,7 +75,7 @@ def test_opcheck_with_value_cache():
 
 
 def test_xla_path_refuses_the_pair(monkeypatch):
-    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))
+    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda api=None: (True, "simulated for a test"))
     b = make_batch(3)
     a, v = op_args(b)
     with pytest.raises(NotImplementedError, match=r"block-KV pair .* needs CPU tensors"):

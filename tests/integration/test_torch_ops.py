@@ -233,11 +233,26 @@ def test_toolchain_selection(monkeypatch):
     present.add("torch_neuronx")
     assert torch_neuron.toolchain_status() == (False, "torch_xla not importable")
     present.add("torch_xla")
-    monkeypatch.setattr(toolchain, "SIMULATED", True)
+    chosen = {}
+
+    def resolve(api=None):
+        if "error" in chosen:
+            raise RuntimeError(chosen["error"])
+        return toolchain.Api(chosen["name"], chosen["simulated"], None)
+
+    monkeypatch.setattr(toolchain, "resolve_api", resolve)
+    chosen.update(name="nki", simulated=True)
     ok, why = torch_neuron.toolchain_status()
-    assert not ok and "nki_sim" in why
-    monkeypatch.setattr(toolchain, "SIMULATED", False)
+    assert not ok and "nki_sim" in why                                       # must-fail
+    # SDK 2.34 on trn2: the real current nki, no neuronxcc.nki (nki_sim stands in for it)
+    chosen.update(name="nki", simulated=False)
+    assert torch_neuron.toolchain_status() == (
+        True, "torch-neuronx, torch-xla and nki (api='nki') are importable")  # must-pass
+    chosen.update(name="legacy", simulated=False)                            # SDK <= 2.28
     assert torch_neuron.toolchain_status()[0]
+    chosen["error"] = "api='legacy' needs neuronx-cc with the neuronxcc.nki namespace"
+    ok, why = torch_neuron.toolchain_status("legacy")
+    assert not ok and "no NKI API to launch on" in why and "neuronxcc.nki namespace" in why
 
 
 @pytest.mark.skipif(torch_neuron.toolchain_status()[0], reason="the Neuron toolchain is installed")
@@ -264,7 +279,8 @@ def simulated_device(monkeypatch):
         np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
         kw = {k: x.numpy() if isinstance(x, torch.Tensor) else x for k, x in kw.items()}
         if isinstance(kernel, KernelFamily):          # the API choice of the real path
-            out = toolchain.resolve_api(api).launch(kernel, np_args, kw, num_kv_heads=grid[1],
+            out = toolchain.resolve_api(api).launch(kernel, np_args, kw,
+                                                    num_kv_heads=None if grid is None else grid[1],
                                                     device=False, lnc=lnc, item_parts=item_parts)
         else:
             out = toolchain.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
@@ -272,7 +288,7 @@ def simulated_device(monkeypatch):
             return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in out)
         return torch.from_numpy(np.ascontiguousarray(out))
 
-    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "simulated for a test"))
+    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda api=None: (True, "simulated for a test"))
     monkeypatch.setattr(torch_neuron, "launch", launch)
     return calls
 
@@ -316,8 +332,8 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     assert {k for k, _ in simulated_device[:launches]} == {scheduled_paged_attention,
                                                            flash_paged_attention}
     assert all(g == (1, HKV) for _, g in simulated_device[:launches])
-    assert simulated_device[launches:] == [(kv_cache_update.for_api("legacy"), None),
-                                          (copy_cache_blocks.for_api("legacy"), None)]
+    # the cache kernels run on the API the attention launches use (not the legacy one always)
+    assert simulated_device[launches:] == [(kv_cache_update, None), (copy_cache_blocks, None)]
 
 
 def test_device_path_launches_the_dense_kernel_at_the_logical_cores_lnc(simulated_device,
@@ -370,7 +386,7 @@ def test_cpu_tensors_never_take_the_device_path(monkeypatch, tol):
     def refuse(*a, **kw):
         raise AssertionError("device path used for CPU tensors")
 
-    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda: (True, "pretend"))
+    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda api=None: (True, "pretend"))
     monkeypatch.setattr(torch_neuron, "launch", refuse)
     b = make_batch(10)
     out = torch.ops.nki_pa.paged_attention(*args(b), mixed_precision=False, large_tile_size=512)

@@ -178,6 +178,15 @@ def check_reference():
     return assert_matches_reference
 
 
+@pytest.fixture
+def one_core(monkeypatch):
+    """Launches at LNC 1 (``NEURON_LOGICAL_NC_CONFIG=1``): a test that counts one launch's
+    instructions or bytes, which a trn2 launch at the platform's LNC 2 splits between two cores."""
+    from nki_kernels import toolchain
+
+    monkeypatch.setenv(toolchain.LNC_ENV, "1")
+
+
 @pytest.fixture(autouse=True)
 def _block_dimensions_are_errors():
     """The project's kernels must compile on Neuron SDK >= 2.25, where block dimensions are an

@@ -53,7 +53,7 @@ def test_write_matches_reference_in_place(rng, api, T, Hkv, d, N, B, dtype):
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_one_descriptor_per_token_and_half(rng, api):
+def test_one_descriptor_per_token_and_half(one_core, rng, api):
     """A token's Hkv heads are one contiguous row: one descriptor of Hkv * d * itemsize bytes per
     token and per K / V (the (2, N, Hkv, B, d) layout needs Hkv); padding moves nothing."""
     T, Hkv, d, N, B = 100, 8, 16, 16, 8
@@ -71,7 +71,7 @@ def test_one_descriptor_per_token_and_half(rng, api):
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_copy_blocks_per_layer_pairs_without_a_copy(rng, api):
+def test_copy_blocks_per_layer_pairs_without_a_copy(one_core, rng, api):
     """Three layers, each a (2, N, B, Hkv, d) tensor unbound into K / V views: one launch per
     layer (K and V are consecutive in its buffer), the blocks copied in the callers' buffers."""
     N, B, Hkv, d = 10, 4, 2, 8

@@ -311,7 +311,7 @@ def test_simulator_reads_the_e4m3_view_as_ieee_e4m3():
 
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("n_tok,n_heads", [(16, 8), (100, 3), (1, 1)], ids=["one_tile", "tile_and_tail", "tail_only"])
-def test_fp8_write_instruction_counts(rng, n_tok, n_heads, api):
+def test_fp8_write_instruction_counts(one_core, rng, n_tok, n_heads, api):
     """The documented plan: per chunk an index, K, V and row_scale load; per tile a ScalarE scale
     and a VectorE clamp+cast for K and for V, then two indirect stores (all tiles in one chunk)."""
     import nki_sim

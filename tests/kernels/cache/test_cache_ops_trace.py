@@ -38,7 +38,7 @@ def write_counts(rows):
     (1, 1, 0), (16, 8, 0), (100, 8, 10), (129, 1, 1), (300, 4, 40),
 ])
 @pytest.mark.parametrize("api", APIS)
-def test_cache_write_dma_counts(rng, n_tok, n_heads, n_neg, api):
+def test_cache_write_dma_counts(one_core, rng, n_tok, n_heads, n_neg, api):
     d, block_size = 16, 8
     n_blocks = math.ceil(n_tok / block_size) + 1
     cache = np.zeros((2, n_blocks, n_heads, block_size, d), np.float32)
@@ -61,7 +61,7 @@ def test_cache_write_dma_counts(rng, n_tok, n_heads, n_neg, api):
     assert summary["dma_indirect_instructions"] == len(ind)
 
 
-def test_cache_write_direct_loads_one_descriptor_per_partition(rng):
+def test_cache_write_direct_loads_one_descriptor_per_partition(one_core, rng):
     """The chunked K / V / index loads read one contiguous run per partition."""
     n_tok, n_heads, d = 128, 3, 8                                        # 384 rows = 3 full tiles
     cache = np.zeros((2, 40, n_heads, 4, d), np.float32)
@@ -105,7 +105,7 @@ def test_per_token_baseline_counts(rng):
     (2, 8, 2, 8, 16, 256),        # slab 256 el = 1 KiB split into 4 rows of 64: M = 128
 ])
 @pytest.mark.parametrize("api", APIS)
-def test_block_copy_dma_counts(rng, n_layers, n_copy, hkv, block_size, d, max_row_bytes, api):
+def test_block_copy_dma_counts(one_core, rng, n_layers, n_copy, hkv, block_size, d, max_row_bytes, api):
     n_blocks = 2 * n_copy + 1
     layers = allocate_kv_caches(n_layers, n_blocks, hkv, block_size, d)
     for layer in layers:
@@ -126,7 +126,7 @@ def test_block_copy_dma_counts(rng, n_layers, n_copy, hkv, block_size, d, max_ro
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_swap_blocks_dma_counts(rng, api):
+def test_swap_blocks_dma_counts(one_core, rng, api):
     src = rng.standard_normal((2, 30, 2, 4, 8)).astype(np.float32)
     dst = np.zeros((2, 10, 2, 4, 8), np.float32)
     mapping = np.stack([np.arange(10) * 3, np.arange(10)], axis=1)
@@ -138,7 +138,7 @@ def test_swap_blocks_dma_counts(rng, api):
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_chunked_dma_counts(rng, monkeypatch, api):
+def test_chunked_dma_counts(one_core, rng, monkeypatch, api):
     """Several chunks: 3 loads per chunk (write) / 1 index load per chunk (copy), 2 DMAs per tile."""
     import nki_kernels.cache.block_copy as bc
     import nki_kernels.cache.kv_cache_update as kvu

@@ -47,7 +47,7 @@ def test_copy_blocks_one_mla_layer(rng, block_size, align, target, api):
 
 
 @pytest.mark.parametrize("as_list", [False, True], ids=["one_array", "list_of_views"])
-def test_copy_blocks_all_layers_of_one_buffer(rng, as_list):
+def test_copy_blocks_all_layers_of_one_buffer(one_core, rng, as_list):
     """(L, N, B, E) in one buffer: one launch, zero-copy row view, every layer copied."""
     whole = filled(rng, (3, 7, 16, 640))
     bm = mapping(rng, 7, 3)

@@ -309,7 +309,7 @@ def dma_events(trace):
 
 
 @pytest.mark.parametrize("n_tok,n_neg,align", [(1, 0, None), (128, 0, 256), (150, 7, 256), (300, 40, None)])
-def test_dma_counts_one_store_per_128_tokens(rng, n_tok, n_neg, align):
+def test_dma_counts_one_store_per_128_tokens(one_core, rng, n_tok, n_neg, align):
     """ceil(T / 128) indirect stores, one descriptor of (R + P) * 2 bytes per valid token (the
     padding is never part of a store), padding rows skipped; 3 loads per chunk + 4 for a tail."""
     n_blocks = -(-n_tok // 16) + 1
@@ -330,7 +330,7 @@ def test_dma_counts_one_store_per_128_tokens(rng, n_tok, n_neg, align):
     assert trace.summary()["dma_indirect_instructions"] == len(ind)
 
 
-def test_direct_loads_one_descriptor_per_partition(rng):
+def test_direct_loads_one_descriptor_per_partition(one_core, rng):
     """256 tokens = 2 tiles in one chunk: index, kv_c and k_pe each arrive in one DMA with one
     contiguous run per partition."""
     cache = random_cache(rng, 20, 16)
