@@ -14,16 +14,15 @@ Kernel choice: the SAME as for CPU tensors. ``paged_attention`` runs the plan th
 scheduled kernel by default, with its variants; "dense" for the vLLM-interface kernel), shared
 by every layer of a step (``host.plan_cache``). Lengths and block tables are read on the host (a
 device sync); the per-layer inputs are gathers on the tensors' device (``host.scheduled.scheduled_index``:
-packed Q^T, the overlay rows from the cache and the new K/V), and the output rows are scattered
-back on the device.
+packed Q^T, the overlay rows from the cache -- fused, or vLLM's block-KV pair -- and the new K/V,
+never a copy of the whole cache), and the output rows are scattered back on the device.
 
 Selection: ``host.serving.torch_ops`` registers the functions here as the ops' XLA kernels. Each call
 first checks :func:`toolchain_status`: torch-neuronx and torch-xla importable AND the API the
-launches run on (``nki_kernels.toolchain.resolve_api``) a real NKI package. The cache ops launch
-their kernels on that API too, at the compiler's LNC (the cores split the rows). If not,
-``NotImplementedError`` says what
-is missing; the call is never routed to the CPU or the simulator behind the caller's back. CPU
-tensors never reach this module.
+launches run on (``nki_kernels.toolchain.resolve_api``) a real NKI package; if not,
+``NotImplementedError`` says what is missing, and the call is never routed to the CPU or the
+simulator behind the caller's back. CPU tensors never reach this module. The cache ops launch
+their kernels on that API too, at the compiler's LNC (the cores split the rows).
 
 Not verified on hardware (no device or neuronx-cc was available): the torch-side input
 preparation is tested on CPU with :func:`launch` replaced by a simulator launch
@@ -46,6 +45,7 @@ from host.scheduled.scheduled import block_major, group_major, launch_args, pair
 from host.scheduled.scheduled_index import output_index, overlay_index, query_index
 from host.step_plan import layer_launches
 from host.validation import check_slot_mapping, fail
+from nki_kernels.contract import BLOCK_KV, FUSED
 
 __all__ = ["toolchain_status", "require_toolchain", "launch",
            "register_device_kernels", "device_paged_attention", "device_reshape_and_cache",
@@ -122,10 +122,6 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                          logits_soft_cap=None, alibi_slopes=None, sinks=None, k_scale=None,
                          v_scale=None, api=None, value_cache=None):
     require_toolchain("paged_attention", api)
-    if value_cache is not None:
-        raise NotImplementedError("the XLA device path reads a fused (2, N, Hkv, B, d) kv_cache "
-                                  "only; vLLM's block-KV pair (kv_cache=key_cache, value_cache=) "
-                                  "needs CPU tensors")
     if k_scale is not None or v_scale is not None:
         raise NotImplementedError("the XLA device path reads float32 / bfloat16 / float16 caches "
                                   "only; fp8 caches (k_scale / v_scale) need CPU tensors")
@@ -137,7 +133,8 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                                   mixed_precision=mixed_precision, large_tile_size=large_tile_size,
                                   kernel=attention_kernel or "scheduled",
                                   sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                                  alibi_slopes=alibi_slopes, sinks=sinks, api=api)
+                                  alibi_slopes=alibi_slopes, sinks=sinks, api=api,
+                                  value_cache=value_cache)
 
 
 def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
@@ -156,18 +153,29 @@ def _copy_blocks_xla(kv_caches, block_mapping):
 def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens, context_lens, *,
                            softmax_scale=None, mixed_precision=True, large_tile_size=None,
                            kernel="scheduled", sliding_window=None, logits_soft_cap=None,
-                           alibi_slopes=None, sinks=None, api=None):
+                           alibi_slopes=None, sinks=None, api=None, value_cache=None):
     """:func:`host.paged_attention` with torch tensors kept on their device (module docstring).
 
-    Shapes as ``host.paged_attention``; the plan is ``host.plan_cache.cached_plan`` of the
-    host copies of the lengths and block tables (one per step for all layers). Returns
+    Shapes as ``host.paged_attention``: ``kv_cache`` (2, N, Hkv, B, d), or with ``value_cache``
+    vLLM's block-KV pair, ``kv_cache`` the key cache and ``value_cache`` the value cache, (N, B,
+    Hkv, d) each, read in place (scheduled kernel); the plan is ``host.plan_cache.cached_plan``
+    of the host copies of the lengths and block tables (one per step for all layers). Returns
     (T, H, d) on query's device.
     """
-    if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        fail("query / kv_cache", "be (T, H, d) / (2, num_blocks, Hkv, block_size, d)",
-             f"shapes {tuple(query.shape)} / {tuple(kv_cache.shape)}")
+    pair = value_cache is not None
+    if pair:
+        if (query.dim() != 3 or kv_cache.dim() != 4 or tuple(value_cache.shape) != tuple(kv_cache.shape)
+                or value_cache.dtype != kv_cache.dtype):
+            fail("query / kv_cache / value_cache", "be (T, H, d) / two (num_blocks, block_size, "
+                 "Hkv, d) caches of one dtype", f"shapes {tuple(query.shape)} / "
+                 f"{tuple(kv_cache.shape)} / {tuple(value_cache.shape)} {value_cache.dtype}")
+        N, B, Hkv, _ = kv_cache.shape
+    else:
+        if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+            fail("query / kv_cache", "be (T, H, d) / (2, num_blocks, Hkv, block_size, d)",
+                 f"shapes {tuple(query.shape)} / {tuple(kv_cache.shape)}")
+        _, N, Hkv, B, _ = kv_cache.shape
     T, H, d = query.shape
-    _, N, Hkv, B, _ = kv_cache.shape
     for name, t in (("key", key), ("value", value)):
         if tuple(t.shape) != (T, Hkv, d) or t.dtype != query.dtype:
             fail(name, f"be (T, Hkv, d) = {(T, Hkv, d)} in {query.dtype}",
@@ -182,16 +190,19 @@ def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens
                        large_tile_size="auto" if large_tile_size is None else large_tile_size,
                        backend="neuron", gqa_packing=False if kernel == "dense" else "auto",
                        kernel=kernel, sliding_window=sliding_window,
-                       logits_soft_cap=logits_soft_cap, api=api, **layer)
+                       logits_soft_cap=logits_soft_cap, api=api,
+                       kv_layout=BLOCK_KV if pair else FUSED, **layer)
     if plan.num_tokens != T:
         fail("query_lens", f"sum to query.shape[0] = {T}", f"sum {plan.num_tokens}")
     if plan.kernel == "dense":
         return _device_dense(plan, query, key, value, kv_cache)
-    return _device_scheduled(plan, query, key, value, kv_cache, layer)
+    return _device_scheduled(plan, query, key, value, (kv_cache, value_cache) if pair else kv_cache,
+                             layer)
 
 
 def _device_scheduled(plan, query, key, value, kv_cache, layer):
-    """The scheduled kernel on device tensors: gathers build the per-layer inputs."""
+    """The scheduled kernel on device tensors: gathers build the per-layer inputs; ``kv_cache``
+    the fused cache or the block-KV ``(key_cache, value_cache)`` pair (read in place)."""
     import torch
 
     from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
@@ -200,34 +211,37 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
     _, launches = layer_launches(plan, **layer)
     T, H, d = query.shape
     N, Hkv = plan.num_blocks, plan.num_kv_heads
+    pair = plan.kv_layout == BLOCK_KV
     dev = query.device
     idx = lambda a: torch.from_numpy(np.array(a)).to(dev)  # noqa: E731  (a writable copy)
-    new = torch.stack([key, value]).to(kv_cache.dtype).reshape(2, T * Hkv, d)   # row t*Hkv + h
-    src = torch.cat([kv_cache.reshape(2, N * Hkv * plan.block_size, d), new,
-                     kv_cache.new_zeros((2, 1, d))], dim=1)
+    cache_dtype = (kv_cache[0] if pair else kv_cache).dtype
+    new = torch.stack([key, value]).to(cache_dtype).reshape(2, T * Hkv, d)   # row t*Hkv + h
     qflat = torch.cat([query.reshape(T * H, d), query.new_zeros((1, d))])
     result = query.new_zeros((T * H, d))
     on_dev = lambda a: idx(a) if isinstance(a, np.ndarray) else a  # noqa: E731
+    kv_arg, extra = (kv_cache[0], {"value_cache": kv_cache[1]}) if pair else (kv_cache, {})
     built = []
     for part, launch_in in zip(plan.parts, launches):
         ov = overlay_index(part.schedule, plan.block_tables, num_blocks=N, num_tokens=T)
-        overlay = src[:, idx(ov.reshape(-1))].reshape(2, ov.shape[0], ov.shape[1] * d)
+        overlay = _device_overlay(ov, kv_cache, new, pair, idx)
         cls = launch_in.cls
         qi = query_index(cls, H, Hkv, T)
         qt = qflat[idx(qi.reshape(-1))].reshape(Hkv, cls.num_blocks, cls.rows, d)
         qt = group_major(qt.permute(0, 1, 3, 2), cls.blocks).contiguous()
         item_q = (tuple(_item_queries(cls, qt, p, Hkv, idx) for p in (cls.full, cls.partial))
                   if cls.decode_layout else None)
-        built.append(launch_args(launch_in, qt, kv_cache, overlay, item_q=item_q))
+        built.append(launch_args(launch_in, qt, kv_arg, overlay, item_q=item_q))
     run = dict(api=plan.api, lnc=plan.lnc, item_parts=launches[0].cls.item_parts)
     if plan.fused:        # both classes in one launch, their items interleaved
         args, inputs = pair_launch_args(*built)
         first, second = (part.kernel_kwargs["options"] for part in plan.parts)
         outs = launch(scheduled_pair_attention, (1, Hkv), *map(on_dev, args), options=first,
-                      options_b=second, **run, **{n: on_dev(a) for n, a in inputs.items()})
+                      options_b=second, **run, **extra,
+                      **{n: on_dev(a) for n, a in inputs.items()})
     else:
         outs = [launch(scheduled_paged_attention, (1, Hkv), *map(on_dev, args),
-                       **part.kernel_kwargs, **run, **{n: on_dev(a) for n, a in inputs.items()})
+                       **part.kernel_kwargs, **run, **extra,
+                       **{n: on_dev(a) for n, a in inputs.items()})
                 for part, (args, inputs) in zip(plan.parts, built)]
     for launch_in, out in zip(launches, outs):
         cls = launch_in.cls
@@ -235,6 +249,38 @@ def _device_scheduled(plan, query, key, value, kv_cache, layer):
         out = block_major(out, Hkv, cls.blocks, cls.rows, d)
         result[idx(dst)] = out.reshape(-1, d)[idx(rows)].to(result.dtype)
     return result.reshape(T, H, d)
+
+
+def _device_overlay(ov, cache, new, pair, idx):
+    """The rows ``ov`` (``host.scheduled.scheduled_index.overlay_index``: cache row ``(block *
+    Hkv + head) * B + offset``, then new-token row ``N * Hkv * B + t * Hkv + head``, then the zero
+    row) gathered on the device, ``(2, Hkv * R, b' * d)``: cache rows from ``cache`` (fused (2,
+    N, Hkv, B, d), or the block-KV pair, where that row is ``(block * B + offset) * Hkv + head``
+    of either (N * B * Hkv, d) view), new-token rows from ``new`` (2, T * Hkv, d). Two gathers
+    and two selects, never a copy of the whole cache; the rows a select drops are gathered from
+    row 0, whose values (a NaN included) never reach the result."""
+    import torch
+
+    if pair:
+        N, B, Hkv, d = cache[0].shape
+    else:
+        _, N, Hkv, B, d = cache.shape
+    rows = ov.reshape(-1)
+    n_cache = N * Hkv * B
+    in_cache = rows < n_cache
+    in_new = ~in_cache & (rows < n_cache + new.shape[1])
+    if pair:
+        blk, rest = np.divmod(rows, Hkv * B)
+        head, off = np.divmod(rest, B)
+        crow = np.where(in_cache, (blk * B + off) * Hkv + head, 0)
+        got = torch.stack([c.reshape(N * B * Hkv, d)[idx(crow)] for c in cache])
+    else:
+        got = cache.reshape(2, n_cache, d)[:, idx(np.where(in_cache, rows, 0))]
+    fresh = new[:, idx(np.where(in_new, rows - n_cache, 0))]
+    zero = torch.zeros_like(got)
+    out = torch.where(idx(in_cache)[None, :, None], got,
+                      torch.where(idx(in_new)[None, :, None], fresh, zero))
+    return out.reshape(2, ov.shape[0], ov.shape[1] * d)
 
 
 def _item_queries(cls, qt, phase, Hkv, idx):

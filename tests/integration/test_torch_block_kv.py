@@ -1,7 +1,8 @@
 """torch op nki_pa::paged_attention with vLLM's block-KV cache (kv_cache = the key cache and
 value_cache = the value cache, (N, B, Hkv, d) each): numerics against the float64 reference,
-the launch reads the tensors' own storage, torch.library.opcheck, and the XLA device path's
-refusal (it reads fused caches only)."""
+the launch reads the tensors' own storage, torch.library.opcheck, and the XLA device path (on a
+simulated launch: the same kernel and inputs as on the CPU; its overlay gathers equal the host's,
+garbage in unseen slots kept out)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,46 @@ def test_opcheck_with_value_cache():
                           dict(mixed_precision=False, large_tile_size=512, value_cache=v))
 
 
-def test_xla_path_refuses_the_pair(monkeypatch):
-    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda api=None: (True, "simulated for a test"))
+def test_xla_path_reads_the_pair(simulated_device, tol):
+    from nki_kernels.scheduled.scheduled_attention import scheduled_paged_attention
+
     b = make_batch(3)
     a, v = op_args(b)
-    with pytest.raises(NotImplementedError, match=r"block-KV pair .* needs CPU tensors"):
-        torch_neuron._paged_attention_xla(*a, value_cache=v)
+    out = torch_neuron._paged_attention_xla(*a, mixed_precision=False, large_tile_size=512,
+                                            value_cache=v)
+    np.testing.assert_allclose(out.numpy(), reference(b), atol=tol("fp32", "float32")[0])
+    cpu = torch.ops.nki_pa.paged_attention(*a, mixed_precision=False, large_tile_size=512,
+                                           value_cache=v)
+    assert torch.equal(out, cpu)                     # the same kernel and inputs as on the CPU
+    assert simulated_device and {k for k, _ in simulated_device} == {scheduled_paged_attention}
+    with pytest.raises(NotImplementedError, match="reads a fused"):
+        torch_neuron._paged_attention_xla(*a, value_cache=v, attention_kernel="dense")
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_device_overlay_equals_the_host_overlay_and_keeps_garbage_out(pair):
+    from host.scheduled.schedule import make_schedule
+    from host.scheduled.scheduled import build_overlay
+    from host.scheduled.scheduled_index import overlay_index
+
+    b = make_batch(4)
+    vllm = b["vllm"].clone()
+    bt = b["block_tables"].numpy()
+    ql, cl = b["query_lens"].numpy(), b["context_lens"].numpy()
+    seen = np.zeros((N, B), bool)                     # cache slots some query may see
+    for i, c in enumerate(cl):
+        for pos in range(c):
+            seen[bt[i, pos // B], pos % B] = True
+    vllm[:, ~torch.from_numpy(seen)] = float("nan")   # garbage everywhere no query may look
+    k_cache, v_cache = vllm.unbind(0)
+    cache = (k_cache, v_cache) if pair else vllm.permute(0, 1, 3, 2, 4).contiguous()
+    sched = make_schedule(ql, cl, bt, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=B,
+                          num_blocks=N, large_tile_size=512)
+    T = int(ql.sum())
+    new = torch.stack([b["key"], b["value"]]).reshape(2, T * HKV, D)
+    ov = overlay_index(sched, bt, num_blocks=N, num_tokens=T)
+    got = torch_neuron._device_overlay(ov, cache, new, pair, torch.from_numpy)
+    host_cache = (k_cache.numpy(), v_cache.numpy()) if pair else cache.numpy()
+    want = build_overlay(sched, host_cache, b["key"].numpy(), b["value"].numpy(), bt)
+    assert np.isfinite(want).all()
+    assert got.numpy().tobytes() == want.tobytes()

@@ -266,33 +266,6 @@ def test_device_path_refuses_without_the_toolchain():
             call()
 
 
-@pytest.fixture
-def simulated_device(monkeypatch):
-    """Pretend the toolchain is present and run each launch on the simulator (NumPy views of the
-    CPU tensors); returns the list of (kernel, grid) launches."""
-    calls = []
-
-    from nki_kernels.ops import KernelFamily
-
-    def launch(kernel, grid, *a, api=None, lnc=None, item_parts=1, **kw):
-        calls.append((kernel, grid))
-        np_args = [x.numpy() if isinstance(x, torch.Tensor) else x for x in a]
-        kw = {k: x.numpy() if isinstance(x, torch.Tensor) else x for k, x in kw.items()}
-        if isinstance(kernel, KernelFamily):          # the API choice of the real path
-            out = toolchain.resolve_api(api).launch(kernel, np_args, kw,
-                                                    num_kv_heads=None if grid is None else grid[1],
-                                                    device=False, lnc=lnc, item_parts=item_parts)
-        else:
-            out = toolchain.nki.simulate_kernel(kernel[grid] if grid else kernel, *np_args, **kw)
-        if isinstance(out, tuple):                     # a kernel with several outputs
-            return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in out)
-        return torch.from_numpy(np.ascontiguousarray(out))
-
-    monkeypatch.setattr(torch_neuron, "toolchain_status", lambda api=None: (True, "simulated for a test"))
-    monkeypatch.setattr(torch_neuron, "launch", launch)
-    return calls
-
-
 def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     from nki_kernels.cache.block_copy import copy_cache_blocks
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention
