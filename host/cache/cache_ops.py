@@ -41,9 +41,8 @@ NotImplementedError (on Trainium the kernels are called through torch-xla, not t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 

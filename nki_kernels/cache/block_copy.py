@@ -34,7 +34,8 @@ the chunk variable (NKI's affine output-dependency rule cannot see through the i
 Row order and chunking as in :mod:`nki_kernels.row_tiles`: bulk row q = p * n_tiles + t;
 one direct DMA loads the [src, dst] indices of a whole chunk of tiles.
 
-DMA instructions (n_tiles = M // 128, rem = M % 128, n_chunks = ceil(n_tiles / chunk)):
+DMA instructions of one core (n_tiles = M // 128, rem = M % 128, n_chunks = ceil(n_tiles /
+chunk); on the current API at LNC 2 each core counts its ceil(M / 2) rows, ``row_tiles``):
     n_chunks + 2 * n_tiles          index load per chunk; gather + scatter per tile
     + 3 if rem > 0                  tail: index load, gather, scatter
     indirect (gather + scatter) = 2 * ceil(M / 128); payload bytes = 2 * M * F * itemsize

@@ -41,7 +41,8 @@ Row order. Row q of the inputs goes to partition / tile as in :mod:`nki_kernels.
 (bulk row q = p * n_tiles + t), so one direct DMA per chunk loads the K rows (and one the V rows,
 one the indices) of up to ``chunk`` tiles with one contiguous descriptor per partition.
 
-DMA instructions (n_tiles = R // 128, rem = R % 128, n_chunks = ceil(n_tiles / chunk)):
+DMA instructions of one core (n_tiles = R // 128, rem = R % 128, n_chunks = ceil(n_tiles /
+chunk); on the current API at LNC 2 each core counts its ceil(R / 2) rows, ``row_tiles``):
     3 * n_chunks + 2 * n_tiles            bulk: index + K + V loads per chunk, 2 stores per tile
     + 5 if rem > 0                        tail tile: index, K, V loads and 2 stores
     indirect stores = 2 * ceil(R / 128)

@@ -29,7 +29,8 @@ stores skip out-of-bounds rows (``oob_mode.skip``; legacy Neuron SDK >= 2.23).
 Row order and chunking as in :mod:`nki_kernels.row_tiles` (bulk token q = p * n_tiles + t), so each
 chunk's index / kv_c / k_pe loads read one contiguous run per partition.
 
-DMA instructions (n_tiles = T // 128, rem = T % 128, n_chunks = ceil(n_tiles / chunk)):
+DMA instructions of one core (n_tiles = T // 128, rem = T % 128, n_chunks = ceil(n_tiles /
+chunk); on the current API at LNC 2 each core counts its ceil(T / 2) rows, ``row_tiles``):
     3 * n_chunks + n_tiles        bulk: index + kv_c + k_pe loads per chunk, 1 store per tile
     + 4 if rem > 0                tail tile: index, kv_c, k_pe loads and 1 store
     indirect stores = ceil(T / 128)
