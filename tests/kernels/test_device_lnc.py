@@ -7,6 +7,8 @@ So with nothing set the current API launches at 2; ``NEURON_LOGICAL_NC_CONFIG`` 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,33 @@ def test_the_device_launch_brackets_the_compilers_lnc(clean_env, batch_factory,
                                    device=True)
     assert {e.program_id[0] for e in trace.events} == {0}
     np.testing.assert_array_equal(np.asarray(out), np.asarray(one))
+
+
+def test_a_cache_kernel_launches_at_the_compilers_lnc_too(clean_env, rng):
+    # the cache kernels have no head grid (num_kv_heads=None): on the current API they launch at
+    # the compiler's LNC like the attention kernels -- kernel(...) alone would be LNC 1, which
+    # neuronx-cc refuses at its default 2 (EVRF066) -- and the two cores split the rows
+    from host.cache.cache_ops import cache_write_row_index
+    from nki_kernels.cache.kv_cache_update import kv_cache_update
+
+    T, Hkv, d, N, B = 300, 2, 8, 40, 16
+    key = rng.standard_normal((T, Hkv, d)).astype(np.float32)
+    slots = rng.permutation(N * B)[:T]
+    rows = cache_write_row_index(slots, num_blocks=N, num_kv_heads=Hkv, block_size=B)
+    want = np.zeros((2, N, Hkv, B, d), np.float32)
+    want[0, slots // B, :, slots % B] = key
+    want[1, slots // B, :, slots % B] = -key
+    for env, cores in ((None, {0, 1}), ("1", {0})):
+        if env:
+            clean_env.setenv(toolchain.LNC_ENV, env)
+        cache = np.zeros_like(want)
+        with nki_sim.use_target("trn2"), nki_sim.tracing() as trace, warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)        # kernel[2] (NKI 0.7+)
+            DEVICE["nki"].launch(kv_cache_update, (key, -key, cache, rows), {}, num_kv_heads=None,
+                                 device=True)
+        assert {e.program_id[0] for e in trace.events} == cores                  # must-pass
+        assert cache.tobytes() == want.tobytes()
+    clean_env.setenv(toolchain.CC_FLAGS_ENV, "--lnc=2")
+    with pytest.raises(ValueError, match="EVRF066"):                             # must-fail
+        DEVICE["nki"].launch(kv_cache_update, (key, -key, np.zeros_like(want), rows), {},
+                             num_kv_heads=None, device=True)
