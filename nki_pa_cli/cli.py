@@ -20,6 +20,14 @@ says so and skips the PNG). Every kernel of host.paged_attention(kernel=...) run
 first. Exit code 0 = PASS, 1 = FAIL, 2 = bad usage."""
 
 
+ENV_HELP = """\
+Report what a launch would run on here: the installed packages, the environment variables that
+steer a launch (NKI_PA_BACKEND, NKI_PA_API, NEURON_LOGICAL_NC_CONFIG, NEURON_CC_FLAGS), the NKI
+API each api= choice resolves to and whether that package is real or the embedded simulator, the
+LNC a launch would use, and whether the torch ops' XLA device path is available. Nothing is
+launched. Exit code 0."""
+
+
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -72,7 +80,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=_seed, default=0,
                       help="RNG seed of the batch, an integer >= 0 (default 0)")
     demo.set_defaults(func=run_demo_command)
+    env = sub.add_parser("env", help="which NKI API, package and LNC a launch would use here",
+                         description=ENV_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    env.add_argument("--json", action="store_true", help="print the report as JSON")
+    env.set_defaults(func=run_env_command)
     return ap
+
+
+def run_env_command(args: argparse.Namespace) -> int:
+    """Prints the report of ``nki_pa_cli.env`` (exit code 0: a report, whatever it finds)."""
+    import json
+
+    from host.environment import environment_report
+    from nki_pa_cli.env import format_report
+
+    report = environment_report()
+    print(json.dumps(report, indent=2) if args.json else format_report(report, version()))
+    return EXIT_PASS
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
