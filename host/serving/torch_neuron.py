@@ -27,8 +27,7 @@ their kernels on that API too, at the compiler's LNC (the cores split the rows).
 Not verified on hardware (no device or neuronx-cc was available): the torch-side input
 preparation is tested on CPU with :func:`launch` replaced by a simulator launch
 (tests/integration/test_torch_ops.py); the torch-xla custom-call lowering itself is not.
-Limits of this path: no fp8 caches (k_scale / v_scale), no GQA query packing for the dense
-kernel.
+Limits of this path: no fp8 caches (k_scale / v_scale).
 """
 
 from __future__ import annotations
@@ -125,13 +124,10 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
     if k_scale is not None or v_scale is not None:
         raise NotImplementedError("the XLA device path reads float32 / bfloat16 / float16 caches "
                                   "only; fp8 caches (k_scale / v_scale) need CPU tensors")
-    if gqa_packing:
-        raise NotImplementedError("the XLA device path does not pack GQA query heads for the "
-                                  "dense kernel (gqa_packing=True); leave it None / False")
     return device_paged_attention(query, key, value, kv_cache, block_tables, query_lens,
                                   context_lens, softmax_scale=softmax_scale,
                                   mixed_precision=mixed_precision, large_tile_size=large_tile_size,
-                                  kernel=attention_kernel or "scheduled",
+                                  gqa_packing=gqa_packing, kernel=attention_kernel or "scheduled",
                                   sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                                   alibi_slopes=alibi_slopes, sinks=sinks, api=api,
                                   value_cache=value_cache)
@@ -152,8 +148,9 @@ def _copy_blocks_xla(kv_caches, block_mapping):
 
 def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens, context_lens, *,
                            softmax_scale=None, mixed_precision=True, large_tile_size=None,
-                           kernel="scheduled", sliding_window=None, logits_soft_cap=None,
-                           alibi_slopes=None, sinks=None, api=None, value_cache=None):
+                           gqa_packing=None, kernel="scheduled", sliding_window=None,
+                           logits_soft_cap=None, alibi_slopes=None, sinks=None, api=None,
+                           value_cache=None):
     """:func:`host.paged_attention` with torch tensors kept on their device (module docstring).
 
     Shapes as ``host.paged_attention``: ``kv_cache`` (2, N, Hkv, B, d), or with ``value_cache``
@@ -188,7 +185,7 @@ def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens
                        dtype=_numpy_dtype(query.dtype), softmax_scale=softmax_scale,
                        mixed_precision=mixed_precision,
                        large_tile_size="auto" if large_tile_size is None else large_tile_size,
-                       backend="neuron", gqa_packing=False if kernel == "dense" else "auto",
+                       backend="neuron", gqa_packing="auto" if gqa_packing is None else gqa_packing,
                        kernel=kernel, sliding_window=sliding_window,
                        logits_soft_cap=logits_soft_cap, api=api,
                        kv_layout=BLOCK_KV if pair else FUSED, **layer)
@@ -296,14 +293,20 @@ def _item_queries(cls, qt, phase, Hkv, idx):
 
 
 def _device_dense(plan, query, key, value, kv_cache):
-    """The dense (vLLM-interface) kernel on device tensors: Q/K/V padded and transposed with
+    """The dense (vLLM-interface) kernel on device tensors: Q/K/V (GQA-packed when the plan
+    packs: ``host.dense.gqa_packing``'s index maps as torch views) padded and transposed with
     torch ops, the plan's active block table and mask moved to the device."""
     import torch
 
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
-    T, H, d = query.shape
+    T0, H0, d = query.shape
     Hkv, dev = plan.num_kv_heads, query.device
+    if plan.dense.gqa_packed:      # (T, H, d) -> (T*G, Hkv, d): row t*G + g, head h = query head h*G + g
+        G = H0 // Hkv
+        query = query.reshape(T0, Hkv, G, d).permute(0, 2, 1, 3).reshape(T0 * G, Hkv, d)
+        key, value = (x.repeat_interleave(G, dim=0) for x in (key, value))
+    T, H, _ = query.shape
     Qpad = plan.dense.batch.padded_queries
     active = torch.from_numpy(plan.dense.active_table.copy()).to(dev)
     mask = torch.from_numpy(plan.dense.mask.copy()).to(dev)
@@ -315,7 +318,10 @@ def _device_dense(plan, query, key, value, kv_cache):
     v_in[0, :, :T, :] = value.permute(1, 0, 2)
     out = launch(flash_paged_attention, (1, Hkv), q_in, k_in, v_in, kv_cache, active,
                  mask, api=plan.api, lnc=plan.lnc, **plan.kernel_kwargs)
-    return out[0, :, :T, :].permute(1, 0, 2).contiguous()
+    out = out[0, :, :T, :].permute(1, 0, 2)
+    if H != H0:                    # unpack: result[t, h*G + g] = out[t*G + g, h]
+        out = out.reshape(T0, H0 // Hkv, Hkv, d).permute(0, 2, 1, 3).reshape(T0, H0, d)
+    return out.contiguous()
 
 
 def device_reshape_and_cache(key, value, kv_cache, slot_mapping) -> None:

@@ -309,6 +309,26 @@ def test_device_path_numerics_with_a_simulated_launch(simulated_device, tol):
     assert simulated_device[launches:] == [(kv_cache_update, None), (copy_cache_blocks, None)]
 
 
+@pytest.mark.parametrize("gqa_packing", [True, False, None])
+def test_device_path_packs_gqa_heads_for_the_dense_kernel_as_the_cpu_does(simulated_device, tol,
+                                                                          gqa_packing):
+    from host import plan_paged_attention
+
+    b = make_batch(11, query_lens=(6, 1, 3), context_lens=(10, 20, 17))
+    opts = dict(mixed_precision=False, large_tile_size=512, attention_kernel="dense",
+                gqa_packing=gqa_packing)
+    out = torch_neuron._paged_attention_xla(*args(b), **opts)
+    np.testing.assert_allclose(out.numpy(), reference(b), atol=tol("fp32", "float32")[0])
+    cpu = torch.ops.nki_pa.paged_attention(*args(b), **opts)
+    assert torch.equal(out, cpu)                   # the same plan, packing and kernel inputs
+    plan = plan_paged_attention(b["block_tables"].numpy(), b["query_lens"].numpy(),
+                                b["context_lens"].numpy(), num_heads=H, num_kv_heads=HKV,
+                                head_size=D, block_size=B, num_blocks=N, dtype="float32",
+                                kernel="dense", large_tile_size=512,
+                                gqa_packing="auto" if gqa_packing is None else gqa_packing)
+    assert plan.dense.gqa_packed == (gqa_packing is not False)     # packing ran where asked
+
+
 def test_device_path_launches_the_dense_kernel_at_the_logical_cores_lnc(simulated_device,
                                                                        monkeypatch, tol):
     # neuronx-cc refuses a kernel configured for another LNC than its own (EVRF066, LNC 2 by
@@ -345,8 +365,8 @@ def test_device_path_rejects_what_it_cannot_run(simulated_device):
     with pytest.raises(NotImplementedError, match=r"fp8 caches \(k_scale / v_scale\) need CPU"):
         torch_neuron._paged_attention_xla(*args(b), k_scale=torch.tensor(1.0),
                                           v_scale=torch.tensor(1.0))
-    with pytest.raises(NotImplementedError, match=r"gqa_packing=True"):
-        torch_neuron._paged_attention_xla(*args(b), gqa_packing=True)
+    with pytest.raises(NotImplementedError, match=r"gqa_packing=False applies to kernel='dense'"):
+        torch_neuron._paged_attention_xla(*args(b), gqa_packing=False)      # as on the CPU
     with pytest.raises(NotImplementedError, match=r"fp8 caches \(k_scale / v_scale\) need CPU"):
         torch_neuron._reshape_and_cache_xla(b["key"], b["value"], b["kv_cache"], torch.arange(5),
                                             k_scale=torch.tensor(1.0))
