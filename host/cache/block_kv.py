@@ -35,6 +35,7 @@ from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 
 __all__ = ["is_block_kv", "check_pair", "inplace_array", "kv_dims", "cached_tokens",
            "fused_from_block_kv", "block_kv_from_fused", "check_new_kv", "block_kv_row_index",
+           "block_kv_write_rows",
            "reshape_and_cache_blocks", "block_kv_layers"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -156,6 +157,17 @@ def block_kv_row_index(slots: np.ndarray, *, num_slots: int, num_kv_heads: int,
     return rows.reshape(-1, 1).astype(np.int32)
 
 
+def block_kv_write_rows(slots: np.ndarray, *, num_slots: int, num_kv_heads: int, head_size: int,
+                        itemsize: int) -> tuple[np.ndarray, int]:
+    """``(row index, row_elems)`` of a block-KV write (``kv_cache_update_blocks``): one row of
+    Hkv * d elements per token, or rows of d per (token, head) when a token's row is over the
+    write kernel's largest row (:func:`block_kv_row_index`)."""
+    per_head = num_kv_heads * head_size * itemsize > MAX_ROW_BYTES
+    rows = block_kv_row_index(slots, num_slots=num_slots, num_kv_heads=num_kv_heads,
+                              per_head=per_head)
+    return rows, head_size if per_head else num_kv_heads * head_size
+
+
 def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_scale, run_api,
                              writable, check_int32) -> Any:
     """:func:`host.reshape_and_cache` on a ``(key_cache, value_cache)`` pair (module docstring)."""
@@ -169,14 +181,14 @@ def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_s
     check_int32("num_blocks * block_size * num_kv_heads", N * B * Hkv)
     if not (slots >= 0).any():
         return kv_cache
-    per_head = Hkv * d * k_cache.itemsize > MAX_ROW_BYTES
-    rows = block_kv_row_index(slots, num_slots=N * B, num_kv_heads=Hkv, per_head=per_head)
+    rows, row_elems = block_kv_write_rows(slots, num_slots=N * B, num_kv_heads=Hkv, head_size=d,
+                                          itemsize=k_cache.itemsize)
     from nki_kernels.cache.kv_cache_update import kv_cache_update_blocks
 
     run_api.run(
         kv_cache_update_blocks, np.ascontiguousarray(k.astype(k_cache.dtype, copy=False)),
         np.ascontiguousarray(v.astype(k_cache.dtype, copy=False)), k_cache, v_cache, rows,
-        row_elems=d if per_head else Hkv * d)
+        row_elems=row_elems)
     return kv_cache
 
 

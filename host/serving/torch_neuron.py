@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from host.cache.block_kv import block_kv_write_rows
 from host.cache.cache_ops import (block_copy_row_pairs, block_row_len, cache_write_row_index,
                             check_block_mapping)
 from host.plan_cache import cached_plan
@@ -133,12 +134,13 @@ def _paged_attention_xla(query, key, value, kv_cache, block_tables, query_lens, 
                                   value_cache=value_cache)
 
 
-def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
+def _reshape_and_cache_xla(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None,
+                           value_cache=None):
     require_toolchain("reshape_and_cache")
     if k_scale is not None or v_scale is not None:
         raise NotImplementedError("the XLA device path writes float32 / bfloat16 / float16 caches "
                                   "only; fp8 caches (k_scale / v_scale) need CPU tensors")
-    device_reshape_and_cache(key, value, kv_cache, slot_mapping)
+    device_reshape_and_cache(key, value, kv_cache, slot_mapping, value_cache=value_cache)
 
 
 def _copy_blocks_xla(kv_caches, block_mapping):
@@ -160,18 +162,9 @@ def device_paged_attention(query, key, value, kv_cache, block_tables, query_lens
     (T, H, d) on query's device.
     """
     pair = value_cache is not None
-    if pair:
-        if (query.dim() != 3 or kv_cache.dim() != 4 or tuple(value_cache.shape) != tuple(kv_cache.shape)
-                or value_cache.dtype != kv_cache.dtype):
-            fail("query / kv_cache / value_cache", "be (T, H, d) / two (num_blocks, block_size, "
-                 "Hkv, d) caches of one dtype", f"shapes {tuple(query.shape)} / "
-                 f"{tuple(kv_cache.shape)} / {tuple(value_cache.shape)} {value_cache.dtype}")
-        N, B, Hkv, _ = kv_cache.shape
-    else:
-        if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-            fail("query / kv_cache", "be (T, H, d) / (2, num_blocks, Hkv, block_size, d)",
-                 f"shapes {tuple(query.shape)} / {tuple(kv_cache.shape)}")
-        _, N, Hkv, B, _ = kv_cache.shape
+    if query.dim() != 3:
+        fail("query", "be (T, H, d)", f"shape {tuple(query.shape)}")
+    N, B, Hkv, _ = _cache_dims(kv_cache, value_cache)
     T, H, d = query.shape
     for name, t in (("key", key), ("value", value)):
         if tuple(t.shape) != (T, Hkv, d) or t.dtype != query.dtype:
@@ -324,13 +317,14 @@ def _device_dense(plan, query, key, value, kv_cache):
     return out.contiguous()
 
 
-def device_reshape_and_cache(key, value, kv_cache, slot_mapping) -> None:
-    """:func:`host.reshape_and_cache` with torch tensors kept on their device (in place)."""
+def device_reshape_and_cache(key, value, kv_cache, slot_mapping, *, value_cache=None) -> None:
+    """:func:`host.reshape_and_cache` with torch tensors kept on their device (in place):
+    ``kv_cache`` (2, N, Hkv, B, d), or with ``value_cache`` vLLM's block-KV pair (``kv_cache``
+    the key cache, ``value_cache`` the value cache, (N, B, Hkv, d) each)."""
     import torch
 
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        fail("kv_cache", "have shape (2, num_blocks, Hkv, block_size, d)", f"shape {tuple(kv_cache.shape)}")
-    _, N, Hkv, B, d = kv_cache.shape
+    pair = value_cache is not None
+    N, B, Hkv, d = _cache_dims(kv_cache, value_cache)
     if key.dim() != 3 or tuple(key.shape[1:]) != (Hkv, d) or value.shape != key.shape:
         fail("key / value", f"be (T, {Hkv}, {d}) to match kv_cache",
              f"{tuple(key.shape)} / {tuple(value.shape)}")
@@ -338,11 +332,21 @@ def device_reshape_and_cache(key, value, kv_cache, slot_mapping) -> None:
                                tokens_arg="key")
     if not (slots >= 0).any():
         return
+    k_new, v_new = (x.to(kv_cache.dtype).contiguous() for x in (key, value))
+    if pair:
+        from nki_kernels.cache.kv_cache_update import kv_cache_update_blocks
+
+        rows, row_elems = block_kv_write_rows(slots, num_slots=N * B, num_kv_heads=Hkv,
+                                              head_size=d, itemsize=kv_cache.element_size())
+        out = launch(kv_cache_update_blocks, None, k_new, v_new, kv_cache, value_cache,
+                     torch.from_numpy(rows).to(kv_cache.device), row_elems=row_elems)
+        _write_back(kv_cache, out[0])
+        _write_back(value_cache, out[1])
+        return
     rows = cache_write_row_index(slots, num_blocks=N, num_kv_heads=Hkv, block_size=B)
     from nki_kernels.cache.kv_cache_update import kv_cache_update
 
-    out = launch(kv_cache_update, None, key.to(kv_cache.dtype).contiguous(),
-                 value.to(kv_cache.dtype).contiguous(), kv_cache,
+    out = launch(kv_cache_update, None, k_new, v_new, kv_cache,
                  torch.from_numpy(rows).to(kv_cache.device))
     _write_back(kv_cache, out)
 
@@ -368,6 +372,23 @@ def device_copy_blocks(kv_caches, block_mapping) -> None:
     out = launch(copy_cache_blocks, None, whole, torch.from_numpy(pairs).to(whole.device),
                  row_elems=f)
     _write_back(whole, out)
+
+
+def _cache_dims(kv_cache: Any, value_cache: Any) -> tuple[int, int, int, int]:
+    """``(N, B, Hkv, d)`` of a fused ``kv_cache`` (2, N, Hkv, B, d) or, with ``value_cache``, of
+    vLLM's block-KV pair (two (N, B, Hkv, d) caches of one dtype); ValueError naming them."""
+    if value_cache is None:
+        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+            fail("kv_cache", "have shape (2, num_blocks, Hkv, block_size, d)",
+                 f"shape {tuple(kv_cache.shape)}")
+        _, N, Hkv, B, d = kv_cache.shape
+        return N, B, Hkv, d
+    if (kv_cache.dim() != 4 or tuple(value_cache.shape) != tuple(kv_cache.shape)
+            or value_cache.dtype != kv_cache.dtype):
+        fail("kv_cache / value_cache", "be two (num_blocks, block_size, Hkv, d) caches of one dtype",
+             f"{tuple(kv_cache.shape)} {kv_cache.dtype} / {tuple(value_cache.shape)} "
+             f"{value_cache.dtype}")
+    return tuple(kv_cache.shape)
 
 
 def _host_or_none(t: Any) -> np.ndarray | None:

@@ -33,7 +33,9 @@ Schemas (T tokens, S sequences, H / Hkv heads, d head size, N blocks, B block si
                     (N,B,Hkv,d) and value_cache the value cache (N,B,Hkv,d), read in place))
                     -> (T,H,d)                                     [pure]
     reshape_and_cache(key (T,Hkv,d), value (T,Hkv,d), kv_cache (2,N,Hkv,B,d), slot_mapping (T,),
-                      k_scale=None, v_scale=None)                   [mutates kv_cache]
+                      k_scale=None, v_scale=None, value_cache=None (vLLM's block-KV layout:
+                      kv_cache is then the key cache (N,B,Hkv,d), value_cache the value cache))
+                                                                     [mutates kv_cache, value_cache]
     copy_blocks(kv_caches (L,2,N,Hkv,B,d) or (2,N,Hkv,B,d), block_mapping (n,2) int)
                                                                      [mutates kv_caches]
 
@@ -172,24 +174,30 @@ def _paged_attention_fake(query, key, value, kv_cache, block_tables, query_lens,
     return query.new_empty(query.shape)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::reshape_and_cache", mutates_args=("kv_cache",),
-                         device_types="cpu")
+@torch.library.custom_op(f"{NAMESPACE}::reshape_and_cache",
+                         mutates_args=("kv_cache", "value_cache"), device_types="cpu")
 def reshape_and_cache(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
-                      k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> None:
+                      k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
+                      value_cache: Optional[Tensor] = None) -> None:
     """CPU: ``host.reshape_and_cache`` -- writes key/value rows into ``kv_cache`` in place
-    (an fp8 cache quantizes with ``k_scale`` / ``v_scale``)."""
+    (an fp8 cache quantizes with ``k_scale`` / ``v_scale``); with ``value_cache`` into vLLM's
+    block-KV pair, ``kv_cache`` the key cache and ``value_cache`` the value cache."""
     from host.cache.cache_ops import reshape_and_cache as host_fn
 
     check_devices("reshape_and_cache", key=key, value=value, kv_cache=kv_cache,
-                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale,
+                  value_cache=value_cache)
     scales = {k: v for k, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None}
-    host_fn(key, value, kv_cache, slot_mapping, **scales)
+    host_fn(key, value, kv_cache if value_cache is None else (kv_cache, value_cache),
+            slot_mapping, **scales)
 
 
 @reshape_and_cache.register_fake
-def _reshape_and_cache_fake(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None):
+def _reshape_and_cache_fake(key, value, kv_cache, slot_mapping, k_scale=None, v_scale=None,
+                            value_cache=None):
     check_devices("reshape_and_cache", key=key, value=value, kv_cache=kv_cache,
-                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+                  slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale,
+                  value_cache=value_cache)
     return None
 
 

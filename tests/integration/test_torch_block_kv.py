@@ -1,5 +1,6 @@
-"""torch op nki_pa::paged_attention with vLLM's block-KV cache (kv_cache = the key cache and
-value_cache = the value cache, (N, B, Hkv, d) each): numerics against the float64 reference,
+"""torch ops nki_pa::paged_attention and nki_pa::reshape_and_cache with vLLM's block-KV cache
+(kv_cache = the key cache and value_cache = the value cache, (N, B, Hkv, d) each): the write in
+place against NumPy slot indexing, attention numerics against the float64 reference,
 the launch reads the tensors' own storage, torch.library.opcheck, and the XLA device path (on a
 simulated launch: the same kernel and inputs as on the CPU; its overlay gathers equal the host's,
 garbage in unseen slots kept out)."""
@@ -118,3 +119,38 @@ def test_device_overlay_equals_the_host_overlay_and_keeps_garbage_out(pair):
     want = build_overlay(sched, host_cache, b["key"].numpy(), b["value"].numpy(), bt)
     assert np.isfinite(want).all()
     assert got.numpy().tobytes() == want.tobytes()
+
+
+def _written(b, slots):
+    """vLLM's (2, N, B, Hkv, d) layer tensor after writing the batch's new K / V at ``slots``
+    (NumPy slot indexing)."""
+    want = b["vllm"].clone()
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want[0, s // B, s % B] = b["key"][t]
+            want[1, s // B, s % B] = b["value"][t]
+    return want
+
+
+def test_reshape_and_cache_op_writes_the_pair_in_place():
+    b = make_batch(5)
+    slots = torch.tensor([3, 90, -1, 17, 41])
+    k, v = b["vllm"].clone().unbind(0)
+    torch.ops.nki_pa.reshape_and_cache(b["key"], b["value"], k, slots, value_cache=v)
+    assert torch.equal(torch.stack([k, v]), _written(b, slots))
+    k2, v2 = b["vllm"].clone().unbind(0)
+    torch.library.opcheck(torch.ops.nki_pa.reshape_and_cache.default,
+                          (b["key"], b["value"], k2, slots), dict(value_cache=v2))
+
+
+def test_xla_path_writes_the_pair(simulated_device):
+    from nki_kernels.cache.kv_cache_update import kv_cache_update_blocks
+
+    b = make_batch(6)
+    slots = torch.tensor([7, -1, 60, 33, 2])
+    k, v = b["vllm"].clone().unbind(0)
+    torch_neuron._reshape_and_cache_xla(b["key"], b["value"], k, slots, value_cache=v)
+    assert torch.equal(torch.stack([k, v]), _written(b, slots))
+    assert simulated_device == [(kv_cache_update_blocks, None)]
+    with pytest.raises(ValueError, match="kv_cache / value_cache must be two"):
+        torch_neuron._reshape_and_cache_xla(b["key"], b["value"], k, slots, value_cache=v[:4])
