@@ -154,3 +154,15 @@ def test_xla_path_writes_the_pair(simulated_device):
     assert simulated_device == [(kv_cache_update_blocks, None)]
     with pytest.raises(ValueError, match="kv_cache / value_cache must be two"):
         torch_neuron._reshape_and_cache_xla(b["key"], b["value"], k, slots, value_cache=v[:4])
+
+
+def test_copy_blocks_op_copies_blocks_of_vllms_layer_tensor():
+    # a block is the same contiguous slab in vLLM's (2, N, B, Hkv, d) layer tensor as in the
+    # fused (2, N, Hkv, B, d) layout, so the op copies vLLM's tensors whole blocks at a time
+    b = make_batch(7)
+    layers = torch.stack([b["vllm"], -b["vllm"]])                    # (L, 2, N, B, Hkv, d)
+    want = layers.clone()
+    want[:, :, 5] = layers[:, :, 2]
+    want[:, :, 0] = layers[:, :, 9]
+    torch.ops.nki_pa.copy_blocks(layers, torch.tensor([[2, 5], [9, 0]]))
+    assert torch.equal(layers, want)
