@@ -173,7 +173,7 @@ class Api:
         return family.for_api(self.name)
 
     def lnc(self, lnc=None, num_kv_heads: int = 2, *, item_split: bool = False,
-            odd_heads: bool = False) -> int:
+            odd_heads: bool = False, rows: bool = False) -> int:
         """Physical cores a launch uses (the logical core's LNC): ``lnc`` (1 | 2), else the
         environment variable ``NEURON_LOGICAL_NC_CONFIG``, else the platform's (:data:`PLATFORM_LNC`:
         2 on trn2 / trn3, 1 on trn1) when this API can split the launch (the current API: its
@@ -181,7 +181,9 @@ class Api:
         with ``item_split`` (a kernel whose host schedule can be cut in item parts, one per
         core: the scheduled kernel), over any Hkv -- as with ``odd_heads`` (a kernel that
         splits an odd Hkv's heads between the cores by query tiles: the dense kernel, the last
-        head on the current API, every head on the legacy API); else 1. On a device the launch must use neuronx-cc's LNC (error
+        head on the current API, every head on the legacy API) or ``rows`` (a kernel without a
+        head grid that splits its rows on the current API and runs as one program on the legacy
+        API, which needs nothing of the front end: the cache kernels); else 1. On a device the launch must use neuronx-cc's LNC (error
         EVRF066 otherwise): ``lnc``, else the environment variable, else the ``--lnc`` /
         ``--logical-nc-config`` of ``NEURON_CC_FLAGS``, else the compiler's default on the
         current API (2: trn2 / trn3); None on the legacy API with nothing set (the legacy grid).
@@ -203,8 +205,8 @@ class Api:
                 return None             # legacy API, nothing set: the legacy grid decides
         if lnc is None:
             want = PLATFORM_LNC.get(self.target, 1)
-            return (want if want == 1 or self._can_split(num_kv_heads, want, item_split, odd_heads)
-                    else 1)
+            return (want if want == 1 or rows
+                    or self._can_split(num_kv_heads, want, item_split, odd_heads) else 1)
         if str(lnc) not in ("1", "2") or isinstance(lnc, bool):
             raise ValueError(f"{source} must be 1 or 2; got {lnc!r}")
         lnc = int(lnc)
@@ -212,7 +214,7 @@ class Api:
             if self.target == "trn1":
                 raise NotImplementedError(f"{source}=2 on trn1: a trn1 logical core is one "
                                           "NeuronCore; use lnc=1")
-            if not self._can_split(num_kv_heads, lnc, item_split, odd_heads):
+            if not rows and not self._can_split(num_kv_heads, lnc, item_split, odd_heads):
                 need = ("nl.nc is needed" if item_split or odd_heads else
                         "an even Hkv and, on the legacy API, nl.nc are needed")
                 fix = ("set NEURON_LOGICAL_NC_CONFIG=1 (neuronx-cc then compiles at LNC 1 too)"
@@ -277,7 +279,7 @@ class Api:
         if num_kv_heads is None:        # no head grid: the kernel splits its rows between cores
             if self.name == LEGACY:     # one program (legacy SDKs have no LNC check)
                 return k(*args, **kwargs) if device else nki.simulate_kernel(k, *args, **kwargs)
-            cores = self.lnc(lnc, item_split=True)
+            cores = self.lnc(lnc, rows=True)
         else:
             cores = self.lnc(lnc, num_kv_heads, item_split=item_parts > 1,
                              odd_heads=family.odd_heads)

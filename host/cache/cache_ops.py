@@ -147,7 +147,7 @@ def resolve_kernel_api(api: Any, lnc: Any = None) -> KernelRunner:
     from nki_kernels.toolchain import resolve_api
 
     chosen = resolve_api(api)
-    chosen.lnc(lnc, item_split=True)            # the cache kernels split their rows: any Hkv
+    chosen.lnc(lnc, rows=True)          # the cache kernels: rows split (current), one program (legacy)
     return KernelRunner(chosen, lnc)
 
 
@@ -409,7 +409,7 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
     runs = block_kv_layers(kv_caches, writable_array, kv_caches_share_buffer)
     if runs is not None:            # vLLM block-KV pairs: zero-copy launches (host/cache/block_kv.py)
         for run in runs:
-            copy_blocks(run, block_mapping, max_row_bytes=max_row_bytes, api=api)
+            copy_blocks(run, block_mapping, max_row_bytes=max_row_bytes, api=api, lnc=lnc)
         return
     layers = copy_layers(kv_caches)
     n_blocks = layers[0].shape[1]
@@ -469,7 +469,8 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
              f"{src.shape[2:]} and dtype {src.dtype}", f"shape {dst_given.shape}, dtype {dst.dtype}")
     if np.may_share_memory(src, dst):
         if src.shape == dst.shape and src.strides == dst.strides and _addr(src) == _addr(dst):
-            copy_blocks([dst_given], block_mapping, max_row_bytes=max_row_bytes, api=api)
+            copy_blocks([dst_given], block_mapping, max_row_bytes=max_row_bytes, api=api,
+                        lnc=lnc)
             return
         fail("src_cache", "not partially overlap dst_cache in memory", "overlapping arrays")
     s_ids, d_ids = check_block_mapping(block_mapping, src.shape[1], dst.shape[1], same_cache=False)

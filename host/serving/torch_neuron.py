@@ -388,7 +388,25 @@ def _cache_dims(kv_cache: Any, value_cache: Any) -> tuple[int, int, int, int]:
         fail("kv_cache / value_cache", "be two (num_blocks, block_size, Hkv, d) caches of one dtype",
              f"{tuple(kv_cache.shape)} {kv_cache.dtype} / {tuple(value_cache.shape)} "
              f"{value_cache.dtype}")
+    if _shares_bytes(kv_cache, value_cache):
+        fail("kv_cache / value_cache", "be non-overlapping key and value caches",
+             "two caches sharing memory")
     return tuple(kv_cache.shape)
+
+
+def _shares_bytes(a: Any, b: Any) -> bool:
+    """Whether two tensors' element ranges overlap: the same tensor, or data pointers whose
+    ``numel * element_size`` ranges intersect (a tensor with no host-visible data pointer, 0 or
+    an error, is compared by identity only)."""
+    if a is b:
+        return True
+    try:
+        a0, b0 = a.data_ptr(), b.data_ptr()
+    except RuntimeError:
+        return False
+    if not a0 or not b0:
+        return False
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _host_or_none(t: Any) -> np.ndarray | None:

@@ -166,3 +166,17 @@ def test_copy_blocks_op_copies_blocks_of_vllms_layer_tensor():
     want[:, :, 0] = layers[:, :, 9]
     torch.ops.nki_pa.copy_blocks(layers, torch.tensor([[2, 5], [9, 0]]))
     assert torch.equal(layers, want)
+
+
+def test_xla_path_refuses_overlapping_key_and_value_caches(simulated_device):
+    b = make_batch(8)
+    k, v = b["vllm"].clone().unbind(0)           # two halves of one tensor: no overlap, accepted
+    torch_neuron._reshape_and_cache_xla(b["key"], b["value"], k, torch.arange(5), value_cache=v)
+    base = torch.cat([k, k[:1]])                  # views one block apart: they overlap
+    for first, other in ((k, k), (base[:-1], base[1:])):
+        before = first.clone()
+        with pytest.raises(ValueError, match="kv_cache / value_cache must be non-overlapping"):
+            torch_neuron._reshape_and_cache_xla(b["key"], b["value"], first, torch.arange(5),
+                                                value_cache=other)
+        assert torch.equal(first, before)
+    assert len(simulated_device) == 1

@@ -145,3 +145,32 @@ def test_two_cores_where_they_cannot_run_are_refused_before_any_write(rng):
         with pytest.raises(NotImplementedError, match="trn1 logical core is one NeuronCore"):
             reshape_and_cache(key, value, cache, slots, api="legacy", lnc=2)
     assert not trace.events and not trace1.events and cache.tobytes() == before
+
+
+@pytest.mark.parametrize("lnc, cores", [(1, {0}), (2, {0, 1})])
+def test_every_delegating_path_keeps_the_callers_lnc(rng, lnc, cores):
+    # copy_blocks on block-KV pairs and swap_blocks on one cache delegate to copy_blocks: the
+    # launch they end in takes the caller's lnc, not the environment's
+    pairs = [tuple(np.ascontiguousarray(rng.standard_normal((12, 4, 2, 8)).astype(np.float32))
+                   for _ in range(2)) for _ in range(2)]
+    want = [tuple(c.copy() for c in p) for p in pairs]
+    for p in want:
+        for c in p:
+            c[[2, 4]] = c[[1, 3]]
+    trace = _traced(copy_blocks, pairs, np.array([[1, 2], [3, 4]]), api="nki", lnc=lnc)
+    assert _cores(trace) == cores
+    assert all(a.tobytes() == b.tobytes() for p, q in zip(pairs, want) for a, b in zip(p, q))
+    cache = rng.standard_normal((2, 10, 2, 4, 8)).astype(np.float32)
+    trace = _traced(swap_blocks, cache, cache, np.array([[0, 5]]), api="nki", lnc=lnc)
+    assert _cores(trace) == cores and (cache[:, 5] == cache[:, 0]).all()
+
+
+def test_the_legacy_api_needs_no_core_placement_for_its_one_program(rng, monkeypatch):
+    # a legacy front end without nl.nc cannot place programs on cores; the cache kernels run
+    # one program there, so lnc=2 (e.g. from NEURON_LOGICAL_NC_CONFIG) is no reason to refuse
+    from nki_kernels import toolchain
+
+    monkeypatch.delattr(toolchain.resolve_api("legacy").ops.nl, "nc")
+    cache, key, value, slots, want = _write_case(rng, 40, hkv=3)
+    trace = _traced(reshape_and_cache, key, value, cache, slots, api="legacy", lnc=2)
+    assert _cores(trace) == {0} and cache.tobytes() == want.tobytes()
