@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_torch_tensor", "to_numpy", "from_numpy_like", "readonly"]
+__all__ = ["is_torch_tensor", "to_numpy", "from_numpy_like", "readonly", "take_result"]
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -77,3 +77,20 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     """Mark ``arr`` read-only in place and return it (used for arrays stored in frozen plans)."""
     arr.setflags(write=False)
     return arr
+
+
+def take_result(dst: np.ndarray, out: Any) -> None:
+    """Make the C-contiguous ``dst`` hold ``out``, the array a cache kernel returned for it.
+    The simulator updates its arguments in place and returns them (the same memory: nothing to
+    do); a kernel run on a device with NumPy arguments returns the updated array, which is
+    copied in byte for byte (the kernel may have seen ``dst`` through another dtype, e.g. an fp8
+    byte view). ValueError if the sizes differ."""
+    if out is None:
+        return
+    out = np.asarray(out)
+    if np.may_share_memory(out, dst):
+        return
+    if out.nbytes != dst.nbytes or not dst.flags.c_contiguous:
+        raise ValueError(f"a kernel's result ({out.nbytes} bytes) must fit its C-contiguous "
+                         f"destination ({dst.nbytes} bytes, contiguous: {dst.flags.c_contiguous})")
+    dst.reshape(-1).view(np.uint8)[...] = np.ascontiguousarray(out).reshape(-1).view(np.uint8)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from host._arrays import is_torch_tensor, to_numpy
+from host._arrays import is_torch_tensor, take_result, to_numpy
 from host.validation import check_float_array, check_slot_mapping, fail
 from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 
@@ -185,10 +185,12 @@ def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_s
                                           itemsize=k_cache.itemsize)
     from nki_kernels.cache.kv_cache_update import kv_cache_update_blocks
 
-    run_api.run(
+    out = run_api.run(
         kv_cache_update_blocks, np.ascontiguousarray(k.astype(k_cache.dtype, copy=False)),
         np.ascontiguousarray(v.astype(k_cache.dtype, copy=False)), k_cache, v_cache, rows,
         row_elems=row_elems)
+    take_result(k_cache, out[0])
+    take_result(v_cache, out[1])
     return kv_cache
 
 

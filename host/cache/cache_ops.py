@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from host._arrays import is_torch_tensor, to_numpy
+from host._arrays import is_torch_tensor, take_result, to_numpy
 from host.cache.block_kv import block_kv_layers, check_new_kv, is_block_kv, reshape_and_cache_blocks
 from host.fp8 import cache_write_row_scales, is_fp8_cache_dtype, kernel_cache_view, normalize_kv_scales
 from host.cache.mla_layout import check_mla_cache
@@ -226,13 +226,14 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
                                       block_size=block_size)
     if k_sc is not None:      # fp8: the kernel quantizes float32 / bf16 / fp16 rows (exact upcasts)
         in_dtype = k.dtype if k.dtype == v.dtype and k.dtype.name in _CACHE_DTYPES else np.float32
-        run_api.run(kv_cache_update_fp8, np.ascontiguousarray(k, dtype=in_dtype),
-                    np.ascontiguousarray(v, dtype=in_dtype), kernel_cache_view(cache), row_index,
-                    cache_write_row_scales(k_sc, v_sc, k.shape[0]))
+        view = kernel_cache_view(cache)
+        take_result(view, run_api.run(kv_cache_update_fp8, np.ascontiguousarray(k, dtype=in_dtype),
+                                      np.ascontiguousarray(v, dtype=in_dtype), view, row_index,
+                                      cache_write_row_scales(k_sc, v_sc, k.shape[0])))
         return kv_cache
     key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
     value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
-    run_api.run(kv_cache_update, key_c, value_c, cache, row_index)
+    take_result(cache, run_api.run(kv_cache_update, key_c, value_c, cache, row_index))
     return kv_cache
 
 
@@ -432,11 +433,12 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         first = kernel_cache_view(layers[0])
         raw = np.lib.stride_tricks.as_strided(first.reshape(-1).view(np.uint8),
                                               shape=(n_layers, first.nbytes), strides=(first.nbytes, 1))
-        run_api.run(copy_cache_blocks, raw.view(first.dtype).reshape(n_layers, *first.shape), pairs,
-                    row_elems=f)
+        whole = raw.view(first.dtype).reshape(n_layers, *first.shape)
+        take_result(whole, run_api.run(copy_cache_blocks, whole, pairs, row_elems=f))
         return
     stacked = np.stack(layers)  # host copy of all layers: see the docstring
-    run_api.run(copy_cache_blocks, kernel_cache_view(stacked), pairs, row_elems=f)
+    view = kernel_cache_view(stacked)
+    take_result(view, run_api.run(copy_cache_blocks, view, pairs, row_elems=f))
     for layer, new in zip(layers, stacked):
         layer[:, dst] = new[:, dst]
 
@@ -487,5 +489,6 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     from nki_kernels.cache.block_copy import swap_cache_blocks
 
     # np.ascontiguousarray copies only a non-contiguous source (the source is read, never written)
-    run_api.run(swap_cache_blocks, kernel_cache_view(np.ascontiguousarray(src)),
-                kernel_cache_view(dst), pairs, row_elems=f)
+    view = kernel_cache_view(dst)
+    take_result(view, run_api.run(swap_cache_blocks, kernel_cache_view(np.ascontiguousarray(src)),
+                                  view, pairs, row_elems=f))

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from host._arrays import take_result
 from host.cache.cache_ops import check_int32_rows, resolve_kernel_api, writable_array
 from host.cache.mla_layout import check_mla_cache
 from host.validation import check_float_array, check_slot_mapping, fail
@@ -76,5 +77,5 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
     latent_c = np.ascontiguousarray(latent.astype(cache.dtype, copy=False))
     rope_c = np.ascontiguousarray(rope.astype(cache.dtype, copy=False))
     row_index = mla_cache_write_row_index(slots, num_blocks=N, block_size=B)
-    run_api.run(mla_cache_update, latent_c, rope_c, cache, row_index)
+    take_result(cache, run_api.run(mla_cache_update, latent_c, rope_c, cache, row_index))
     return kv_cache

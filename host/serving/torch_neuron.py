@@ -438,6 +438,9 @@ def _host(t: Any) -> np.ndarray:
 
 
 def _write_back(dst: Any, out: Any) -> None:
-    """Mutable-tensor kernels return the updated tensor; copy it into ``dst`` unless it is ``dst``."""
-    if out is not None and out.data_ptr() != dst.data_ptr():
+    """Mutable-tensor kernels return the updated tensor; copy it into ``dst`` unless it is the
+    ``dst`` object itself. Never by comparing data pointers: an XLA tensor has no host storage
+    (``data_ptr()`` raises, or is 0 for every functionalized tensor), and a custom call returns a
+    new tensor, so a pointer test would skip the copy and leave the cache stale."""
+    if out is not None and out is not dst:
         dst.copy_(out)

@@ -180,3 +180,18 @@ def test_xla_path_refuses_overlapping_key_and_value_caches(simulated_device):
                                                 value_cache=other)
         assert torch.equal(first, before)
     assert len(simulated_device) == 1
+
+
+def test_device_write_back_copies_a_returned_tensor_without_comparing_pointers():
+    # an XLA custom call returns a NEW tensor whose data_ptr() is 0 (or raises) like the cache's:
+    # the write-back must copy it anyway
+    class NoStorage(torch.Tensor):
+        def data_ptr(self):
+            return 0
+
+    cache = torch.zeros(4).as_subclass(NoStorage)
+    torch_neuron._write_back(cache, torch.arange(4.0).as_subclass(NoStorage))
+    assert torch.equal(cache.as_subclass(torch.Tensor), torch.arange(4.0))
+    same = torch.ones(3)
+    torch_neuron._write_back(same, same)                # the cache itself: nothing to copy
+    assert torch.equal(same, torch.ones(3))
