@@ -225,20 +225,29 @@ class Api:
         return lnc
 
     def _device_lnc(self, lnc, source):
-        """``(lnc, source)`` on a device: the choice made so far, checked against the one in
-        ``NEURON_CC_FLAGS`` (ValueError if they differ: the compile would fail with EVRF066),
-        else that one, else the current API's compiler default."""
+        """``(lnc, source)`` on a device, where the compiler's LNC decides: the ``--lnc`` of
+        ``NEURON_CC_FLAGS``, else ``NEURON_LOGICAL_NC_CONFIG``, else (current API) neuronx-cc's
+        default, 2 on trn2 / trn3; the legacy API with nothing set: None (its grid decides). A
+        choice made so far (the argument) that differs is a ValueError: the compile would fail
+        with EVRF066."""
+        env = os.environ.get(LNC_ENV, "").strip()
         cc = compiler_lnc()
         if cc is not None:
-            if lnc is not None and str(lnc) != cc:
-                raise ValueError(f"{source}={lnc!r}, but {CC_FLAGS_ENV} makes neuronx-cc compile at "
-                                 f"LNC {cc}: a kernel must use the compiler's LNC (error EVRF066); "
-                                 "make the two agree")
-            if lnc is None:
-                return cc, f"the --lnc of {CC_FLAGS_ENV}"
-        if lnc is None and self.name == CURRENT:
-            return CURRENT_COMPILER_LNC, "neuronx-cc's default LNC on trn2 / trn3"
-        return lnc, source
+            compiler = (cc, CC_FLAGS_ENV, f"the --lnc of {CC_FLAGS_ENV}")
+        elif env:
+            compiler = (env, LNC_ENV, LNC_ENV)
+        elif self.name == CURRENT:
+            compiler = (str(CURRENT_COMPILER_LNC), "neuronx-cc's default on trn2 / trn3",
+                        "neuronx-cc's default LNC on trn2 / trn3")
+        else:
+            return lnc, source
+        value, who, name = compiler
+        if lnc is not None and str(lnc) != value:
+            raise ValueError(f"{source}={lnc!r}, but {who} makes neuronx-cc compile at LNC "
+                             f"{value}: a kernel must use the compiler's LNC (error EVRF066); "
+                             f"make the two agree ({LNC_ENV} or the --lnc of {CC_FLAGS_ENV} sets "
+                             "it for the whole model)")
+        return (value if lnc is None else lnc), (name if lnc is None else source)
 
     def _can_split(self, num_kv_heads, lnc, item_split=False, odd_heads=False):
         if num_kv_heads % lnc and not (item_split or odd_heads):

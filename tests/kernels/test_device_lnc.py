@@ -112,3 +112,20 @@ def test_a_cache_kernel_launches_at_the_compilers_lnc_too(clean_env, rng):
     with pytest.raises(ValueError, match="EVRF066"):                             # must-fail
         DEVICE["nki"].launch(kv_cache_update, (key, -key, np.zeros_like(want), rows), {},
                              num_kv_heads=None, device=True)
+
+
+def test_an_argument_cannot_overrule_the_compilers_lnc_on_a_device(clean_env):
+    # neuronx-cc compiles at NEURON_LOGICAL_NC_CONFIG, else its default (2 on trn2 / trn3): an
+    # lnc argument that differs would build a kernel the compiler refuses (EVRF066)
+    with pytest.raises(ValueError, match=r"lnc=1, but neuronx-cc's default on trn2 / trn3 makes "
+                                         r"neuronx-cc compile at LNC 2.*EVRF066"):
+        DEVICE["nki"].lnc(1, 8)                                       # must-fail: nothing set
+    clean_env.setenv(toolchain.LNC_ENV, "2")
+    with pytest.raises(ValueError, match=r"lnc=1, but NEURON_LOGICAL_NC_CONFIG makes neuronx-cc "
+                                         r"compile at LNC 2"):
+        DEVICE["nki"].lnc(1, 8)                                       # must-fail: the variable
+    assert DEVICE["nki"].lnc(2, 8) == 2                               # must-pass: they agree
+    clean_env.setenv(toolchain.LNC_ENV, "1")
+    assert DEVICE["nki"].lnc(1, 8) == 1 and DEVICE["nki"].lnc(None, 8) == 1
+    clean_env.delenv(toolchain.LNC_ENV)
+    assert DEVICE["legacy"].lnc(1, 8) == 1                            # legacy: no LNC check
