@@ -12,7 +12,9 @@ legacy one -- also what the benchmarks' legacy-only baselines import -- and :fun
 for the current one). Host launchers call :func:`resolve_api` per launch.
 
 Packages: the real ones when installed, else ``nki_sim`` (the project's simulator) registered
-under their names. The environment variable ``NKI_PA_BACKEND`` forces the choice: ``auto``
+under their names -- except that a real neuronx-cc without ``neuronxcc.nki`` (SDK 2.34, used
+in-process by the real ``nki`` and torch-neuronx) is never replaced: the legacy API is then absent
+(``LEGACY_IMPORT_ERROR``), as on that SDK, unless ``NKI_PA_BACKEND=sim``. The environment variable ``NKI_PA_BACKEND`` forces the choice: ``auto``
 (default: real if importable, else the simulator), ``sim`` (always the simulator, e.g. to
 compare it against a real install), ``neuron`` (require the real legacy package). Kernels never
 branch on which package is active.

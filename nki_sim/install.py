@@ -1,8 +1,9 @@
 """Register the simulator under the legacy ``neuronxcc.nki`` module names.
 
 ``install(force=False)`` registers ``neuronxcc``, ``neuronxcc.nki``, ``.language``, ``.isa``,
-``.isa.constants``, ``.typing`` and ``.compiler`` in ``sys.modules`` when the real package
-is not importable (always with ``force=True``) and returns whether it installed them.
+``.isa.constants``, ``.typing`` and ``.compiler`` in ``sys.modules`` when no real ``neuronxcc``
+is importable -- neither one with ``nki`` nor one without it (SDK 2.34), which stays untouched --
+(always with ``force=True``) and returns whether it installed them.
 Detection of the real package looks on ``sys.path`` only (never at our own registered
 modules) and treats the PyPI placeholder, which raises on import, as absent.
 """
@@ -65,13 +66,32 @@ def _modules() -> dict:
             "neuronxcc.nki.typing": nki_typing, "neuronxcc.nki.compiler": compiler}
 
 
+def real_root_available() -> bool:
+    """Whether a real ``neuronxcc`` package (the compiler: not the PyPI placeholder, not ours)
+    imports from sys.path, with or without its ``nki`` namespace (Neuron SDK 2.34 has none)."""
+    if importlib.machinery.PathFinder.find_spec("neuronxcc") is None:
+        return False
+    mod = sys.modules.get("neuronxcc")
+    if mod is not None:
+        return not _ours(mod)
+    try:
+        mod = importlib.import_module("neuronxcc")
+    except Exception:      # the placeholder raises on import: absent
+        sys.modules.pop("neuronxcc", None)
+        return False
+    return not _ours(mod)
+
+
 def install(force: bool = False) -> bool:
     """Register nki_sim as ``neuronxcc.nki`` and as ``nki`` (the current API, where no real
-    ``nki`` is importable); returns True if it (re)installed the legacy modules."""
+    ``nki`` is importable); returns True if it (re)installed the legacy modules. A real
+    ``neuronxcc`` without ``nki`` (Neuron SDK 2.34, whose compiler the real ``nki``, torch-neuronx
+    and the runtime use in-process) is left alone unless ``force``: registering the stand-in would
+    replace that package in ``sys.modules``; the legacy API is then absent, as on that SDK."""
     install_current(force)
     if is_installed():
         return False
-    if not force and real_nki_available():
+    if not force and (real_nki_available() or real_root_available()):
         return False
     for n in list(sys.modules):
         if n == "neuronxcc" or n.startswith("neuronxcc."):

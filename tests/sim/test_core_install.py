@@ -116,3 +116,31 @@ def test_works_when_imported_through_a_non_normalized_path(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "True", "<string>"]
+
+
+def test_a_real_compiler_without_nki_is_left_alone_unless_forced(tmp_path):
+    # Neuron SDK 2.34: neuronx-cc still installed (the real nki, torch-neuronx and the runtime use
+    # it in-process) but without its neuronxcc.nki namespace; the stand-in must not replace it
+    pkg = tmp_path / "neuronxcc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("__version__ = '2.34-fake'\n")
+    (pkg / "driver.py").write_text("REAL_DRIVER = True\n")
+    out = _py("""
+        import nki_sim
+        a = nki_sim.install()
+        import neuronxcc, neuronxcc.driver
+        try:
+            import neuronxcc.nki
+            legacy = "present"
+        except ImportError:
+            legacy = "absent"
+        kept = (neuronxcc.__version__, neuronxcc.driver.REAL_DRIVER, legacy)
+        from nki_kernels import toolchain                      # the project's import: the same
+        import neuronxcc.driver
+        kept += (toolchain.SIMULATED, toolchain.LEGACY_IMPORT_ERROR is not None,
+                 neuronxcc.driver.REAL_DRIVER)
+        b = nki_sim.install(force=True)                        # NKI_PA_BACKEND=sim: the stand-in
+        import neuronxcc.nki as nki
+        print(a, *kept, b, getattr(nki, "__nki_sim__", False))
+    """, tmp_path)
+    assert out == "False 2.34-fake True absent False True True True True"
