@@ -157,7 +157,34 @@ class KernelFamily:
             return self._jitted[api]
 
     def __getitem__(self, grid):
+        """``family[grid]``, the launch of callers written for the legacy kernel object (vLLM:
+        ``flash_paged_attention[1, n_kv_heads](**kwargs)``): the legacy grid launch; where the
+        installed toolchain is the real current ``nki`` (SDK 2.34: no legacy namespace), the
+        current API's launch instead, at the compiler's LNC (``toolchain.Api.launch``: its
+        kernel loops over the KV heads, the grid's last dimension)."""
+        from nki_kernels import toolchain
+
+        api = toolchain.resolve_api(None)
+        if api.name == toolchain.CURRENT and not api.simulated:
+            return _CurrentGridLaunch(self, api, grid)
         return self.for_api("legacy")[grid]
 
     def __repr__(self) -> str:
         return f"KernelFamily({self.__name__})"
+
+
+class _CurrentGridLaunch:
+    """``family[1, Hkv]`` on the current API (:meth:`KernelFamily.__getitem__`): calling it runs
+    the family's current-API kernel over ``Hkv`` KV heads on the device at the compiler's LNC."""
+
+    def __init__(self, family, api, grid):
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        if not grid or not all(isinstance(g, int) and g >= 1 for g in grid) or any(
+                g != 1 for g in grid[:-1]):
+            raise ValueError(f"{family.__name__}[grid]: on the current NKI API the grid must be "
+                             f"[1, n_kv_heads] of ints (the kernel loops over its KV heads); got "
+                             f"{list(grid)}")
+        self.family, self.api, self.heads = family, api, grid[-1]
+
+    def __call__(self, *args, **kwargs):
+        return self.api.launch(self.family, args, kwargs, num_kv_heads=self.heads, device=True)

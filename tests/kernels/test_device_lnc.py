@@ -129,3 +129,27 @@ def test_an_argument_cannot_overrule_the_compilers_lnc_on_a_device(clean_env):
     assert DEVICE["nki"].lnc(1, 8) == 1 and DEVICE["nki"].lnc(None, 8) == 1
     clean_env.delenv(toolchain.LNC_ENV)
     assert DEVICE["legacy"].lnc(1, 8) == 1                            # legacy: no LNC check
+
+
+def test_the_legacy_style_grid_call_runs_the_current_api_where_it_is_installed(
+        clean_env, batch_factory, build_kernel_inputs, monkeypatch):
+    # vLLM calls flash_paged_attention[1, n_kv_heads](**kwargs); on SDK 2.34 (the real current
+    # nki, no legacy namespace) that must launch the current API at the compiler's LNC
+    from nki_kernels.dense.flash_paged_attention import flash_paged_attention
+
+    b = batch_factory(72, [2, 1], [300, 90], H=4, Hkv=2, d=16, block_size=16)
+    _, inputs = build_kernel_inputs(b, large_tile_size=512)
+    kwargs = dict(softmax_scale=0.25, mixed_precision=True, LARGE_TILE_SZ=512)
+    clean_env.setenv(toolchain.LNC_ENV, "2")
+    with nki_sim.use_target("trn2"):
+        want = DEVICE["nki"].launch(flash_paged_attention, inputs, kwargs, num_kv_heads=2,
+                                    device=True)
+        monkeypatch.setattr(toolchain, "resolve_api", lambda api=None, target=None: DEVICE["nki"])
+        with nki_sim.tracing() as trace:
+            got = flash_paged_attention[1, 2](*inputs, **kwargs)             # must-pass
+        assert {e.program_id[0] for e in trace.events} == {0, 1}
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        with pytest.raises(ValueError, match=r"must be \[1, n_kv_heads\] of ints"):
+            flash_paged_attention[2, 2]                                       # must-fail
+    monkeypatch.undo()
+    assert type(flash_paged_attention[1, 2]).__name__ == "GridLaunch"        # legacy otherwise
