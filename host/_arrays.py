@@ -79,18 +79,19 @@ def readonly(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def take_result(dst: np.ndarray, out: Any) -> None:
-    """Make the C-contiguous ``dst`` hold ``out``, the array a cache kernel returned for it.
-    The simulator updates its arguments in place and returns them (the same memory: nothing to
-    do); a kernel run on a device with NumPy arguments returns the updated array, which is
-    copied in byte for byte (the kernel may have seen ``dst`` through another dtype, e.g. an fp8
-    byte view). ValueError if the sizes differ."""
+def take_result(dst: np.ndarray, out: Any, index: Any) -> None:
+    """Make ``dst[index]`` hold ``out[index]``: ``out`` is the array a cache kernel returned for
+    ``dst`` (same shape and dtype: the view the kernel saw), ``index`` the elements the op wrote
+    (its destination rows or blocks). The simulator updates its arguments in place and returns
+    them (the same memory: nothing to do); a kernel run on a device with NumPy arguments returns
+    the updated array, of which only ``index`` is copied, so what other threads wrote elsewhere
+    in the same cache meanwhile survives. ValueError if the shapes or dtypes differ."""
     if out is None:
         return
     out = np.asarray(out)
     if np.may_share_memory(out, dst):
         return
-    if out.nbytes != dst.nbytes or not dst.flags.c_contiguous:
-        raise ValueError(f"a kernel's result ({out.nbytes} bytes) must fit its C-contiguous "
-                         f"destination ({dst.nbytes} bytes, contiguous: {dst.flags.c_contiguous})")
-    dst.reshape(-1).view(np.uint8)[...] = np.ascontiguousarray(out).reshape(-1).view(np.uint8)
+    if out.shape != dst.shape or out.dtype != dst.dtype:
+        raise ValueError(f"a kernel's result {out.shape} {out.dtype} must match its destination "
+                         f"{dst.shape} {dst.dtype}")
+    dst[index] = out[index]

@@ -189,8 +189,11 @@ def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_s
         kv_cache_update_blocks, np.ascontiguousarray(k.astype(k_cache.dtype, copy=False)),
         np.ascontiguousarray(v.astype(k_cache.dtype, copy=False)), k_cache, v_cache, rows,
         row_elems=row_elems)
-    take_result(k_cache, out[0])
-    take_result(v_cache, out[1])
+    written = rows.reshape(-1)
+    written = written[written < k_cache.size // row_elems]      # padding rows wrote nothing
+    for dst, got in zip((k_cache, v_cache), out):
+        view = dst.reshape(-1, row_elems)
+        take_result(view, np.asarray(got).reshape(view.shape), written)
     return kv_cache
 
 

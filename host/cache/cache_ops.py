@@ -41,12 +41,12 @@ NotImplementedError (on Trainium the kernels are called through torch-xla, not t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from host._arrays import is_torch_tensor, take_result, to_numpy
+from host.cache.kernel_runs import resolve_kernel_api, take_rows
 from host.cache.block_kv import block_kv_layers, check_new_kv, is_block_kv, reshape_and_cache_blocks
 from host.fp8 import cache_write_row_scales, is_fp8_cache_dtype, kernel_cache_view, normalize_kv_scales
 from host.cache.mla_layout import check_mla_cache
@@ -128,29 +128,6 @@ def _block_layout(name: str, cache: np.ndarray) -> np.ndarray:
     return cache
 
 
-@dataclass(frozen=True)
-class KernelRunner:
-    """The API and LNC of a cache op, resolved and validated before anything is written:
-    ``run(family, *args, **kwargs)`` runs a cache kernel on them (``nki_kernels.toolchain.Api.run``)."""
-
-    api: Any
-    lnc: Any = None
-
-    def run(self, family: Any, *args: Any, **kwargs: Any) -> Any:
-        return self.api.run(family, *args, lnc=self.lnc, **kwargs)
-
-
-def resolve_kernel_api(api: Any, lnc: Any = None) -> KernelRunner:
-    """``api`` and ``lnc`` resolved up front (``nki_kernels.toolchain.resolve_api`` and
-    ``Api.lnc``: a ValueError naming a bad value, a NotImplementedError for two cores where
-    they cannot run, e.g. on trn1)."""
-    from nki_kernels.toolchain import resolve_api
-
-    chosen = resolve_api(api)
-    chosen.lnc(lnc, rows=True)          # the cache kernels: rows split (current), one program (legacy)
-    return KernelRunner(chosen, lnc)
-
-
 def check_int32_rows(what: str, value: int) -> None:
     if value > _INT32_MAX:
         raise NotImplementedError(f"{what} = {value} exceeds the int32 DMA index range; "
@@ -227,14 +204,16 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
     if k_sc is not None:      # fp8: the kernel quantizes float32 / bf16 / fp16 rows (exact upcasts)
         in_dtype = k.dtype if k.dtype == v.dtype and k.dtype.name in _CACHE_DTYPES else np.float32
         view = kernel_cache_view(cache)
-        take_result(view, run_api.run(kv_cache_update_fp8, np.ascontiguousarray(k, dtype=in_dtype),
-                                      np.ascontiguousarray(v, dtype=in_dtype), view, row_index,
-                                      cache_write_row_scales(k_sc, v_sc, k.shape[0])))
+        out = run_api.run(kv_cache_update_fp8, np.ascontiguousarray(k, dtype=in_dtype),
+                          np.ascontiguousarray(v, dtype=in_dtype), view, row_index,
+                          cache_write_row_scales(k_sc, v_sc, k.shape[0]))
+        take_rows(view, out, row_index)
         return kv_cache
     key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
     value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
-    take_result(cache, run_api.run(kv_cache_update, key_c, value_c, cache, row_index))
+    take_rows(cache, run_api.run(kv_cache_update, key_c, value_c, cache, row_index), row_index)
     return kv_cache
+
 
 
 # ----------------------------------------------------------------------------- block copies
@@ -434,11 +413,13 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
         raw = np.lib.stride_tricks.as_strided(first.reshape(-1).view(np.uint8),
                                               shape=(n_layers, first.nbytes), strides=(first.nbytes, 1))
         whole = raw.view(first.dtype).reshape(n_layers, *first.shape)
-        take_result(whole, run_api.run(copy_cache_blocks, whole, pairs, row_elems=f))
+        written = (slice(None), slice(None), dst)             # every layer's destination blocks
+        take_result(whole, run_api.run(copy_cache_blocks, whole, pairs, row_elems=f), written)
         return
     stacked = np.stack(layers)  # host copy of all layers: see the docstring
     view = kernel_cache_view(stacked)
-    take_result(view, run_api.run(copy_cache_blocks, view, pairs, row_elems=f))
+    take_result(view, run_api.run(copy_cache_blocks, view, pairs, row_elems=f),
+                (slice(None), slice(None), dst))
     for layer, new in zip(layers, stacked):
         layer[:, dst] = new[:, dst]
 
@@ -491,4 +472,4 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
     # np.ascontiguousarray copies only a non-contiguous source (the source is read, never written)
     view = kernel_cache_view(dst)
     take_result(view, run_api.run(swap_cache_blocks, kernel_cache_view(np.ascontiguousarray(src)),
-                                  view, pairs, row_elems=f))
+                                  view, pairs, row_elems=f), (slice(None), d_ids))
