@@ -14,10 +14,11 @@ for the current one). Host launchers call :func:`resolve_api` per launch.
 Packages: the real ones when installed, else ``nki_sim`` (the project's simulator) registered
 under their names -- except that a real neuronx-cc without ``neuronxcc.nki`` (SDK 2.34, used
 in-process by the real ``nki`` and torch-neuronx) is never replaced: the legacy API is then absent
-(``LEGACY_IMPORT_ERROR``), as on that SDK, unless ``NKI_PA_BACKEND=sim``. The environment variable ``NKI_PA_BACKEND`` forces the choice: ``auto``
-(default: real if importable, else the simulator), ``sim`` (always the simulator, e.g. to
-compare it against a real install), ``neuron`` (require the real legacy package). Kernels never
-branch on which package is active.
+(``LEGACY_IMPORT_ERROR``), as on that SDK, unless ``NKI_PA_BACKEND=sim``. The environment
+variable ``NKI_PA_BACKEND`` forces the choice: ``auto`` (default: real if importable, else the
+simulator), ``sim`` (always the simulator, e.g. to compare it against a real install), ``neuron``
+(real packages only: :func:`resolve_api` raises where a launch would run on the simulator).
+Kernels never branch on which package is active.
 """
 
 from __future__ import annotations
@@ -356,6 +357,17 @@ def resolve_api(api: str | None = None, target: str | None = None) -> Api:
         NotImplementedError: api="nki" on a simulated trn1 (the current API supports trn2 /
             trn3 only), or on a simulator without the current front end.
     """
+    chosen = _resolve(api, target)
+    if chosen.simulated and BACKEND_REQUEST == "neuron":
+        raise RuntimeError(f"NKI_PA_BACKEND=neuron requires a real NKI package, but api="
+                           f"{chosen.name!r} would run on the simulator here: install the current "
+                           "nki (Neuron SDK 2.34, trn2 / trn3) or neuronx-cc with neuronxcc.nki "
+                           "(SDK <= 2.28, trn1), or unset NKI_PA_BACKEND")
+    return chosen
+
+
+def _resolve(api: str | None, target: str | None) -> Api:
+    """:func:`resolve_api` before the ``NKI_PA_BACKEND=neuron`` check."""
     source = "api"
     if api is None or api == "auto":
         env = os.environ.get(API_ENV, "").strip().lower()

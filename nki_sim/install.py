@@ -1,4 +1,5 @@
-"""Register the simulator under the legacy ``neuronxcc.nki`` module names.
+"""Register the simulator under the legacy ``neuronxcc.nki`` module names and, where no real one
+exists, under the current ``nki`` ones.
 
 ``install(force=False)`` registers ``neuronxcc``, ``neuronxcc.nki``, ``.language``, ``.isa``,
 ``.isa.constants``, ``.typing`` and ``.compiler`` in ``sys.modules`` when no real ``neuronxcc``

@@ -93,10 +93,10 @@ def launch(kernel: Any, grid: tuple[int, int] | None, *args: Any, api: str | Non
     ``kernel[grid](...)`` (``grid`` None: no grid). A kernel with both APIs (``nki_kernels.ops.KernelFamily``; ``grid`` None:
     a cache kernel, which splits its rows between the launch's cores) runs on
     ``nki_kernels.toolchain.resolve_api(api)``: legacy ``kernel[1, Hkv](...)`` with ``grid = (1,
-    Hkv)``, current ``kernel(...)`` -- one launch at neuronx-cc's LNC (``lnc``, else
-    ``NEURON_LOGICAL_NC_CONFIG``, else ``NEURON_CC_FLAGS``' ``--lnc``, else 2 on trn2 / trn3:
-    ``nki_kernels.toolchain.Api.lnc``), the kernel looping over its KV heads (or, for a schedule
-    cut in ``item_parts`` parts, each core over its part of the items)."""
+    Hkv)``, current ``kernel(...)`` -- one launch at neuronx-cc's LNC (``NEURON_CC_FLAGS``'
+    ``--lnc``, else ``NEURON_LOGICAL_NC_CONFIG``, else 2 on trn2 / trn3; an ``lnc`` that differs
+    is a ValueError: ``nki_kernels.toolchain.Api.lnc``), the kernel looping over its KV heads
+    (or, for a schedule cut in ``item_parts`` parts, each core over its part of the items)."""
     from nki_kernels.ops import KernelFamily
 
     if isinstance(kernel, KernelFamily):

@@ -11,9 +11,10 @@ Implementations, chosen by the device of the tensors (torch dispatch, never by g
   of a step share one plan: ``host.plan_cache`` keys plans by the content of the block tables
   and lengths, so the first layer plans and the others reuse it.
 * XLA (Neuron) tensors: ``host.serving.torch_neuron`` launches the ``@nki.jit`` kernels on the XLA
-  tensors (torch-neuronx's NKI integration). It runs only when torch-neuronx, torch-xla and the
-  real neuronx-cc are importable; otherwise the call raises ``NotImplementedError`` naming what
-  is missing -- it never falls back to the CPU. The kernel is the one the CPU path runs.
+  tensors (torch-neuronx's NKI integration). It runs only when torch-neuronx and torch-xla are
+  importable and the API the launches resolve to (``nki_kernels.toolchain.resolve_api``) is a
+  real NKI package (``nki`` on SDK 2.34, ``neuronxcc.nki`` on SDK <= 2.28); otherwise the call
+  raises ``NotImplementedError`` naming what is missing -- it never falls back to the CPU. The kernel is the one the CPU path runs.
 * Tensors on different devices (e.g. a CPU query with a ``meta`` cache) raise ``ValueError``
   naming the tensor: a meta tensor has no data (all-meta calls trace shapes only).
 

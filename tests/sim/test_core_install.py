@@ -144,3 +144,19 @@ def test_a_real_compiler_without_nki_is_left_alone_unless_forced(tmp_path):
         print(a, *kept, b, getattr(nki, "__nki_sim__", False))
     """, tmp_path)
     assert out == "False 2.34-fake True absent False True True True True"
+
+
+def test_backend_neuron_never_resolves_to_the_simulator():
+    env = dict(os.environ, NKI_PA_BACKEND="neuron", PYTHONPATH=str(ROOT))
+    code = textwrap.dedent("""
+        from nki_kernels import toolchain
+        for api in (None, "legacy", "nki"):
+            try:
+                print(api, toolchain.resolve_api(api))
+            except RuntimeError as err:     # what to install (the legacy API: its own message)
+                print(api, "RuntimeError", "real NKI package" in str(err) or "neuronxcc.nki" in str(err))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"{a} RuntimeError True" for a in ("None", "legacy", "nki")]
