@@ -30,7 +30,8 @@ from host.scheduled.scheduled import build_overlay, launch_args, pack_queries, p
 from host.scheduled.scheduled import unpack_output as unpack_class_output
 from host.step_plan import (DTYPES, GQA_PACKING, KERNELS, AttentionPlan, check_attention_options,
                             layer_launches, plan_paged_attention)
-from host.validation import check_float_array, check_integer_array, check_ndim, check_shape, fail
+from host.validation import (check_float_array, check_int, check_integer_array, check_ndim,
+                             check_query_total, check_shape, fail)
 from nki_kernels.contract import BLOCK_KV, FUSED
 
 __all__ = ["paged_attention", "run_paged_attention", "flash_attn_varlen_nkifunc",
@@ -112,6 +113,7 @@ def paged_attention(query: Any, key: Any, value: Any, kv_cache: Any, block_table
     was_torch = is_torch_tensor(query)
     q, k, v, cache = check_attention_tensors(query, key, value, kv_cache)
     T, H, d = q.shape
+    check_query_total(query_lens, T)
     N, B, Hkv, _ = kv_dims(cache)
     block_kv = is_block_kv(cache)
     plan = plan_paged_attention(block_tables, query_lens, context_lens, num_heads=H,
@@ -152,6 +154,9 @@ def check_attention_tensors(query: Any, key: Any, value: Any, kv_cache: Any) -> 
         if arr.dtype != q.dtype:
             fail(f"{name}.dtype", f"equal query.dtype ({q.dtype.name})", arr.dtype.name)
     check_shape("kv_cache", cache, (2, None, None, None, d), "(2, num_blocks, Hkv, block_size, d)")
+    if 0 in cache.shape[1:]:
+        fail("kv_cache", "have num_blocks, Hkv, block_size and d >= 1",
+             f"shape {tuple(cache.shape)}")
     Hkv = cache.shape[2]
     check_shape("key", k, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
     check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
@@ -169,6 +174,9 @@ def _check_pair_tensors(q, k, v, kv_cache) -> tuple:
     if kc.shape[3] != d:
         fail("kv_cache[0] (key_cache)", f"have shape (num_blocks, block_size, Hkv, d) with d = "
              f"query.shape[2] = {d}", f"shape {kc.shape}")
+    if 0 in kc.shape:
+        fail("kv_cache[0] (key_cache)", "have num_blocks, block_size, Hkv and d >= 1",
+             f"shape {tuple(kc.shape)}")
     Hkv = kc.shape[2]
     check_shape("key", k, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
     check_shape("value", v, (T, Hkv, d), "(T, Hkv, d) matching query and kv_cache")
@@ -218,6 +226,8 @@ def run_paged_attention(plan: AttentionPlan, query: Any, key: Any, value: Any, k
         ValueError: a tensor that does not fit the plan (names the argument, the plan's
             constraint and the value), or a bad per-layer variant value.
     """
+    if not isinstance(plan, AttentionPlan):
+        fail("plan", "be an AttentionPlan from host.plan_paged_attention", type(plan).__name__)
     q_np, was_torch = to_numpy(query, "query")
     q = _fit("query", q_np, (plan.num_tokens, plan.num_heads, plan.head_size), plan.dtype,
              "(T, H, d) of the plan")
@@ -355,9 +365,11 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
     v = check_float_array("value", value, ndim=4)
     cache = check_float_array("kv_cache", kv_cache, ndim=5)
     _check_dtype("query", q)
-    if cache.shape[0] != 2:
-        fail("kv_cache", "have shape (2, num_blocks, Hkv, block_size, d)", f"shape {cache.shape}")
+    if cache.shape[0] != 2 or 0 in cache.shape:
+        fail("kv_cache", "have shape (2, num_blocks, Hkv, block_size, d), each >= 1",
+             f"shape {cache.shape}")
     _, N, Hkv, B, d = cache.shape
+    _check_dense_layouts(q, k, v, cache)
     if n_kv_head is not None and n_kv_head != Hkv:
         fail("n_kv_head", f"equal kv_cache.shape[2] = {Hkv}", repr(n_kv_head))
     if head_size is not None and head_size != d:
@@ -367,10 +379,16 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
                             gqa_packing="auto")
     api = check_api(api)
     check_lnc(api, lnc, Hkv)
+    LARGE_TILE_SZ = check_int("LARGE_TILE_SZ", LARGE_TILE_SZ, min_value=1)
     bt = check_integer_array("block_table", block_table, ndim=1)
     if bt.size and (bt.min() < 0 or bt.max() >= N):
         bad = int(np.argmax((bt < 0) | (bt >= N)))
         fail("block_table", f"hold block ids in [0, {N})", f"block_table[{bad}] = {int(bt[bad])}")
+    if LARGE_TILE_SZ % B:
+        fail("LARGE_TILE_SZ", f"be a multiple of block_size = {B}", repr(LARGE_TILE_SZ))
+    if bt.size % (LARGE_TILE_SZ // B):
+        fail("block_table", f"have a multiple of LARGE_TILE_SZ // block_size = "
+             f"{LARGE_TILE_SZ} // {B} entries", f"{bt.size} entries")
     m_np, _ = to_numpy(attn_mask, "attn_mask")
     if m_np.dtype != np.bool_:
         if m_np.dtype.kind not in "iu":
@@ -378,6 +396,9 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
         if m_np.size and not np.isin(m_np, (0, 1)).all():
             fail("attn_mask", "hold only 0 and 1 when integer", "other values")
         m_np = m_np.astype(bool)
+    Qpad = q.shape[3]
+    check_shape("attn_mask", m_np, (Qpad, bt.size * B + Qpad),
+                "(Qpad, num_active_blocks * block_size + Qpad)")
     from nki_kernels.dense.flash_paged_attention import flash_paged_attention
 
     args = (np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
@@ -387,6 +408,22 @@ def flash_attn_varlen_nkifunc(query: Any, key: Any, value: Any, kv_cache: Any, b
     out = launch_kernel(flash_paged_attention, args, kwargs, grid_heads=Hkv, backend=backend,
                         api=api, lnc=lnc)
     return from_numpy_like(np.asarray(out), was_torch, like=query)
+
+
+def _check_dense_layouts(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: np.ndarray) -> None:
+    """``flash_attn_varlen_nkifunc``'s kernel layouts: query (1, H, d, Qpad), key (1, Hkv, d,
+    Qpad), value (1, Hkv, Qpad, d) with Qpad a multiple of 128, d and Hkv those of kv_cache (2,
+    N, Hkv, B, d), one float dtype (kv_cache too)."""
+    _, _, Hkv, _, d = cache.shape
+    Qpad = q.shape[3]
+    if q.shape[0] != 1 or q.shape[2] != d or Qpad % 128 or Qpad == 0:
+        fail("query", f"have shape (1, H, d, Qpad) with d = kv_cache.shape[4] = {d} and Qpad a "
+             "positive multiple of 128", f"shape {q.shape}")
+    check_shape("key", k, (1, Hkv, d, Qpad), "(1, Hkv, d, Qpad) matching query and kv_cache")
+    check_shape("value", v, (1, Hkv, Qpad, d), "(1, Hkv, Qpad, d) matching query and kv_cache")
+    for name, arr in (("key", k), ("value", v), ("kv_cache", cache)):
+        if arr.dtype != q.dtype:
+            fail(f"{name}.dtype", f"equal query.dtype ({q.dtype.name})", arr.dtype.name)
 
 
 def _check_dtype(name: str, arr: np.ndarray) -> None:

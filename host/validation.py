@@ -159,6 +159,17 @@ def check_lens(arg: str, x: Any, *, min_value: int, length: int | None = None,
     return arr
 
 
+def check_query_total(query_lens: Any, num_tokens: int) -> np.ndarray:
+    """``query_lens`` (each >= 1, :func:`check_lens`) summing exactly to ``num_tokens`` (the
+    rows of query), checked before any planning work (the sum in Python integers: no
+    overflow); returns the int64 vector."""
+    q = check_lens("query_lens", query_lens, min_value=1)
+    total = sum(q.astype(object).tolist())
+    if total != num_tokens:
+        fail("query_lens", f"sum to query.shape[0] = {num_tokens}", f"sum {total}")
+    return q
+
+
 def check_index_range(arg: str, ids: np.ndarray, *, upper: int, what: str) -> None:
     """Every entry of ``ids`` in ``[0, upper)``; the message shows the first offender."""
     if ids.size == 0:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -210,7 +211,8 @@ class Api:
             want = PLATFORM_LNC.get(self.target, 1)
             return (want if want == 1 or rows
                     or self._can_split(num_kv_heads, want, item_split, odd_heads) else 1)
-        if str(lnc) not in ("1", "2") or isinstance(lnc, bool):
+        if (str(lnc) not in ("1", "2") or isinstance(lnc, bool)
+                or (source == "lnc" and not isinstance(lnc, numbers.Integral))):
             raise ValueError(f"{source} must be 1 or 2; got {lnc!r}")
         lnc = int(lnc)
         if lnc == 2:

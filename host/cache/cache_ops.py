@@ -50,7 +50,7 @@ from host.cache.kernel_runs import resolve_kernel_api, take_rows
 from host.cache.block_kv import block_kv_layers, check_new_kv, is_block_kv, reshape_and_cache_blocks
 from host.fp8 import cache_write_row_scales, is_fp8_cache_dtype, kernel_cache_view, normalize_kv_scales
 from host.cache.mla_layout import check_mla_cache
-from host.validation import (check_index_range, check_integer_array,
+from host.validation import (check_index_range, check_int, check_integer_array,
                              check_slot_mapping, fail)
 
 __all__ = [
@@ -386,6 +386,7 @@ def copy_blocks(kv_caches: Any, block_mapping: Any, *, max_row_bytes: int = DEFA
             is written.
     """
     run_api = resolve_kernel_api(api, lnc)
+    max_row_bytes = check_int("max_row_bytes", max_row_bytes, min_value=1)
     runs = block_kv_layers(kv_caches, writable_array, kv_caches_share_buffer)
     if runs is not None:            # vLLM block-KV pairs: zero-copy launches (host/cache/block_kv.py)
         for run in runs:
@@ -443,6 +444,13 @@ def swap_blocks(src_cache: Any, dst_cache: Any, block_mapping: Any, *,
             is written.
     """
     run_api = resolve_kernel_api(api, lnc)
+    max_row_bytes = check_int("max_row_bytes", max_row_bytes, min_value=1)
+    for name, c in (("src_cache", src_cache), ("dst_cache", dst_cache)):
+        if is_block_kv(c):
+            raise NotImplementedError(
+                f"swap_blocks: {name} is a block-KV (key_cache, value_cache) pair; swap each cache "
+                "of the pair on its own, viewed as a one-half cache: (N, B, Hkv, d).reshape(1, N, "
+                "1, B, Hkv * d)")
     dst_given = writable_array(dst_cache, "dst_cache")
     src_given, _ = to_numpy(src_cache, "src_cache")
     src = _block_layout("src_cache", src_given)

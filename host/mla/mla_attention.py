@@ -267,6 +267,8 @@ def run_mla_attention(plan: MLAStepPlan, q: Any, kv_cache: Any) -> Any:
     """One layer of a planned MLA step: q (T, H, R + P) and kv_cache (N, B, E) in the plan's
     dtype -> (T, H, R) (torch in, torch out). A tensor that does not fit the plan is a
     ValueError naming it, the plan's shape / dtype and the value."""
+    if not isinstance(plan, MLAStepPlan):
+        fail("plan", "be an MLAStepPlan from host.plan_mla_attention", type(plan).__name__)
     b = plan.batch
     q_np, was_torch = to_numpy(q, "q")
     cache, _ = to_numpy(kv_cache, "kv_cache")

@@ -129,8 +129,11 @@ def step_plan(query, key, value, kv_cache, block_tables, query_lens, context_len
     from host.plan_cache import cached_plan
     from nki_kernels.contract import BLOCK_KV, FUSED
 
+    from host.validation import check_query_total
+
     q, _, _, cache = check_attention_tensors(query, key, value, kv_cache)
     T, H, d = q.shape
+    check_query_total(query_lens, T)
     N, B, Hkv, _ = kv_dims(cache)
     block_kv = is_block_kv(cache)
     plan = cached_plan(block_tables, query_lens, context_lens, num_heads=H, num_kv_heads=Hkv,
@@ -209,6 +212,12 @@ def copy_blocks(kv_caches: Tensor, block_mapping: Tensor) -> None:
     from host.cache.cache_ops import copy_blocks as host_fn
 
     check_devices("copy_blocks", kv_caches=kv_caches, block_mapping=block_mapping)
+    if kv_caches.dim() not in (5, 6):
+        from host.validation import fail
+
+        fail("kv_caches", "be (L, 2, N, ...) or one layer's (2, N, ...) cache (6-D or 5-D; a "
+             "block-KV key or value cache alone is 4-D: pass vLLM's (2, N, B, Hkv, d) layer "
+             "tensor)", f"{kv_caches.dim()}-D shape {tuple(kv_caches.shape)}")
     host_fn([kv_caches] if kv_caches.dim() == 5 else kv_caches, block_mapping)
 
 
