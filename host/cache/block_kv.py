@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from host._arrays import is_torch_tensor, take_result, to_numpy
+from host._arrays import is_torch_tensor, to_numpy
+from host.cache.kernel_runs import take_rows
 from host.validation import check_float_array, check_slot_mapping, fail
 from nki_kernels.contract import CACHE_WRITE_MAX_ROW_BYTES
 
@@ -189,11 +190,8 @@ def reshape_and_cache_blocks(key, value, kv_cache, slot_mapping, *, k_scale, v_s
         kv_cache_update_blocks, np.ascontiguousarray(k.astype(k_cache.dtype, copy=False)),
         np.ascontiguousarray(v.astype(k_cache.dtype, copy=False)), k_cache, v_cache, rows,
         row_elems=row_elems)
-    written = rows.reshape(-1)
-    written = written[written < k_cache.size // row_elems]      # padding rows wrote nothing
     for dst, got in zip((k_cache, v_cache), out):
-        view = dst.reshape(-1, row_elems)
-        take_result(view, np.asarray(got).reshape(view.shape), written)
+        take_rows(dst.reshape(-1, row_elems), got, rows)
     return kv_cache
 
 

@@ -207,12 +207,18 @@ def reshape_and_cache(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
         out = run_api.run(kv_cache_update_fp8, np.ascontiguousarray(k, dtype=in_dtype),
                           np.ascontiguousarray(v, dtype=in_dtype), view, row_index,
                           cache_write_row_scales(k_sc, v_sc, k.shape[0]))
-        take_rows(view, out, row_index)
+        take_rows(_row_view(view), out, row_index)
         return kv_cache
     key_c = np.ascontiguousarray(k.astype(cache.dtype, copy=False))    # no copy if already matching
     value_c = np.ascontiguousarray(v.astype(cache.dtype, copy=False))
-    take_rows(cache, run_api.run(kv_cache_update, key_c, value_c, cache, row_index), row_index)
+    take_rows(_row_view(cache), run_api.run(kv_cache_update, key_c, value_c, cache, row_index),
+              row_index)
     return kv_cache
+
+
+def _row_view(cache: np.ndarray) -> np.ndarray:
+    """The (2, N*Hkv*B, d) row view of a (2, N, Hkv, B, d) cache (``cache_write_row_index``)."""
+    return cache.reshape(2, -1, cache.shape[4])
 
 
 

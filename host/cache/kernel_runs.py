@@ -39,12 +39,12 @@ def resolve_kernel_api(api: Any, lnc: Any = None) -> KernelRunner:
     return KernelRunner(chosen, lnc)
 
 
-def take_rows(cache: np.ndarray, out: Any, row_index: np.ndarray) -> None:
-    """``take_result`` of a (2, N, Hkv, B, d) cache write: the written rows of the (2, N*Hkv*B,
-    d) view, both halves (padding rows, out of bounds, wrote nothing)."""
-    n_rows = cache.shape[1] * cache.shape[2] * cache.shape[3]
+def take_rows(view: np.ndarray, out: Any, row_index: np.ndarray) -> None:
+    """``take_result`` of a cache write: the rows ``row_index`` of ``view``, a row view of the
+    cache whose second-to-last axis is the write kernel's rows (e.g. (2, N*Hkv*B, d), both
+    halves); ``out``, the kernel's returned cache, is read through the same view, and rows past
+    the view's end (padding, skipped by the kernel) wrote nothing."""
     rows = row_index.reshape(-1)
-    rows = rows[rows < n_rows]
-    view = cache.reshape(2, n_rows, cache.shape[4])
+    rows = rows[rows < view.shape[-2]]
     take_result(view, None if out is None else np.asarray(out).reshape(view.shape),
-                (slice(None), rows))
+                (slice(None),) * (view.ndim - 2) + (rows,))

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from host._arrays import take_result
 from host.cache.cache_ops import check_int32_rows, writable_array
-from host.cache.kernel_runs import resolve_kernel_api
+from host.cache.kernel_runs import resolve_kernel_api, take_rows
 from host.cache.mla_layout import check_mla_cache
 from host.validation import check_float_array, check_slot_mapping, fail
 
@@ -78,9 +77,6 @@ def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
     latent_c = np.ascontiguousarray(latent.astype(cache.dtype, copy=False))
     rope_c = np.ascontiguousarray(rope.astype(cache.dtype, copy=False))
     row_index = mla_cache_write_row_index(slots, num_blocks=N, block_size=B)
-    out = run_api.run(mla_cache_update, latent_c, rope_c, cache, row_index)
-    view = cache.reshape(N * B, cache.shape[2])
-    rows = row_index.reshape(-1)
-    take_result(view, None if out is None else np.asarray(out).reshape(view.shape),
-                rows[rows < N * B])
+    take_rows(cache.reshape(N * B, cache.shape[2]),
+              run_api.run(mla_cache_update, latent_c, rope_c, cache, row_index), row_index)
     return kv_cache
