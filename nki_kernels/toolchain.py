@@ -187,10 +187,11 @@ class Api:
         splits an odd Hkv's heads between the cores by query tiles: the dense kernel, the last
         head on the current API, every head on the legacy API) or ``rows`` (a kernel without a
         head grid that splits its rows on the current API and runs as one program on the legacy
-        API, which needs nothing of the front end: the cache kernels); else 1. On a device the launch must use neuronx-cc's LNC (error
-        EVRF066 otherwise): ``lnc``, else the environment variable, else the ``--lnc`` /
-        ``--logical-nc-config`` of ``NEURON_CC_FLAGS``, else the compiler's default on the
-        current API (2: trn2 / trn3); None on the legacy API with nothing set (the legacy grid).
+        API, which needs nothing of the front end: the cache kernels); else 1. On a device the
+        launch must use neuronx-cc's LNC (error EVRF066 otherwise), which decides: the ``--lnc``
+        / ``--logical-nc-config`` of ``NEURON_CC_FLAGS``, else the environment variable, else the
+        compiler's default on the current API (2: trn2 / trn3); an ``lnc`` that differs is a
+        ValueError; None on the legacy API with nothing set (the legacy grid).
 
         Raises:
             ValueError: ``lnc`` / the environment variable is not 1 or 2.
